@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` (the embedded default) and `make test`.
+# Both create .venv if missing and install CPU torch 2.13.0 plus the project; the second run is quick
+# because installs are skipped when pyproject.toml has not changed (stamp file).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.rltrain-installed
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install demo test clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -qq --upgrade pip
+
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -qq "torch==$(TORCH_VERSION)"
+	$(VPY) -m pip install -qq -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VPY) -m rltrain.main --config-name grpo_tiny
+
+test: install
+	@$(VPY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests (exit 5): failing' >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

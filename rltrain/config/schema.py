@@ -1,0 +1,212 @@
+"""The structured config schema: one small typed dataclass per component, registered in Hydra's ConfigStore.
+
+Types are checked by OmegaConf when YAML and command-line overrides are merged (unknown key or wrong type
+fails at composition); value rules (ranges, allowed names, cross-field rules) live in `validate.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    # HF model id or local directory (config + safetensors + tokenizer). Ignored when `builtin` is set.
+    path: Optional[str] = None
+    # Built-in architecture preset with random init and no download: "tiny" (CPU default) or
+    # "qwen3-0.6b" (Qwen3-0.6B's real shapes and vocab, random weights; for GPU benchmarks).
+    builtin: Optional[str] = None
+    # Tokenizer: "char" (built-in character tokenizer), an HF id/dir, or null (same as `path`).
+    tokenizer: Optional[str] = None
+    # Overrides applied to the HF config (e.g. {num_hidden_layers: 2}).
+    overrides: Dict[str, Any] = field(default_factory=dict)
+    # Parameter dtype on GPU: "bfloat16" | "float32". CPU always trains in float32.
+    dtype: str = "bfloat16"
+    trust_remote_code: bool = False
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = False
+    max_turns: int = 4
+    # "code_block" (```python ... ```), "code_tag" (<code>...</code>) or a regex with one group.
+    tool_pattern: str = "code_block"
+    max_total_tokens: int = 2048
+    tool_timeout_s: float = 5.0
+    tool_memory_mb: int = 512
+    tool_max_workers: int = 4
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf | vllm
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_response_length: int = 512
+    stop: List[str] = field(default_factory=list)
+    # vLLM-only knobs
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    # HF engine: max sequences decoded together
+    max_batch_size: int = 256
+    # weight sync from actor to rollout, streamed in buckets of this size
+    weight_sync_bucket_mb: int = 256
+    # validation sampling
+    val_temperature: float = 0.0
+    val_n: int = 1
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+    ppo_epochs: int = 1
+    # mini-batch size in prompts (each prompt contributes rollout.n samples); one optimizer step each
+    ppo_mini_batch_size: int = 16
+    max_tokens_per_micro_batch: int = 16384
+    loss_mode: str = "ppo"  # ppo | gspo | cispo
+    loss_agg_mode: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: Optional[float] = None
+    entropy_coef: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+
+@dataclass
+class CriticConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    lr_warmup_steps: int = 0
+    ppo_epochs: int = 1
+    value_clip: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    max_tokens_per_micro_batch: int = 16384
+
+
+@dataclass
+class DynamicSamplingConfig:
+    enable: bool = False
+    max_tries: int = 4
+
+
+@dataclass
+class OverlongConfig:
+    enable: bool = False
+    buffer_len: int = 64
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"
+    kl_coef: float = 0.001
+    mask_truncated_responses: bool = False
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+
+
+@dataclass
+class RewardConfig:
+    # a built-in name (gsm8k | math | math_dapo | retool | synthetic) or "path/to/file.py:function"
+    fn: str = "math"
+    timeout_s: float = 10.0
+    max_workers: int = 4
+
+
+@dataclass
+class SyntheticDataConfig:
+    task: str = "successor"
+    train_size: int = 4096
+    val_size: int = 128
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    source: str = "file"  # file | synthetic
+    train_files: List[str] = field(default_factory=list)
+    val_files: List[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    data_source_key: str = "data_source"
+    train_batch_size: int = 32  # prompts per step
+    val_batch_size: int = 128
+    max_prompt_length: int = 512
+    apply_chat_template: bool = True
+    system_prompt: Optional[str] = None
+    shuffle: bool = True
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "rltrain"
+    experiment_name: str = "run"
+    total_steps: int = 100
+    save_freq: int = -1  # -1: never
+    test_freq: int = -1  # -1: never
+    val_before_train: bool = True
+    seed: int = 1
+    logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+    device: str = "auto"  # auto | cpu | cuda
+    # the loss path
+    fused_linear_logprob: bool = True
+    fused_linear_logprob_backend: str = "auto"  # auto | torch | triton
+    logprobs_chunk_size: Optional[int] = None
+    logprobs_response_only: bool = True
+    logprobs_loss_mask_only: bool = False
+    # orchestration
+    ray_address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: connect
+    colocate: bool = True
+    n_gpus_per_node: int = 1
+    nnodes: int = 1
+    num_cpus: Optional[int] = None
+    # checkpoints
+    ckpt_dir: Optional[str] = None  # null: <run dir>/checkpoints
+    resume: str = "auto"  # auto | never | PATH
+    max_ckpt_to_keep: int = 2
+    export_hf_on_end: bool = False
+    plots: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class RLConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def register_configs() -> None:
+    """Register the schema so YAML recipes can start their defaults list with `rltrain_schema`."""
+    cs = ConfigStore.instance()
+    cs.store(name="rltrain_schema", node=RLConfig)

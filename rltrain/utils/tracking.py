@@ -1,0 +1,154 @@
+"""Metrics plumbing: one `Tracker` fans each step's metrics out to console, metrics.jsonl and wandb.
+
+wandb runs offline when no WANDB_API_KEY is set (nothing needs a network); this module never computes metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, Iterable, Mapping
+
+LOGGERS = ("console", "jsonl", "wandb")
+
+# Keys shown on the compact console line, in this order, when present.
+CONSOLE_KEYS = (
+    "critic/score/mean",
+    "val/accuracy",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/ppo_kl",
+    "response_length/mean",
+    "perf/throughput",
+    "timing_s/step",
+)
+
+
+def _to_float(v: Any) -> Any:
+    if hasattr(v, "item"):
+        try:
+            return v.item()
+        except (ValueError, RuntimeError):
+            return v
+    return v
+
+
+def _jsonable(v: Any) -> Any:
+    v = _to_float(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # json has no NaN/inf; keep them visible
+    return v
+
+
+class ConsoleLogger:
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        parts = [f"step {step}"]
+        for k in CONSOLE_KEYS:
+            if k in metrics:
+                v = _to_float(metrics[k])
+                parts.append(f"{k.split('/', 1)[-1] if k.count('/') == 1 else k}={v:.4g}"
+                             if isinstance(v, (int, float)) else f"{k}={v}")
+        for k, v in metrics.items():
+            if k.startswith("val/") and k != "val/accuracy" and k.endswith("accuracy"):
+                parts.append(f"{k}={_to_float(v):.3f}")
+        print(" | ".join(parts), file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        pass
+
+
+class JsonlLogger:
+    def __init__(self, run_dir: str):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def finish(self) -> None:
+        self._f.close()
+
+
+class WandbLogger:
+    def __init__(self, run_dir: str, project: str, name: str, config: dict | None, resume_id: str | None = None):
+        try:
+            import wandb
+        except ImportError as err:  # a core dependency; only missing in broken installs
+            raise ImportError("trainer.logger includes 'wandb' but wandb is not installed: "
+                              "pip install wandb, or drop 'wandb' from trainer.logger") from err
+        self._wandb = wandb
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        os.makedirs(run_dir, exist_ok=True)
+        self.run = wandb.init(project=project, name=name, config=config, dir=run_dir, mode=mode,
+                              id=resume_id, resume="allow" if resume_id else None, reinit="finish_previous")
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        self.run.log({k: _to_float(v) for k, v in metrics.items()}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class Tracker:
+    """Fan metrics out to the configured loggers.
+
+    loggers: any of "console", "jsonl", "wandb"; run_dir holds metrics.jsonl and the wandb run.
+    """
+
+    def __init__(self, loggers: Iterable[str], run_dir: str, *, project: str = "rltrain",
+                 experiment: str = "run", config: dict | None = None, console_stream=None):
+        loggers = list(loggers)
+        unknown = [lg for lg in loggers if lg not in LOGGERS]
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; allowed: {', '.join(LOGGERS)}")
+        self.run_dir = run_dir
+        self._loggers: dict[str, Any] = {}
+        for lg in loggers:
+            if lg == "console":
+                self._loggers[lg] = ConsoleLogger(console_stream)
+            elif lg == "jsonl":
+                self._loggers[lg] = JsonlLogger(run_dir)
+            elif lg == "wandb":
+                self._loggers[lg] = WandbLogger(run_dir, project, experiment, config)
+
+    @property
+    def wandb_run(self):
+        lg = self._loggers.get("wandb")
+        return lg.run if lg is not None else None
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        for lg in self._loggers.values():
+            lg.log(metrics, step)
+
+    def finish(self) -> None:
+        for lg in self._loggers.values():
+            lg.finish()
+        self._loggers = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finish()
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """Rows of <run_dir>/metrics.jsonl (the last row wins when a step was logged twice after a resume)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    rows: dict[int, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                row = json.loads(line)
+                rows.setdefault(row["step"], {}).update(row)
+    return [rows[s] for s in sorted(rows)]

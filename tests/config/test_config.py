@@ -1,0 +1,106 @@
+import os
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from rltrain.config import ConfigError, register_configs, validate_config
+from rltrain.main import CONFIG_DIR
+
+REPO = os.path.dirname(CONFIG_DIR)
+register_configs()
+
+
+def _compose(name, overrides=()):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny", "grpo_qwen3", "ppo_qwen3"])
+def test_shipped_recipes_compose_and_validate(name):
+    cfg = _compose(name)
+    validate_config(cfg)
+
+
+def test_required_keys_exist_with_their_defaults():
+    cfg = _compose("grpo_qwen3")
+    t = cfg.trainer
+    assert t.fused_linear_logprob is True
+    assert t.fused_linear_logprob_backend == "auto"
+    assert t.logprobs_chunk_size is None
+    assert t.logprobs_response_only is True
+    assert t.logprobs_loss_mask_only is False
+    for key in ("entropy_coef", "clip_low", "clip_high", "loss_agg_mode", "kl_loss_coef", "kl_loss_type"):
+        assert key in cfg.actor
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.rollout.n == 8 and cfg.rollout.engine == "vllm"
+    assert cfg.model.path == "Qwen/Qwen3-0.6B"
+    for key in ("logger", "total_steps", "save_freq", "seed"):
+        assert key in t
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("rollout.n=0", "rollout.n"),
+        ("trainer.fused_linear_logprob_backend=cuda", "trainer.fused_linear_logprob_backend"),
+        ("actor.ppo_mini_batch_size=64", "actor.ppo_mini_batch_size"),
+        ("rollout.engine=sglang", "rollout.engine"),
+        ("algorithm.adv_estimator=ppo2", "algorithm.adv_estimator"),
+        ("actor.kl_loss_type=k7", "actor.kl_loss_type"),
+        ("actor.loss_agg_mode=mean", "actor.loss_agg_mode"),
+        ("trainer.logger=[console,tensorboard]", "trainer.logger"),
+        ("actor.dual_clip=0.5", "actor.dual_clip"),
+        ("rollout.top_p=0", "rollout.top_p"),
+        ("trainer.logprobs_chunk_size=0", "trainer.logprobs_chunk_size"),
+        ("reward.fn=nope", "reward.fn"),
+        ("data.source=file", "data.train_files"),
+    ],
+)
+def test_impossible_values_fail_naming_the_key(override, key):
+    cfg = _compose("grpo_tiny", [override])
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg)
+    assert key in str(info.value)
+
+
+def test_error_lists_allowed_values():
+    cfg = _compose("grpo_tiny", ["trainer.fused_linear_logprob_backend=cuda"])
+    with pytest.raises(ConfigError, match="auto, torch, triton"):
+        validate_config(cfg)
+
+
+def test_unknown_key_and_wrong_type_fail_at_composition():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)) as info:
+        _compose("grpo_tiny", ["rollout.temprature=0.5"])
+    assert "temprature" in str(info.value) + str(info.value.__cause__)
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        _compose("grpo_tiny", ["rollout.n=many"])
+
+
+def test_dotted_path_estimator_is_accepted():
+    cfg = _compose("grpo_tiny", ["algorithm.adv_estimator=my_pkg.adv:compute"])
+    validate_config(cfg)
+
+
+def _run_main(*args):
+    return subprocess.run([sys.executable, "-m", "rltrain.main", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_rejects_bad_value_before_starting():
+    res = _run_main("--config-name", "grpo_tiny", "rollout.n=0", "hydra.run.dir=/tmp/rltrain_cfg_test")
+    assert res.returncode != 0
+    assert "rollout.n" in res.stderr
+
+
+def test_cli_cfg_job_prints_the_keys():
+    res = _run_main("--config-name", "grpo_qwen3", "--cfg", "job")
+    assert res.returncode == 0, res.stderr
+    for key in ("fused_linear_logprob:", "fused_linear_logprob_backend:", "logprobs_chunk_size:",
+                "logprobs_response_only:", "logprobs_loss_mask_only:", "adv_estimator:", "entropy_coef:"):
+        assert key in res.stdout
+    assert _run_main("--help").returncode == 0

@@ -1,0 +1,54 @@
+import glob
+import io
+import json
+import math
+import os
+
+import pytest
+
+from rltrain.utils.plotting import plot_run
+from rltrain.utils.tracking import Tracker, read_metrics
+
+
+def test_tracker_writes_jsonl_console_and_offline_wandb(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out = io.StringIO()
+    run_dir = str(tmp_path / "run")
+    tr = Tracker(["console", "jsonl", "wandb"], run_dir, project="rltrain-test", experiment="t",
+                 config={"a": 1}, console_stream=out)
+    assert tr.wandb_run.settings.mode == "offline"
+    tr.log({"critic/score/mean": 0.25, "actor/entropy": 1.5, "timing_s/step": 2.0}, step=1)
+    tr.log({"critic/score/mean": 0.5, "actor/grad_norm": float("nan")}, step=2)
+    tr.finish()
+
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["critic/score/mean"] == 0.25 and rows[0]["actor/entropy"] == 1.5
+    assert rows[1]["actor/grad_norm"] == "nan"  # non-finite kept visible, file stays valid JSON
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        assert all(json.loads(line) for line in f)
+    assert "score/mean=0.25" in out.getvalue() and "step 2" in out.getvalue()
+    # a real offline wandb run directory with its binary log
+    runs = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*"))
+    assert len(runs) == 1
+    assert glob.glob(os.path.join(runs[0], "*.wandb"))
+
+
+def test_unknown_logger_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="tensorboard"):
+        Tracker(["console", "tensorboard"], str(tmp_path))
+
+
+def test_plot_run_writes_pngs(tmp_path):
+    run_dir = str(tmp_path)
+    with Tracker(["jsonl"], run_dir) as tr:
+        for s in range(5):
+            tr.log({"critic/score/mean": s / 4, "actor/entropy": 2 - s / 5, "response_length/mean": 3.0,
+                    "actor/grad_norm": math.sqrt(s + 1)}, step=s)
+    paths = plot_run(run_dir)
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["entropy.png", "grad_norm.png", "response_length.png", "reward.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
