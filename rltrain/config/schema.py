@@ -139,7 +139,7 @@ class RewardConfig:
 
 @dataclass
 class SyntheticDataConfig:
-    task: str = "successor"
+    task: str = "copy_last"
     train_size: int = 4096
     val_size: int = 128
     seed: int = 0

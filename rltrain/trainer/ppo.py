@@ -1,3 +1,404 @@
-"""placeholder"""
-def run_from_config(cfg):
-    raise NotImplementedError("trainer not implemented yet")
+"""The PPO/GRPO driver loop: rollout -> reward -> log-probs -> advantages -> update -> sync -> log -> save.
+
+Runs on the driver; composes worker groups (workers/) and pure math (algorithms/). Each phase is timed as
+`timing_s/<phase>`. Entry point: `python -m rltrain.main --config-name grpo_tiny` (see rltrain/main.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from rltrain.algorithms import compute_advantages, filter_informative_groups, kl_penalty, overlong_penalty
+from rltrain.data.batch import Batch
+from rltrain.trainer.setup import build_datasets, build_workers, check_model, config_dict, run_directory
+from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_checkpoint
+from rltrain.utils.memory import memory_metrics
+from rltrain.utils.timing import timer
+from rltrain.utils.tracking import Tracker
+from rltrain.workers.group import gather_rows, init_ray, mean_metrics
+
+
+class TrainingDiverged(FloatingPointError):
+    """A NaN/inf loss or gradient: the run stops and the last good checkpoint is kept."""
+
+
+def _stats(prefix: str, x: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
+    v = x[mask.bool()] if mask is not None else x.flatten()
+    if v.numel() == 0:
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    return {f"{prefix}/mean": v.float().mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
+
+
+class PPOTrainer:
+    def __init__(self, cfg: dict, run_dir: str):
+        self.cfg, self.run_dir = cfg, run_dir
+        t = cfg["trainer"]
+        self.seed = int(t["seed"])
+        random.seed(self.seed)
+        np.random.seed(self.seed)
+        torch.manual_seed(self.seed)
+        self.ckpt_dir = t["ckpt_dir"] or os.path.join(run_dir, "checkpoints")
+        self.tokenizer, self.train_ds, self.val_ds, self.sampler, self.reward = build_datasets(cfg)
+        check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
+        init_ray(t["ray_address"], t["num_cpus"])
+        self.use_ref = cfg["actor"]["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"]
+        self.use_critic = cfg["algorithm"]["adv_estimator"] == "gae"
+        self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic)
+        self.colocated = self.rollout_group is self.train_group
+        self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
+                               config=cfg)
+        self.global_step = 0
+        self.next_group_id = 0
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        t = self.cfg["trainer"]
+        self.global_step = self._maybe_resume()
+        last: dict = {}
+        if t["val_before_train"] and self.global_step == 0 and t["test_freq"] > 0:
+            val = self.validate()
+            self.tracker.log(val, step=0)
+            last.update(val)
+        bar = _progress(t, self.global_step)
+        try:
+            while self.global_step < t["total_steps"]:
+                self.global_step += 1
+                step = self.global_step
+                metrics = self.train_step(step)
+                if t["test_freq"] > 0 and (step % t["test_freq"] == 0 or step == t["total_steps"]):
+                    metrics.update(self.validate())
+                metrics["training/global_step"] = step
+                self.tracker.log(metrics, step=step)
+                last.update(metrics)
+                if t["save_freq"] > 0 and step % t["save_freq"] == 0:
+                    self.save(step)
+                _fault_injection(step)
+                if bar is not None:
+                    bar.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}",
+                                    step_s=f"{metrics['timing_s/step']:.1f}")
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+            self._finish()
+        return last
+
+    def train_step(self, step: int) -> dict:
+        cfg, a, al = self.cfg, self.cfg["actor"], self.cfg["algorithm"]
+        m: dict = {}
+        temperature = cfg["rollout"]["temperature"] or 1.0
+        with timer("step", m):
+            with timer("gen", m):
+                batch, gen_metrics = self._rollout_with_rewards(step, m)
+            m.update(gen_metrics)
+            if self.colocated:
+                self.train_group.run("rollout_sleep")
+
+            with timer("old_log_prob", m):
+                old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
+            batch = batch.replace(old_logprobs=old)
+            m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
+            diff = (old - batch.sampler_logprobs).abs()
+            m["rollout/logprob_diff_max"] = diff[batch.loss_mask.bool()].max().item() if batch.loss_mask.any() else 0.0
+            if self.use_ref:
+                with timer("ref", m):
+                    ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)
+                batch = batch.replace(ref_logprobs=ref)
+            if self.use_critic:
+                with timer("values", m):
+                    values = gather_rows(self.train_group.run_split("compute_values", batch), batch)
+                batch = batch.replace(values=values)
+
+            with timer("adv", m):
+                batch = self._advantages(batch, m)
+
+            mini_rows = a["ppo_mini_batch_size"] * cfg["rollout"]["n"] // self.train_group.dp_size
+            if self.use_critic:
+                with timer("update_critic", m), _diverged_as_error(step, self.ckpt_dir):
+                    res = self.train_group.run_split("update_critic", batch, max(1, mini_rows),
+                                                     cfg["critic"]["ppo_epochs"], self.seed + step)
+                m.update(mean_metrics(res))
+            with timer("update_actor", m), _diverged_as_error(step, self.ckpt_dir):
+                res = self.train_group.run_split("update_actor", batch, max(1, mini_rows), a["ppo_epochs"],
+                                                 temperature, self.seed + step)
+            m.update(mean_metrics(res))
+            self._check_finite(m, step)
+
+            with timer("update_weights", m):
+                self._sync_weights()
+
+        n_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+        m["perf/total_num_tokens"] = n_tokens
+        m["perf/throughput"] = n_tokens / max(m["timing_s/step"], 1e-9)
+        m["timing_s/reward"] = m.get("timing_s/reward", 0.0)
+        m.update(memory_metrics())
+        return m
+
+    # ------------------------------------------------------------------ phases
+    def _rollout_with_rewards(self, step: int, m: dict) -> tuple[Batch, dict]:
+        """Sample n responses per prompt and score them; with DAPO dynamic sampling, keep only groups
+        whose scores differ and refill (bounded tries) until the batch holds train_batch_size groups."""
+        cfg = self.cfg
+        ds = cfg["algorithm"]["dynamic_sampling"]
+        want = cfg["data"]["train_batch_size"]
+        kept: list[Batch] = []
+        n_groups, tries, dropped_total = 0, 0, 0
+        gen_metrics: dict = {}
+        while True:
+            tries += 1
+            prompts = self.sampler.next_batch()
+            batch, gm = self._generate(prompts, validate=False, seed=self.seed * 100_003 + step * 101 + tries)
+            gen_metrics = gm if not gen_metrics else gen_metrics
+            with timer("reward", m):
+                batch, rm = self._score(batch)
+            gen_metrics.update(rm)
+            if not ds["enable"]:
+                kept.append(batch)
+                break
+            keep, dropped = filter_informative_groups(batch.scores, batch.group_ids)
+            dropped_total += dropped
+            if keep.any():
+                kept.append(batch.select(keep))
+                n_groups += int(torch.unique(batch.group_ids[keep]).numel())
+            if n_groups >= want or tries >= ds["max_tries"]:
+                break
+        batch = Batch.concat(kept) if len(kept) > 1 else kept[0]
+        if ds["enable"]:
+            if len(batch) == 0 or n_groups == 0:
+                raise RuntimeError("dynamic sampling found no group with differing scores in "
+                                   f"{tries} tries; raise algorithm.dynamic_sampling.max_tries or disable it")
+            gen_metrics["dynamic_sampling/dropped_groups"] = dropped_total
+            gen_metrics["dynamic_sampling/tries"] = tries
+        gen_metrics.update(_stats("critic/score", batch.scores))
+        lengths = batch.response_mask.sum(-1).float()
+        max_len = cfg["rollout"]["max_response_length"]
+        gen_metrics.update(_stats("response_length", lengths))
+        gen_metrics["response_length/clip_ratio"] = (lengths >= max_len).float().mean().item()
+        gen_metrics.update(_stats("prompt_length", batch.prompt_mask.sum(-1).float()))
+        if cfg["rollout"]["multi_turn"]["enable"]:
+            gen_metrics["num_turns/mean"] = float(np.mean(batch.non_tensor["num_turns"]))
+            gen_metrics["tool_call_counts/mean"] = float(np.mean(batch.non_tensor["tool_calls"]))
+        return batch, gen_metrics
+
+    def _generate(self, prompts: list[dict], *, validate: bool, seed: int) -> tuple[Batch, dict]:
+        g = self.rollout_group
+        per = math.ceil(len(prompts) / g.dp_size)
+        shards = [prompts[i * per:(i + 1) * per] for i in range(g.dp_size)]
+        refs = []
+        for rank in range(g.world_size):
+            dp = rank // g.tp_size
+            offset = self.next_group_id + dp * per
+            refs.append((dp, rank % g.tp_size, shards[dp], offset))
+        results = g._ray.get([w.generate.remote(s, off, validate, seed + dp) if s else _none_ref(g)
+                              for w, (dp, tp, s, off) in zip(g.workers, refs)])
+        outs = [results[r] for r, (dp, tp, s, _) in enumerate(refs) if tp == 0 and s]
+        self.next_group_id += len(prompts)
+        batch = Batch.concat([o[0] for o in outs])
+        metrics = mean_metrics([o[1] for o in outs])
+        return batch, metrics
+
+    def _score(self, batch: Batch) -> tuple[Batch, dict]:
+        from rltrain.rewards import compute_rewards
+
+        r = self.cfg["reward"]
+        texts = self.tokenizer.batch_decode(
+            [ids[:n].tolist() for ids, n in zip(batch.response_ids, batch.response_mask.sum(-1))],
+            skip_special_tokens=True)
+        scores, rm = compute_rewards(self.reward, texts, batch.non_tensor["ground_truth"],
+                                     data_sources=batch.non_tensor["data_source"], extras=batch.non_tensor["extra"],
+                                     timeout_s=r["timeout_s"], max_workers=r["max_workers"])
+        scores_t = torch.tensor(scores, dtype=torch.float32)
+        al = self.cfg["algorithm"]
+        metrics = {k if "/" in k else f"reward/{k}": v for k, v in rm.items()}
+        if al["overlong"]["enable"]:
+            pen = overlong_penalty(batch.response_mask.sum(-1), self.cfg["rollout"]["max_response_length"],
+                                   al["overlong"]["buffer_len"], al["overlong"]["penalty_factor"])
+            metrics["reward/overlong_penalty_mean"] = pen.float().mean().item()
+            scores_t = scores_t + pen
+        return batch.replace(scores=scores_t), metrics
+
+    def _advantages(self, batch: Batch, m: dict) -> Batch:
+        al = self.cfg["algorithm"]
+        mask = batch.response_mask.float()
+        last = (batch.response_mask.sum(-1) - 1).clamp(min=0)
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(batch)), last] = batch.scores
+        token_rewards = token_rewards * mask
+        if al["use_kl_in_reward"]:
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, al["kl_penalty"]) * batch.loss_mask
+            token_rewards = token_rewards - al["kl_coef"] * kl
+            m["critic/kl"] = _masked_mean(kl, batch.loss_mask)
+        loss_mask = batch.loss_mask
+        if al["mask_truncated_responses"]:
+            from rltrain.algorithms import truncated_response_mask
+
+            truncated = torch.tensor([f == "length" for f in batch.non_tensor["finish_reason"]])
+            loss_mask = truncated_response_mask(loss_mask, truncated)
+        adv, ret = compute_advantages(al["adv_estimator"], token_rewards, batch.response_mask,
+                                      group_ids=batch.group_ids, values=batch.values, gamma=al["gamma"],
+                                      lam=al["lam"], norm_by_std=al["norm_adv_by_std_in_grpo"])
+        batch = batch.replace(token_rewards=token_rewards, advantages=adv * mask, returns=ret * mask,
+                              loss_mask=loss_mask)
+        m.update(_stats("critic/rewards", token_rewards.sum(-1)))
+        m.update(_stats("critic/advantages", adv, batch.response_mask))
+        m.update(_stats("critic/returns", ret, batch.response_mask))
+        if batch.values is not None:
+            m.update(_stats("critic/values", batch.values, batch.response_mask))
+        return batch
+
+    def _sync_weights(self) -> None:
+        bucket = int(self.cfg["rollout"]["weight_sync_bucket_mb"]) << 20
+        if self.colocated:
+            self.train_group.run("rollout_wake_up")
+            self.train_group.run("sync_weights_local", bucket)
+        else:
+            named = self.train_group.run_rank0("export_weights", bucket)
+            self.rollout_group.run("load_rollout_weights", named)
+
+    def _check_finite(self, m: dict, step: int) -> None:
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss"):
+            v = m.get(key)
+            if v is not None and not math.isfinite(float(v)):
+                raise TrainingDiverged(
+                    f"{key} is {v} at step {step}: training diverged. The run stops here; the last good "
+                    f"checkpoint under {self.ckpt_dir} is kept (lower actor.lr or check the data/reward)")
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict:
+        if self.val_ds is None:
+            return {}
+        bs = self.cfg["data"]["val_batch_size"]
+        items = [self.val_ds[i] for i in range(len(self.val_ds))]
+        scores, sources = [], []
+        for lo in range(0, len(items), bs):
+            chunk = items[lo:lo + bs]
+            batch, _ = self._generate(chunk, validate=True, seed=self.seed)
+            batch, _ = self._score(batch)
+            scores += batch.scores.tolist()
+            sources += [s or "default" for s in batch.non_tensor["data_source"]]
+        out = {}
+        for src in sorted(set(sources)):
+            vals = [s for s, d in zip(scores, sources) if d == src]
+            out[f"val/{src}/accuracy"] = float(np.mean([v > 0 for v in vals]))
+            out[f"val/{src}/score"] = float(np.mean(vals))
+        out["val/accuracy"] = float(np.mean([v > 0 for v in scores]))
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, step: int) -> str:
+        def write(tmp: str) -> None:
+            self.train_group.run("save", tmp)
+            state = {"step": step, "next_group_id": self.next_group_id, "sampler": self.sampler.state_dict(),
+                     "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                             "python": random.getstate()}}
+            torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+
+        path = save_checkpoint(self.ckpt_dir, step, write, max_to_keep=self.cfg["trainer"]["max_ckpt_to_keep"])
+        print(f"rltrain: saved checkpoint {path}", file=sys.stderr, flush=True)
+        return path
+
+    def _maybe_resume(self) -> int:
+        mode = self.cfg["trainer"]["resume"]
+        if mode == "never":
+            return 0
+        if mode == "auto":
+            found = find_latest_valid(self.ckpt_dir)
+            if found is None:
+                return 0
+            path = found[1]
+        else:
+            reason = verify_checkpoint(mode)
+            if reason is not None:
+                raise ValueError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}")
+            path = mode
+        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+        self.train_group.run("load", path, int(self.cfg["rollout"]["weight_sync_bucket_mb"]) << 20)
+        if not self.colocated:
+            self._sync_weights()
+        self.sampler.load_state_dict(state["sampler"])
+        self.next_group_id = state["next_group_id"]
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+        print(f"rltrain: resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
+        return int(state["step"])
+
+    def _finish(self) -> None:
+        t = self.cfg["trainer"]
+        self.tracker.finish()
+        for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
+            group.shutdown()
+        if t["plots"] and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
+            from rltrain.utils.plotting import plot_run
+
+            plot_run(self.run_dir)
+
+
+@contextmanager
+def _diverged_as_error(step: int, ckpt_dir: str):
+    """Turn a worker's FloatingPointError (NaN/inf loss or grad norm) into a clear TrainingDiverged."""
+    try:
+        yield
+    except Exception as err:  # Ray wraps worker exceptions in RayTaskError(<original type>)
+        if isinstance(err, FloatingPointError) or "FloatingPointError" in type(err).__name__ + str(err)[:2000]:
+            first = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+            raise TrainingDiverged(
+                f"training diverged at step {step} ({first}). The run stops here without saving; the last "
+                f"good checkpoint under {ckpt_dir} is kept (lower actor.lr or check the data/reward)") from None
+        raise
+
+
+def _fault_injection(step: int) -> None:
+    """Test hook: RLTRAIN_FAULT_KILL_AFTER_STEP=N SIGKILLs this process right after step N (crash tests)."""
+    if os.environ.get("RLTRAIN_FAULT_KILL_AFTER_STEP") == str(step):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
+    if x is None:
+        return float("nan")
+    m = mask.float()
+    return float((x * m).sum() / m.sum().clamp(min=1))
+
+
+def _progress(t: dict, start: int):
+    if not t["progress_bar"]:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=t["total_steps"], initial=start, desc="rltrain", unit="step", file=sys.stderr,
+                dynamic_ncols=True, leave=True)
+
+
+def _none_ref(group):
+    return group._ray.put(None)
+
+
+def run_from_config(cfg, run_dir: str | None = None) -> dict:
+    """Build the trainer from a composed Hydra config and run it; returns the last step's metrics."""
+    d = config_dict(cfg)
+    run_dir = run_dir or run_directory()
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(d, f, indent=1)
+    start = time.time()
+    trainer = PPOTrainer(d, run_dir)
+    try:
+        last = trainer.fit()
+    except TrainingDiverged as err:
+        print(f"rltrain: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(3) from None
+    print(f"rltrain: finished {d['trainer']['total_steps']} steps in {time.time() - start:.0f} s; "
+          f"run directory: {run_dir}", flush=True)
+    return last

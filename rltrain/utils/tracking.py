@@ -27,6 +27,13 @@ CONSOLE_KEYS = (
 )
 
 
+SHORT_NAMES = {
+    "critic/score/mean": "reward", "val/accuracy": "val_acc", "actor/pg_loss": "pg_loss",
+    "actor/entropy": "entropy", "actor/grad_norm": "grad_norm", "actor/ppo_kl": "ppo_kl",
+    "response_length/mean": "resp_len", "perf/throughput": "tok/s", "timing_s/step": "step_s",
+}
+
+
 def _to_float(v: Any) -> Any:
     if hasattr(v, "item"):
         try:
@@ -52,8 +59,8 @@ class ConsoleLogger:
         for k in CONSOLE_KEYS:
             if k in metrics:
                 v = _to_float(metrics[k])
-                parts.append(f"{k.split('/', 1)[-1] if k.count('/') == 1 else k}={v:.4g}"
-                             if isinstance(v, (int, float)) else f"{k}={v}")
+                label = SHORT_NAMES.get(k, k)
+                parts.append(f"{label}={v:.4g}" if isinstance(v, (int, float)) else f"{label}={v}")
         for k, v in metrics.items():
             if k.startswith("val/") and k != "val/accuracy" and k.endswith("accuracy"):
                 parts.append(f"{k}={_to_float(v):.3f}")

@@ -28,7 +28,7 @@ def test_tracker_writes_jsonl_console_and_offline_wandb(tmp_path, monkeypatch):
     assert rows[1]["actor/grad_norm"] == "nan"  # non-finite kept visible, file stays valid JSON
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         assert all(json.loads(line) for line in f)
-    assert "score/mean=0.25" in out.getvalue() and "step 2" in out.getvalue()
+    assert "reward=0.25" in out.getvalue() and "step 2" in out.getvalue()
     # a real offline wandb run directory with its binary log
     runs = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*"))
     assert len(runs) == 1

@@ -1,0 +1,38 @@
+"""RL algorithms as pure tensor math: advantages, policy and value losses, KL estimators, loss
+aggregation and DAPO's batch shaping. Imports nothing else from rltrain; takes tensors and floats only.
+
+Each pluggable choice is a registry keyed by its config string; the allowed names are exported as
+tuples (`ADV_ESTIMATORS`, `POLICY_LOSS_MODES`, `KL_KINDS`, `AGG_MODES`) for config validation.
+Advantage estimators can also be user functions: `register_advantage_estimator(name)` or a
+`"pkg.module:function"` path (signature in `rltrain.algorithms.advantages`).
+"""
+
+from rltrain.algorithms.advantages import (
+    ADV_ESTIMATORS,
+    compute_advantages,
+    get_advantage_estimator,
+    register_advantage_estimator,
+)
+from rltrain.algorithms.aggregation import AGG_MODES, aggregate_loss, masked_mean
+from rltrain.algorithms.dapo import filter_informative_groups, overlong_penalty, truncated_response_mask
+from rltrain.algorithms.kl import KL_KINDS, kl_penalty
+from rltrain.algorithms.policy_loss import POLICY_LOSS_MODES, policy_loss
+from rltrain.algorithms.value_loss import value_loss
+
+__all__ = [
+    "compute_advantages",
+    "register_advantage_estimator",
+    "get_advantage_estimator",
+    "policy_loss",
+    "kl_penalty",
+    "aggregate_loss",
+    "masked_mean",
+    "value_loss",
+    "filter_informative_groups",
+    "overlong_penalty",
+    "truncated_response_mask",
+    "ADV_ESTIMATORS",
+    "POLICY_LOSS_MODES",
+    "KL_KINDS",
+    "AGG_MODES",
+]

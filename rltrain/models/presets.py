@@ -1,0 +1,61 @@
+"""Built-in model presets (random init, no download) and the one place that turns `model.*` into an HF config.
+
+`tiny` is the CPU default's Qwen3-architecture model; `qwen3-0.6b` has Qwen3-0.6B's real shapes and vocab
+size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+# Facts from the public Hugging Face Qwen3-0.6B config.json.
+QWEN3_0_6B = dict(
+    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+    attention_bias=False,
+)
+
+# The embedded default: small enough to train for a few minutes on 2 CPU cores.
+TINY = dict(
+    hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=10_000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+)
+
+BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B}
+
+
+def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | None = None,
+                  overrides: Mapping[str, Any] | None = None, trust_remote_code: bool = False):
+    """The transformers config of `model.builtin` (a Qwen3Config) or of the model at `model.path`.
+
+    vocab_size: the tokenizer's size, used by `tiny` (qwen3-0.6b keeps its real vocab unless overridden).
+    """
+    from transformers import AutoConfig, Qwen3Config
+
+    overrides = dict(overrides or {})
+    if builtin is not None:
+        if builtin not in BUILTINS:
+            raise ValueError(f"model.builtin={builtin!r} is unknown; choose one of {', '.join(BUILTINS)}")
+        kw = dict(BUILTINS[builtin])
+        if builtin == "tiny":
+            if vocab_size is None:
+                raise ValueError("model.builtin=tiny needs the tokenizer's vocab size")
+            kw["vocab_size"] = vocab_size
+        kw.update(overrides)
+        return Qwen3Config(**kw)
+    if not path:
+        raise ValueError("model.path is not set; give an HF model id or a local directory, or set model.builtin")
+    if os.path.sep in path and not os.path.exists(path):
+        raise FileNotFoundError(f"model.path={path!r} does not exist; fix model.path (a local directory with "
+                                "config.json and safetensors, or an HF model id)")
+    try:
+        cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(f"model.path={path!r}: could not load its config.json ({err}); fix model.path "
+                                "or download the model first") from err
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg

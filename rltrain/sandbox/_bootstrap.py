@@ -1,0 +1,300 @@
+"""Child side of the sandbox: isolates itself, forks a reaper and the user process, runs the code.
+Runs as `python -I -S -B -u -c <this file's text> <config json>`; it must import nothing but the stdlib.
+
+Process tree (pids as the parent sees them):
+
+    B  bootstrap, started by the parent in a new session. Tries unshare(USER|NET|PID) (layer 1,
+       the kernel wall); when root, first sets only its *real* uid to nobody so that RLIMIT_NPROC
+       is enforced per sandbox (root's real uid bypasses it; ucounts are per user namespace).
+    R  reaper, in its own process group; PID 1 of the new PID namespace when there is one, else a
+       child subreaper. Waits for U, then kills whatever U left behind (the kernel does this for a
+       namespace init when it exits), and reports U's end on the status pipe.
+    U  user process: rlimits (address space, CPU, file size, processes, core), an audit hook
+       (layer 2, always on: no sockets, no running programs, no reads outside an allow-list, no
+       writes outside its temp dir, bounded forks), then exec of main.py.
+
+The status pipe (fd cfg["status_fd"]) carries JSON lines: {"isolation": ...}, {"reaper": pid},
+{"exit": code} or {"signal": signum}. U closes it before running user code.
+"""
+
+import json
+import os
+import signal
+import sys
+
+EXIT_MEMORY = 251  # U exits with this when the user code died of MemoryError
+NOBODY = 65534
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _status(fd, **msg):
+    os.write(fd, (json.dumps(msg) + "\n").encode())
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _isolate(libc, allow_network):
+    """Layer 1: new user (+net) (+pid) namespace. Returns (description, has_pid_namespace)."""
+    import ctypes
+
+    was_root = os.getuid() == 0 and os.geteuid() == 0
+    if was_root:  # keep euid 0 for file access, make the real uid count against RLIMIT_NPROC
+        os.setresuid(NOBODY, 0, 0)
+    flags = CLONE_NEWUSER | CLONE_NEWPID | (0 if allow_network else CLONE_NEWNET)
+    if libc.unshare(ctypes.c_int(flags)) == 0:
+        names = ["user", "pid"] + ([] if allow_network else ["net"])
+        return "namespaces:" + ",".join(names), True
+    err = ctypes.get_errno()
+    if was_root:
+        os.setresuid(0, 0, 0)
+    return "none (unshare failed: %s)" % os.strerror(err), False
+
+
+def _children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _reap_all_descendants(me):
+    """Kill and reap every process reparented to this subreaper until none is left."""
+    while True:
+        kids = _children(me)
+        if not kids:
+            return
+        for k in kids:
+            try:
+                os.kill(k, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+
+
+def _set_limits(cfg, in_user_namespace):
+    import resource
+
+    def both(name, value):
+        resource.setrlimit(getattr(resource, name), (value, value))
+
+    mem = cfg["memory_mb"] * 2**20
+    both("RLIMIT_AS", mem)
+    both("RLIMIT_DATA", mem)
+    cpu = cfg["cpu_s"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL a second later
+    both("RLIMIT_FSIZE", cfg["max_file_bytes"])
+    both("RLIMIT_CORE", 0)
+    both("RLIMIT_NOFILE", 256)
+    if in_user_namespace:  # counted per user namespace: B, R, U and U's own children/threads
+        both("RLIMIT_NPROC", cfg["max_processes"] + 2)
+
+
+def _install_audit_hook(cfg):
+    """Layer 2: an in-process guard that runs whatever the OS allowed. A guard, not a wall."""
+    import posix
+    import stat as stat_mod
+
+    tmp = os.path.realpath(cfg["workdir"])
+    read_roots = [tmp] + [os.path.realpath(p) for p in sys.path if p]  # -I -S: the stdlib only
+    read_roots = tuple(sorted(set(read_roots)))
+    read_files = frozenset(("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"))
+    allow_network = bool(cfg["allow_network"])
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    # Bound total forks with a token pipe shared by all descendants (the kernel NPROC limit is
+    # the real bound where user namespaces exist; this one also holds where they do not).
+    tok_r, tok_w = os.pipe()
+    os.write(tok_w, b"x" * max(cfg["max_processes"] - 1, 0))
+    os.close(tok_w)
+    os.set_blocking(tok_r, False)
+    # Functions the hook calls are bound now so that monkeypatching os/posixpath cannot blind it.
+    lstat, readlink, getcwd, fsdecode, read = posix.lstat, posix.readlink, posix.getcwd, os.fsdecode, posix.read
+    s_islnk = stat_mod.S_ISLNK
+    blocked_prefixes = ("subprocess.", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
+                        "os.forkpty", "pty.", "ctypes.", "resource.", "gc.get_", "sys.remote_exec")
+    write_events = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
+                              "os.utime", "os.truncate", "os.chflags", "os.lchflags", "os.mkfifo",
+                              "os.mknod", "shutil.rmtree", "os.setxattr", "os.removexattr"))
+    two_path_events = frozenset(("os.rename", "os.link", "shutil.move", "shutil.copytree"))
+
+    def resolve(path):
+        path = fsdecode(path)
+        if not path.startswith("/"):
+            path = getcwd() + "/" + path
+        parts, seen = [], 0
+        todo = path.split("/")[::-1]
+        while todo:
+            part = todo.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if parts:
+                    parts.pop()
+                continue
+            parts.append(part)
+            cur = "/" + "/".join(parts)
+            try:
+                is_link = s_islnk(lstat(cur).st_mode)
+            except OSError:
+                is_link = False
+            if is_link:
+                seen += 1
+                if seen > 40:
+                    raise PermissionError("sandbox: too many symlinks in %r" % path)
+                target = readlink(cur)
+                parts.pop()
+                if target.startswith("/"):
+                    parts = []
+                todo.extend(target.split("/")[::-1])
+        return "/" + "/".join(parts)
+
+    def under(p, roots):
+        return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
+
+    def check_write(path):
+        if isinstance(path, int):
+            return
+        p = resolve(path)
+        if not under(p, (tmp,)):
+            raise PermissionError("sandbox: writing outside the sandbox directory is not allowed: %r" % p)
+
+    def check_read(path):
+        if path is None:
+            path = "."
+        if isinstance(path, int):
+            return
+        p = resolve(path)
+        if not (p in read_files or under(p, read_roots)):
+            raise PermissionError("sandbox: reading %r is not allowed (outside the sandbox directory)" % p)
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            is_write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags)
+            (check_write if is_write else check_read)(path)
+        elif event.startswith("socket."):
+            if not allow_network:
+                raise PermissionError("sandbox: network access is disabled (%s)" % event)
+        elif event == "os.fork":
+            try:
+                got = read(tok_r, 1)
+            except OSError:
+                got = b""
+            if not got:
+                raise PermissionError("sandbox: process limit reached (max_processes)")
+        elif event in ("os.kill", "os.killpg"):
+            if event == "os.killpg" or args[0] != posix.getpid():
+                raise PermissionError("sandbox: sending signals to other processes is not allowed")
+        elif event in ("os.listdir", "os.scandir", "os.chdir"):
+            check_read(args[0] if args else None)
+        elif event in write_events:
+            check_write(args[0])
+        elif event in two_path_events or event in ("os.symlink",):
+            check_write(args[1])
+            if event != "os.symlink":
+                check_write(args[0])
+        elif event.startswith(blocked_prefixes):
+            raise PermissionError("sandbox: %s is not allowed" % event)
+
+    sys.addaudithook(hook)
+
+
+def _run_user_code(cfg):
+    import traceback
+
+    main_path = os.path.join(cfg["workdir"], "main.py")
+    with open(main_path, encoding="utf-8") as f:
+        source = f.read()
+    sys.argv = [main_path]
+    code_globals = {"__name__": "__main__", "__file__": main_path, "__builtins__": __builtins__}
+    exit_code = 0
+    try:
+        compiled = compile(source, main_path, "exec")
+        if cfg["audit"]:
+            _install_audit_hook(cfg)
+        exec(compiled, code_globals)
+    except SystemExit as e:
+        if e.code is None:
+            exit_code = 0
+        elif isinstance(e.code, int):
+            exit_code = e.code & 0xFF
+        else:
+            print(e.code, file=sys.stderr)
+            exit_code = 1
+    except MemoryError:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+        exit_code = EXIT_MEMORY
+    except BaseException as e:
+        tb = e.__traceback__
+        if tb is not None and tb.tb_frame.f_code is _run_user_code.__code__:
+            tb = tb.tb_next  # hide this frame: the model should see only its own code
+        try:
+            traceback.print_exception(type(e), e, tb)
+        except BaseException:
+            pass
+        exit_code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(exit_code)
+
+
+def main():
+    cfg = json.loads(sys.argv[1])
+    status_fd = cfg["status_fd"]
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != cfg["parent_pid"]:
+        os._exit(1)  # the parent died before the death signal was armed
+    isolation, in_ns = ("none (disabled)", False)
+    if cfg["os_isolation"]:
+        isolation, in_ns = _isolate(libc, cfg["allow_network"])
+    _status(status_fd, isolation=isolation)
+
+    reaper = os.fork()
+    if reaper == 0:  # R
+        os.setpgid(0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if not in_ns:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        user = os.fork()
+        if user == 0:  # U
+            os.close(status_fd)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            _set_limits(cfg, in_ns)
+            _run_user_code(cfg)
+        _, wstatus = os.waitpid(user, 0)
+        if not in_ns:
+            _reap_all_descendants(os.getpid())
+        if os.WIFSIGNALED(wstatus):
+            _status(status_fd, signal=os.WTERMSIG(wstatus))
+        else:
+            _status(status_fd, exit=os.WEXITSTATUS(wstatus))
+        os._exit(0)  # as PID 1 of a namespace, the kernel now kills everything left in it
+    _status(status_fd, reaper=reaper)
+    os.waitpid(reaper, 0)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

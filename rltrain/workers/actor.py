@@ -1,0 +1,198 @@
+"""Actor and reference roles: a Megatron engine that computes response log-probs and trains the policy.
+
+Composes the model backend (models/megatron), the fused loss path (ops, via the engine) and the RL math
+(algorithms); it knows nothing of Ray or the driver loop.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss
+from rltrain.data.batch import Batch
+
+
+def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> dict:
+    """MegatronEngine keyword arguments from the actor and trainer sub-configs (plain dicts)."""
+    return dict(
+        tp_size=actor_cfg["tensor_parallel_size"],
+        pp_size=actor_cfg["pipeline_parallel_size"],
+        fused_linear_logprob=trainer_cfg["fused_linear_logprob"],
+        fused_linear_logprob_backend=trainer_cfg["fused_linear_logprob_backend"],
+        logprobs_chunk_size=trainer_cfg["logprobs_chunk_size"],
+        lr=actor_cfg["lr"],
+        weight_decay=actor_cfg["weight_decay"],
+        betas=tuple(actor_cfg.get("betas", (0.9, 0.999))),
+        eps=actor_cfg.get("eps", 1e-8),
+        grad_clip=actor_cfg["grad_clip"],
+        warmup_steps=actor_cfg.get("lr_warmup_steps", 0),
+        total_steps=total_steps,
+        lr_schedule=actor_cfg.get("lr_schedule", "constant"),
+        min_lr_ratio=actor_cfg.get("min_lr_ratio", 0.0),
+        max_tokens_per_micro_batch=actor_cfg["max_tokens_per_micro_batch"],
+    )
+
+
+def label_masks(batch: Batch, *, response_only: bool, loss_mask_only: bool) -> tuple[torch.Tensor, ...]:
+    """Full-layout inputs and the rows whose log-probs are computed.
+
+    Returns input_ids [B, S], seq_lens [B], response_start [B], label_mask [B, S] (bool): position t is kept
+    when input_ids[t] is a response token (or, with loss_mask_only, a loss_mask token); without
+    response_only every real position t >= 1 is computed (debugging / parity).
+    """
+    input_ids, attn, seq_lens, start = batch.full_sequences()
+    b, s = input_ids.shape
+    if response_only or loss_mask_only:
+        keep = batch.loss_mask if loss_mask_only else batch.response_mask
+        label_mask = torch.zeros((b, s), dtype=torch.bool)
+        cols = start[:, None] + torch.arange(keep.shape[1])[None, :]
+        valid = keep.bool() & (cols < s)
+        label_mask[torch.arange(b)[:, None].expand_as(cols)[valid], cols[valid]] = True
+    else:
+        label_mask = attn.bool().clone()
+        label_mask[:, 0] = False
+    return input_ids, seq_lens, start, label_mask
+
+
+def to_full(batch: Batch, resp: torch.Tensor, start: torch.Tensor, width: int) -> torch.Tensor:
+    """Scatter a response-layout tensor [B, R] onto the full layout [B, S] (0 elsewhere)."""
+    b, r = resp.shape
+    out = torch.zeros((b, width), dtype=resp.dtype)
+    cols = start[:, None] + torch.arange(r)[None, :]
+    valid = batch.response_mask.bool() & (cols < width)
+    out[torch.arange(b)[:, None].expand_as(cols)[valid], cols[valid]] = resp[valid]
+    return out
+
+
+class PolicyLoss:
+    """The actor's loss on one micro-batch: PPO-family policy loss - entropy bonus + KL loss.
+
+    All terms are aggregated with `agg` over the micro-batch's loss_mask; the engine multiplies by
+    mb["loss_scale"] (the micro-batch's share of the mini-batch) before backward.
+    """
+
+    def __init__(self, *, mode: str, clip_low: float, clip_high: float, dual_clip: float | None, agg: str,
+                 entropy_coef: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str):
+        self.mode, self.clip_low, self.clip_high, self.dual_clip, self.agg = mode, clip_low, clip_high, dual_clip, agg
+        self.entropy_coef = entropy_coef
+        self.use_kl_loss, self.kl_loss_coef, self.kl_loss_type = use_kl_loss, kl_loss_coef, kl_loss_type
+        self.needs_entropy_grad = entropy_coef != 0.0
+
+    def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
+        lp = outputs["logprobs"]  # [b, S] fp32, 0 outside label_mask
+        mask = mb["loss_mask_full"]  # [b, S]
+        pg, m = policy_loss(lp, mb["old_logprobs_full"], mb["advantages_full"], mask, mode=self.mode,
+                            clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg)
+        loss = pg
+        metrics: dict[str, Any] = {"actor/pg_loss": pg.detach()}
+        metrics.update({f"actor/{k}": v for k, v in m.items()})
+        ent = outputs.get("entropy")
+        if ent is not None:
+            ent_agg = aggregate_loss(ent, mask, self.agg)
+            metrics["actor/entropy"] = ent_agg.detach()
+            if self.entropy_coef != 0.0:
+                loss = loss - self.entropy_coef * ent_agg
+        if self.use_kl_loss:
+            kl = aggregate_loss(kl_penalty(lp, mb["ref_logprobs_full"], self.kl_loss_type), mask, self.agg)
+            metrics["actor/kl_loss"] = kl.detach()
+            loss = loss + self.kl_loss_coef * kl
+        return loss, metrics
+
+
+def share_of(mask: torch.Tensor, total_tokens: float, total_rows: float, agg: str) -> float:
+    """Weight of a micro-batch in its mini-batch's loss: token share for token-level aggregation, row
+    share for sequence-level aggregation (so the accumulated gradient equals the mini-batch loss's)."""
+    if agg == "token-mean":
+        return float(mask.sum()) / max(total_tokens, 1.0)
+    return mask.shape[0] / max(total_rows, 1.0)
+
+
+class ActorRole:
+    """The policy (role="actor", trains) or the frozen reference (role="ref", forward only)."""
+
+    def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: dict, trainer_cfg: dict,
+                 device: str, dtype: torch.dtype, seed: int, total_steps: int):
+        from rltrain.models.megatron.engine import MegatronEngine
+
+        assert role in ("actor", "ref"), role
+        self.role, self.actor_cfg, self.trainer_cfg = role, actor_cfg, trainer_cfg
+        self.engine = MegatronEngine(hf_config, role=role, params_dtype=dtype, device=device, seed=seed,
+                                     **engine_kwargs(actor_cfg, trainer_cfg, total_steps=total_steps))
+        if hf_state_dict is not None:
+            self.engine.load_hf_weights(hf_state_dict)
+        self.loss = PolicyLoss(mode=actor_cfg["loss_mode"], clip_low=actor_cfg["clip_low"],
+                               clip_high=actor_cfg["clip_high"], dual_clip=actor_cfg["dual_clip"],
+                               agg=actor_cfg["loss_agg_mode"], entropy_coef=actor_cfg["entropy_coef"],
+                               use_kl_loss=actor_cfg["use_kl_loss"], kl_loss_coef=actor_cfg["kl_loss_coef"],
+                               kl_loss_type=actor_cfg["kl_loss_type"])
+
+    # ------------------------------------------------------------------ forward-only
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False):
+        """(logprobs [B, R], entropy [B, R] or None) of the response tokens under this model."""
+        input_ids, seq_lens, start, label_mask = label_masks(
+            batch, response_only=self.trainer_cfg["logprobs_response_only"], loss_mask_only=False)
+        lp, ent = self.engine.forward_logprobs(input_ids, seq_lens, label_mask, temperature=temperature,
+                                               with_entropy=with_entropy)
+        lp = batch.response_from_full(lp.float().cpu(), start)
+        ent = None if ent is None else batch.response_from_full(ent.float().cpu(), start)
+        return lp, ent
+
+    # ------------------------------------------------------------------ training
+    def update(self, batch: Batch, *, mini_batch_rows: int, ppo_epochs: int, temperature: float = 1.0,
+               seed: int = 0) -> dict[str, float]:
+        """ppo_epochs passes over `batch` in mini-batches of `mini_batch_rows` rows; one optimizer step each.
+
+        Needs batch.old_logprobs and batch.advantages (and ref_logprobs with the KL loss).
+        """
+        assert self.role == "actor"
+        assert batch.old_logprobs is not None and batch.advantages is not None
+        input_ids, seq_lens, start, label_mask = label_masks(
+            batch, response_only=True, loss_mask_only=self.trainer_cfg["logprobs_loss_mask_only"])
+        s = input_ids.shape[1]
+        tensors = {
+            "input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask,
+            "loss_mask_full": to_full(batch, batch.loss_mask.float(), start, s),
+            "old_logprobs_full": to_full(batch, batch.old_logprobs, start, s),
+            "advantages_full": to_full(batch, batch.advantages, start, s),
+        }
+        if self.loss.use_kl_loss:
+            assert batch.ref_logprobs is not None, "actor.use_kl_loss needs reference log-probs"
+            tensors["ref_logprobs_full"] = to_full(batch, batch.ref_logprobs, start, s)
+        self.loss.temperature = temperature  # the engine divides logits by loss_fn.temperature
+        gen = torch.Generator().manual_seed(seed)
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        n_steps = 0
+        for _ in range(ppo_epochs):
+            perm = torch.randperm(len(batch), generator=gen)
+            for lo in range(0, len(batch), mini_batch_rows):
+                idx = perm[lo:lo + mini_batch_rows]
+                mini = {k: v[idx] for k, v in tensors.items()}
+                mbs = self.engine.make_micro_batches(mini, mini["seq_lens"])
+                tot_tok = float(mini["loss_mask_full"].sum())
+                for mb in mbs:
+                    mb["loss_scale"] = share_of(mb["loss_mask_full"], tot_tok, len(idx), self.loss.agg)
+                metrics = self.engine.train_step(mbs, self.loss)
+                n_steps += 1
+                for k, v in metrics.items():
+                    v = float(v)
+                    if math.isfinite(v):
+                        sums[k] = sums.get(k, 0.0) + v
+                        counts[k] = counts.get(k, 0) + 1
+        out = {k: sums[k] / counts[k] for k in sums}
+        out = {(k if "/" in k else f"actor/{k}"): v for k, v in out.items()}
+        out["actor/num_optimizer_steps"] = float(n_steps)
+        return out
+
+    def export_weights(self, bucket_bytes: int):
+        return self.engine.export_hf_weights(bucket_bytes=bucket_bytes)
+
+    def state_dict(self) -> dict:
+        return self.engine.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.engine.load_state_dict(sd)

@@ -1,0 +1,91 @@
+"""Critic role (PPO): the same Megatron trunk with a scalar value head, trained with the clipped value loss.
+
+Values are aligned like log-probs: values[b, j] = V(s) at the state that produces response token j.
+No Ray, no driver logic here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rltrain.algorithms import value_loss
+from rltrain.data.batch import Batch
+from rltrain.workers.actor import label_masks, share_of, to_full
+
+
+class ValueLoss:
+    needs_entropy_grad = False
+
+    def __init__(self, *, clip: float, agg: str):
+        self.clip, self.agg = clip, agg
+
+    def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
+        v = outputs["values"]  # [b, S]
+        loss, m = value_loss(v, mb["old_values_full"], mb["returns_full"], mb["loss_mask_full"],
+                             clip=self.clip, agg=self.agg)
+        metrics = {"critic/vf_loss": loss.detach()}
+        metrics.update({f"critic/{k}": val for k, val in m.items()})
+        return loss, metrics
+
+
+class CriticRole:
+    def __init__(self, hf_config, hf_state_dict: dict | None, *, critic_cfg: dict, actor_cfg: dict,
+                 trainer_cfg: dict, device: str, dtype: torch.dtype, seed: int, total_steps: int):
+        from rltrain.models.megatron.engine import MegatronEngine
+
+        self.cfg, self.trainer_cfg = critic_cfg, trainer_cfg
+        self.engine = MegatronEngine(
+            hf_config, role="critic", tp_size=actor_cfg["tensor_parallel_size"],
+            pp_size=actor_cfg["pipeline_parallel_size"], params_dtype=dtype, device=device, seed=seed,
+            lr=critic_cfg["lr"], weight_decay=critic_cfg["weight_decay"], grad_clip=critic_cfg["grad_clip"],
+            warmup_steps=critic_cfg["lr_warmup_steps"], total_steps=total_steps,
+            max_tokens_per_micro_batch=critic_cfg["max_tokens_per_micro_batch"],
+        )
+        if hf_state_dict is not None:
+            self.engine.load_hf_weights(hf_state_dict)
+        self.loss = ValueLoss(clip=critic_cfg["value_clip"], agg=critic_cfg["loss_agg_mode"])
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """V [B, R] at the states producing each response token; 0 outside response_mask."""
+        input_ids, seq_lens, start, label_mask = label_masks(batch, response_only=True, loss_mask_only=False)
+        values = self.engine.forward_values(input_ids, seq_lens, label_mask)
+        return batch.response_from_full(values.float().cpu(), start)
+
+    def update(self, batch: Batch, *, mini_batch_rows: int, ppo_epochs: int, seed: int = 0) -> dict[str, float]:
+        assert batch.values is not None and batch.returns is not None
+        input_ids, seq_lens, start, label_mask = label_masks(batch, response_only=True, loss_mask_only=False)
+        s = input_ids.shape[1]
+        tensors = {
+            "input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask,
+            "loss_mask_full": to_full(batch, batch.loss_mask.float(), start, s),
+            "old_values_full": to_full(batch, batch.values, start, s),
+            "returns_full": to_full(batch, batch.returns, start, s),
+        }
+        gen = torch.Generator().manual_seed(seed + 7)
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for _ in range(ppo_epochs):
+            perm = torch.randperm(len(batch), generator=gen)
+            for lo in range(0, len(batch), mini_batch_rows):
+                idx = perm[lo:lo + mini_batch_rows]
+                mini = {k: v[idx] for k, v in tensors.items()}
+                mbs = self.engine.make_micro_batches(mini, mini["seq_lens"])
+                tot_tok = float(mini["loss_mask_full"].sum())
+                for mb in mbs:
+                    mb["loss_scale"] = share_of(mb["loss_mask_full"], tot_tok, len(idx), self.loss.agg)
+                for k, v in self.engine.train_step(mbs, self.loss).items():
+                    v = float(v)
+                    if math.isfinite(v):
+                        sums[k] = sums.get(k, 0.0) + v
+                        counts[k] = counts.get(k, 0) + 1
+        out = {k: sums[k] / counts[k] for k in sums}
+        return {(k if "/" in k else f"critic/{k}"): v for k, v in out.items()}
+
+    def state_dict(self) -> dict:
+        return self.engine.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.engine.load_state_dict(sd)

@@ -1,0 +1,199 @@
+"""One worker process hosting any subset of roles (actor, ref, critic, rollout) on the same devices.
+
+Colocated mode puts all roles in one group (the rollout engine sleeps while training, weights sync in
+process); split mode makes one group for training roles and one for rollout. No Ray here (see group.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from rltrain.data.batch import Batch
+from rltrain.workers.base import Worker
+
+ROLES = ("actor", "ref", "critic", "rollout")
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
+    return device
+
+
+def initial_hf_model(model_cfg: dict, vocab_size: int, seed: int, dtype: torch.dtype):
+    """The transformers model every role starts from: random init of a built-in preset (seeded, so all
+    ranks and roles agree) or the pretrained weights at model.path."""
+    from transformers import AutoModelForCausalLM
+
+    from rltrain.models.presets import hf_config_for
+
+    hf_config = hf_config_for(path=model_cfg["path"], builtin=model_cfg["builtin"], vocab_size=vocab_size,
+                              overrides=model_cfg["overrides"], trust_remote_code=model_cfg["trust_remote_code"])
+    if model_cfg["builtin"] is not None:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        # small init keeps the random policy close to uniform over the vocab
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, 0.02)
+        model = model.to(dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_cfg["path"], dtype=dtype,
+                                                     trust_remote_code=model_cfg["trust_remote_code"])
+    return hf_config, model
+
+
+class HybridWorker(Worker):
+    def __init__(self, cfg: dict, roles: list[str], rank: int = 0, world_size: int = 1):
+        unknown = set(roles) - set(ROLES)
+        assert not unknown, unknown
+        super().__init__(rank=rank, world_size=world_size)
+        self.cfg, self.roles = cfg, list(roles)
+        self.actor = self.ref = self.critic = self.rollout = None
+
+    def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
+        cfg = self.cfg
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        t = cfg["trainer"]
+        seed = int(t["seed"])
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        torch.set_num_threads(max(1, int(os.environ.get("RLTRAIN_TORCH_THREADS", torch.get_num_threads()))))
+        self.device = resolve_device(t["device"])
+        if self.device == "cuda":
+            torch.cuda.set_device(local_rank)
+        train_dtype = torch.float32 if self.device == "cpu" else getattr(torch, cfg["model"]["dtype"])
+        from rltrain.data.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer(cfg["model"]["tokenizer"] or cfg["model"]["path"])
+        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
+        hf_config, hf_model = initial_hf_model(cfg["model"], vocab, seed, train_dtype)
+        sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+        total = int(t["total_steps"]) * max(1, int(cfg["actor"]["ppo_epochs"]))
+        if "actor" in self.roles:
+            from rltrain.workers.actor import ActorRole
+
+            self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg["actor"], trainer_cfg=t,
+                                   device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
+        if "ref" in self.roles:
+            from rltrain.workers.actor import ActorRole
+
+            self.ref = ActorRole(hf_config, sd, role="ref", actor_cfg=cfg["actor"], trainer_cfg=t,
+                                 device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
+        if "critic" in self.roles:
+            from rltrain.workers.critic import CriticRole
+
+            self.critic = CriticRole(hf_config, sd, critic_cfg=cfg["critic"], actor_cfg=cfg["actor"], trainer_cfg=t,
+                                     device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
+        if "rollout" in self.roles:
+            from rltrain.workers.rollout import RolloutRole
+
+            self.rollout = RolloutRole(engine=cfg["rollout"]["engine"], model=hf_model, tokenizer=self.tokenizer,
+                                       rollout_cfg=cfg["rollout"], device=self.device, dtype=train_dtype)
+        else:
+            del hf_model
+        return {"rank": self.rank, "device": self.device, "roles": self.roles}
+
+    # ------------------------------------------------------------------ rollout
+    def generate(self, prompts: list[dict], group_offset: int, validate: bool = False, seed: int | None = None):
+        return self.rollout.generate(prompts, group_offset=group_offset, validate=validate, seed=seed)
+
+    def rollout_sleep(self) -> None:
+        if self.rollout is not None:
+            self.rollout.sleep()
+
+    def rollout_wake_up(self) -> None:
+        if self.rollout is not None:
+            self.rollout.wake_up()
+
+    # ------------------------------------------------------------------ forward-only
+    def compute_old_logprobs(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.actor.compute_logprobs(batch, temperature=temperature, with_entropy=True)
+
+    def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        return self.ref.compute_logprobs(batch, temperature=temperature, with_entropy=False)[0]
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        return self.critic.compute_values(batch)
+
+    # ------------------------------------------------------------------ training
+    def update_actor(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, temperature: float, seed: int):
+        return self.actor.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
+                                 temperature=temperature, seed=seed)
+
+    def update_critic(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, seed: int):
+        return self.critic.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs, seed=seed)
+
+    # ------------------------------------------------------------------ weight sync
+    def sync_weights_local(self, bucket_bytes: int) -> int:
+        """Colocated: stream the actor's HF-named weights straight into this process's rollout engine."""
+        return self.rollout.update_weights(self.actor.export_weights(bucket_bytes))
+
+    def export_weights(self, bucket_bytes: int) -> list[tuple[str, torch.Tensor]]:
+        """Split mode: the actor's weights as (HF name, CPU tensor) pairs for the driver to forward."""
+        return [(n, t.detach().cpu()) for n, t in self.actor.export_weights(bucket_bytes)]
+
+    def load_rollout_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
+        return self.rollout.update_weights(iter(named))
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        sd: dict[str, Any] = {"rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                                      "python": random.getstate()}}
+        if self.actor is not None:
+            sd["actor"] = self.actor.state_dict()
+        if self.critic is not None:
+            sd["critic"] = self.critic.state_dict()
+        return sd
+
+    def save(self, path: str) -> str:
+        fname = os.path.join(path, f"worker_rank{self.rank}.pt")
+        torch.save(self.state_dict(), fname)
+        return fname
+
+    def load(self, path: str, bucket_bytes: int) -> None:
+        sd = torch.load(os.path.join(path, f"worker_rank{self.rank}.pt"), weights_only=False)
+        if self.actor is not None and "actor" in sd:
+            self.actor.load_state_dict(sd["actor"])
+        if self.critic is not None and "critic" in sd:
+            self.critic.load_state_dict(sd["critic"])
+        rng = sd.get("rng")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+        if self.rollout is not None and self.actor is not None:
+            self.sync_weights_local(bucket_bytes)
+
+    def export_hf(self, out_dir: str) -> str | None:
+        """Write the actor as a transformers checkpoint (config + safetensors + tokenizer), rank 0 only."""
+        from transformers import AutoModelForCausalLM
+
+        from rltrain.models.presets import hf_config_for
+
+        named = dict(self.actor.export_weights(1 << 30))
+        if self.rank != 0:
+            return None
+        m = self.cfg["model"]
+        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
+        hf_config = hf_config_for(path=m["path"], builtin=m["builtin"], vocab_size=vocab, overrides=m["overrides"],
+                                  trust_remote_code=m["trust_remote_code"])
+        model = AutoModelForCausalLM.from_config(hf_config)
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in named.items()}, strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and hf_config.tie_word_embeddings)]
+        assert not missing and not unexpected, (missing, unexpected)
+        os.makedirs(out_dir, exist_ok=True)
+        model.save_pretrained(out_dir)
+        if hasattr(self.tokenizer, "save_pretrained"):
+            self.tokenizer.save_pretrained(out_dir)
+        return out_dir

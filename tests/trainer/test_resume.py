@@ -1,0 +1,61 @@
+"""Crash + resume: a killed run continues from its last intact checkpoint and reproduces an uninterrupted run;
+a truncated checkpoint is detected and skipped."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rltrain.main import CONFIG_DIR
+from rltrain.utils.tracking import read_metrics
+
+pytestmark = pytest.mark.timeout(900)
+REPO = os.path.dirname(CONFIG_DIR)
+COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"]
+
+
+def _run(run_dir, overrides, *, kill_after=None):
+    env = dict(os.environ, WANDB_MODE="offline", RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RLTRAIN_FAULT_KILL_AFTER_STEP", None)
+    if kill_after is not None:
+        env["RLTRAIN_FAULT_KILL_AFTER_STEP"] = str(kill_after)
+    cmd = [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", *overrides,
+           f"hydra.run.dir={run_dir}"]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+                          start_new_session=True)
+
+
+def test_kill_resume_reproduces_uninterrupted_run_and_skips_truncated_checkpoint(tmp_path, fast_overrides):
+    base = [*fast_overrides, "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.save_freq=2",
+            "trainer.total_steps=4"]
+    full = _run(tmp_path / "full", base)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    crashed = tmp_path / "crashed"
+    first = _run(crashed, base, kill_after=3)
+    assert first.returncode == -9, first.stderr[-3000:]  # SIGKILL after step 3: no step 4, step_2 saved
+    assert sorted(os.listdir(crashed / "checkpoints")) == ["step_2"]
+    assert max(r["step"] for r in read_metrics(str(crashed))) == 3
+
+    resumed = _run(crashed, base)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "step_2" in resumed.stderr
+    ref = {r["step"]: r for r in read_metrics(str(tmp_path / "full"))}
+    got = {r["step"]: r for r in read_metrics(str(crashed))}  # rows of steps 3-4 come from the resumed run
+    for step in (3, 4):
+        for key in COMPARED:
+            a, b = ref[step][key], got[step][key]
+            assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (step, key, a, b)
+
+    # Truncate the newest checkpoint: the next start reports it and falls back to step_2.
+    ckpts = crashed / "checkpoints"
+    assert sorted(os.listdir(ckpts)) == ["step_2", "step_4"]
+    victim = ckpts / "step_4" / "worker_rank0.pt"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    again = _run(crashed, [*base[:-1], "trainer.total_steps=5"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "skipping checkpoint" in again.stderr and "truncated" in again.stderr
+    assert "step_2" in again.stderr.split("resumed from", 1)[1].splitlines()[0]
