@@ -154,7 +154,7 @@ def validate_config(cfg: DictConfig) -> None:
     else:
         _choice(e, "reward.fn", fn, REWARD_FNS, dotted_ok=True)
     _positive(e, "reward.timeout_s", cfg.reward.timeout_s)
-    _positive(e, "reward.max_workers", cfg.reward.max_workers)
+    _positive(e, "reward.max_workers", cfg.reward.max_workers, allow_zero=True)  # 0: in-process
 
     # data
     _choice(e, "data.source", d.source, DATA_SOURCES)

@@ -47,8 +47,12 @@ def build_datasets(cfg: dict):
         common = dict(prompt_key=d["prompt_key"], answer_key=d["answer_key"], data_source_key=d["data_source_key"],
                       tokenizer=tokenizer, max_prompt_length=d["max_prompt_length"],
                       apply_chat_template=d["apply_chat_template"], system_prompt=d["system_prompt"])
-        train = _concat([PromptDataset(p, **common) for p in d["train_files"]])
-        val = _concat([PromptDataset(p, **common) for p in d["val_files"]]) if d["val_files"] else None
+        def load(path):  # rows without a data_source key are tagged with the file's name
+            name = os.path.splitext(os.path.basename(path))[0]
+            return PromptDataset(path, default_data_source=name, **common)
+
+        train = _concat([load(p) for p in d["train_files"]])
+        val = _concat([load(p) for p in d["val_files"]]) if d["val_files"] else None
     sampler = PromptSampler(train, batch_size=d["train_batch_size"], seed=cfg["trainer"]["seed"], shuffle=d["shuffle"])
     reward = get_reward_fn(cfg["reward"]["fn"])
     return tokenizer, train, val, sampler, reward

@@ -1,0 +1,177 @@
+"""PromptDataset (jsonl/parquet, malformed rows, length filter, chat template), PromptSampler resume,
+repeat_for_groups, and the prepare_* converters against the shipped samples."""
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from rltrain.data.dataset import PromptDataset, PromptSampler, read_rows, repeat_for_groups, write_rows
+from rltrain.data.tokenizer import CharTokenizer
+
+HERE = Path(__file__).parent
+TOOLS = HERE.parent.parent / "tools"
+
+
+def dataset(path, **kw):
+    args = dict(prompt_key="prompt", answer_key="answer", data_source_key="data_source", tokenizer=CharTokenizer(),
+                max_prompt_length=1024, apply_chat_template=True)
+    args.update(kw)
+    return PromptDataset(path, **args)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_gsm8k_sample_jsonl_loads_with_chat_template():
+    ds = dataset(HERE / "gsm8k_sample.jsonl")
+    tok = CharTokenizer()
+    raw = [json.loads(line) for line in (HERE / "gsm8k_sample.jsonl").read_text().splitlines()]
+    assert len(ds) == 3 and [it["ground_truth"] for it in ds] == ["172", "2000", "2.25"]
+    for item, row in zip(ds, raw):
+        expected = "<bos><|user|>" + row["prompt"][0]["content"].lower() + "<|end|><|assistant|>"
+        assert tok.decode(item["prompt_ids"], skip_special_tokens=False) == expected
+        assert item["prompt"] == tok.apply_chat_template(row["prompt"])
+        assert item["data_source"] == "openai/gsm8k" and item["extra"]["split"] == "train"
+
+
+def test_dapo_sample_parquet_loads():
+    ds = dataset(HERE / "dapo_math_sample.parquet")
+    assert [it["ground_truth"] for it in ds] == ["28", "17"]
+    assert all(it["data_source"] == "math_dapo" and "\\boxed{}" in it["prompt"] for it in ds)
+
+
+def test_system_prompt_and_raw_prompts(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1=", "answer": 2, "data_source": "toy"}])
+    with_sys = dataset(path, system_prompt="add")
+    assert with_sys[0]["prompt"] == "<bos><|system|>add<|end|><|user|>1+1=<|end|><|assistant|>"
+    raw = dataset(path, apply_chat_template=False)
+    assert raw[0]["prompt"] == "1+1=" and raw[0]["prompt_ids"] == CharTokenizer().encode("1+1=", add_special_tokens=True)
+    assert raw[0]["ground_truth"] == "2"  # numbers become strings
+
+
+def test_dotted_keys_read_verl_style_rows(tmp_path):
+    path = write_jsonl(tmp_path / "v.jsonl", [{"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "7"}}])
+    ds = dataset(path, answer_key="reward_model.ground_truth", data_source_key=None)
+    assert ds[0]["ground_truth"] == "7" and ds[0]["data_source"] == "v"
+
+
+@pytest.mark.parametrize("bad_row,key,message", [
+    ({"prompt": "q", "data_source": "s"}, "answer", "missing key 'answer'"),
+    ({"prompt": "q", "answer": ["1"], "data_source": "s"}, "answer", "must be a string or number"),
+    ({"prompt": 5, "answer": "1", "data_source": "s"}, "prompt", "must be a string or a non-empty list"),
+    ({"prompt": [{"role": "user"}], "answer": "1", "data_source": "s"}, "prompt", "string 'role' and 'content'"),
+    ({"prompt": "q", "answer": "1", "data_source": 5}, "data_source", "data_source"),
+])
+def test_malformed_jsonl_row_names_file_line_and_key(tmp_path, bad_row, key, message):
+    good = {"prompt": "q", "answer": "1", "data_source": "s"}
+    path = write_jsonl(tmp_path / "bad.jsonl", [good, good, bad_row])
+    with pytest.raises(ValueError) as e:
+        dataset(path)
+    assert f"{path}:3" in str(e.value) and repr(key) in str(e.value) and message in str(e.value)
+
+
+def test_missing_data_source_falls_back_to_the_file_name(tmp_path):
+    path = write_jsonl(tmp_path / "mydata.jsonl", [{"prompt": "q", "answer": "1"}])
+    assert dataset(path)[0]["data_source"] == "mydata"
+
+
+def test_invalid_json_line_is_reported_with_its_line(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "q", "answer": "1", "data_source": "s"}, "{not json"])
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+        dataset(path)
+
+
+def test_malformed_parquet_row_names_file_row_and_key(tmp_path):
+    path = tmp_path / "bad.parquet"
+    write_rows([{"prompt": "q", "answer": "1", "data_source": "s"}, {"prompt": "q", "answer": None, "data_source": "s"}], path)
+    with pytest.raises(ValueError, match=r"bad.parquet:2: key 'answer' must be a string or number"):
+        dataset(path)
+
+
+def test_missing_file_and_bad_extension(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        dataset(tmp_path / "nope.jsonl")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unsupported extension"):
+        dataset(tmp_path / "x.csv")
+
+
+def test_long_prompts_are_dropped_counted_and_logged(tmp_path, caplog):
+    rows = [{"prompt": "x" * n, "answer": "1", "data_source": "s"} for n in (3, 30, 5, 40)]
+    path = write_jsonl(tmp_path / "len.jsonl", rows)
+    # raw prompt with <bos>: length = n + 1
+    with caplog.at_level(logging.WARNING):
+        ds = dataset(path, apply_chat_template=False, max_prompt_length=10)
+    assert len(ds) == 2 and ds.num_dropped == 2
+    assert [it["index"] for it in ds] == [0, 2]
+    assert "dropped 2 of 4" in caplog.text
+    with pytest.raises(ValueError, match="no prompts left"):
+        dataset(path, apply_chat_template=False, max_prompt_length=2)
+
+
+def test_write_and_read_rows_round_trip_both_formats(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "a"}], "answer": "1", "data_source": "s", "extra_info": {"k": 1}}]
+    for name in ("r.jsonl", "r.parquet"):
+        write_rows(rows, tmp_path / name)
+        assert [r for _, r in read_rows(tmp_path / name)] == rows
+
+
+def test_sampler_is_deterministic_covers_each_epoch_and_resumes():
+    data = list(range(10))
+    a = PromptSampler(data, batch_size=3, seed=7)
+    first = [a.next_indices() for _ in range(3)]  # one epoch: 3 batches of 3, one index left out
+    assert len(set(sum(first, []))) == 9
+    b = PromptSampler(data, batch_size=3, seed=7)
+    assert [b.next_indices() for _ in range(3)] == first
+    c = PromptSampler(data, batch_size=3, seed=8)
+    assert [c.next_indices() for _ in range(3)] != first
+    # resume mid-epoch 1
+    for _ in range(2):
+        a.next_indices()
+    state = a.state_dict()
+    assert state["epoch"] == 1 and state["position"] == 2
+    resumed = PromptSampler(data, batch_size=3, seed=7)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert [resumed.next_indices() for _ in range(5)] == [a.next_indices() for _ in range(5)]
+    assert a.next_batch() == [data[i] for i in resumed.next_indices()]
+    with pytest.raises(ValueError, match="batch_size"):
+        PromptSampler(data, batch_size=11, seed=0)
+
+
+def test_repeat_for_groups_hand_example():
+    prompts, group_ids = repeat_for_groups(["a", "b", "c"], 2, group_offset=10)
+    assert prompts == ["a", "a", "b", "b", "c", "c"]
+    assert group_ids.tolist() == [10, 10, 11, 11, 12, 12]
+    with pytest.raises(ValueError, match="rollout.n"):
+        repeat_for_groups(["a"], 0)
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_prepare_gsm8k_converts_raw_rows_into_the_shipped_sample():
+    tool = _tool("prepare_gsm8k")
+    raw = json.loads((HERE / "gsm8k_raw_sample.json").read_text())
+    converted = [tool.convert_row(r, i, "train") for i, r in enumerate(raw)]
+    assert converted == [r for _, r in read_rows(HERE / "gsm8k_sample.jsonl")]
+    assert converted[1]["answer"] == "2000"  # "#### 2,000" loses its comma
+    with pytest.raises(ValueError, match="####"):
+        tool.convert_row({"question": "q", "answer": "no marker"}, 0, "train")
+
+
+def test_prepare_dapo_math_dedupes_and_rewrites_the_prompt():
+    tool = _tool("prepare_dapo_math")
+    raw = json.loads((HERE / "dapo_math_raw_sample.json").read_text())
+    converted = tool.convert_rows(raw)
+    assert converted == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
+    assert len(converted) == 2 and "Answer:" not in converted[0]["prompt"][0]["content"]
+    assert tool.convert_rows(raw, keep_prompt=True)[0]["prompt"][0]["content"] == raw[0]["prompt"][0]["content"]
