@@ -180,6 +180,7 @@ class TrainerConfig:
     logprobs_response_only: bool = True
     logprobs_loss_mask_only: bool = False
     # orchestration
+    use_ray: bool = True  # false: one in-process worker (single device, debugging, no Ray installed)
     ray_address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: connect
     colocate: bool = True
     n_gpus_per_node: int = 1
@@ -206,7 +207,61 @@ class RLConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
+# ---------------------------------------------------------------------------- SFT (rltrain.sft)
+@dataclass
+class SFTDataConfig:
+    # jsonl/parquet files of chat rows: {"messages": [{"role": "system|user|assistant|tool", "content": ...}]}
+    train_files: List[str] = field(default_factory=list)
+    val_files: List[str] = field(default_factory=list)
+    messages_key: str = "messages"
+    max_length: int = 2048  # tokens (prompt + response); longer rows are dropped and counted
+    batch_size: int = 32  # sequences per optimizer step (global, over data-parallel ranks)
+    shuffle: bool = True
+    system_prompt: Optional[str] = None  # prepended when a row has no system message
+
+
+@dataclass
+class SFTOptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "cosine"  # constant | cosine
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class SFTTrainerConfig:
+    project_name: str = "rltrain"
+    experiment_name: str = "sft"
+    epochs: int = 1
+    total_steps: Optional[int] = None  # null: epochs x (rows // data.batch_size)
+    seed: int = 1
+    logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+    device: str = "auto"  # auto | cpu | cuda
+    fused_linear_logprob: bool = True
+    fused_linear_logprob_backend: str = "auto"  # auto | torch | triton
+    logprobs_chunk_size: Optional[int] = None
+    tensor_parallel_size: int = 1
+    max_tokens_per_micro_batch: int = 16384
+    test_freq: int = -1  # validation loss every N steps (needs data.val_files); -1: only at the end
+    # where the HF-format model (config + safetensors + tokenizer) is written; null: <run dir>/hf
+    output_dir: Optional[str] = None
+    progress_bar: bool = True
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+
+
 def register_configs() -> None:
     """Register the schema so YAML recipes can start their defaults list with `rltrain_schema`."""
     cs = ConfigStore.instance()
     cs.store(name="rltrain_schema", node=RLConfig)
+    cs.store(name="rltrain_sft_schema", node=SFTConfig)  # supervised fine-tuning (rltrain.sft)

@@ -189,5 +189,44 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(e))
 
 
+def validate_sft_config(cfg: DictConfig) -> None:
+    """Raise ConfigError listing every problem found in `cfg` (a composed SFTConfig, rltrain.sft)."""
+    e: list[str] = []
+    m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.trainer
+    if m.builtin is None and not m.path:
+        e.append("model.path is not set; give an HF model id or local directory, or set model.builtin="
+                 f"{'|'.join(BUILTIN_MODELS)}")
+    if m.builtin is not None:
+        _choice(e, "model.builtin", m.builtin, BUILTIN_MODELS)
+    _choice(e, "model.dtype", m.dtype, MODEL_DTYPES)
+    if not d.train_files:
+        e.append("data.train_files is empty; give one or more .jsonl/.parquet files of chat rows "
+                 "({\"messages\": [...]}); see rltrain/data/sft_data.py")
+    _positive(e, "data.max_length", d.max_length)
+    _positive(e, "data.batch_size", d.batch_size)
+    _positive(e, "optim.lr", o.lr)
+    _positive(e, "optim.weight_decay", o.weight_decay, allow_zero=True)
+    _positive(e, "optim.grad_clip", o.grad_clip)
+    _positive(e, "optim.lr_warmup_steps", o.lr_warmup_steps, allow_zero=True)
+    _choice(e, "optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
+    _range(e, "optim.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0)
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        e.append(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
+    _positive(e, "trainer.epochs", t.epochs)
+    if t.total_steps is not None:
+        _positive(e, "trainer.total_steps", t.total_steps)
+    _positive(e, "trainer.test_freq", t.test_freq, allow_minus_one=True)
+    _choice(e, "trainer.device", t.device, DEVICES)
+    _choice(e, "trainer.fused_linear_logprob_backend", t.fused_linear_logprob_backend, LOGPROB_BACKENDS)
+    if t.logprobs_chunk_size is not None:
+        _positive(e, "trainer.logprobs_chunk_size", t.logprobs_chunk_size)
+    _positive(e, "trainer.tensor_parallel_size", t.tensor_parallel_size)
+    _positive(e, "trainer.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch)
+    for lg in t.logger:
+        _choice(e, "trainer.logger", lg, LOGGERS)
+    if e:
+        raise ConfigError("invalid SFT configuration:\n  - " + "\n  - ".join(e))
+
+
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

@@ -49,7 +49,8 @@ class PPOTrainer:
         self.ckpt_dir = t["ckpt_dir"] or os.path.join(run_dir, "checkpoints")
         self.tokenizer, self.train_ds, self.val_ds, self.sampler, self.reward = build_datasets(cfg)
         check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
-        init_ray(t["ray_address"], t["num_cpus"])
+        if t["use_ray"]:
+            init_ray(t["ray_address"], t["num_cpus"])
         self.use_ref = cfg["actor"]["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"]
         self.use_critic = cfg["algorithm"]["adv_estimator"] == "gae"
         self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic)
@@ -192,15 +193,11 @@ class PPOTrainer:
     def _generate(self, prompts: list[dict], *, validate: bool, seed: int) -> tuple[Batch, dict]:
         g = self.rollout_group
         per = math.ceil(len(prompts) / g.dp_size)
-        shards = [prompts[i * per:(i + 1) * per] for i in range(g.dp_size)]
-        refs = []
-        for rank in range(g.world_size):
-            dp = rank // g.tp_size
-            offset = self.next_group_id + dp * per
-            refs.append((dp, rank % g.tp_size, shards[dp], offset))
-        results = g._ray.get([w.generate.remote(s, off, validate, seed + dp) if s else _none_ref(g)
-                              for w, (dp, tp, s, off) in zip(g.workers, refs)])
-        outs = [results[r] for r, (dp, tp, s, _) in enumerate(refs) if tp == 0 and s]
+        args = []
+        for dp in range(g.dp_size):
+            shard = prompts[dp * per:(dp + 1) * per]
+            args.append((shard, self.next_group_id + dp * per, validate, seed + dp))
+        outs = [o for o, a in zip(g.run_per_dp("generate", args), args) if a[0]]
         self.next_group_id += len(prompts)
         batch = Batch.concat([o[0] for o in outs])
         metrics = mean_metrics([o[1] for o in outs])
@@ -210,9 +207,13 @@ class PPOTrainer:
         from rltrain.rewards import compute_rewards
 
         r = self.cfg["reward"]
+        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
+        unk = getattr(self.tokenizer, "unk_token_id", None) or 0
+        # a model whose vocab is larger than its tokenizer's (e.g. Qwen3 shapes + the char tokenizer) may
+        # sample ids the tokenizer cannot decode: they read as <unk>
+        ids = torch.where(batch.response_ids < vocab, batch.response_ids, torch.full_like(batch.response_ids, unk))
         texts = self.tokenizer.batch_decode(
-            [ids[:n].tolist() for ids, n in zip(batch.response_ids, batch.response_mask.sum(-1))],
-            skip_special_tokens=True)
+            [row[:n].tolist() for row, n in zip(ids, batch.response_mask.sum(-1))], skip_special_tokens=True)
         scores, rm = compute_rewards(self.reward, texts, batch.non_tensor["ground_truth"],
                                      data_sources=batch.non_tensor["data_source"], extras=batch.non_tensor["extra"],
                                      timeout_s=r["timeout_s"], max_workers=r["max_workers"])
@@ -379,10 +380,6 @@ def _progress(t: dict, start: int):
 
     return tqdm(total=t["total_steps"], initial=start, desc="rltrain", unit="step", file=sys.stderr,
                 dynamic_ncols=True, leave=True)
-
-
-def _none_ref(group):
-    return group._ray.put(None)
 
 
 def run_from_config(cfg, run_dir: str | None = None) -> dict:

@@ -76,7 +76,7 @@ def _concat(datasets):
 
 def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool):
     """(train group, rollout group): the same object in colocated mode."""
-    from rltrain.workers.group import WorkerGroup
+    from rltrain.workers.group import LocalWorkerGroup, WorkerGroup
     from rltrain.workers.hybrid import HybridWorker, resolve_device
 
     t, a = cfg["trainer"], cfg["actor"]
@@ -89,6 +89,13 @@ def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool):
         world, gpus = tp, 0
         cpus = max(1, (t["num_cpus"] or os.cpu_count() or 1) // world)
     train_roles = ["actor"] + (["ref"] if use_ref else []) + (["critic"] if use_critic else [])
+    if not t["use_ray"]:
+        if world != 1:
+            raise ValueError(f"trainer.use_ray=false runs one in-process worker, but the config asks for {world} "
+                             "(actor.tensor_parallel_size / trainer.n_gpus_per_node); enable Ray or use 1")
+        group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": train_roles + ["rollout"]})
+        group.setup()
+        return group, group
     if t["colocate"] or device == "cpu":
         group = WorkerGroup(HybridWorker, world, tp_size=tp, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                             worker_kwargs={"cfg": cfg, "roles": train_roles + ["rollout"]}, name="hybrid")

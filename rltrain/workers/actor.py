@@ -33,6 +33,9 @@ def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> di
         lr_schedule=actor_cfg.get("lr_schedule", "constant"),
         min_lr_ratio=actor_cfg.get("min_lr_ratio", 0.0),
         max_tokens_per_micro_batch=actor_cfg["max_tokens_per_micro_batch"],
+        # pad the vocab only to a multiple of the TP size: Qwen3's 151,936 needs none, and padded rows cost
+        # the fused head a masked copy of the weight shard
+        make_vocab_size_divisible_by=1,
     )
 
 

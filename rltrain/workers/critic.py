@@ -41,7 +41,7 @@ class CriticRole:
             pp_size=actor_cfg["pipeline_parallel_size"], params_dtype=dtype, device=device, seed=seed,
             lr=critic_cfg["lr"], weight_decay=critic_cfg["weight_decay"], grad_clip=critic_cfg["grad_clip"],
             warmup_steps=critic_cfg["lr_warmup_steps"], total_steps=total_steps,
-            max_tokens_per_micro_batch=critic_cfg["max_tokens_per_micro_batch"],
+            max_tokens_per_micro_batch=critic_cfg["max_tokens_per_micro_batch"], make_vocab_size_divisible_by=1,
         )
         if hf_state_dict is not None:
             self.engine.load_hf_weights(hf_state_dict)

@@ -75,9 +75,14 @@ class WorkerGroup:
     def run_split(self, method: str, batch: Batch, *args, **kwargs) -> list:
         """Slice `batch` over data-parallel ranks; returns the per-dp-rank results (tp rank 0 of each), in
         order, computed on slices padded with dummy rows: use `gather_rows` to cut them back."""
-        padded = batch.pad_to_multiple(self.dp_size)
-        shards = padded.split(self.dp_size)
-        refs = [getattr(w, method).remote(shards[rank // self.tp_size], *args, **kwargs)
+        shards = batch.pad_to_multiple(self.dp_size).split(self.dp_size)
+        return self.run_per_dp(method, [(shard, *args) for shard in shards], **kwargs)
+
+    def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
+        """Call `method(*per_dp_args[dp])` on every rank of data-parallel rank dp (tensor-parallel peers get the
+        same arguments); returns the results of tp rank 0 of each dp rank, in order."""
+        assert len(per_dp_args) == self.dp_size
+        refs = [getattr(w, method).remote(*per_dp_args[rank // self.tp_size], **kwargs)
                 for rank, w in enumerate(self.workers)]
         results = self._ray.get(refs)
         return [results[dp * self.tp_size] for dp in range(self.dp_size)]
@@ -88,6 +93,36 @@ class WorkerGroup:
         from ray.util.placement_group import remove_placement_group
 
         remove_placement_group(self.pg)
+
+
+class LocalWorkerGroup:
+    """One worker in this process, no Ray: the same API as WorkerGroup (`trainer.use_ray=false`), for a
+    single device, debugging, and machines without Ray."""
+
+    def __init__(self, worker_cls, *, worker_kwargs: dict | None = None):
+        self.world_size = self.tp_size = self.dp_size = 1
+        self.workers = [worker_cls(rank=0, world_size=1, **(worker_kwargs or {}))]
+
+    def setup(self) -> list:
+        w = self.workers[0]
+        addr, port = w.address()
+        return [w.setup("127.0.0.1", port, 0)]
+
+    def run(self, method: str, *args, **kwargs) -> list:
+        return [getattr(self.workers[0], method)(*args, **kwargs)]
+
+    def run_rank0(self, method: str, *args, **kwargs):
+        return self.run(method, *args, **kwargs)[0]
+
+    def run_split(self, method: str, batch: Batch, *args, **kwargs) -> list:
+        return self.run(method, batch, *args, **kwargs)
+
+    def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
+        assert len(per_dp_args) == 1
+        return self.run(method, *per_dp_args[0], **kwargs)
+
+    def shutdown(self) -> None:
+        self.workers = []
 
 
 def gather_rows(results: list, batch: Batch) -> Any:

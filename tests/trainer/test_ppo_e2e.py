@@ -53,3 +53,20 @@ def test_ppo_gae_with_critic_steps(tmp_path, ray_session, cfg_for):
     for row in rows:
         _finite_keys(row, COMMON_KEYS + ["critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean",
                                          "timing_s/values", "timing_s/update_critic", "timing_s/ref", "critic/kl"])
+
+
+def test_in_process_run_without_ray_matches_the_metric_contract(tmp_path, cfg_for):
+    run_dir = str(tmp_path / "local")
+    cfg = cfg_for("trainer.use_ray=false", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]")
+    run_from_config(cfg, run_dir)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        _finite_keys(row, COMMON_KEYS)
+    assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
+
+
+def test_in_process_run_refuses_tensor_parallel(tmp_path, cfg_for):
+    cfg = cfg_for("trainer.use_ray=false", "actor.tensor_parallel_size=2")
+    with pytest.raises(ValueError, match="use_ray"):
+        run_from_config(cfg, str(tmp_path / "tp"))

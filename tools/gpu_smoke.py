@@ -1,0 +1,356 @@
+"""GPU end-to-end validation and benchmarks in one call: writes gpu_smoke.json + gpu_smoke.md to --out.
+
+Sections (each can be skipped): `grpo` (a few GRPO steps of a Qwen3-0.6B-shaped random model through the real
+trainer, in-process, fused Triton head, HF rollout), `parity` (Megatron bf16 per-token log-probs vs the
+transformers model, TP=1), `step8k` (timed actor update at 8k tokens per micro-batch: tokens/s, MFU),
+`longctx` (actor update at 32k / 64k tokens per micro-batch, fused vs unfused head: time and peak memory; OOM is a
+result), `tp2` (2 GPUs: TP=2 log-probs vs TP=1 on the same weights, and the TP=2 update step time).
+
+  python tools/gpu_smoke.py --out $OUT                 # one GPU: grpo, parity, step8k, longctx
+  python tools/gpu_smoke.py --out $OUT --only tp2      # two GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, vendor datasheet (SXM)
+
+
+def qwen3_06b_config():
+    from rltrain.models.presets import hf_config_for
+
+    return hf_config_for(path=None, builtin="qwen3-0.6b")
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def peak_tflops() -> float:
+    name = device_name()
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 989.0)
+
+
+def measured_gemm_tflops() -> float:
+    """bf16 8192^3 GEMM rate on this device (the practical ceiling), TFLOP/s."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * 10 / (time.perf_counter() - t) / 1e12
+
+
+def train_flops(cfg, tokens: int, seq_len: int) -> float:
+    """Model FLOPs of forward+backward (3x forward) for `tokens` tokens in sequences of `seq_len`:
+    2 FLOPs per multiply-add over every weight matrix (incl. the LM head) + causal attention (QK^T and PV)."""
+    h, L, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    hd = getattr(cfg, "head_dim", h // cfg.num_attention_heads)
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
+    matmul_params = L * per_layer + v * h
+    attn = 2 * 2 * L * q * (seq_len / 2)  # per token, causal average context
+    return 3 * tokens * (2 * matmul_params + attn)
+
+
+def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5):
+    from rltrain.models.megatron.engine import MegatronEngine
+
+    return MegatronEngine(cfg, role="actor", tp_size=tp, params_dtype=torch.bfloat16, device="cuda", seed=0,
+                          fused_linear_logprob=fused, fused_linear_logprob_backend=backend, lr=lr,
+                          max_tokens_per_micro_batch=max_tokens, make_vocab_size_divisible_by=1)
+
+
+def policy_micro_batch(input_ids: torch.Tensor, seed: int = 0) -> dict:
+    b, s = input_ids.shape
+    g = torch.Generator().manual_seed(seed)
+    label_mask = torch.ones(b, s, dtype=torch.bool)
+    label_mask[:, 0] = False
+    return {"input_ids": input_ids, "seq_lens": torch.full((b,), s), "label_mask": label_mask,
+            "loss_mask_full": label_mask.float(), "old_logprobs_full": torch.zeros(b, s),
+            "advantages_full": torch.randn(b, s, generator=g), "loss_scale": 1.0}
+
+
+def policy_loss_fn():
+    from rltrain.workers.actor import PolicyLoss
+
+    return PolicyLoss(mode="ppo", clip_low=0.2, clip_high=0.28, dual_clip=None, agg="token-mean",
+                      entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl")
+
+
+def timed_update(engine, mb: dict, reps: int = 2) -> dict:
+    loss = policy_loss_fn()
+    engine.train_step([dict(mb)], loss)  # warm-up (compiles kernels, allocates optimizer state)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t = time.perf_counter()
+    for _ in range(reps):
+        engine.train_step([dict(mb)], loss)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t) / reps
+    return {"step_s": dt, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_extra_gib": (torch.cuda.max_memory_allocated() - base) / 2**30}
+
+
+# --------------------------------------------------------------------------- sections
+def section_grpo(out_dir: str, steps: int) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from rltrain.config import register_configs, validate_config
+    from rltrain.trainer.ppo import run_from_config
+    from rltrain.utils.tracking import read_metrics
+
+    register_configs()
+    overrides = [
+        "model=qwen3_0.6b_random", "trainer.use_ray=false", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+        "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
+        "trainer.fused_linear_logprob_backend=triton", f"trainer.total_steps={steps}", "trainer.test_freq=-1",
+        "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64",
+        "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
+        "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
+    ]
+    with initialize_config_dir(config_dir=os.path.join(REPO, "configs"), version_base=None):
+        cfg = compose(config_name="grpo_tiny", overrides=overrides)
+    validate_config(cfg)
+    run_dir = os.path.join(out_dir, "grpo_run")
+    torch.cuda.reset_peak_memory_stats()
+    run_from_config(cfg, run_dir)
+    rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
+    steady = rows[1:] or rows  # the first step compiles kernels
+    keys = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+            "timing_s/update_weights", "timing_s/step", "perf/throughput", "perf/max_memory_allocated_gb"]
+    mean = {k: sum(r[k] for r in steady) / len(steady) for k in keys}
+    finite = all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+                 for r in rows for v in r.values() if isinstance(v, (int, float)))
+    assert finite, "non-finite metric in the GPU GRPO run"
+    hf_cfg = qwen3_06b_config()
+    # update phase: actor forward+backward over every token of the batch (prompt + response)
+    tok = sum(r["perf/total_num_tokens"] for r in steady) / len(steady)
+    seq = tok / (32 * 8)
+    flops = train_flops(hf_cfg, tok, seq)
+    mfu = flops / mean["timing_s/update_actor"] / (peak_tflops() * 1e12)
+    return {"steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
+            "update_mfu": mfu, "all_finite": finite,
+            "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
+                                              "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max")}}
+
+
+def section_parity() -> dict:
+    """Megatron (bf16, fused Triton head) per-token log-probs/entropy vs transformers' Qwen3 (bf16) on the same
+    weights, and both vs the transformers model in fp32 (the reference)."""
+    from transformers import Qwen3ForCausalLM
+
+    cfg = qwen3_06b_config()
+    cfg.num_hidden_layers = 4  # parity needs the layer math, not depth; keeps the fp32 reference small
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(cfg).cuda()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.02)
+    sd = {k: v.detach().float().cpu() for k, v in hf.state_dict().items()}
+    eng = build_engine(cfg, fused=True, backend="triton")
+    eng.load_hf_weights(sd)
+    b, s = 4, 512
+    ids = torch.randint(0, cfg.vocab_size, (b, s))
+    seq_lens = torch.tensor([512, 400, 300, 17])
+    mask = torch.arange(s)[None, :] < seq_lens[:, None]
+    label_mask = mask.clone()
+    label_mask[:, 0] = False
+    lp, ent = eng.forward_logprobs(ids, seq_lens, label_mask, with_entropy=True)
+    with torch.no_grad():
+        logits = hf(input_ids=ids.cuda(), attention_mask=mask.long().cuda()).logits.double()
+        ref_lp_all = torch.log_softmax(logits[:, :-1], -1)
+        ref_lp = torch.zeros(b, s, dtype=torch.float64, device="cuda")
+        ref_lp[:, 1:] = ref_lp_all.gather(-1, ids[:, 1:].cuda()[..., None])[..., 0]
+        p = ref_lp_all.exp()
+        ref_ent = torch.zeros_like(ref_lp)
+        ref_ent[:, 1:] = -(p * ref_lp_all).sum(-1)
+    m = label_mask.cuda()
+    lp, ent = lp.cuda().double(), ent.cuda().double()
+    return {"tokens": int(m.sum()), "vocab": cfg.vocab_size, "layers": cfg.num_hidden_layers,
+            "logprob_max_abs_err": (lp - ref_lp)[m].abs().max().item(),
+            "logprob_mean_abs_err": (lp - ref_lp)[m].abs().mean().item(),
+            "entropy_max_abs_err": (ent - ref_ent)[m].abs().max().item(),
+            "entropy_mean_abs_err": (ent - ref_ent)[m].abs().mean().item(),
+            "note": "megatron bf16 params vs transformers fp32 model on the same weights; hf in fp32 here"}
+
+
+def section_step(tokens: int, fused: bool, backend: str = "triton") -> dict:
+    cfg = qwen3_06b_config()
+    try:
+        eng = build_engine(cfg, fused=fused, backend=backend, max_tokens=tokens)
+        ids = torch.randint(0, cfg.vocab_size, (1, tokens))
+        res = timed_update(eng, policy_micro_batch(ids))
+        flops = train_flops(cfg, tokens, tokens)
+        res.update(tokens=tokens, fused=fused, tokens_per_s=tokens / res["step_s"],
+                   mfu=flops / res["step_s"] / (peak_tflops() * 1e12), status="ok")
+    except torch.OutOfMemoryError as err:
+        res = {"tokens": tokens, "fused": fused, "status": "OOM", "error": str(err).splitlines()[0][:200]}
+    finally:
+        eng = None
+        torch.cuda.empty_cache()
+    return res
+
+
+def _tp2_worker(rank: int, port: int, path: str, tokens: int):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    cfg = qwen3_06b_config()
+    sd = torch.load(os.path.join(path, "weights.pt"))
+    inputs = torch.load(os.path.join(path, "inputs.pt"))
+    eng = build_engine(cfg, fused=True, backend="triton", tp=2)
+    eng.load_hf_weights(sd)
+    lp, ent = eng.forward_logprobs(inputs["ids"], inputs["seq_lens"], inputs["label_mask"], with_entropy=True)
+    ids = torch.randint(0, cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(1))
+    res = timed_update(eng, policy_micro_batch(ids))
+    if rank == 0:
+        torch.save({"lp": lp.cpu(), "ent": ent.cpu(), "step": res}, os.path.join(path, "tp2.pt"))
+
+
+def section_tp2(tokens: int = 8192) -> dict:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    assert torch.cuda.device_count() >= 2, "tp2 needs 2 GPUs"
+    cfg = qwen3_06b_config()
+    path = tempfile.mkdtemp()
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.02)
+    sd = {k: v.detach().to(torch.bfloat16) for k, v in hf.state_dict().items()}
+    del hf
+    torch.save(sd, os.path.join(path, "weights.pt"))
+    b, s = 4, 1024
+    ids = torch.randint(0, cfg.vocab_size, (b, s))
+    seq_lens = torch.tensor([1024, 700, 300, 33])
+    label_mask = (torch.arange(s)[None, :] < seq_lens[:, None])
+    label_mask[:, 0] = False
+    torch.save({"ids": ids, "seq_lens": seq_lens, "label_mask": label_mask}, os.path.join(path, "inputs.pt"))
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    mp.spawn(_tp2_worker, args=(port, path, tokens), nprocs=2, join=True)
+    tp2 = torch.load(os.path.join(path, "tp2.pt"))
+    # TP=1 on the same weights, in this process
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + 1))
+    eng = build_engine(cfg, fused=True, backend="triton", tp=1)
+    eng.load_hf_weights({k: v.float() for k, v in sd.items()})
+    lp1, ent1 = eng.forward_logprobs(ids, seq_lens, label_mask, with_entropy=True)
+    t1 = timed_update(eng, policy_micro_batch(torch.randint(0, cfg.vocab_size, (1, tokens),
+                                                            generator=torch.Generator().manual_seed(1))))
+    m = label_mask
+    return {"tokens_compared": int(m.sum()),
+            "logprob_max_abs_diff_tp2_vs_tp1": (tp2["lp"] - lp1.cpu())[m].abs().max().item(),
+            "logprob_mean_abs_diff_tp2_vs_tp1": (tp2["lp"] - lp1.cpu())[m].abs().mean().item(),
+            "entropy_max_abs_diff_tp2_vs_tp1": (tp2["ent"] - ent1.cpu())[m].abs().max().item(),
+            "update_step_tp2": tp2["step"], "update_step_tp1": t1, "update_tokens": tokens}
+
+
+def to_markdown(res: dict) -> str:
+    lines = [f"# GPU smoke ({res['date']}, {res['device']}, torch {res['torch']})", "",
+             f"Command: `{res['command']}`", f"Measured bf16 GEMM ceiling: {res.get('gemm_tflops', 0):.0f} TFLOP/s; "
+             f"MFU below is against the {peak_tflops():.0f} TFLOP/s datasheet peak.", ""]
+    if "grpo" in res and "error" not in res["grpo"]:
+        g = res["grpo"]
+        mean = g["mean"]
+        lines += ["## GRPO, Qwen3-0.6B shapes (random init), fused Triton head, HF rollout, 1 GPU", "",
+                  "| phase | mean s/step |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in mean.items() if k.startswith("timing_s/")]
+        lines += ["", f"tokens/step {g['tokens_per_step']:.0f}; throughput {mean['perf/throughput']:.0f} tok/s; "
+                  f"update-phase MFU {100 * g['update_mfu']:.1f}%; peak GPU memory "
+                  f"{mean['perf/max_memory_allocated_gb']:.1f} GiB; all metrics finite: {g['all_finite']}", ""]
+    if "parity" in res and "error" not in res["parity"]:
+        p = res["parity"]
+        lines += ["## Per-token log-prob parity, Megatron bf16 (fused Triton) vs transformers fp32", "",
+                  f"{p['tokens']} tokens, V={p['vocab']}, {p['layers']} layers: log-prob max/mean abs err "
+                  f"{p['logprob_max_abs_err']:.3g}/{p['logprob_mean_abs_err']:.3g}; entropy "
+                  f"{p['entropy_max_abs_err']:.3g}/{p['entropy_mean_abs_err']:.3g}", ""]
+    steps = [v for k, v in res.items() if k.startswith(("step8k", "longctx"))]
+    if steps:
+        lines += ["## Actor update step (Qwen3-0.6B shapes, one micro-batch)", "",
+                  "| tokens | head | status | s/step | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|"]
+        for r in [x for v in steps for x in (v if isinstance(v, list) else [v])]:
+            if r.get("status") == "ok":
+                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | ok | {r['step_s']:.3f} | "
+                             f"{r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['peak_gib']:.1f} |")
+            else:
+                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | {r.get('status')} | "
+                             "- | - | - | - |")
+        lines.append("")
+    if "tp2" in res and "error" not in res["tp2"]:
+        t = res["tp2"]
+        lines += ["## Tensor parallel 2 vs 1 (same weights)", "",
+                  f"log-prob max/mean abs diff {t['logprob_max_abs_diff_tp2_vs_tp1']:.3g}/"
+                  f"{t['logprob_mean_abs_diff_tp2_vs_tp1']:.3g} over {t['tokens_compared']} tokens; "
+                  f"entropy max abs diff {t['entropy_max_abs_diff_tp2_vs_tp1']:.3g}; update step "
+                  f"({t['update_tokens']} tokens): TP=2 {t['update_step_tp2']['step_s']:.3f} s, "
+                  f"TP=1 {t['update_step_tp1']['step_s']:.3f} s", ""]
+    for k, v in res.items():
+        if isinstance(v, dict) and "error" in v:
+            lines += [f"- section {k} failed: {v['error'][:300]}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_smoke_out"))
+    ap.add_argument("--only", nargs="*", default=["grpo", "parity", "step8k", "longctx"],
+                    choices=["grpo", "parity", "step8k", "longctx", "tp2"])
+    ap.add_argument("--grpo-steps", type=int, default=4)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = {"date": datetime.date.today().isoformat(), "device": device_name(), "torch": torch.__version__,
+           "command": "python tools/gpu_smoke.py " + " ".join(sys.argv[1:])}
+    res["gemm_tflops"] = measured_gemm_tflops()
+    for name in args.only:
+        t0 = time.time()
+        try:
+            if name == "grpo":
+                res[name] = section_grpo(args.out, args.grpo_steps)
+            elif name == "parity":
+                res[name] = section_parity()
+            elif name == "step8k":
+                res[name] = [section_step(8192, True)]
+            elif name == "longctx":
+                res[name] = [section_step(n, fused) for n in (32768, 65536) for fused in (True, False)]
+            elif name == "tp2":
+                res[name] = section_tp2()
+        except Exception as err:  # a failed section is a result; the others still run
+            res[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+        print(f"[gpu_smoke] {name}: {time.time() - t0:.0f} s", flush=True)
+        with open(os.path.join(args.out, "gpu_smoke.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    md = to_markdown(res)
+    with open(os.path.join(args.out, "gpu_smoke.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
