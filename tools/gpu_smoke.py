@@ -70,12 +70,14 @@ def train_flops(cfg, tokens: int, seq_len: int) -> float:
     return 3 * tokens * (2 * matmul_params + attn)
 
 
-def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5):
+def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5,
+                 recompute: bool = False):
     from rltrain.models.megatron.engine import MegatronEngine
 
     return MegatronEngine(cfg, role="actor", tp_size=tp, params_dtype=torch.bfloat16, device="cuda", seed=0,
                           fused_linear_logprob=fused, fused_linear_logprob_backend=backend, lr=lr,
-                          max_tokens_per_micro_batch=max_tokens, make_vocab_size_divisible_by=1)
+                          max_tokens_per_micro_batch=max_tokens, make_vocab_size_divisible_by=1,
+                          recompute_activations=recompute)
 
 
 def policy_micro_batch(input_ids: torch.Tensor, seed: int = 0) -> dict:
@@ -194,17 +196,17 @@ def section_parity() -> dict:
             "note": "megatron bf16 params vs transformers fp32 model on the same weights; hf in fp32 here"}
 
 
-def section_step(tokens: int, fused: bool, backend: str = "triton") -> dict:
+def section_step(tokens: int, fused: bool, backend: str = "triton", recompute: bool = False) -> dict:
     cfg = qwen3_06b_config()
     try:
-        eng = build_engine(cfg, fused=fused, backend=backend, max_tokens=tokens)
+        eng = build_engine(cfg, fused=fused, backend=backend, max_tokens=tokens, recompute=recompute)
         ids = torch.randint(0, cfg.vocab_size, (1, tokens))
         res = timed_update(eng, policy_micro_batch(ids))
         flops = train_flops(cfg, tokens, tokens)
-        res.update(tokens=tokens, fused=fused, tokens_per_s=tokens / res["step_s"],
+        res.update(tokens=tokens, fused=fused, recompute=recompute, tokens_per_s=tokens / res["step_s"],
                    mfu=flops / res["step_s"] / (peak_tflops() * 1e12), status="ok")
     except torch.OutOfMemoryError as err:
-        res = {"tokens": tokens, "fused": fused, "status": "OOM", "error": str(err).splitlines()[0][:200]}
+        res = {"tokens": tokens, "fused": fused, "recompute": recompute, "status": "OOM", "error": str(err).splitlines()[0][:200]}
     finally:
         eng = None
         torch.cuda.empty_cache()
@@ -294,14 +296,18 @@ def to_markdown(res: dict) -> str:
     steps = [v for k, v in res.items() if k.startswith(("step8k", "longctx"))]
     if steps:
         lines += ["## Actor update step (Qwen3-0.6B shapes, one micro-batch)", "",
-                  "| tokens | head | status | s/step | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|---|---|"]
+                  "| tokens | head | recompute | status | s/step | tokens/s | MFU | peak GiB |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in [x for v in steps for x in (v if isinstance(v, list) else [v])]:
-            if r.get("status") == "ok":
-                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | ok | {r['step_s']:.3f} | "
+            if "tokens" not in r:
+                lines.append(f"| - | - | - | error: {str(r.get('error'))[:120]} | - | - | - | - |")
+            elif r.get("status") == "ok":
+                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | {r.get('recompute')} | ok | "
+                             f"{r['step_s']:.3f} | "
                              f"{r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['peak_gib']:.1f} |")
             else:
-                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | {r.get('status')} | "
-                             "- | - | - | - |")
+                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | {r.get('recompute')} | "
+                             f"{r.get('status')} | - | - | - | - |")
         lines.append("")
     if "tp2" in res and "error" not in res["tp2"]:
         t = res["tp2"]
@@ -317,32 +323,55 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_section(name: str, args) -> object:
+    if name == "grpo":
+        return section_grpo(args.out, args.grpo_steps)
+    if name == "parity":
+        return section_parity()
+    if name == "step8k":
+        return [section_step(8192, True), section_step(8192, False), section_step(8192, True, recompute=True)]
+    if name == "longctx":  # activations recomputed so the head is what differs
+        return [section_step(n, fused, recompute=True) for n in (32768, 65536) for fused in (True, False)]
+    if name == "tp2":
+        return section_tp2()
+    raise ValueError(name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_smoke_out"))
     ap.add_argument("--only", nargs="*", default=["grpo", "parity", "step8k", "longctx"],
                     choices=["grpo", "parity", "step8k", "longctx", "tp2"])
     ap.add_argument("--grpo-steps", type=int, default=4)
+    ap.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.section:  # child process: one section, fresh GPU memory
+        try:
+            out = run_section(args.section, args)
+        except Exception as err:  # a failed section is a result; the others still run
+            out = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+        with open(os.path.join(args.out, f"section_{args.section}.json"), "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        return
+    import subprocess
+
     res = {"date": datetime.date.today().isoformat(), "device": device_name(), "torch": torch.__version__,
            "command": "python tools/gpu_smoke.py " + " ".join(sys.argv[1:])}
     res["gemm_tflops"] = measured_gemm_tflops()
+    torch.cuda.empty_cache()
     for name in args.only:
         t0 = time.time()
-        try:
-            if name == "grpo":
-                res[name] = section_grpo(args.out, args.grpo_steps)
-            elif name == "parity":
-                res[name] = section_parity()
-            elif name == "step8k":
-                res[name] = [section_step(8192, True)]
-            elif name == "longctx":
-                res[name] = [section_step(n, fused) for n in (32768, 65536) for fused in (True, False)]
-            elif name == "tp2":
-                res[name] = section_tp2()
-        except Exception as err:  # a failed section is a result; the others still run
-            res[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+        cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--out", args.out,
+               "--grpo-steps", str(args.grpo_steps)]
+        proc = subprocess.run(cmd)
+        path = os.path.join(args.out, f"section_{name}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                res[name] = json.load(f)
+        else:
+            res[name] = {"error": f"section process exited with {proc.returncode} and wrote nothing"}
+        res.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
         print(f"[gpu_smoke] {name}: {time.time() - t0:.0f} s", flush=True)
         with open(os.path.join(args.out, "gpu_smoke.json"), "w") as f:
             json.dump(res, f, indent=1, default=str)

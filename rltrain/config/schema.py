@@ -88,6 +88,8 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # full activation recomputation (one layer at a time): long-context updates need it on GPU
+    recompute_activations: bool = False
 
 
 @dataclass

@@ -214,8 +214,14 @@ class PPOTrainer:
         ids = torch.where(batch.response_ids < vocab, batch.response_ids, torch.full_like(batch.response_ids, unk))
         texts = self.tokenizer.batch_decode(
             [row[:n].tolist() for row, n in zip(ids, batch.response_mask.sum(-1))], skip_special_tokens=True)
+        extras = batch.non_tensor["extra"]
+        if self.cfg["rollout"]["multi_turn"]["enable"]:
+            # tool use for the reward (rewards/retool.py): num_turns counted as chat messages, i.e. user +
+            # assistant = 2 plus a call and a result per executed tool call; tool_calls as executed
+            extras = [{**e, "num_turns": 2 + 2 * int(tc), "tool_calls": int(tc)}
+                      for e, tc in zip(extras, batch.non_tensor["tool_calls"])]
         scores, rm = compute_rewards(self.reward, texts, batch.non_tensor["ground_truth"],
-                                     data_sources=batch.non_tensor["data_source"], extras=batch.non_tensor["extra"],
+                                     data_sources=batch.non_tensor["data_source"], extras=extras,
                                      timeout_s=r["timeout_s"], max_workers=r["max_workers"])
         scores_t = torch.tensor(scores, dtype=torch.float32)
         al = self.cfg["algorithm"]

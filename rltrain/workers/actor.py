@@ -36,6 +36,7 @@ def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> di
         # pad the vocab only to a multiple of the TP size: Qwen3's 151,936 needs none, and padded rows cost
         # the fused head a masked copy of the weight shard
         make_vocab_size_divisible_by=1,
+        recompute_activations=actor_cfg.get("recompute_activations", False),
     )
 
 
@@ -70,6 +71,11 @@ def to_full(batch: Batch, resp: torch.Tensor, start: torch.Tensor, width: int) -
     return out
 
 
+def on_device(mb: dict, device: torch.device) -> dict:
+    """The micro-batch's tensors moved to `device` (where the model's outputs are)."""
+    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in mb.items()}
+
+
 class PolicyLoss:
     """The actor's loss on one micro-batch: PPO-family policy loss - entropy bonus + KL loss.
 
@@ -86,6 +92,7 @@ class PolicyLoss:
 
     def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
         lp = outputs["logprobs"]  # [b, S] fp32, 0 outside label_mask
+        mb = on_device(mb, lp.device)  # the engine's outputs live on its device, the batch on the host
         mask = mb["loss_mask_full"]  # [b, S]
         pg, m = policy_loss(lp, mb["old_logprobs_full"], mb["advantages_full"], mask, mode=self.mode,
                             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg)

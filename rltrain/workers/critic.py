@@ -12,7 +12,7 @@ import torch
 
 from rltrain.algorithms import value_loss
 from rltrain.data.batch import Batch
-from rltrain.workers.actor import label_masks, share_of, to_full
+from rltrain.workers.actor import label_masks, on_device, share_of, to_full
 
 
 class ValueLoss:
@@ -23,6 +23,7 @@ class ValueLoss:
 
     def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
         v = outputs["values"]  # [b, S]
+        mb = on_device(mb, v.device)
         loss, m = value_loss(v, mb["old_values_full"], mb["returns_full"], mb["loss_mask_full"],
                              clip=self.clip, agg=self.agg)
         metrics = {"critic/vf_loss": loss.detach()}

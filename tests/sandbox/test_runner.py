@@ -22,8 +22,20 @@ def _layers(audit=True, os_isolation=True, **kw):
 
 def _assert_nothing_left(result: SandboxResult):
     assert kill_sandbox_processes(result.sandbox_id) == [], "sandbox processes survived the run"
-    kids = psutil.Process().children(recursive=True)
-    assert kids == [], f"the test process still has children: {kids}"
+    # Other test modules may leave long-lived helpers (e.g. the reward runner's worker pool); any child
+    # running the sandbox's interpreter (`python -I -S ...`) would be ours.
+    kids = [p for p in psutil.Process().children(recursive=True) if _is_sandbox_child(p)]
+    assert kids == [], f"the test process still has sandbox children: {kids}"
+
+
+def _is_sandbox_child(proc) -> bool:
+    try:
+        cmd = proc.cmdline()
+    except psutil.ZombieProcess:
+        return True  # an unreaped child is a leak whoever started it
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return "-I" in cmd and "-S" in cmd
 
 
 def _workdir_of(code_prefix=""):

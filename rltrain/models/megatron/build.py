@@ -1,0 +1,225 @@
+"""Build a megatron-core GPTModel from a Hugging Face config (Qwen3, Qwen2, Llama) with TP/PP.
+It must not load weights (weights.py) or wrap the output layer (head.py); it only builds modules.
+
+Mapping choices:
+- Qwen3: RMSNorm, SwiGLU (gated fc1 = [gate; up]), RoPE with `rope_theta`, GQA, per-head q/k
+  RMSNorm (`qk_layernorm`), explicit `head_dim` (kv_channels), tied or untied embeddings.
+- Qwen2: like Qwen3 without q/k norm and with q/k/v biases. Llama: no biases, no q/k norm.
+- Only the default RoPE type is supported (scaled RoPE variants raise a ValueError).
+- Core attention: `SDPACoreAttention` (torch scaled_dot_product_attention, causal; flash/memory-
+  efficient kernels on GPU, never a materialized [s, s] score tensor there) unless Transformer
+  Engine is installed, in which case megatron's TE layer spec is used.
+- Vocab: padded to a multiple of `make_vocab_size_divisible_by * tp_size` as megatron does; the
+  padded rows are zero and the fused head masks them out of log-probs/entropy (head.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import divide
+
+from rltrain.models.megatron.compat import cuda_enabled, patch_model_for_cpu
+
+try:  # Transformer Engine is optional (GPU images); the local spec is used without it.
+    import transformer_engine  # noqa: F401
+
+    HAVE_TE = True
+except ImportError:
+    HAVE_TE = False
+
+# HF model_type -> architecture flags. One row per supported family.
+ARCHITECTURES: dict[str, dict[str, bool]] = {
+    "qwen3": {"qk_layernorm": True, "qkv_bias": False},
+    "qwen2": {"qk_layernorm": False, "qkv_bias": True},
+    "llama": {"qk_layernorm": False, "qkv_bias": False},
+}
+
+
+def _hf_get(hf_config: Any, key: str, default: Any = None) -> Any:
+    return getattr(hf_config, key, default) if not isinstance(hf_config, dict) else hf_config.get(key, default)
+
+
+def architecture(hf_config: Any) -> dict[str, bool]:
+    model_type = _hf_get(hf_config, "model_type")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"model.path config has model_type={model_type!r}; supported: {sorted(ARCHITECTURES)}"
+        )
+    arch = dict(ARCHITECTURES[model_type])
+    if model_type == "llama" and _hf_get(hf_config, "attention_bias", False):
+        arch["qkv_bias"] = True
+    return arch
+
+
+def rope_theta(hf_config: Any) -> float:
+    params = _hf_get(hf_config, "rope_parameters") or {}
+    scaling = _hf_get(hf_config, "rope_scaling") or {}
+    rope_type = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if rope_type not in (None, "default"):
+        raise ValueError(f"rope_type={rope_type!r} is not supported by the megatron backend (only 'default')")
+    theta = params.get("rope_theta", _hf_get(hf_config, "rope_theta"))
+    if theta is None:
+        raise ValueError("HF config has no rope_theta (neither rope_parameters['rope_theta'] nor rope_theta)")
+    return float(theta)
+
+
+def head_dim(hf_config: Any) -> int:
+    hd = _hf_get(hf_config, "head_dim")
+    return int(hd) if hd else divide(hf_config.hidden_size, hf_config.num_attention_heads)
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int, make_vocab_size_divisible_by: int = 128) -> int:
+    """Smallest multiple of `make_vocab_size_divisible_by * tp_size` that is >= vocab_size."""
+    if make_vocab_size_divisible_by < 1:
+        raise ValueError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
+    multiple = make_vocab_size_divisible_by * tp_size
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def transformer_config_from_hf(
+    hf_config: Any,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    params_dtype: torch.dtype = torch.float32,
+    sequence_parallel: bool = False,
+    recompute_activations: bool = False,
+) -> TransformerConfig:
+    """The megatron TransformerConfig equivalent to a HF Qwen3/Qwen2/Llama config.
+
+    recompute_activations: full activation recomputation, one layer at a time (keeps only each layer's input
+    `[s, b, H]`; long-context updates need it: at 32k tokens a 28-layer 0.6B model holds ~80 GB otherwise)."""
+    arch = architecture(hf_config)
+    if _hf_get(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={hf_config.hidden_act!r} is not supported (only 'silu')")
+    n_kv = _hf_get(hf_config, "num_key_value_heads") or hf_config.num_attention_heads
+    if n_kv % tp_size or hf_config.num_attention_heads % tp_size:
+        raise ValueError(
+            f"tp_size={tp_size} must divide num_attention_heads={hf_config.num_attention_heads} "
+            f"and num_key_value_heads={n_kv}"
+        )
+    if hf_config.num_hidden_layers % pp_size:
+        raise ValueError(f"pp_size={pp_size} must divide num_hidden_layers={hf_config.num_hidden_layers}")
+    return TransformerConfig(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=n_kv,
+        kv_channels=head_dim(hf_config),
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf_config.rms_norm_eps),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch["qkv_bias"],
+        qk_layernorm=arch["qk_layernorm"],
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=float(_hf_get(hf_config, "initializer_range", 0.02)),
+        tensor_model_parallel_size=tp_size,
+        pipeline_model_parallel_size=pp_size,
+        sequence_parallel=sequence_parallel and tp_size > 1,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        use_cpu_initialization=not cuda_enabled(),
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+           if recompute_activations else {}),
+    )
+
+
+class SDPACoreAttention(MegatronModule):
+    """Causal core attention on torch.nn.functional.scaled_dot_product_attention.
+
+    query [sq, b, np, hn], key/value [sk, b, ng, hn] (this rank's heads) -> context [sq, b, np*hn].
+    GQA uses SDPA's `enable_gqa` (no repeated K/V copies). Padding is on the right of each row and
+    attention is causal, so real tokens never attend to padding; no mask tensor is needed.
+    """
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection=None):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPACoreAttention does not support context parallelism (context_parallel_size != 1)")
+        self.softmax_scale = softmax_scale  # None -> 1/sqrt(hn), SDPA's default
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPACoreAttention supports neither packed_seq_params nor attention_bias")
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
+        ctx = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.softmax_scale,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )  # [b, np, sq, hn]
+        sq, b = query.shape[0], query.shape[1]
+        return ctx.permute(2, 0, 1, 3).reshape(sq, b, -1)
+
+
+def layer_spec(config: TransformerConfig) -> ModuleSpec:
+    """TE layer spec when Transformer Engine is installed, else the local spec with SDPA attention."""
+    if HAVE_TE:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+def build_gpt_model(
+    hf_config: Any,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    make_vocab_size_divisible_by: int = 128,
+    sequence_parallel: bool = False,
+    recompute_activations: bool = False,
+) -> GPTModel:
+    """GPTModel for this pipeline stage, on `device`. Needs compat.setup_parallel() first.
+
+    Tied embeddings follow `tie_word_embeddings` (pipeline stages > 1 share them via megatron's
+    embedding group). The returned model carries `real_vocab_size` (the HF vocab) as an attribute.
+    """
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    config = transformer_config_from_hf(
+        hf_config, tp_size=tp, pp_size=pp, params_dtype=params_dtype, sequence_parallel=sequence_parallel,
+        recompute_activations=recompute_activations,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config),
+        vocab_size=padded_vocab_size(hf_config.vocab_size, tp, make_vocab_size_divisible_by),
+        max_sequence_length=int(_hf_get(hf_config, "max_position_embeddings", 4096)),
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=bool(_hf_get(hf_config, "tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=rope_theta(hf_config),
+    )
+    model.real_vocab_size = int(hf_config.vocab_size)
+    return patch_model_for_cpu(model).to(device)

@@ -1,0 +1,410 @@
+"""The Megatron train/forward engine behind the actor, reference and critic workers: forward-only
+log-probs/values, the micro-batched train step, HF weight load/export, checkpoint state. It must not
+know about Ray, rollouts or advantages (the caller's loss_fn holds the algorithm).
+
+Sequence layout: right-padded rows with causal attention, micro-batches grouped by length under a
+token budget (docs/megatron_backend.md says why: no varlen kernels needed on CPU or without TE, and
+causal masking already keeps padding after the real tokens from affecting them).
+
+Alignment: output entry t of a row is about token t given tokens < t (log p(x_t | x_<t), or the
+critic's V(x_<t)), computed from the hidden state at t-1; entry 0 and entries outside the mask are 0.
+
+Precision: params in `params_dtype`; when that is not fp32 (bf16 on GPU) AdamW runs on fp32 master
+copies and the params are refreshed from them after each step. On CPU use fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from rltrain.models.megatron import head as head_mod
+from rltrain.models.megatron import weights as weights_mod
+from rltrain.models.megatron.build import build_gpt_model
+from rltrain.models.megatron.compat import resolve_device, setup_parallel
+
+ROLES = ("actor", "ref", "critic")
+
+
+def _constant(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def _cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# lr multiplier as a function of (optimizer steps taken, warmup_steps, total_steps, min_lr_ratio)
+LR_SCHEDULES: dict[str, Callable[[int, int, int, float], float]] = {"constant": _constant, "cosine": _cosine}
+
+
+class MegatronEngine:
+    """One role's Megatron model on this rank (TP-sharded), with its optimizer when it trains."""
+
+    def __init__(
+        self,
+        hf_config: Any,
+        *,
+        role: str = "actor",
+        tp_size: int = 1,
+        pp_size: int = 1,
+        params_dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        fused_linear_logprob: bool = True,
+        fused_linear_logprob_backend: str = "auto",
+        logprobs_chunk_size: int | None = None,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        warmup_steps: int = 0,
+        total_steps: int = 1000,
+        lr_schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        max_tokens_per_micro_batch: int = 8192,
+        make_vocab_size_divisible_by: int = 128,
+        recompute_activations: bool = False,
+    ):
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {lr_schedule!r}")
+        if pp_size != 1:
+            raise ValueError(
+                f"pp_size={pp_size}: the engine's forward/train step supports pp_size=1 only "
+                "(build_gpt_model and the weight table handle pipeline stages)"
+            )
+        if max_tokens_per_micro_batch < 1:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens_per_micro_batch}")
+        setup_parallel(tp_size, pp_size, seed)
+        self.role = role
+        self.device = resolve_device(device)
+        self.params_dtype = params_dtype
+        self.fused = fused_linear_logprob
+        self.backend = fused_linear_logprob_backend
+        self.chunk_size = logprobs_chunk_size
+        self.grad_clip = grad_clip
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.model = build_gpt_model(
+            hf_config, params_dtype=params_dtype, device=self.device,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+            recompute_activations=recompute_activations and role != "ref",
+        )
+        if role == "critic":
+            gen = torch.Generator().manual_seed(seed + 17)  # same init on every TP rank (replicated)
+            value_head = torch.nn.Linear(hf_config.hidden_size, 1, dtype=params_dtype)
+            with torch.no_grad():
+                value_head.weight.copy_(torch.randn(value_head.weight.shape, generator=gen) * 0.02)
+                value_head.bias.zero_()
+            self.model.value_head = value_head.to(self.device)
+            if not self.model.share_embeddings_and_output_weights:
+                self.model.output_layer.weight = None  # the critic has no LM head; frees [V, H]
+            head_mod.set_head_mode(self.model, "hidden_replicated")
+        else:
+            head_mod.set_head_mode(self.model, "hidden" if fused_linear_logprob else "logits")
+
+        self.optimizer = self.scheduler = None
+        self._masters: list[torch.Tensor] | None = None
+        if role == "ref":
+            self.model.requires_grad_(False)
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if params_dtype != torch.float32:
+            self._masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+            opt_params = self._masters
+        else:
+            opt_params = params
+        self._params = params
+        # Replicated params whose grads are per-rank partial sums under TP (megatron's
+        # finalize_model_grads sums them): q/k layer norms (each rank sees its own heads) and,
+        # with sequence parallelism, the norms marked `sequence_parallel`.
+        self._tp_partial = [
+            p for n, p in self.model.named_parameters()
+            if p.requires_grad and ("q_layernorm" in n or "k_layernorm" in n
+                                    or (self.model.config.sequence_parallel and getattr(p, "sequence_parallel", False)))
+        ]
+        self.optimizer = torch.optim.AdamW(opt_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        schedule = LR_SCHEDULES[lr_schedule]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: schedule(step, warmup_steps, total_steps, min_lr_ratio)
+        )
+
+    # ---------------------------------------------------------------- weights and checkpoints
+
+    def load_hf_weights(self, state_dict_or_path) -> None:
+        """Load HF-named full tensors (state_dict or safetensors dir) into this rank's shards."""
+        weights_mod.load_hf_weights(self.model, state_dict_or_path)
+        if self._masters is not None:
+            with torch.no_grad():
+                for m, p in zip(self._masters, self._params):
+                    m.copy_(p.float())
+
+    def export_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) pairs, gathered over TP in buckets; all TP ranks must iterate."""
+        return weights_mod.export_hf_weights(self.model, bucket_bytes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's model shards + optimizer + scheduler (+ fp32 masters) for checkpoints."""
+        sd: dict[str, Any] = {"model": {k: v for k, v in self.model.state_dict().items()}}
+        if self.optimizer is not None:
+            sd["optimizer"] = self.optimizer.state_dict()
+            sd["scheduler"] = self.scheduler.state_dict()
+        if self._masters is not None:
+            sd["masters"] = [m.detach().clone() for m in self._masters]
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.model.load_state_dict(sd["model"])
+        if self.optimizer is not None:
+            if "optimizer" not in sd:
+                raise KeyError("checkpoint has no optimizer state (was it saved by a 'ref' engine?)")
+            self.optimizer.load_state_dict(sd["optimizer"])
+            self.scheduler.load_state_dict(sd["scheduler"])
+        if self._masters is not None:
+            with torch.no_grad():
+                for m, saved in zip(self._masters, sd["masters"]):
+                    m.copy_(saved)
+
+    # ---------------------------------------------------------------- micro-batching
+
+    def make_micro_batches(self, tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor) -> list[dict]:
+        """Split a batch into length-grouped micro-batches of at most max_tokens_per_micro_batch
+        padded tokens (rows x longest row; a single longer row gets a micro-batch of its own).
+
+        tensors: name -> [B, ...]; those with a second dim equal to input_ids' S are trimmed to the
+        micro-batch's longest row. Each micro-batch also carries `seq_lens` [b] and `sample_idx`
+        [b] (row indices into the batch). Rows are ordered longest first.
+        """
+        seq_lens = torch.as_tensor(seq_lens).long().cpu()
+        if "input_ids" not in tensors:
+            raise ValueError("make_micro_batches needs tensors['input_ids'] [B, S]")
+        B, S = tensors["input_ids"].shape
+        if seq_lens.shape != (B,) or int(seq_lens.min()) < 1 or int(seq_lens.max()) > S:
+            raise ValueError(f"seq_lens must be [B]={B} values in [1, {S}], got {seq_lens.tolist()}")
+        order = torch.argsort(seq_lens, descending=True, stable=True).tolist()
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and (len(groups[-1]) + 1) * int(seq_lens[groups[-1][0]]) <= self.max_tokens_per_micro_batch:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        micro_batches = []
+        for g in groups:
+            idx = torch.tensor(g, dtype=torch.long)
+            width = int(seq_lens[g[0]])
+            mb: dict[str, Any] = {}
+            for k, v in tensors.items():
+                if not torch.is_tensor(v) or v.dim() == 0 or v.shape[0] != B:
+                    raise ValueError(f"tensors[{k!r}] must be a tensor with first dim B={B}")
+                v = v[idx.to(v.device)]
+                mb[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] == S else v
+            mb["seq_lens"] = seq_lens[idx]
+            mb["sample_idx"] = idx
+            micro_batches.append(mb)
+        return micro_batches
+
+    # ---------------------------------------------------------------- forward
+
+    def _trunk(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[b, s] ids -> [b, s, H] hidden (hidden modes) or [b, s, V_local_padded] logits."""
+        input_ids = input_ids.to(self.device)
+        b, s = input_ids.shape
+        position_ids = torch.arange(s, device=self.device).unsqueeze(0).expand(b, s)
+        return self.model(input_ids, position_ids, None)
+
+    @staticmethod
+    def _valid(mask: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """[b, s] bool: mask & inside the row & t >= 1 (no prediction for the first token)."""
+        s = mask.shape[1]
+        pos = torch.arange(s, device=mask.device)
+        valid = mask.bool() & (pos.unsqueeze(0) < seq_lens.to(mask.device).unsqueeze(1)) & (pos >= 1)
+        return valid
+
+    def _token_logprobs(self, input_ids, seq_lens, label_mask, *, temperature, with_entropy, entropy_grad):
+        """-> logprobs [b, s] fp32, entropy [b, s] fp32 | None (0 outside the valid mask)."""
+        input_ids = input_ids.to(self.device)
+        valid = self._valid(label_mask.to(self.device), seq_lens)
+        out = self._trunk(input_ids)  # [b, s, X]
+        b, s = input_ids.shape
+        prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
+        rows = valid[:, 1:].reshape(-1)  # [N] bool
+        labels = torch.where(rows, input_ids[:, 1:].reshape(-1), 0)
+        kwargs = dict(rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                      temperature=temperature, chunk_size=self.chunk_size)
+        if self.fused:
+            lp, ent = head_mod.fused_logprobs(self.model, prev, labels, backend=self.backend, **kwargs)
+        else:
+            lp, ent = head_mod.unfused_logprobs(self.model, prev, labels, **kwargs)
+        zero_col = torch.zeros(b, 1, dtype=torch.float32, device=self.device)
+        lp = torch.cat([zero_col, lp.view(b, s - 1)], dim=1)
+        if ent is not None:
+            ent = torch.cat([zero_col, ent.view(b, s - 1)], dim=1)
+        return lp, ent
+
+    def _token_values(self, input_ids, seq_lens, mask):
+        """-> values [b, s] fp32: entry t = V(x_<t) from the hidden state at t-1; 0 outside mask."""
+        valid = self._valid(mask.to(self.device), seq_lens)
+        hidden = self._trunk(input_ids)  # [b, s, H]
+        v = self.model.value_head(hidden[:, :-1]).squeeze(-1).float()  # [b, s-1]
+        v = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
+        return torch.where(valid, v, torch.zeros_like(v))
+
+    def _check_rows(self, input_ids, seq_lens):
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] < 2:
+            raise ValueError("input_ids must have S >= 2 (no token has a prediction otherwise)")
+        return torch.as_tensor(seq_lens).long()
+
+    @torch.no_grad()
+    def forward_logprobs(self, input_ids, seq_lens, label_mask, *, temperature: float = 1.0,
+                         with_entropy: bool = True):
+        """input_ids [B, S] right-padded, seq_lens [B], label_mask [B, S] bool ->
+        (logprobs [B, S] fp32, entropy [B, S] fp32 | None); entry t = log p(x_t | x_<t) where
+        label_mask (t >= 1, t < seq_len), 0 elsewhere. No grad. Micro-batched by token budget."""
+        if self.role == "critic":
+            raise ValueError("forward_logprobs is for role 'actor' or 'ref'; the critic has forward_values")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        seq_lens = self._check_rows(input_ids, seq_lens)
+        self.model.eval()
+        B, S = input_ids.shape
+        lp_out = torch.zeros(B, S, dtype=torch.float32)
+        ent_out = torch.zeros(B, S, dtype=torch.float32) if with_entropy else None
+        for mb in self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens):
+            lp, ent = self._token_logprobs(mb["input_ids"], mb["seq_lens"], mb["label_mask"],
+                                           temperature=temperature, with_entropy=with_entropy,
+                                           entropy_grad=False)
+            w = lp.shape[1]
+            lp_out[mb["sample_idx"], :w] = lp.cpu()
+            if with_entropy:
+                ent_out[mb["sample_idx"], :w] = ent.cpu()
+        return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
+
+    @torch.no_grad()
+    def forward_values(self, input_ids, seq_lens, mask):
+        """Critic values [B, S] fp32 (entry t = V(x_<t)), 0 outside mask. No grad."""
+        if self.role != "critic":
+            raise ValueError(f"forward_values needs role='critic', this engine is {self.role!r}")
+        seq_lens = self._check_rows(input_ids, seq_lens)
+        self.model.eval()
+        B, S = input_ids.shape
+        out = torch.zeros(B, S, dtype=torch.float32)
+        for mb in self.make_micro_batches({"input_ids": input_ids, "mask": mask}, seq_lens):
+            v = self._token_values(mb["input_ids"], mb["seq_lens"], mb["mask"])
+            out[mb["sample_idx"], : v.shape[1]] = v.cpu()
+        return out.to(input_ids.device)
+
+    # ---------------------------------------------------------------- training
+
+    def _grad_norm_and_clip(self, params: list[torch.Tensor]) -> float:
+        """Global L2 grad norm over the TP group (replicated params counted once), then clip."""
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        for p, model_p in zip(params, self._params):
+            if p.grad is not None and (getattr(model_p, "tensor_model_parallel", False) or tp_rank == 0):
+                sq += p.grad.detach().float().pow(2).sum()
+        if parallel_state.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(sq, group=parallel_state.get_tensor_model_parallel_group())
+        norm = float(sq.sqrt())
+        if math.isfinite(norm) and self.grad_clip and self.grad_clip > 0:
+            coef = self.grad_clip / (norm + 1e-6)
+            if coef < 1.0:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        return norm
+
+    def _reduce_tensor_parallel_partial_grads(self) -> None:
+        if parallel_state.get_tensor_model_parallel_world_size() == 1:
+            return
+        group = parallel_state.get_tensor_model_parallel_group()
+        for p in self._tp_partial:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+
+    def _reduce_data_parallel(self) -> None:
+        group = parallel_state.get_data_parallel_group()
+        world = dist.get_world_size(group)
+        if world == 1:
+            return
+        for p in self._params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+                p.grad.div_(world)
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn) -> dict[str, float]:
+        """Gradient accumulation over `micro_batches`, then clip + AdamW + scheduler step.
+
+        loss_fn(outputs, mb) -> (loss 0-dim, metrics dict of floats/0-dim tensors), where outputs
+        is {"logprobs": [b, s], "entropy": [b, s]} for the actor (entropy carries grad only if
+        `loss_fn.needs_entropy_grad`; logits are divided by `loss_fn.temperature`, default 1) or
+        {"values": [b, s]} for the critic (mask: mb["response_mask"], else mb["label_mask"]). Each micro-batch's loss
+        is multiplied by mb["loss_scale"] (its share of the mini-batch; default 1/len) before
+        backward. Gradients are averaged over data-parallel ranks. Returns the micro-batch mean of
+        the metrics plus `grad_norm` (before clipping) and `lr` (of this step). A NaN/inf loss or
+        grad norm raises FloatingPointError and no step is taken.
+        """
+        if self.optimizer is None:
+            raise ValueError(f"train_step needs role 'actor' or 'critic', this engine is {self.role!r}")
+        if not micro_batches:
+            raise ValueError("train_step got no micro-batches")
+        needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))
+        temperature = float(getattr(loss_fn, "temperature", 1.0))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for mb in micro_batches:
+            seq_lens = self._check_rows(mb["input_ids"], mb["seq_lens"])
+            if self.role == "critic":
+                mask = mb.get("response_mask", mb.get("label_mask"))
+                outputs = {"values": self._token_values(mb["input_ids"], seq_lens, mask)}
+            else:
+                lp, ent = self._token_logprobs(mb["input_ids"], seq_lens, mb["label_mask"],
+                                               temperature=temperature,
+                                               with_entropy=True, entropy_grad=needs_entropy_grad)
+                outputs = {"logprobs": lp, "entropy": ent}
+            loss, metrics = loss_fn(outputs, mb)
+            if not bool(torch.isfinite(loss.detach())):
+                self.model.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"loss is {float(loss)} in a micro-batch; no optimizer step taken")
+            scale = mb.get("loss_scale", 1.0 / len(micro_batches))
+            (loss * float(scale)).backward()
+            for k, v in {"loss": loss, **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
+        self._reduce_tensor_parallel_partial_grads()
+        self._reduce_data_parallel()
+        if self._masters is not None:
+            for m, p in zip(self._masters, self._params):
+                m.grad = None if p.grad is None else p.grad.float()
+            opt_params = self._masters
+        else:
+            opt_params = self._params
+        grad_norm = self._grad_norm_and_clip(opt_params)
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"grad norm is {grad_norm}; no optimizer step taken")
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        if self._masters is not None:
+            with torch.no_grad():
+                for m, p in zip(self._masters, self._params):
+                    p.copy_(m)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
+        out = {k: v / len(micro_batches) for k, v in sums.items()}
+        out.update(grad_norm=grad_norm, lr=lr)
+        return out

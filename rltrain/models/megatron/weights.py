@@ -1,0 +1,285 @@
+"""HF <-> Megatron weights: ONE table of name/layout rules, loading HF tensors into the TP-sharded
+model, and streamed bucketed export back to full HF tensors. It must not build models or train.
+
+Why our own converter: `mbridge` (PyPI) does this job but pulls its own model/config layer and is
+being retired in favour of Megatron-Bridge; for three dense families the rules fit in one table.
+
+Layouts (tp = tensor-parallel size, r = this rank):
+- `replicated`: same tensor on every rank (norms, value head).
+- `vocab`: rows padded with zeros from the HF vocab V to megatron's padded vocab, split in tp row
+  blocks (embedding, untied lm_head). Export drops the padding.
+- `row`: split along dim 1 (RowParallelLinear: o_proj, down_proj).
+- `qkv`: q [np*hn, ...], k/v [ng*hn, ...] -> per query group g: [q heads of g; k_g; v_g], i.e.
+  [ng, np/ng + 2, hn, ...]; rank r holds groups [r*ng/tp, (r+1)*ng/tp). Weights and biases.
+- `gate_up`: fc1 on rank r = [gate rows of r; up rows of r] (each split in tp row blocks).
+
+Pipeline parallelism: a stage holds layers [stage*L/pp, (stage+1)*L/pp) under local indices; the
+table's `{i}` is the global index. Export yields the tensors of this stage only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+# (megatron name template, HF name templates, layout). `{i}` is the global layer index.
+WEIGHT_RULES: list[tuple[str, tuple[str, ...], str]] = [
+    ("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),
+    ("decoder.layers.{i}.input_layernorm.weight", ("model.layers.{i}.input_layernorm.weight",), "replicated"),
+    ("decoder.layers.{i}.self_attention.linear_qkv.weight",
+     ("model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
+      "model.layers.{i}.self_attn.v_proj.weight"), "qkv"),
+    ("decoder.layers.{i}.self_attention.linear_qkv.bias",
+     ("model.layers.{i}.self_attn.q_proj.bias", "model.layers.{i}.self_attn.k_proj.bias",
+      "model.layers.{i}.self_attn.v_proj.bias"), "qkv"),
+    ("decoder.layers.{i}.self_attention.q_layernorm.weight", ("model.layers.{i}.self_attn.q_norm.weight",), "replicated"),
+    ("decoder.layers.{i}.self_attention.k_layernorm.weight", ("model.layers.{i}.self_attn.k_norm.weight",), "replicated"),
+    ("decoder.layers.{i}.self_attention.linear_proj.weight", ("model.layers.{i}.self_attn.o_proj.weight",), "row"),
+    ("decoder.layers.{i}.pre_mlp_layernorm.weight", ("model.layers.{i}.post_attention_layernorm.weight",), "replicated"),
+    ("decoder.layers.{i}.mlp.linear_fc1.weight",
+     ("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"), "gate_up"),
+    ("decoder.layers.{i}.mlp.linear_fc2.weight", ("model.layers.{i}.mlp.down_proj.weight",), "row"),
+    ("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"),
+    ("output_layer.weight", ("lm_head.weight",), "vocab"),
+    # Critic value head (HF *ForTokenClassification with num_labels=1 names it `score`).
+    ("value_head.weight", ("score.weight",), "replicated"),
+    ("value_head.bias", ("score.bias",), "replicated"),
+]
+
+# HF keys that carry no weights of ours (buffers, or the tied copy of the embedding).
+_IGNORED_HF = re.compile(r"(.*rotary_emb\.inv_freq$)")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    tp: int
+    rank: int
+    num_heads: int
+    num_groups: int
+    head_dim: int
+    vocab: int  # real HF vocab
+    padded_vocab: int
+
+
+def _rule_regex(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(r"\{i\}", r"(\d+)") + "$")
+
+
+_RULES = [(_rule_regex(m), m, hf, layout) for m, hf, layout in WEIGHT_RULES]
+
+
+def _match(megatron_name: str) -> tuple[tuple[str, ...], str, int | None]:
+    """(HF names with the local layer index still in, layout, local layer index) for a param name."""
+    for regex, _, hf, layout in _RULES:
+        m = regex.match(megatron_name)
+        if m:
+            return hf, layout, int(m.group(1)) if m.groups() else None
+    raise KeyError(f"no HF<->Megatron rule for megatron parameter {megatron_name!r}")
+
+
+def _layout(model) -> _Layout:
+    cfg = model.config
+    return _Layout(
+        tp=parallel_state.get_tensor_model_parallel_world_size(),
+        rank=parallel_state.get_tensor_model_parallel_rank(),
+        num_heads=cfg.num_attention_heads,
+        num_groups=cfg.num_query_groups,
+        head_dim=cfg.kv_channels,
+        vocab=model.real_vocab_size,
+        padded_vocab=model.vocab_size,
+    )
+
+
+def _layer_offset(model) -> int:
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    return parallel_state.get_pipeline_model_parallel_rank() * (model.config.num_layers // pp)
+
+
+# ---- layout transforms: HF full tensors -> this rank's shard, and all ranks' shards -> HF ----
+
+def _qkv_full(hf: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
+    q, k, v = hf
+    per = lay.num_heads // lay.num_groups
+    rest = q.shape[1:]
+    q = q.reshape(lay.num_groups, per, lay.head_dim, *rest)
+    k = k.reshape(lay.num_groups, 1, lay.head_dim, *rest)
+    v = v.reshape(lay.num_groups, 1, lay.head_dim, *rest)
+    return torch.cat([q, k, v], dim=1)  # [ng, per + 2, hn, ...]
+
+
+def hf_to_local(hf: list[torch.Tensor], layout: str, lay: _Layout) -> torch.Tensor:
+    if layout == "replicated":
+        return hf[0]
+    if layout == "vocab":
+        w = hf[0]
+        if w.shape[0] != lay.vocab:
+            raise ValueError(f"vocab tensor has {w.shape[0]} rows, the HF config says vocab_size={lay.vocab}")
+        w = torch.cat([w, w.new_zeros(lay.padded_vocab - lay.vocab, *w.shape[1:])])
+        return w.chunk(lay.tp, dim=0)[lay.rank]
+    if layout == "row":
+        return hf[0].chunk(lay.tp, dim=1)[lay.rank]
+    if layout == "qkv":
+        full = _qkv_full(hf, lay).chunk(lay.tp, dim=0)[lay.rank]
+        return full.reshape(-1, *hf[0].shape[1:])
+    if layout == "gate_up":
+        gate, up = hf
+        return torch.cat([gate.chunk(lay.tp, dim=0)[lay.rank], up.chunk(lay.tp, dim=0)[lay.rank]])
+    raise AssertionError(layout)
+
+
+def locals_to_hf(shards: list[torch.Tensor], layout: str, lay: _Layout) -> list[torch.Tensor]:
+    if layout == "replicated":
+        return [shards[0]]
+    if layout == "vocab":
+        return [torch.cat(shards, dim=0)[: lay.vocab]]
+    if layout == "row":
+        return [torch.cat(shards, dim=1)]
+    if layout == "qkv":
+        rest = shards[0].shape[1:]
+        per = lay.num_heads // lay.num_groups
+        full = torch.cat(shards, dim=0).reshape(lay.num_groups, per + 2, lay.head_dim, *rest)
+        q, k, v = full.split([per, 1, 1], dim=1)
+        return [t.reshape(-1, *rest) for t in (q, k, v)]
+    if layout == "gate_up":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+    raise AssertionError(layout)
+
+
+# ---- HF sources ----
+
+class _SafetensorsDir(Mapping):
+    """Lazy read-only mapping over the *.safetensors files of a HF checkpoint directory."""
+
+    def __init__(self, path: str):
+        from safetensors import safe_open
+
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path!r} (set model.path to a HF checkpoint dir)")
+        self._handles = [safe_open(os.path.join(path, f), framework="pt") for f in files]
+        self._where = {k: h for h in self._handles for k in h.keys()}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._where[key].get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def _as_source(state_dict_or_path) -> Mapping[str, torch.Tensor]:
+    if isinstance(state_dict_or_path, (str, os.PathLike)):
+        path = os.fspath(state_dict_or_path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"HF weights directory {path!r} does not exist (check model.path)")
+        return _SafetensorsDir(path)
+    return state_dict_or_path
+
+
+def _strip_prefix(name: str) -> str:
+    # Critic checkpoints may come from *ForTokenClassification or plain AutoModel ("layers.0...").
+    return name if name.startswith(("model.", "lm_head.", "score.")) else "model." + name
+
+
+def _named_params(model) -> Iterable[tuple[str, torch.nn.Parameter]]:
+    """Parameters in table order; the tied output layer (weight None) has no parameter of its own."""
+    return [(n, p) for n, p in model.named_parameters() if not n.endswith("_extra_state")]
+
+
+@torch.no_grad()
+def load_hf_weights(model, state_dict_or_path, *, strict: bool = True) -> None:
+    """Copy HF-named full tensors (a state_dict, or a safetensors checkpoint dir) into this rank's
+    shards of `model`. strict: every model parameter must be found (except a critic's value head,
+    kept as initialized when the checkpoint has no `score.*`) and every HF weight used (the tied
+    `lm_head.weight`, rotary buffers, and `score.*` for non-critics excepted)."""
+    src = _as_source(state_dict_or_path)
+    keys = {_strip_prefix(k): k for k in src.keys()}
+    lay, offset = _layout(model), _layer_offset(model)
+    used: set[str] = set()
+    for name, param in _named_params(model):
+        hf_templates, layout, local_i = _match(name)
+        idx = {} if local_i is None else {"i": local_i + offset}
+        hf_names = [t.format(**idx) for t in hf_templates]
+        missing = [n for n in hf_names if n not in keys]
+        if missing and all(n.startswith("score.") for n in hf_names):
+            continue  # a critic started from a causal-LM checkpoint keeps its fresh value head
+        if missing:
+            raise KeyError(f"HF weights lack {missing} needed for megatron parameter {name!r}")
+        hf = [src[keys[n]].to(param.dtype) for n in hf_names]
+        local = hf_to_local(hf, layout, lay)
+        if local.shape != param.shape:
+            raise ValueError(
+                f"shape mismatch for {name!r}: converted HF {hf_names} to {tuple(local.shape)}, "
+                f"model shard is {tuple(param.shape)} (is the HF config the one of these weights?)"
+            )
+        param.copy_(local)
+        used.update(hf_names)
+    if strict:
+        no_head = getattr(model, "share_embeddings_and_output_weights", False) or (
+            getattr(model, "output_layer", None) is not None and model.output_layer.weight is None
+        )  # tied, or a critic (no LM head): lm_head.weight is not ours
+        stage_layers = range(offset, offset + len(model.decoder.layers)) if hasattr(model, "decoder") else ()
+        unused = []
+        for k in keys:
+            if k in used or _IGNORED_HF.match(k) or (no_head and k == "lm_head.weight") or k.startswith("score."):
+                continue
+            m = re.match(r"model\.layers\.(\d+)\.", k)
+            if m and int(m.group(1)) not in stage_layers:
+                continue  # another pipeline stage's layer
+            if parallel_state.get_pipeline_model_parallel_world_size() > 1 and not m:
+                continue  # embedding / final norm / head of another stage
+            unused.append(k)
+        if unused:
+            raise KeyError(f"HF weights not used by the megatron model (wrong architecture?): {unused[:8]}")
+
+
+def _gather_tp(t: torch.Tensor, layout: str) -> list[torch.Tensor]:
+    if layout == "replicated" or parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return [t]
+    group = parallel_state.get_tensor_model_parallel_group()
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+
+@torch.no_grad()
+def export_hf_weights(model, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, full HF tensor) for this pipeline stage's parameters, gathered over TP.
+
+    Every TP rank must iterate (the gathers are collective) and gets the same tensors. Parameters
+    are gathered `bucket_bytes` (full size) at a time and yielded per bucket, so peak extra memory
+    is about one bucket (or one tensor when a tensor is larger). The tied lm_head is not emitted
+    (HF re-ties it from `tie_word_embeddings`).
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    lay, offset = _layout(model), _layer_offset(model)
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, param in _named_params(model):
+        hf_templates, layout, local_i = _match(name)
+        idx = {} if local_i is None else {"i": local_i + offset}
+        hf_names = [t.format(**idx) for t in hf_templates]
+        tensors = locals_to_hf(_gather_tp(param.detach(), layout), layout, lay)
+        for n, t in zip(hf_names, tensors):
+            bucket.append((n, t.clone() if layout == "replicated" else t))
+            size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            yield from bucket
+            bucket, size = [], 0
+    yield from bucket

@@ -1,0 +1,380 @@
+"""The Triton backend of the fused LM-head log-prob: tiled kernels that produce per-shard softmax
+statistics and the logits gradient without ever writing a [N, V_local] logits tensor to memory.
+It must not know about tensor parallelism or autograd (`logprob.py` combines shards and owns the Function).
+
+Interface (the contract shared with `logprob_torch.py`):
+
+- `forward_stats(hidden, weight, labels_local, inv_temp, with_entropy, chunk_size)` -> four fp32 [N]:
+  `m` (max logit of the shard), `s = sum_j exp(z_j - m)`, `t = sum_j exp(z_j - m) * z_j`, `z_label`.
+- `backward(hidden, weight, labels_local, lse, mean_z, grad_lp, grad_ent, inv_temp, need_hidden_grad,
+  need_weight_grad, chunk_size)` -> (grad_hidden [N, H] | None, grad_weight [V_local, H] | None), in the
+  input dtype.
+
+Algorithm.
+Forward: one kernel, grid = (token blocks of BLOCK_M) x (vocab splits). Each program walks its range of
+vocab tiles of BLOCK_N; per tile it runs the K-loop GEMM `z = hidden @ weight.T` in fp32 registers, scales
+by `inv_temp`, sets columns >= V_local to -inf (the last tile of an odd vocab never leaks into the
+log-sum-exp), and updates an online max / sum-exp / sum(p * z) / label logit. Partial statistics of the
+splits ([S, N] each, O(N)) are merged with a log-sum-exp combine. The split index is the fastest grid
+dimension, so the ~132 programs that run together share a few hidden blocks and a few weight tiles in L2.
+On Hopper with bf16/fp16 inputs the GEMM tiles are loaded through TMA tensor descriptors (-14% forward
+time vs pointer loads on an H100); fp32 inputs use exact fp32 dots (input_precision="ieee").
+
+Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight): for a
+chunk of tokens x a slice of the vocab, a Triton kernel recomputes the logit tiles and writes
+`dlogits = inv_temp * (grad_lp * (1[j == label] - p_j) + grad_ent * p_j * (mean_z - z_j))` in the input
+dtype ([Tc, Vs], bounded by a memory budget); cuBLAS then does `dH += dlogits @ W[slice]` and
+`dW[slice] += dlogits.T @ h[chunk]` into fp32 accumulators (`out_dtype=float32`). Loop order: token
+super-chunks (fp32 dHidden accumulator [Ts, H]) > vocab slices (fp32 dWeight accumulator [Vs, H]) > token
+chunks. dHidden is therefore rounded once; dWeight once per token super-chunk (once when N <= Ts).
+Peak extra memory is the sum of the three buffers, `_BWD_BUDGET_BYTES` (384 MiB), independent of N and V.
+When `grad_ent` is None no entropy-gradient arithmetic is compiled into the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # triton is optional: the torch backend runs without it
+    import triton
+    import triton.language as tl
+
+    _HAVE_TRITON = True
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+    except ImportError:  # older triton: pointer loads only
+        _TensorDescriptor = None
+except ImportError:  # pragma: no cover - exercised on installs without triton
+    triton = None
+    tl = None
+    _HAVE_TRITON = False
+
+__all__ = ["forward_stats", "backward", "is_available"]
+
+# Working memory of the backward pass (dHidden fp32 accumulator : dWeight fp32 accumulator : dlogits
+# chunk = 2 : 1 : 1). At H=2560, bf16: Ts=19,584 rows, Vs=9,728 vocab columns, Tc=5,120 tokens (0.37 GiB).
+_BWD_BUDGET_BYTES = 384 * 2**20
+
+# Tile configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Tuned on an H100 (docs/kernel_notes.md);
+# fp32 inputs use exact fp32 dot products (input_precision="ieee"), which need smaller tiles.
+_CONFIGS = {
+    "fwd_lowp": (256, 128, 64, 8, 3),
+    "bwd_lowp": (128, 256, 64, 8, 4),
+    "fwd_fp32": (64, 64, 32, 4, 2),
+    "bwd_fp32": (64, 64, 32, 4, 2),
+}
+_FWD_MIN_SPLITS = 8  # see the L2 note in the module docstring
+_USE_DESC = True  # load GEMM tiles with TMA descriptors where possible (Hopper); False: pointer loads
+
+
+def is_available() -> bool:
+    """True when triton imports and a CUDA device is present."""
+    return _HAVE_TRITON and torch.cuda.is_available()
+
+
+if _HAVE_TRITON:
+
+    @triton.jit
+    def _logit_tile(h_ptr, w_ptr, rows, cols, H, stride_h, stride_w, inv_temp,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+        """fp32 [BLOCK_M, BLOCK_N] tile of (h[rows] @ w[cols].T) * inv_temp; rows/cols already clamped
+        in range (the caller masks the clamped ones out)."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + ks[None, :]
+        b_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_w + ks[:, None]
+        for k in range(0, tl.cdiv(H, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_ok = ks + k * BLOCK_K < H
+                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        return acc * inv_temp
+
+    @triton.jit
+    def _logit_tile_desc(h_desc, w_desc, row0, col0, H, inv_temp,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Same tile through Hopper's bulk tensor copies (TMA descriptors); rows/cols past the tensor are
+        zero-filled by the copy engine, so no clamping is needed."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(H, BLOCK_K)):
+            a = h_desc.load([row0, k * BLOCK_K])
+            b = w_desc.load([col0, k * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        return acc * inv_temp
+
+    @triton.jit
+    def _fwd_stats_kernel(h_ptr, w_ptr, h_desc, w_desc, lab_ptr, m_ptr, s_ptr, t_ptr, zl_ptr,
+                          N, V, H, stride_h, stride_w, inv_temp, tiles_per_split, num_splits,
+                          WITH_ENT: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+                          USE_DESC: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Partial statistics of token block pid // num_splits over vocab split pid % num_splits.
+        Writes m, s, t, z_label at [split, row] of the [num_splits, N] outputs."""
+        pid = tl.program_id(0)
+        split = pid % num_splits
+        pid_m = pid // num_splits
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < N
+        rows_c = tl.minimum(rows, N - 1)
+        labels = tl.load(lab_ptr + rows_c)
+
+        m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        t = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        zl = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        tile_lo = split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, tl.cdiv(V, BLOCK_N))
+        for tile in range(tile_lo, tile_hi):
+            cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols < V
+            if USE_DESC:
+                z = _logit_tile_desc(h_desc, w_desc, pid_m * BLOCK_M, tile * BLOCK_N, H, inv_temp,
+                                     BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                z = _logit_tile(h_ptr, w_ptr, rows_c, tl.minimum(cols, V - 1), H, stride_h, stride_w,
+                                inv_temp, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+            z = tl.where(col_ok[None, :], z, float("-inf"))  # out-of-range vocab never enters the sum
+            m_new = tl.maximum(m, tl.max(z, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(z - m_new[:, None])  # exactly 0 on masked columns
+            s = s * alpha + tl.sum(p, axis=1)
+            if WITH_ENT:
+                t = t * alpha + tl.sum(tl.where(col_ok[None, :], p * z, 0.0), axis=1)
+            zl += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
+            m = m_new
+        out = split * N + rows
+        tl.store(m_ptr + out, m, mask=row_ok)
+        tl.store(s_ptr + out, s, mask=row_ok)
+        tl.store(t_ptr + out, t, mask=row_ok)
+        tl.store(zl_ptr + out, zl, mask=row_ok)
+
+    @triton.jit
+    def _dlogits_kernel(h_ptr, w_ptr, h_desc, w_desc, lab_ptr, lse_ptr, mz_ptr, glp_ptr, gent_ptr, dz_ptr,
+                        N, V, H, col_offset, stride_h, stride_w, stride_dz, inv_temp,
+                        HAS_ENT: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+                        USE_DESC: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr):
+        """dz[N, V] (V = this vocab slice, global column = col + col_offset) for one [BLOCK_M, BLOCK_N]
+        tile, tiles ordered in groups of GROUP_M token blocks for L2 reuse of the weight tiles."""
+        pid = tl.program_id(0)
+        n_m = tl.cdiv(N, BLOCK_M)
+        n_n = tl.cdiv(V, BLOCK_N)
+        per_group = GROUP_M * n_n
+        group = pid // per_group
+        first_m = group * GROUP_M
+        size_m = tl.minimum(n_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % size_m
+        pid_n = (pid % per_group) // size_m
+
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        col_ok = cols < V
+        rows_c = tl.minimum(rows, N - 1)
+        cols_c = tl.minimum(cols, V - 1)
+        if USE_DESC:
+            z = _logit_tile_desc(h_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, H, inv_temp,
+                                 BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            z = _logit_tile(h_ptr, w_ptr, rows_c, cols_c, H, stride_h, stride_w, inv_temp,
+                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+        lse = tl.load(lse_ptr + rows_c)
+        glp = tl.load(glp_ptr + rows_c)
+        labels = tl.load(lab_ptr + rows_c)
+        p = tl.exp(z - lse[:, None])
+        is_label = (cols[None, :] + col_offset) == labels[:, None]
+        dz = tl.where(is_label, glp[:, None], 0.0) - glp[:, None] * p
+        if HAS_ENT:
+            mz = tl.load(mz_ptr + rows_c)
+            gent = tl.load(gent_ptr + rows_c)
+            dz += gent[:, None] * p * (mz[:, None] - z)
+        dz = dz * inv_temp
+        ptrs = dz_ptr + rows[:, None].to(tl.int64) * stride_dz + cols[None, :]
+        tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _check(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor) -> None:
+    if not _HAVE_TRITON:
+        raise RuntimeError("rltrain.ops.logprob_triton needs the 'triton' package (pip install triton)")
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden [N, H] and weight [V_local, H] must share H, got {tuple(hidden.shape)} "
+                         f"and {tuple(weight.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden ({hidden.dtype}) must already be cast to weight.dtype ({weight.dtype})")
+    if labels_local.shape != (hidden.shape[0],):
+        raise ValueError(f"labels_local must be [N]={hidden.shape[0]}, got {tuple(labels_local.shape)}")
+
+
+def _config(kind: str, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    return _CONFIGS[f"{kind}_{'fp32' if dtype == torch.float32 else 'lowp'}"]
+
+
+def _descs(hidden: torch.Tensor, weight: torch.Tensor, bm: int, bn: int, bk: int):
+    """TMA descriptors for the two GEMM operands, or (hidden, weight) as unused placeholders when the
+    copy engine can't be used (CPU/interpreter, fp32 inputs, pre-Hopper GPU, rows not 16-byte aligned)."""
+    ok = (_USE_DESC and _TensorDescriptor is not None and hidden.is_cuda and hidden.dtype != torch.float32
+          and torch.cuda.get_device_capability(hidden.device)[0] >= 9
+          and all(x.stride(0) * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0 for x in (hidden, weight)))
+    if not ok:
+        return hidden, weight, False
+    return (_TensorDescriptor.from_tensor(hidden, [bm, bk]), _TensorDescriptor.from_tensor(weight, [bn, bk]),
+            True)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # TRITON_INTERPRET=1 on CPU tensors: any small number exercises the split logic
+
+
+def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, inv_temp: float,
+                  with_entropy: bool, chunk_size: int | None = None, *, num_splits: int | None = None):
+    """Per-shard statistics of z = (hidden @ weight.T) * inv_temp, never writing z to memory.
+
+    hidden [N, H] (weight's dtype), weight [V_local, H], labels_local [N] int64 in [0, V_local) or -1.
+    Returns fp32 [N] tensors (m, s, t, z_label) as in the module docstring; t is 0 when with_entropy is
+    False. `chunk_size` is accepted for the shared interface and unused (the kernel tiles by itself);
+    `num_splits` overrides the number of vocab splits (benchmark sweeps)."""
+    _check(hidden, weight, labels_local)
+    n, h = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    if n == 0:
+        z = torch.zeros(0, device=dev, dtype=torch.float32)
+        return z, z.clone(), z.clone(), z.clone()
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    labels_local = labels_local.to(torch.int64).contiguous()
+    bm, bn, bk, warps, stages = _config("fwd", hidden.dtype)
+    n_m = triton.cdiv(n, bm)
+    n_tiles = triton.cdiv(v, bn)
+    if num_splits is None:
+        want = max(_FWD_MIN_SPLITS, triton.cdiv(4 * _num_sms(dev), n_m))
+        num_splits = max(1, min(want, n_tiles // 4 if n_tiles >= 4 else 1))
+    num_splits = min(num_splits, n_tiles)
+    tiles_per_split = triton.cdiv(n_tiles, num_splits)
+    num_splits = triton.cdiv(n_tiles, tiles_per_split)  # no empty split
+    part = torch.empty((4, num_splits, n), device=dev, dtype=torch.float32)
+    h_desc, w_desc, use_desc = _descs(hidden, weight, bm, bn, bk)
+    _fwd_stats_kernel[(n_m * num_splits,)](
+        hidden, weight, h_desc, w_desc, labels_local, part[0], part[1], part[2], part[3],
+        n, v, h, hidden.stride(0), weight.stride(0), float(inv_temp), tiles_per_split, num_splits,
+        WITH_ENT=bool(with_entropy), EVEN_K=(h % bk == 0), IEEE=(hidden.dtype == torch.float32),
+        USE_DESC=use_desc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    m_p, s_p, t_p, zl_p = part
+    if num_splits == 1:
+        return m_p[0], s_p[0], t_p[0], zl_p[0]
+    m = m_p.max(dim=0).values
+    scale = torch.exp(m_p - m)  # [S, N]; every split has >= 1 in-range column, so m_p is finite
+    return m, (s_p * scale).sum(0), (t_p * scale).sum(0), zl_p.sum(0)
+
+
+def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int | None,
+               bm: int, bn: int) -> tuple[int, int, int]:
+    """(Ts token rows per dHidden fp32 accumulator, Vs vocab columns per slice, Tc tokens per dlogits
+    chunk), from `_BWD_BUDGET_BYTES` split 2 : 1 : 1 (dHidden acc : dWeight acc : dlogits)."""
+    quarter = _BWD_BUDGET_BYTES // 4
+    ts = n
+    if need_hidden_grad:
+        ts = min(n, max(bm, (2 * quarter // (4 * h)) // bm * bm))
+    vs = min(v, max(bn, (quarter // (4 * h)) // bn * bn))
+    if chunk_size is not None:
+        tc = max(1, min(int(chunk_size), ts))
+    else:
+        tc = min(ts, max(bm, (quarter // (2 * vs)) // bm * bm))
+    return ts, vs, tc
+
+
+def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (fp32) += a @ b with fp32 accumulation and no rounding of a low-precision product."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif acc.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:  # CPU (interpreter tests): upcast; CPU GEMMs have no fp32-output mode for bf16 operands
+        acc.addmm_(a.float(), b.float())
+
+
+def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, lse: torch.Tensor,
+             mean_z: torch.Tensor, grad_lp: torch.Tensor | None, grad_ent: torch.Tensor | None,
+             inv_temp: float, need_hidden_grad: bool, need_weight_grad: bool, chunk_size: int | None = None):
+    """Gradients of sum(grad_lp * logprob + grad_ent * entropy) w.r.t. hidden [N, H] and weight [V_local, H].
+
+    lse, mean_z: fp32 [N] global statistics; grad_lp fp32 [N]; grad_ent fp32 [N] or None (no entropy
+    gradient work). Returns (grad_hidden | None, grad_weight | None) in hidden's dtype. `chunk_size`
+    (tokens per dlogits chunk) overrides the budget-derived chunk."""
+    _check(hidden, weight, labels_local)
+    n, h = hidden.shape
+    v = weight.shape[0]
+    dev, dtype = hidden.device, hidden.dtype
+    if not (need_hidden_grad or need_weight_grad):
+        return None, None
+    grad_h = torch.empty_like(hidden) if need_hidden_grad else None
+    grad_w = torch.empty_like(weight) if need_weight_grad else None
+    if n == 0:
+        return (grad_h, grad_w)
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    labels_local = labels_local.to(torch.int64).contiguous()
+    lse = lse.float().contiguous()
+    mean_z = mean_z.float().contiguous()
+    grad_lp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
+    has_ent = grad_ent is not None
+    grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
+    bm, bn, bk, warps, stages = _config("bwd", dtype)
+    ts, vs, tc = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn)
+    dz_buf = torch.empty(tc * vs, device=dev, dtype=dtype)
+    dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if need_hidden_grad else None
+    dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if need_weight_grad else None
+    for s0 in range(0, n, ts):  # token super-chunk: one fp32 dHidden accumulator
+        s1 = min(n, s0 + ts)
+        if dh_acc is not None:
+            dh_acc.zero_()
+        for v0 in range(0, v, vs):  # vocab slice: one fp32 dWeight accumulator
+            v1 = min(v, v0 + vs)
+            w_sl = weight[v0:v1]
+            if dw_acc is not None:
+                dw_acc.zero_()
+            for c0 in range(s0, s1, tc):  # token chunk: one dlogits buffer [c, v1 - v0]
+                c1 = min(s1, c0 + tc)
+                rows, cols = c1 - c0, v1 - v0
+                dz = dz_buf[: rows * cols].view(rows, cols)
+                grid = (triton.cdiv(rows, bm) * triton.cdiv(cols, bn),)
+                h_desc, w_desc, use_desc = _descs(hidden[c0:c1], w_sl, bm, bn, bk)
+                _dlogits_kernel[grid](
+                    hidden[c0:c1], w_sl, h_desc, w_desc, labels_local[c0:c1], lse[c0:c1], mean_z[c0:c1], grad_lp[c0:c1],
+                    grad_ent[c0:c1], dz, rows, cols, h, v0, hidden.stride(0), weight.stride(0), dz.stride(0),
+                    float(inv_temp), HAS_ENT=has_ent, EVEN_K=(h % bk == 0), IEEE=(dtype == torch.float32),
+                    USE_DESC=use_desc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
+                    num_stages=stages)
+                if dh_acc is not None:
+                    _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl)
+                if dw_acc is not None:
+                    _mm_acc(dw_acc[:cols], dz.t(), hidden[c0:c1])
+            if dw_acc is not None:
+                if s0 == 0:
+                    grad_w[v0:v1].copy_(dw_acc[: v1 - v0])
+                else:
+                    grad_w[v0:v1].add_(dw_acc[: v1 - v0])
+        if dh_acc is not None:
+            grad_h[s0:s1].copy_(dh_acc[: s1 - s0])
+    return grad_h, grad_w
+
+
+def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype) -> int:
+    """Working memory `backward` allocates beyond its outputs (for docs and the memory test)."""
+    bm, bn = _config("bwd", dtype)[:2]
+    ts, vs, tc = _bwd_sizes(n, v, h, True, None, bm, bn)
+    return ts * h * 4 + vs * h * 4 + tc * vs * torch.tensor([], dtype=dtype).element_size()
+

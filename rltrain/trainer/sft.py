@@ -1,0 +1,246 @@
+"""Supervised fine-tuning (the ReTool cold start) on multi-turn chat data through the Megatron engine.
+
+Must not know RL: no rollouts, rewards or advantages; it writes an HF-format model the RL trainer starts from.
+
+Loss: the masked mean of -log p(x_t | x_<t) over the step's assistant tokens (prompt and tool-output
+tokens carry loss_mask 0; see rltrain/data/sft_data.py). The log-probs come from the same fused LM
+head as RL (`trainer.fused_linear_logprob`): only loss_mask rows are computed and the [T, V]
+logits are never built, so cross-entropy here IS -log-prob of the label. Micro-batches (token
+budget `trainer.max_tokens_per_micro_batch`) are weighted by their token share, so the gradient is
+that of the whole step's token mean, whatever the micro-batching and data-parallel split.
+
+One process per GPU: `python -m rltrain.sft --config-name retool_tiny_sft` (CPU), or
+`torchrun --nproc_per_node=8 -m rltrain.sft --config-name sft_qwen3_4b` (data parallel x
+`trainer.tensor_parallel_size`). The model is written to `trainer.output_dir` (default
+<run dir>/hf) as config + safetensors + tokenizer: start RL from it with
+`model.path=<dir> model.builtin=null model.tokenizer=<dir>`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rltrain.data.sft_data import SFTDataset, collate
+from rltrain.utils.timing import timer
+
+
+class SFTLoss:
+    """loss_fn for MegatronEngine.train_step: token mean of -log-prob over mb["loss_mask"] [b, S].
+
+    Also accumulates the summed NLL, entropy and token count of the step for exact logging.
+    """
+
+    needs_entropy_grad = False
+    temperature = 1.0
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.nll = self.entropy = self.tokens = 0.0
+
+    def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
+        lp = outputs["logprobs"]  # [b, S] fp32, 0 outside label_mask
+        mask = mb["loss_mask"].to(lp.device, torch.float32)  # [b, S]
+        n = mask.sum()
+        nll = -(lp * mask).sum()
+        self.nll += float(nll.detach())
+        self.tokens += float(n)
+        ent = outputs.get("entropy")
+        if ent is not None:
+            self.entropy += float((ent.detach() * mask).sum())
+        return nll / n.clamp(min=1.0), {}
+
+
+def _dp_info() -> tuple[int, int]:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+
+
+def _dp_sum(values: list[float], device) -> list[float]:
+    """Sum floats over the data-parallel group (identity with one rank)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_data_parallel_world_size() == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
+    return t.tolist()
+
+
+class SFTTrainer:
+    def __init__(self, cfg: dict, run_dir: str):
+        from rltrain.data.dataset import PromptSampler
+        from rltrain.data.tokenizer import load_tokenizer
+        from rltrain.models.megatron.engine import MegatronEngine
+        from rltrain.rollout.multiturn import DEFAULT_TOOL_OUTPUT_TEMPLATE
+        from rltrain.workers.hybrid import initial_hf_model, resolve_device
+
+        self.cfg, self.run_dir = cfg, run_dir
+        m, d, o, t = cfg["model"], cfg["data"], cfg["optim"], cfg["trainer"]
+        self.seed = int(t["seed"])
+        random.seed(self.seed)
+        np.random.seed(self.seed)
+        torch.manual_seed(self.seed)
+        if os.environ.get("RLTRAIN_TORCH_THREADS"):
+            torch.set_num_threads(max(1, int(os.environ["RLTRAIN_TORCH_THREADS"])))
+        self.device = resolve_device(t["device"])
+        self.dtype = torch.float32 if self.device == "cpu" else getattr(torch, m["dtype"])
+        self.tokenizer = load_tokenizer(m["tokenizer"] or m["path"])
+        common = dict(tokenizer=self.tokenizer, max_length=d["max_length"], messages_key=d["messages_key"],
+                      system_prompt=d["system_prompt"], tool_output_template=DEFAULT_TOOL_OUTPUT_TEMPLATE)
+        self.train_ds = SFTDataset(d["train_files"], **common)
+        self.val_ds = SFTDataset(d["val_files"], **common) if d["val_files"] else None
+        if d["batch_size"] > len(self.train_ds):
+            raise ValueError(f"data.batch_size={d['batch_size']} is larger than the {len(self.train_ds)} usable "
+                             "training rows; lower data.batch_size or add data")
+        steps_per_epoch = len(self.train_ds) // d["batch_size"]
+        self.total_steps = int(t["total_steps"] or t["epochs"] * steps_per_epoch)
+
+        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
+        self.hf_config, hf_model = initial_hf_model(m, vocab, self.seed, self.dtype)
+        state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+        del hf_model
+        self.engine = MegatronEngine(
+            self.hf_config, role="actor", tp_size=t["tensor_parallel_size"], params_dtype=self.dtype,
+            device=self.device, seed=self.seed, fused_linear_logprob=t["fused_linear_logprob"],
+            fused_linear_logprob_backend=t["fused_linear_logprob_backend"], logprobs_chunk_size=t["logprobs_chunk_size"],
+            lr=o["lr"], weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"], grad_clip=o["grad_clip"],
+            warmup_steps=o["lr_warmup_steps"], total_steps=self.total_steps, lr_schedule=o["lr_schedule"],
+            min_lr_ratio=o["min_lr_ratio"], max_tokens_per_micro_batch=t["max_tokens_per_micro_batch"])
+        self.engine.load_hf_weights(state)
+        del state
+        self.dp_rank, self.dp_size = _dp_info()
+        self.is_rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        self.sampler = PromptSampler(self.train_ds, batch_size=d["batch_size"], seed=self.seed, shuffle=d["shuffle"])
+        self.loss = SFTLoss()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.tracker = None
+        if self.is_rank0:
+            from rltrain.utils.tracking import Tracker
+
+            self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
+                                   config=cfg)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict:
+        t = self.cfg["trainer"]
+        bar = None
+        if t["progress_bar"] and self.is_rank0:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.total_steps, desc="rltrain sft", unit="step", file=sys.stderr, dynamic_ncols=True)
+        last: dict = {}
+        try:
+            for step in range(1, self.total_steps + 1):
+                m: dict = {}
+                with timer("step", m):
+                    rows = self.sampler.next_batch()[self.dp_rank::self.dp_size]
+                    m.update(self.train_step(collate(rows, self.pad_id)))
+                if not math.isfinite(m["sft/loss"]):
+                    raise FloatingPointError(f"sft/loss is {m['sft/loss']} at step {step}; lower optim.lr")
+                if self.val_ds is not None and ((t["test_freq"] > 0 and step % t["test_freq"] == 0)
+                                                or step == self.total_steps):
+                    m["sft/val_loss"] = self.validate()
+                m["training/global_step"] = step
+                m["sft/epoch"] = self.sampler.epoch
+                if self.tracker is not None:
+                    self.tracker.log(m, step=step)
+                last.update(m)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{m['sft/loss']:.4f}", step_s=f"{m['timing_s/step']:.2f}")
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+            if self.tracker is not None:
+                self.tracker.finish()
+        last["output_dir"] = self.export(t["output_dir"] or os.path.join(self.run_dir, "hf"))
+        return last
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One optimizer step on this rank's rows: input_ids [b, S], loss_mask [b, S], seq_lens [b]."""
+        mask = batch["loss_mask"]
+        tensors = {"input_ids": batch["input_ids"], "label_mask": mask.bool(), "loss_mask": mask}
+        mbs = self.engine.make_micro_batches(tensors, batch["seq_lens"])
+        total = _dp_sum([float(mask.sum())], self.engine.device)[0]
+        for mb in mbs:  # token share of the global step; x dp_size because the engine averages over ranks
+            mb["loss_scale"] = float(mb["loss_mask"].sum()) / max(total, 1.0) * self.dp_size
+        self.loss.reset()
+        out = self.engine.train_step(mbs, self.loss)
+        nll, ent, tokens = _dp_sum([self.loss.nll, self.loss.entropy, self.loss.tokens], self.engine.device)
+        return {"sft/loss": nll / max(tokens, 1.0), "sft/entropy": ent / max(tokens, 1.0),
+                "sft/grad_norm": float(out["grad_norm"]), "sft/lr": float(out["lr"]), "sft/tokens": tokens}
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Token-mean NLL of the assistant tokens of data.val_files (this rank's share, summed over ranks)."""
+        nll = tokens = 0.0
+        items = [self.val_ds[i] for i in range(self.dp_rank, len(self.val_ds), self.dp_size)]
+        bs = self.cfg["data"]["batch_size"]
+        for lo in range(0, len(items), bs):
+            b = collate(items[lo:lo + bs], self.pad_id)
+            lp, _ = self.engine.forward_logprobs(b["input_ids"], b["seq_lens"], b["loss_mask"].bool(),
+                                                 with_entropy=False)
+            nll -= float((lp * b["loss_mask"]).sum())
+            tokens += float(b["loss_mask"].sum())
+        nll, tokens = _dp_sum([nll, tokens], self.engine.device)
+        return nll / max(tokens, 1.0)
+
+    # ------------------------------------------------------------------ output
+    def export(self, out_dir: str) -> str:
+        """Write the model as a transformers checkpoint (config + safetensors + tokenizer), atomically:
+        into `<out_dir>.tmp`, then renamed. Every rank must call (TP gathers); rank 0 writes."""
+        from transformers import AutoModelForCausalLM
+
+        named = dict(self.engine.export_hf_weights(1 << 30))
+        if self.is_rank0:
+            model = AutoModelForCausalLM.from_config(self.hf_config, dtype=self.dtype)
+            missing, unexpected = model.load_state_dict({k: v.to(self.dtype).cpu() for k, v in named.items()},
+                                                        strict=False)
+            missing = [k for k in missing if not (k == "lm_head.weight" and self.hf_config.tie_word_embeddings)]
+            assert not missing and not unexpected, (missing, unexpected)
+            out_dir = os.path.abspath(out_dir)
+            tmp = out_dir + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp)
+            if hasattr(self.tokenizer, "save_pretrained"):
+                self.tokenizer.save_pretrained(tmp)
+            if os.path.exists(out_dir):
+                shutil.rmtree(out_dir)
+            os.replace(tmp, out_dir)
+            print(f"rltrain sft: wrote the HF model to {out_dir}", file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            dist.barrier()
+        return os.path.abspath(out_dir)
+
+
+def run_sft_from_config(cfg, run_dir: str | None = None) -> dict:
+    """Build the SFT trainer from a composed Hydra config (SFTConfig) and run it; returns the last step's
+    metrics plus "output_dir" (the HF model)."""
+    from rltrain.trainer.setup import config_dict, run_directory
+
+    d = config_dict(cfg)
+    run_dir = run_dir or run_directory()
+    os.makedirs(run_dir, exist_ok=True)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: one writer
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(d, f, indent=1)
+    start = time.time()
+    trainer = SFTTrainer(d, run_dir)
+    last = trainer.fit()
+    if trainer.is_rank0:
+        print(f"rltrain sft: finished {trainer.total_steps} steps in {time.time() - start:.0f} s "
+              f"(loss {last.get('sft/loss', float('nan')):.4f}); model: {last['output_dir']}", flush=True)
+    return last

@@ -1,0 +1,49 @@
+"""Shared helpers of the megatron backend tests: random tiny Qwen3 HF models and HF reference
+log-probs/entropy computed from materialized logits. Not a test module."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3ForCausalLM
+
+from rltrain.models.megatron.tiny import tiny_qwen3_config
+
+
+def random_hf_model(vocab_size: int = 101, seed: int = 0, **cfg) -> Qwen3ForCausalLM:
+    """A tiny random Qwen3ForCausalLM in fp32 whose norm weights are not all ones."""
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(tiny_qwen3_config(vocab_size, **cfg)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+            else:
+                p.mul_(3.0)  # sharper distributions than the 0.02-std init
+    return model
+
+
+def random_batch(vocab_size: int, seq_lens: list[int], seed: int = 1):
+    """Right-padded input_ids [B, S] (pad id vocab_size-1), seq_lens [B], label_mask [B, S] (a
+    'response' suffix of each row: t >= prompt_len, t < seq_len)."""
+    g = torch.Generator().manual_seed(seed)
+    B, S = len(seq_lens), max(seq_lens)
+    ids = torch.randint(0, vocab_size, (B, S), generator=g)
+    pos = torch.arange(S)
+    lens = torch.tensor(seq_lens)
+    ids = torch.where(pos < lens[:, None], ids, vocab_size - 1)
+    prompt = torch.tensor([max(1, n // 3) for n in seq_lens])
+    mask = (pos >= prompt[:, None]) & (pos < lens[:, None])
+    return ids, lens, mask
+
+
+def hf_logprobs(model, ids, mask, temperature: float = 1.0):
+    """fp64 reference from materialized HF logits: (lp [B, S], ent [B, S]), 0 outside mask/t=0."""
+    logits = model(ids).logits.double() / temperature  # [B, S, V]
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    m = mask[:, 1:]
+    zero = torch.zeros(ids.shape[0], 1, dtype=lp.dtype)
+    lp = torch.cat([zero, torch.where(m, lp, 0.0)], 1)
+    ent = torch.cat([zero, torch.where(m, ent, 0.0)], 1)
+    return lp, ent

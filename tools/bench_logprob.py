@@ -1,0 +1,359 @@
+"""Benchmark of per-token log-prob + entropy paths side by side: naive materialized logits,
+`logprobs_from_logits`, fused `logprobs_from_hidden` (torch; triton on CUDA when available) and peers
+from an optional `tools/bench_peers.py`, against the GEMM floor. It must not be imported by rltrain
+(tools only) and does not check correctness (tests/ops does).
+
+    python tools/bench_logprob.py --T 4096 --H 256 --V 32000 --dtype fp32 --device cpu --json out.json
+
+Each provider runs in its own fresh subprocess so that peak memory is per provider:
+- CUDA: `torch.cuda.max_memory_allocated() - memory_allocated()` after the inputs exist; times from
+  CUDA events (median of --reps runs after a warm-up).
+- CPU: growth of the process's peak RSS (Linux VmHWM, reset to the current RSS through
+  /proc/self/clear_refs) over the RSS after the inputs exist and an 8-row warm-up ran (so libraries are
+  already counted in the baseline); times from `time.perf_counter` (median). Not `ru_maxrss`: on Linux
+  it keeps the parent's RSS at fork across exec, which hides a child's smaller peaks.
+Peak extra memory is taken on one forward+backward (forward only with --fwd-only), before the timing.
+"x floor" divides by the GEMM floor: one `hidden @ weight.T` of the same shape for forward, three
+times that for forward+backward (logits, grad of hidden, grad of weight). TFLOP/s counts those same
+2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
+A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
+
+Peers: `tools/bench_peers.py` may define `PEERS: dict[str, callable]`, each
+`fn(hidden [T, H], weight [V, H], labels [T]) -> (logprobs [T], entropy [T] | None)`; they are added
+to the providers (kept rows are gathered before calling them when a row subset is benchmarked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+_TOOLS = Path(__file__).resolve().parent
+_REPO = _TOOLS.parent
+for _p in (str(_TOOLS), str(_REPO)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from rltrain.ops import logprobs_from_hidden, logprobs_from_logits  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _gather(hidden, labels, rows):
+    return (hidden, labels) if rows is None else (hidden.index_select(0, rows), labels.index_select(0, rows))
+
+
+def naive(hidden, weight, labels, rows=None):
+    """Materialize fp32 logits of ALL T rows, then keep `rows` (what most frameworks do)."""
+    logp = torch.log_softmax((hidden @ weight.T).float(), dim=-1)  # [T, V]
+    if rows is not None:
+        logp, labels = logp.index_select(0, rows), labels.index_select(0, rows)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+def naive_rows(hidden, weight, labels, rows=None):
+    """Gather the kept rows first, then materialize their fp32 logits."""
+    hidden, labels = _gather(hidden, labels, rows)
+    return naive(hidden, weight, labels)
+
+
+def from_logits(hidden, weight, labels, rows=None):
+    hidden, labels = _gather(hidden, labels, rows)
+    return logprobs_from_logits(hidden @ weight.T, labels)
+
+
+def fused_torch(hidden, weight, labels, rows=None):
+    return logprobs_from_hidden(hidden, weight, labels, backend="torch", rows=rows)
+
+
+def fused_triton(hidden, weight, labels, rows=None):
+    return logprobs_from_hidden(hidden, weight, labels, backend="triton", rows=rows)
+
+
+def _triton_available() -> bool:
+    try:
+        from rltrain.ops import logprob_triton
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and logprob_triton.is_available()
+
+
+def providers(device: str) -> dict:
+    """name -> fn(hidden, weight, labels, rows=None) -> (logprobs, entropy)."""
+    table = {"naive": naive, "logprobs_from_logits": from_logits, "fused_torch": fused_torch}
+    if device == "cuda" and _triton_available():
+        table["fused_triton"] = fused_triton
+    try:
+        import bench_peers  # optional, tools/bench_peers.py
+    except ImportError:
+        bench_peers = None
+    for name, fn in getattr(bench_peers, "PEERS", {}).items():
+        table[name] = _peer(fn)
+    return table
+
+
+def _peer(fn):
+    """A peer `fn(hidden, weight, labels)` as a provider: kept rows are gathered before the call."""
+
+    def call(hidden, weight, labels, rows=None):
+        hidden, labels = _gather(hidden, labels, rows)
+        return fn(hidden, weight, labels)
+
+    return call
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower() or (
+        "can't allocate memory" in str(exc).lower()
+    )
+
+
+class _Clock:
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+
+    def time_ms(self, fn, reps: int) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(reps):
+            if self.cuda:
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(stop))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def _proc_status_kib(field: str) -> int | None:
+    """VmRSS / VmHWM of this process from /proc/self/status (Linux), None elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS: `echo 5 > /proc/self/clear_refs`."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class _PeakMemory:
+    """Peak bytes allocated beyond the state at `start()`.
+
+    CUDA: allocator stats. CPU: the process's peak RSS (VmHWM), reset to the current RSS at `start()`;
+    where that reset is not possible (non-Linux) the growth of `ru_maxrss`, which is only meaningful
+    when this process's own peak so far is below what follows (ru_maxrss also carries the parent's RSS
+    at fork across exec, which is why we do not rely on it on Linux)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        elif _reset_peak_rss() and _proc_status_kib("VmRSS") is not None:
+            self.hwm = True
+            self.base = _proc_status_kib("VmRSS") * 1024
+        else:
+            self.hwm = False
+            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def peak_extra_bytes(self) -> int:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - self.base
+        if self.hwm:
+            return _proc_status_kib("VmHWM") * 1024 - self.base
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base
+
+
+def make_inputs(spec: dict):
+    """hidden [T, H], weight [V, H], labels [T], rows (int64 [N] or None) from a spec dict."""
+    gen = torch.Generator().manual_seed(spec.get("seed", 0))
+    t, h, v = spec["T"], spec["H"], spec["V"]
+    dtype, device = DTYPES[spec["dtype"]], spec["device"]
+    hidden = torch.randn(t, h, generator=gen).to(device=device, dtype=dtype)
+    weight = (torch.randn(v, h, generator=gen) / h**0.5).to(device=device, dtype=dtype)
+    labels = torch.randint(0, v, (t,), generator=gen).to(device)
+    rows = None
+    frac = spec.get("rows_fraction")
+    if frac is not None and frac < 1.0:
+        n = max(1, int(round(t * frac)))
+        rows = torch.randperm(t, generator=gen)[:n].sort().values.to(device)
+    return hidden, weight, labels, rows
+
+
+def run_child(spec: dict) -> dict:
+    """Measure one provider in this (fresh) process; returns the result dict."""
+    fn = {**providers(spec["device"]), "naive_rows": naive_rows}[spec["provider"]]
+    hidden, weight, labels, rows = make_inputs(spec)
+    fwd_only = spec["fwd_only"]
+    if not fwd_only:
+        hidden.requires_grad_()
+        weight.requires_grad_()
+    t = spec["T"]  # outputs are [T] (scattered back) or [N] (kept rows only): use the first entries
+    grads = (torch.randn(t, device=hidden.device), torch.randn(t, device=hidden.device))
+
+    def step(h, w, l, r, backward):
+        if not backward:
+            with torch.no_grad():
+                return fn(h, w, l, r)
+        lp, ent = fn(h, w, l, r)
+        loss = (lp * grads[0][: lp.shape[0]]).sum()
+        if ent is not None:
+            loss = loss + (ent * grads[1][: ent.shape[0]]).sum()
+        loss.backward()
+        hidden.grad = weight.grad = None
+
+    result = {"provider": spec["provider"], "status": "ok"}
+    try:
+        k = min(8, spec["T"])
+        step(hidden[:k], weight, labels[:k], None, not fwd_only)  # warm-up on 8 rows
+        memory = _PeakMemory(spec["device"])
+        memory.start()
+        step(hidden, weight, labels, rows, not fwd_only)
+        result["peak_extra_mib"] = memory.peak_extra_bytes() / 2**20
+        if spec.get("reps", 0) > 0:
+            clock = _Clock(spec["device"])
+            result["fwd_ms"] = clock.time_ms(lambda: step(hidden, weight, labels, rows, False), spec["reps"])
+            if not fwd_only:
+                result["fwdbwd_ms"] = clock.time_ms(lambda: step(hidden, weight, labels, rows, True), spec["reps"])
+    except Exception as exc:  # noqa: BLE001 - OOM is a result, anything else is reported as an error
+        result["status"] = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {exc}"
+    return result
+
+
+def measure_in_subprocess(spec: dict, timeout_s: int = 1800) -> dict:
+    """Run `run_child(spec)` in a fresh interpreter; a child killed by the OS counts as OOM."""
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    if proc.returncode < 0 or proc.returncode == 137:
+        return {"provider": spec["provider"], "status": "OOM"}  # SIGKILL from the OOM killer
+    return {"provider": spec["provider"], "status": f"error: rc={proc.returncode}: {proc.stderr[-500:]}"}
+
+
+def gemm_floor_ms(spec: dict, reps: int) -> float:
+    """Time of hidden @ weight.T for [T, H] x [H, V], computed in row blocks into one [4096, V] buffer
+    so the floor itself never needs [T, V] memory (same FLOPs)."""
+    hidden, weight, _, _ = make_inputs({**spec, "rows_fraction": None})
+    block = min(4096, spec["T"])
+    out = torch.empty(block, spec["V"], dtype=hidden.dtype, device=hidden.device)
+
+    def gemm():
+        for start in range(0, spec["T"], block):
+            stop = min(start + block, spec["T"])
+            torch.mm(hidden[start:stop], weight.T, out=out[: stop - start])
+
+    return _Clock(spec["device"]).time_ms(gemm, reps)
+
+
+def machine_description(device: str) -> str:
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+
+
+def _fmt(value, spec=".1f"):
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--T", type=int, default=4096, help="tokens")
+    parser.add_argument("--H", type=int, default=256, help="hidden size")
+    parser.add_argument("--V", type=int, default=32000, help="vocab size (of the shard)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--fwd-only", action="store_true", help="skip backward")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--providers", default=None, help="comma-separated subset (default: all)")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
+        return
+
+    spec = dict(T=args.T, H=args.H, V=args.V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
+    names = list(providers(args.device))
+    if args.providers:
+        wanted = args.providers.split(",")
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            raise SystemExit(f"--providers: unknown {unknown}; available: {names}")
+        names = wanted
+    floor_fwd = gemm_floor_ms(spec, args.reps)
+    floor_fwdbwd = 3 * floor_fwd
+    fwd_flops, fwdbwd_flops = 2 * args.T * args.H * args.V, 6 * args.T * args.H * args.V
+    results = {}
+    for name in names:
+        results[name] = measure_in_subprocess({**spec, "provider": name})
+
+    header = f"{'provider':<24}{'ms fwd':>10}{'ms fwd+bwd':>12}{'peak extra MiB':>16}{'x floor fwd':>13}{'x floor f+b':>13}{'TFLOP/s f+b':>13}"
+    print(f"T={args.T} H={args.H} V={args.V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
+    print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms")
+    print(header)
+    for name, res in results.items():
+        if res["status"] != "ok":
+            print(f"{name:<24}{res['status']:>10}")
+            continue
+        fwd, fb = res.get("fwd_ms"), res.get("fwdbwd_ms")
+        print(
+            f"{name:<24}{_fmt(fwd, '.2f'):>10}{_fmt(fb, '.2f'):>12}{_fmt(res['peak_extra_mib']):>16}"
+            f"{_fmt(fwd and fwd / floor_fwd, '.2f'):>13}{_fmt(fb and fb / floor_fwdbwd, '.2f'):>13}"
+            f"{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}"
+        )
+    if args.json_path:
+        payload = {
+            "config": spec,
+            "machine": machine_description(args.device),
+            "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd},
+            "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
+            "results": results,
+        }
+        Path(args.json_path).write_text(json.dumps(payload, indent=2))
+        print(f"wrote {args.json_path}")
+
+
+if __name__ == "__main__":
+    main()
