@@ -341,6 +341,10 @@ class PPOTrainer:
 
     def _finish(self) -> None:
         t = self.cfg["trainer"]
+        if t["export_hf_on_end"] and self.global_step > 0:
+            out = os.path.join(self.run_dir, "hf")
+            self.train_group.run("export_hf", out)
+            print(f"rltrain: exported the actor in transformers format to {out}", file=sys.stderr, flush=True)
         self.tracker.finish()
         for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
             group.shutdown()

@@ -55,15 +55,37 @@ def test_ppo_gae_with_critic_steps(tmp_path, ray_session, cfg_for):
                                          "timing_s/values", "timing_s/update_critic", "timing_s/ref", "critic/kl"])
 
 
-def test_in_process_run_without_ray_matches_the_metric_contract(tmp_path, cfg_for):
+def test_in_process_run_without_ray_and_hf_exports(tmp_path, cfg_for):
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rltrain.data.tokenizer import load_tokenizer
+
     run_dir = str(tmp_path / "local")
-    cfg = cfg_for("trainer.use_ray=false", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]")
+    cfg = cfg_for("trainer.use_ray=false", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
+                  "trainer.save_freq=2", "trainer.export_hf_on_end=true")
     run_from_config(cfg, run_dir)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         _finite_keys(row, COMMON_KEYS)
     assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
+    # the end-of-run export and the offline tool give the same transformers model
+    tool = subprocess.run([sys.executable, "tools/export_hf.py", os.path.join(run_dir, "checkpoints", "step_2"),
+                           str(tmp_path / "tool_export")], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert tool.returncode == 0, tool.stderr[-2000:]
+    a = AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "hf"))
+    b = AutoModelForCausalLM.from_pretrained(str(tmp_path / "tool_export"))
+    tok = load_tokenizer(os.path.join(run_dir, "hf"))
+    ids = torch.tensor([tok.encode("482=")])
+    with torch.no_grad():
+        la, lb = a(ids).logits, b(ids).logits
+    assert torch.isfinite(la).all()
+    torch.testing.assert_close(la, lb)
 
 
 def test_in_process_run_refuses_tensor_parallel(tmp_path, cfg_for):

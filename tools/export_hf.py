@@ -1,0 +1,48 @@
+"""Export the actor of an rltrain checkpoint as a transformers model directory (config + safetensors + tokenizer).
+
+  python tools/export_hf.py RUN_DIR/checkpoints/step_20 OUT_DIR [--config RUN_DIR/config.json]
+
+The run's resolved config (written by rltrain.main as RUN_DIR/config.json) says how to build the model; the
+export runs on CPU in this process (tensor-parallel checkpoints need the same number of processes: use
+`trainer.export_hf_on_end=true` in the run instead).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint")
+    ap.add_argument("out_dir")
+    ap.add_argument("--config", help="the run's config.json (default: CHECKPOINT/../../config.json)")
+    args = ap.parse_args()
+
+    from rltrain.utils.checkpoint import verify_checkpoint
+    from rltrain.workers.hybrid import HybridWorker
+
+    reason = verify_checkpoint(args.checkpoint)
+    if reason is not None:
+        sys.exit(f"export_hf: {args.checkpoint} is not a usable checkpoint: {reason}")
+    cfg_path = args.config or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.checkpoint))),
+                                           "config.json")
+    if not os.path.isfile(cfg_path):
+        sys.exit(f"export_hf: config {cfg_path} not found; pass --config RUN_DIR/config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    if cfg["actor"]["tensor_parallel_size"] != 1:
+        sys.exit("export_hf: this checkpoint is tensor-parallel; export it from the run with "
+                 "trainer.export_hf_on_end=true")
+    cfg["trainer"]["device"] = "cpu"
+    worker = HybridWorker(cfg, ["actor"])
+    worker.setup("127.0.0.1", worker.address()[1])
+    worker.load(args.checkpoint, bucket_bytes=1 << 28)
+    print(worker.export_hf(args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
