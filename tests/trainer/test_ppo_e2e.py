@@ -92,3 +92,23 @@ def test_in_process_run_refuses_tensor_parallel(tmp_path, cfg_for):
     cfg = cfg_for("trainer.use_ray=false", "actor.tensor_parallel_size=2")
     with pytest.raises(ValueError, match="use_ray"):
         run_from_config(cfg, str(tmp_path / "tp"))
+
+
+def test_dapo_dynamic_sampling_and_overlong_shaping(tmp_path, ray_session, cfg_for):
+    fn = tmp_path / "varied.py"
+    fn.write_text("import zlib\n"
+                  "def reward(response, ground_truth, **kw):  # deterministic, varies within a group\n"
+                  "    return float(zlib.crc32(response.encode()) % 3)\n")
+    run_dir = str(tmp_path / "dapo")
+    cfg = cfg_for(f"reward.fn={fn}:reward", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
+                  "algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_tries=3",
+                  "algorithm.overlong.enable=true", "algorithm.overlong.buffer_len=2",
+                  "algorithm.mask_truncated_responses=true", "actor.clip_high=0.28", "actor.loss_agg_mode=seq-mean-token-mean")
+    run_from_config(cfg, run_dir)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        _finite_keys(r, COMMON_KEYS + ["dynamic_sampling/dropped_groups", "dynamic_sampling/tries",
+                                       "reward/overlong_penalty_mean"])
+        assert 1 <= r["dynamic_sampling/tries"] <= 3
+        assert r["reward/overlong_penalty_mean"] <= 0.0
