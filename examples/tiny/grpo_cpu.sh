@@ -12,7 +12,7 @@ export RLTRAIN_TORCH_THREADS=${RLTRAIN_TORCH_THREADS:-1}
 #   trainer.device=cpu                  Megatron actor on CPU (gloo), HF rollout engine
 #   rollout.n=8 data.train_batch_size=16   16 prompts x 8 samples per step
 #   actor.lr=1e-3 actor.clip_high=0.28  actor.use_kl_loss=false
-#   trainer.total_steps=120 trainer.test_freq=20   validation accuracy on held-out prompts every 20 steps
+#   trainer.total_steps=300 trainer.test_freq=25   validation accuracy on held-out prompts every 25 steps
 $PYTHON -m rltrain.main --config-name grpo_tiny \
   trainer.device=cpu \
   rollout.n=8 \
@@ -20,6 +20,6 @@ $PYTHON -m rltrain.main --config-name grpo_tiny \
   actor.lr=1e-3 \
   actor.clip_high=0.28 \
   actor.use_kl_loss=false \
-  trainer.total_steps=120 \
-  trainer.test_freq=20 \
+  trainer.total_steps=300 \
+  trainer.test_freq=25 \
   "$@"

@@ -94,7 +94,7 @@ class PPOTrainer:
         return last
 
     def train_step(self, step: int) -> dict:
-        cfg, a, al = self.cfg, self.cfg["actor"], self.cfg["algorithm"]
+        cfg, a = self.cfg, self.cfg["actor"]
         m: dict = {}
         temperature = cfg["rollout"]["temperature"] or 1.0
         with timer("step", m):

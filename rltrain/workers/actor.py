@@ -120,6 +120,35 @@ def share_of(mask: torch.Tensor, total_tokens: float, total_rows: float, agg: st
     return mask.shape[0] / max(total_rows, 1.0)
 
 
+def ppo_updates(engine, loss, tensors: dict[str, torch.Tensor], *, mini_batch_rows: int, ppo_epochs: int,
+                seed: int, prefix: str) -> dict[str, float]:
+    """`ppo_epochs` shuffled passes over the rows of `tensors` ([B, ...] each) in mini-batches of
+    `mini_batch_rows`, one optimizer step per mini-batch; metrics averaged over steps, keyed `<prefix>/...`."""
+    rows = tensors["input_ids"].shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    n_steps = 0
+    for _ in range(ppo_epochs):
+        perm = torch.randperm(rows, generator=gen)
+        for lo in range(0, rows, mini_batch_rows):
+            idx = perm[lo:lo + mini_batch_rows]
+            mini = {k: v[idx] for k, v in tensors.items()}
+            mbs = engine.make_micro_batches(mini, mini["seq_lens"])
+            tot_tok = float(mini["loss_mask_full"].sum())
+            for mb in mbs:
+                mb["loss_scale"] = share_of(mb["loss_mask_full"], tot_tok, len(idx), loss.agg)
+            n_steps += 1
+            for k, v in engine.train_step(mbs, loss).items():
+                v = float(v)
+                if math.isfinite(v):
+                    sums[k] = sums.get(k, 0.0) + v
+                    counts[k] = counts.get(k, 0) + 1
+    out = {(k if "/" in k else f"{prefix}/{k}"): sums[k] / counts[k] for k in sums}
+    out[f"{prefix}/num_optimizer_steps"] = float(n_steps)
+    return out
+
+
 class ActorRole:
     """The policy (role="actor", trains) or the frozen reference (role="ref", forward only)."""
 
@@ -173,30 +202,8 @@ class ActorRole:
             assert batch.ref_logprobs is not None, "actor.use_kl_loss needs reference log-probs"
             tensors["ref_logprobs_full"] = to_full(batch, batch.ref_logprobs, start, s)
         self.loss.temperature = temperature  # the engine divides logits by loss_fn.temperature
-        gen = torch.Generator().manual_seed(seed)
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        n_steps = 0
-        for _ in range(ppo_epochs):
-            perm = torch.randperm(len(batch), generator=gen)
-            for lo in range(0, len(batch), mini_batch_rows):
-                idx = perm[lo:lo + mini_batch_rows]
-                mini = {k: v[idx] for k, v in tensors.items()}
-                mbs = self.engine.make_micro_batches(mini, mini["seq_lens"])
-                tot_tok = float(mini["loss_mask_full"].sum())
-                for mb in mbs:
-                    mb["loss_scale"] = share_of(mb["loss_mask_full"], tot_tok, len(idx), self.loss.agg)
-                metrics = self.engine.train_step(mbs, self.loss)
-                n_steps += 1
-                for k, v in metrics.items():
-                    v = float(v)
-                    if math.isfinite(v):
-                        sums[k] = sums.get(k, 0.0) + v
-                        counts[k] = counts.get(k, 0) + 1
-        out = {k: sums[k] / counts[k] for k in sums}
-        out = {(k if "/" in k else f"actor/{k}"): v for k, v in out.items()}
-        out["actor/num_optimizer_steps"] = float(n_steps)
-        return out
+        return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
+                           seed=seed, prefix="actor")
 
     def export_weights(self, bucket_bytes: int):
         return self.engine.export_hf_weights(bucket_bytes=bucket_bytes)

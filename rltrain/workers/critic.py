@@ -6,13 +6,11 @@ No Ray, no driver logic here.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rltrain.algorithms import value_loss
 from rltrain.data.batch import Batch
-from rltrain.workers.actor import label_masks, on_device, share_of, to_full
+from rltrain.workers.actor import label_masks, on_device, ppo_updates, to_full
 
 
 class ValueLoss:
@@ -65,25 +63,8 @@ class CriticRole:
             "old_values_full": to_full(batch, batch.values, start, s),
             "returns_full": to_full(batch, batch.returns, start, s),
         }
-        gen = torch.Generator().manual_seed(seed + 7)
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for _ in range(ppo_epochs):
-            perm = torch.randperm(len(batch), generator=gen)
-            for lo in range(0, len(batch), mini_batch_rows):
-                idx = perm[lo:lo + mini_batch_rows]
-                mini = {k: v[idx] for k, v in tensors.items()}
-                mbs = self.engine.make_micro_batches(mini, mini["seq_lens"])
-                tot_tok = float(mini["loss_mask_full"].sum())
-                for mb in mbs:
-                    mb["loss_scale"] = share_of(mb["loss_mask_full"], tot_tok, len(idx), self.loss.agg)
-                for k, v in self.engine.train_step(mbs, self.loss).items():
-                    v = float(v)
-                    if math.isfinite(v):
-                        sums[k] = sums.get(k, 0.0) + v
-                        counts[k] = counts.get(k, 0) + 1
-        out = {k: sums[k] / counts[k] for k in sums}
-        return {(k if "/" in k else f"critic/{k}"): v for k, v in out.items()}
+        return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
+                           seed=seed + 7, prefix="critic")
 
     def state_dict(self) -> dict:
         return self.engine.state_dict()

@@ -99,8 +99,11 @@ class LocalWorkerGroup:
     """One worker in this process, no Ray: the same API as WorkerGroup (`trainer.use_ray=false`), for a
     single device, debugging, and machines without Ray."""
 
+    _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
     def __init__(self, worker_cls, *, worker_kwargs: dict | None = None):
         self.world_size = self.tp_size = self.dp_size = 1
+        self._saved_env = {k: os.environ.get(k) for k in self._ENV}
         self.workers = [worker_cls(rank=0, world_size=1, **(worker_kwargs or {}))]
 
     def setup(self) -> list:
@@ -122,7 +125,15 @@ class LocalWorkerGroup:
         return self.run(method, *per_dp_args[0], **kwargs)
 
     def shutdown(self) -> None:
+        """Free the worker, its process group and the distributed env vars it set in this process."""
+        for w in self.workers:
+            w.close()
         self.workers = []
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def gather_rows(results: list, batch: Batch) -> Any:

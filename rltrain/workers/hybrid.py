@@ -104,6 +104,15 @@ class HybridWorker(Worker):
             del hf_model
         return {"rank": self.rank, "device": self.device, "roles": self.roles}
 
+    def close(self) -> None:
+        """Drop the roles and tear down torch.distributed / Megatron groups (in-process use)."""
+        self.actor = self.ref = self.critic = self.rollout = None
+        from rltrain.models.megatron.compat import teardown_parallel
+
+        teardown_parallel()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     # ------------------------------------------------------------------ rollout
     def generate(self, prompts: list[dict], group_offset: int, validate: bool = False, seed: int | None = None):
         return self.rollout.generate(prompts, group_offset=group_offset, validate=validate, seed=seed)
