@@ -96,7 +96,7 @@ def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool):
         group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": train_roles + ["rollout"]})
         group.setup()
         return group, group
-    if t["colocate"] or device == "cpu":
+    if t["colocate"]:
         group = WorkerGroup(HybridWorker, world, tp_size=tp, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
                             worker_kwargs={"cfg": cfg, "roles": train_roles + ["rollout"]}, name="hybrid")
         group.setup()

@@ -112,3 +112,16 @@ def test_dapo_dynamic_sampling_and_overlong_shaping(tmp_path, ray_session, cfg_f
                                        "reward/overlong_penalty_mean"])
         assert 1 <= r["dynamic_sampling/tries"] <= 3
         assert r["reward/overlong_penalty_mean"] <= 0.0
+
+
+def test_split_mode_syncs_weights_through_the_driver(tmp_path, ray_session, cfg_for):
+    run_dir = str(tmp_path / "split")
+    cfg = cfg_for("trainer.colocate=false", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
+                  "trainer.num_cpus=1")
+    run_from_config(cfg, run_dir)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    # step 2 samples from the rollout group after the sync: its log-probs match the updated actor's
+    assert rows[1]["rollout/logprob_diff_max"] < 1e-3
+    for row in rows:
+        _finite_keys(row, COMMON_KEYS)
