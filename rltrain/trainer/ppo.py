@@ -389,7 +389,7 @@ def _progress(t: dict, start: int):
     from tqdm import tqdm
 
     return tqdm(total=t["total_steps"], initial=start, desc="rltrain", unit="step", file=sys.stderr,
-                dynamic_ncols=True, leave=True)
+                dynamic_ncols=True, leave=True, disable=None)  # no bar when stderr is not a terminal
 
 
 def run_from_config(cfg, run_dir: str | None = None) -> dict:

@@ -64,7 +64,10 @@ class ConsoleLogger:
         for k, v in metrics.items():
             if k.startswith("val/") and k != "val/accuracy" and k.endswith("accuracy"):
                 parts.append(f"{k}={_to_float(v):.3f}")
-        print(" | ".join(parts), file=self.stream, flush=True)
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=self.stream):  # keep an active progress bar intact
+            print(" | ".join(parts), file=self.stream, flush=True)
 
     def finish(self) -> None:
         pass
