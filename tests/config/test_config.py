@@ -58,6 +58,7 @@ def test_required_keys_exist_with_their_defaults():
         ("trainer.logprobs_chunk_size=0", "trainer.logprobs_chunk_size"),
         ("reward.fn=nope", "reward.fn"),
         ("data.source=file", "data.train_files"),
+        ("actor.pipeline_parallel_size=2", "actor.pipeline_parallel_size"),
     ],
 )
 def test_impossible_values_fail_naming_the_key(override, key):

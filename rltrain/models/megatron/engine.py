@@ -9,12 +9,17 @@ causal masking already keeps padding after the real tokens from affecting them).
 Alignment: output entry t of a row is about token t given tokens < t (log p(x_t | x_<t), or the
 critic's V(x_<t)), computed from the hidden state at t-1; entry 0 and entries outside the mask are 0.
 
+Pipeline parallelism (pp_size > 1): forward and train step run megatron-core's own schedule
+(`get_forward_backward_func`, 1F1B) with the head and the caller's loss on the last stage; results
+and metrics are broadcast from it so every rank returns the same; pipeline.py holds the plumbing.
+
 Precision: params in `params_dtype`; when that is not fp32 (bf16 on GPU) AdamW runs on fp32 master
 copies and the params are refreshed from them after each step. On CPU use fp32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +29,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rltrain.models.megatron import head as head_mod
+from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
 from rltrain.models.megatron.compat import resolve_device, setup_parallel
@@ -47,7 +53,8 @@ LR_SCHEDULES: dict[str, Callable[[int, int, int, float], float]] = {"constant": 
 
 
 class MegatronEngine:
-    """One role's Megatron model on this rank (TP-sharded), with its optimizer when it trains."""
+    """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
+    when it trains."""
 
     def __init__(
         self,
@@ -79,11 +86,6 @@ class MegatronEngine:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {lr_schedule!r}")
-        if pp_size != 1:
-            raise ValueError(
-                f"pp_size={pp_size}: the engine's forward/train step supports pp_size=1 only "
-                "(build_gpt_model and the weight table handle pipeline stages)"
-            )
         if max_tokens_per_micro_batch < 1:
             raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens_per_micro_batch}")
         setup_parallel(tp_size, pp_size, seed)
@@ -95,12 +97,21 @@ class MegatronEngine:
         self.chunk_size = logprobs_chunk_size
         self.grad_clip = grad_clip
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.model = build_gpt_model(
-            hf_config, params_dtype=params_dtype, device=self.device,
-            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-            recompute_activations=recompute_activations and role != "ref",
-        )
-        if role == "critic":
+        self.pp_size = pp_size
+        with pipeline_mod.cpu_schedule_shim() if pp_size > 1 else contextlib.nullcontext():
+            self.model = build_gpt_model(
+                hf_config, params_dtype=params_dtype, device=self.device,
+                make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+                recompute_activations=recompute_activations and role != "ref",
+            )
+        # Only the last pipeline stage has the head (output layer / value head).
+        self.last_stage = pp_size == 1 or parallel_state.is_pipeline_last_stage()
+        if pp_size > 1:
+            cfg = self.model.config
+            cfg.variable_seq_lengths = False  # one [s, b, H] shape per schedule call (pipeline.py)
+            if self.device.type == "cpu":
+                cfg.batch_p2p_comm = False  # plain isend/irecv; batch_p2p_sync needs CUDA
+        if self.last_stage and role == "critic":
             gen = torch.Generator().manual_seed(seed + 17)  # same init on every TP rank (replicated)
             value_head = torch.nn.Linear(hf_config.hidden_size, 1, dtype=params_dtype)
             with torch.no_grad():
@@ -110,7 +121,7 @@ class MegatronEngine:
             if not self.model.share_embeddings_and_output_weights:
                 self.model.output_layer.weight = None  # the critic has no LM head; frees [V, H]
             head_mod.set_head_mode(self.model, "hidden_replicated")
-        else:
+        elif self.last_stage:
             head_mod.set_head_mode(self.model, "hidden" if fused_linear_logprob else "logits")
 
         self.optimizer = self.scheduler = None
@@ -143,6 +154,8 @@ class MegatronEngine:
 
     def load_hf_weights(self, state_dict_or_path) -> None:
         """Load HF-named full tensors (state_dict or safetensors dir) into this rank's shards."""
+        if self._tied_stage_copy():
+            state_dict_or_path = pipeline_mod.TiedHeadAlias(weights_mod._as_source(state_dict_or_path))
         weights_mod.load_hf_weights(self.model, state_dict_or_path)
         if self._masters is not None:
             with torch.no_grad():
@@ -150,8 +163,16 @@ class MegatronEngine:
                     m.copy_(p.float())
 
     def export_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) pairs, gathered over TP in buckets; all TP ranks must iterate."""
-        return weights_mod.export_hf_weights(self.model, bucket_bytes)
+        """(HF name, full tensor) pairs, gathered over TP in buckets; all TP ranks must iterate.
+        With pp_size > 1: this stage's tensors only (the union over stages is the HF model)."""
+        it = weights_mod.export_hf_weights(self.model, bucket_bytes)
+        if self._tied_stage_copy():  # the last stage's tied head copy is the first stage's embedding
+            return ((n, t) for n, t in it if n != "lm_head.weight")
+        return it
+
+    def _tied_stage_copy(self) -> bool:
+        """True on a later pipeline stage holding a copy of the tied embedding as its LM head."""
+        return self.pp_size > 1 and self.model.share_embeddings_and_output_weights and not self.model.pre_process
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's model shards + optimizer + scheduler (+ fp32 masters) for checkpoints."""
@@ -230,11 +251,13 @@ class MegatronEngine:
         valid = mask.bool() & (pos.unsqueeze(0) < seq_lens.to(mask.device).unsqueeze(1)) & (pos >= 1)
         return valid
 
-    def _token_logprobs(self, input_ids, seq_lens, label_mask, *, temperature, with_entropy, entropy_grad):
-        """-> logprobs [b, s] fp32, entropy [b, s] fp32 | None (0 outside the valid mask)."""
+    def _token_logprobs(self, input_ids, seq_lens, label_mask, *, temperature, with_entropy, entropy_grad,
+                        trunk_out=None):
+        """-> logprobs [b, s] fp32, entropy [b, s] fp32 | None (0 outside the valid mask).
+        trunk_out: the model output [b, s, X] when already computed (pipeline last stage)."""
         input_ids = input_ids.to(self.device)
         valid = self._valid(label_mask.to(self.device), seq_lens)
-        out = self._trunk(input_ids)  # [b, s, X]
+        out = self._trunk(input_ids) if trunk_out is None else trunk_out  # [b, s, X]
         b, s = input_ids.shape
         prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
         rows = valid[:, 1:].reshape(-1)  # [N] bool
@@ -251,10 +274,10 @@ class MegatronEngine:
             ent = torch.cat([zero_col, ent.view(b, s - 1)], dim=1)
         return lp, ent
 
-    def _token_values(self, input_ids, seq_lens, mask):
+    def _token_values(self, input_ids, seq_lens, mask, trunk_out=None):
         """-> values [b, s] fp32: entry t = V(x_<t) from the hidden state at t-1; 0 outside mask."""
         valid = self._valid(mask.to(self.device), seq_lens)
-        hidden = self._trunk(input_ids)  # [b, s, H]
+        hidden = self._trunk(input_ids) if trunk_out is None else trunk_out  # [b, s, H]
         v = self.model.value_head(hidden[:, :-1]).squeeze(-1).float()  # [b, s-1]
         v = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
         return torch.where(valid, v, torch.zeros_like(v))
@@ -281,6 +304,22 @@ class MegatronEngine:
         B, S = input_ids.shape
         lp_out = torch.zeros(B, S, dtype=torch.float32)
         ent_out = torch.zeros(B, S, dtype=torch.float32) if with_entropy else None
+        if self.pp_size > 1:
+            mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens)
+
+            def head(mb, out):
+                lp, ent = self._token_logprobs(mb["input_ids"], mb["seq_lens"], mb["label_mask"],
+                                               temperature=temperature, with_entropy=with_entropy,
+                                               entropy_grad=False, trunk_out=out)
+                lp_out[mb["sample_idx"], : lp.shape[1]] = lp.cpu()
+                if with_entropy:
+                    ent_out[mb["sample_idx"], : ent.shape[1]] = ent.cpu()
+
+            self._pp_forward_only(mbs, head)
+            pipeline_mod.broadcast_from_last_stage(lp_out, self.device)
+            if with_entropy:
+                pipeline_mod.broadcast_from_last_stage(ent_out, self.device)
+            return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
         for mb in self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens):
             lp, ent = self._token_logprobs(mb["input_ids"], mb["seq_lens"], mb["label_mask"],
                                            temperature=temperature, with_entropy=with_entropy,
@@ -300,10 +339,46 @@ class MegatronEngine:
         self.model.eval()
         B, S = input_ids.shape
         out = torch.zeros(B, S, dtype=torch.float32)
+        if self.pp_size > 1:
+            def head(mb, trunk_out):
+                v = self._token_values(mb["input_ids"], mb["seq_lens"], mb["mask"], trunk_out=trunk_out)
+                out[mb["sample_idx"], : v.shape[1]] = v.cpu()
+
+            self._pp_forward_only(self.make_micro_batches({"input_ids": input_ids, "mask": mask}, seq_lens), head)
+            return pipeline_mod.broadcast_from_last_stage(out, self.device).to(input_ids.device)
         for mb in self.make_micro_batches({"input_ids": input_ids, "mask": mask}, seq_lens):
             v = self._token_values(mb["input_ids"], mb["seq_lens"], mb["mask"])
             out[mb["sample_idx"], : v.shape[1]] = v.cpu()
         return out.to(input_ids.device)
+
+    # ---------------------------------------------------------------- pipeline parallelism
+
+    def _pp_schedule(self, micro_batches: list[dict], last_stage_fn, *, forward_only: bool) -> None:
+        """Run megatron's schedule over `micro_batches` in shape-uniform groups (pipeline.py):
+        last_stage_fn(mb, out) gets the real [b, s] slice of the last stage's output and returns
+        the micro-batch's loss (or None when forward_only)."""
+        shapes = [tuple(mb["input_ids"].shape) for mb in micro_batches]
+        for group in pipeline_mod.group_micro_batches(shapes, self.max_tokens_per_micro_batch):
+            b = max(shapes[i][0] for i in group)
+            s = max(shapes[i][1] for i in group)
+            ids = [pipeline_mod.pad_ids(micro_batches[i]["input_ids"], b, s) for i in group]
+
+            def fn(k, out, group=group):
+                mb = micro_batches[group[k]]
+                mb_b, mb_s = mb["input_ids"].shape
+                loss = last_stage_fn(mb, out[:mb_b, :mb_s])
+                if loss is None:
+                    return torch.zeros((), device=self.device)
+                return loss * len(group)  # the schedule divides by the group's micro-batch count
+
+            pipeline_mod.run_schedule(self.model, ids, fn, forward_only=forward_only, device=self.device)
+
+    def _pp_forward_only(self, micro_batches: list[dict], head) -> None:
+        def fn(mb, out):
+            head(mb, out)
+            return None
+
+        self._pp_schedule(micro_batches, fn, forward_only=True)
 
     # ---------------------------------------------------------------- training
 
@@ -312,10 +387,14 @@ class MegatronEngine:
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
         sq = torch.zeros((), dtype=torch.float32, device=self.device)
         for p, model_p in zip(params, self._params):
+            if self.pp_size > 1 and pipeline_mod.is_stage_duplicate(model_p):
+                continue  # the last stage's copy of the tied embedding: counted on the first stage
             if p.grad is not None and (getattr(model_p, "tensor_model_parallel", False) or tp_rank == 0):
                 sq += p.grad.detach().float().pow(2).sum()
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sq, group=parallel_state.get_tensor_model_parallel_group())
+        if self.pp_size > 1:
+            pipeline_mod.all_reduce_over_stages(sq)
         norm = float(sq.sqrt())
         if math.isfinite(norm) and self.grad_clip and self.grad_clip > 0:
             coef = self.grad_clip / (norm + 1e-6)
@@ -324,6 +403,39 @@ class MegatronEngine:
                     if p.grad is not None:
                         p.grad.mul_(coef)
         return norm
+
+    def _pp_accumulate(self, micro_batches, loss_fn, temperature: float, needs_entropy_grad: bool) -> dict[str, float]:
+        """Pipeline-parallel forward/backward of all micro-batches (grads accumulate in .grad);
+        the loss runs on the last stage. Returns the metric sums, the same on every stage; a
+        non-finite loss raises FloatingPointError on every stage (after the schedule, grads cleared)."""
+        for mb in micro_batches:
+            self._check_rows(mb["input_ids"], mb["seq_lens"])
+        sums: dict[str, float] = {}
+        bad: list[float] = []
+
+        def last_stage(mb, out):
+            seq_lens = torch.as_tensor(mb["seq_lens"]).long()
+            if self.role == "critic":
+                mask = mb.get("response_mask", mb.get("label_mask"))
+                outputs = {"values": self._token_values(mb["input_ids"], seq_lens, mask, trunk_out=out)}
+            else:
+                lp, ent = self._token_logprobs(mb["input_ids"], seq_lens, mb["label_mask"],
+                                               temperature=temperature, with_entropy=True,
+                                               entropy_grad=needs_entropy_grad, trunk_out=out)
+                outputs = {"logprobs": lp, "entropy": ent}
+            loss, metrics = loss_fn(outputs, mb)
+            if not bool(torch.isfinite(loss.detach())):
+                bad.append(float(loss))
+            for k, v in {"loss": loss, **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
+            return loss * float(mb.get("loss_scale", 1.0 / len(micro_batches)))
+
+        self._pp_schedule(micro_batches, last_stage, forward_only=False)
+        sums, bad = pipeline_mod.broadcast_object_from_last_stage((sums, bad))
+        if bad:
+            self.model.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"loss is {bad[0]} in a micro-batch; no optimizer step taken")
+        return sums
 
     def _reduce_tensor_parallel_partial_grads(self) -> None:
         if parallel_state.get_tensor_model_parallel_world_size() == 1:
@@ -365,7 +477,9 @@ class MegatronEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for mb in micro_batches:
+        if self.pp_size > 1:
+            sums = self._pp_accumulate(micro_batches, loss_fn, temperature, needs_entropy_grad)
+        for mb in micro_batches if self.pp_size == 1 else ():
             seq_lens = self._check_rows(mb["input_ids"], mb["seq_lens"])
             if self.role == "critic":
                 mask = mb.get("response_mask", mb.get("label_mask"))
@@ -385,6 +499,8 @@ class MegatronEngine:
                 sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
         self._reduce_tensor_parallel_partial_grads()
         self._reduce_data_parallel()
+        if self.pp_size > 1:
+            pipeline_mod.reduce_tied_embedding_grads(self.model)
         if self._masters is not None:
             for m, p in zip(self._masters, self._params):
                 m.grad = None if p.grad is None else p.grad.float()

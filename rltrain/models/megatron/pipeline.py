@@ -1,0 +1,202 @@
+"""Pipeline-parallel plumbing for MegatronEngine: grouping micro-batches into shape-uniform schedule
+calls, running megatron-core's own forward/backward schedule, and the cross-stage reductions
+(last-stage broadcasts, tied-embedding grads, squared grad norm). It must not hold the LM head,
+the loss or the optimizer (engine.py does).
+
+Shapes: megatron's p2p sends [s, b, H] activations whose shape it must know in advance
+(`variable_seq_lengths=False`), so every micro-batch of one schedule call is right-padded to the
+group's [b_max, s_max]. `group_micro_batches` starts a new call whenever padding would push a
+micro-batch above the token budget, so padding costs at most that budget per micro-batch. Padded
+rows and columns are sliced off before the head: right padding under causal attention never
+changes the real tokens' hidden states.
+
+CPU: megatron's schedule and p2p code create tensors on `"cuda"` / `torch.cuda.current_device()`,
+and building a tied-embedding last stage calls `.cuda()`. Without CUDA, `cpu_schedule_shim`
+redirects those to the CPU for the duration of the schedule call (or model build) only; the
+engine also turns off batched isend/irecv, whose `batch_p2p_sync` calls `torch.cuda.synchronize`.
+With CUDA it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from torch.overrides import TorchFunctionMode
+
+from rltrain.models.megatron.compat import cuda_enabled
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites `device=` arguments that name CUDA to the CPU (factory functions in megatron)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:  # LanguageModule moves the tied last-stage embedding copy
+            return args[0]
+        dev = kwargs.get("device")
+        if dev is not None and (isinstance(dev, int) or torch.device(dev).type == "cuda"):
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpu_schedule_shim():
+    """Run megatron's pipeline schedule on CPU (see module doc); a no-op when CUDA is available."""
+    if cuda_enabled():
+        yield
+        return
+    orig = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        with _CudaToCpu():
+            yield
+    finally:
+        torch.cuda.current_device = orig
+
+
+def group_micro_batches(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Consecutive micro-batch indices per schedule call, given each micro-batch's [b, s].
+
+    A micro-batch joins the current group while the padded shape b_max * s_max stays within
+    max(max_tokens, the largest single micro-batch of the group) tokens.
+    """
+    groups: list[list[int]] = []
+    gb = gs = cap = 0
+    for i, (b, s) in enumerate(shapes):
+        nb, ns = max(gb, b), max(gs, s)
+        ncap = max(cap, max_tokens, b * s)
+        if groups and nb * ns <= ncap:
+            groups[-1].append(i)
+            gb, gs, cap = nb, ns, ncap
+        else:
+            groups.append([i])
+            gb, gs, cap = b, s, max(max_tokens, b * s)
+    return groups
+
+
+def pad_ids(input_ids: torch.Tensor, b: int, s: int) -> torch.Tensor:
+    """[b0, s0] ids -> [b, s] right/bottom padded with id 0 (b >= b0, s >= s0)."""
+    out = input_ids.new_zeros(b, s)
+    out[: input_ids.shape[0], : input_ids.shape[1]] = input_ids
+    return out
+
+
+def run_schedule(
+    model: torch.nn.Module,
+    input_ids: list[torch.Tensor],
+    last_stage_fn: Callable[[int, torch.Tensor], torch.Tensor],
+    *,
+    forward_only: bool,
+    device: torch.device,
+) -> None:
+    """One megatron forward(/backward) schedule call over equally shaped micro-batches.
+
+    input_ids: list of [b, s] (same shape). On the last stage `last_stage_fn(k, out)` gets the
+    k-th micro-batch's model output `out` [b, s, X] and returns the 0-dim loss to backpropagate
+    (forward_only: any 0-dim tensor; its results are the caller's side effects). The schedule
+    divides that loss by len(input_ids) (megatron's averaging); callers pre-multiply to undo it.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    b, s = input_ids[0].shape
+    if any(t.shape != (b, s) for t in input_ids):
+        raise ValueError(f"run_schedule needs equally shaped micro-batches, got {[tuple(t.shape) for t in input_ids]}")
+    position_ids = torch.arange(s, device=device).unsqueeze(0).expand(b, s)
+    data = iter(list(enumerate(input_ids)))
+
+    def forward_step(data_iterator, mdl):
+        k, ids = next(data_iterator)
+        out = mdl(ids.to(device), position_ids, None)
+
+        def loss_func(output_tensor):
+            return last_stage_fn(k, output_tensor), {}
+
+        return out, loss_func
+
+    with cpu_schedule_shim():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=data,
+            model=[model],
+            num_microbatches=len(input_ids),
+            seq_length=s,
+            micro_batch_size=b,
+            forward_only=forward_only,
+        )
+
+
+class TiedHeadAlias(Mapping):
+    """HF weights as a mapping in which a missing `lm_head.weight` reads the embedding: the last
+    stage's copy of a tied embedding loads from `model.embed_tokens.weight` (HF checkpoints of tied
+    models store only that)."""
+
+    def __init__(self, src: Mapping[str, torch.Tensor]):
+        self._src = src
+        self._alias = {}
+        if "lm_head.weight" not in src:
+            for k in ("model.embed_tokens.weight", "embed_tokens.weight"):
+                if k in src:
+                    self._alias = {"lm_head.weight": k}
+                    break
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._src[self._alias.get(key, key)]
+
+    def __iter__(self):
+        yield from self._src
+        yield from self._alias
+
+    def __len__(self) -> int:
+        return len(self._src) + len(self._alias)
+
+
+def _last_stage_src() -> int:
+    return parallel_state.get_pipeline_model_parallel_last_rank()
+
+
+def broadcast_from_last_stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """In-place broadcast of the last pipeline stage's `tensor` to this pipeline group, sent from
+    `device` (the communication device: a CPU tensor is staged on the GPU under nccl)."""
+    buf = tensor.to(device)
+    dist.broadcast(buf, src=_last_stage_src(), group=parallel_state.get_pipeline_model_parallel_group())
+    if buf is not tensor:
+        tensor.copy_(buf)
+    return tensor
+
+
+def broadcast_object_from_last_stage(obj: Any) -> Any:
+    """The last pipeline stage's picklable `obj`, on every rank of this pipeline group."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=_last_stage_src(), group=parallel_state.get_pipeline_model_parallel_group())
+    return box[0]
+
+
+def reduce_tied_embedding_grads(model) -> None:
+    """Sum the tied embedding / output weight grads of the first and last stage (embedding group),
+    as megatron's finalize_model_grads does; a missing grad counts as zeros."""
+    if not getattr(model, "share_embeddings_and_output_weights", False):
+        return
+    if not parallel_state.is_rank_in_embedding_group(ignore_virtual=True):
+        return
+    if not (model.pre_process or model.post_process):
+        return
+    weight = model.shared_embedding_or_output_weight()
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
+def is_stage_duplicate(param: torch.Tensor) -> bool:
+    """True for the last stage's copy of a tied embedding (counted once, on the first stage)."""
+    return bool(getattr(param, "shared", False))
+
+
+def all_reduce_over_stages(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum of `t` over this rank's pipeline group."""
+    dist.all_reduce(t, group=parallel_state.get_pipeline_model_parallel_group())
+    return t
