@@ -27,6 +27,13 @@ TINY = dict(
 BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B}
 
 
+def model_hf_config(model_cfg: Mapping[str, Any], tokenizer):
+    """hf_config_for from the `model.*` sub-config; `tiny` takes its vocab size from `tokenizer`."""
+    vocab = getattr(tokenizer, "vocab_size", None) or len(tokenizer)
+    return hf_config_for(path=model_cfg["path"], builtin=model_cfg["builtin"], vocab_size=vocab,
+                         overrides=model_cfg["overrides"], trust_remote_code=model_cfg["trust_remote_code"])
+
+
 def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | None = None,
                   overrides: Mapping[str, Any] | None = None, trust_remote_code: bool = False):
     """The transformers config of `model.builtin` (a Qwen3Config) or of the model at `model.path`.

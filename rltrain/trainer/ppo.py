@@ -132,7 +132,6 @@ class PPOTrainer:
                 res = self.train_group.run_split("update_actor", batch, max(1, mini_rows), a["ppo_epochs"],
                                                  temperature, self.seed + step)
             m.update(mean_metrics(res))
-            self._check_finite(m, step)
 
             with timer("update_weights", m):
                 self._sync_weights()
@@ -270,14 +269,6 @@ class PPOTrainer:
         else:
             named = self.train_group.run_rank0("export_weights", bucket)
             self.rollout_group.run("load_rollout_weights", named)
-
-    def _check_finite(self, m: dict, step: int) -> None:
-        for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss"):
-            v = m.get(key)
-            if v is not None and not math.isfinite(float(v)):
-                raise TrainingDiverged(
-                    f"{key} is {v} at step {step}: training diverged. The run stops here; the last good "
-                    f"checkpoint under {self.ckpt_dir} is kept (lower actor.lr or check the data/reward)")
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:

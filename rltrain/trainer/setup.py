@@ -60,12 +60,9 @@ def build_datasets(cfg: dict):
 
 def check_model(cfg: dict, tokenizer) -> None:
     """Resolve the model's HF config on the driver so a wrong model.path fails before workers start."""
-    from rltrain.models.presets import hf_config_for
+    from rltrain.models.presets import model_hf_config
 
-    m = cfg["model"]
-    vocab = getattr(tokenizer, "vocab_size", None) or len(tokenizer)
-    hf_config_for(path=m["path"], builtin=m["builtin"], vocab_size=vocab, overrides=m["overrides"],
-                  trust_remote_code=m["trust_remote_code"])
+    model_hf_config(cfg["model"], tokenizer)
 
 
 def _concat(datasets):

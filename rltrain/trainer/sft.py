@@ -108,8 +108,7 @@ class SFTTrainer:
         steps_per_epoch = len(self.train_ds) // d["batch_size"]
         self.total_steps = int(t["total_steps"] or t["epochs"] * steps_per_epoch)
 
-        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
-        self.hf_config, hf_model = initial_hf_model(m, vocab, self.seed, self.dtype)
+        self.hf_config, hf_model = initial_hf_model(m, self.tokenizer, self.seed, self.dtype)
         state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         del hf_model
         self.engine = MegatronEngine(

@@ -48,13 +48,9 @@ def label_masks(batch: Batch, *, response_only: bool, loss_mask_only: bool) -> t
     response_only every real position t >= 1 is computed (debugging / parity).
     """
     input_ids, attn, seq_lens, start = batch.full_sequences()
-    b, s = input_ids.shape
     if response_only or loss_mask_only:
-        keep = batch.loss_mask if loss_mask_only else batch.response_mask
-        label_mask = torch.zeros((b, s), dtype=torch.bool)
-        cols = start[:, None] + torch.arange(keep.shape[1])[None, :]
-        valid = keep.bool() & (cols < s)
-        label_mask[torch.arange(b)[:, None].expand_as(cols)[valid], cols[valid]] = True
+        keep = batch.loss_mask if loss_mask_only else batch.response_mask  # loss_mask is within response_mask
+        label_mask = to_full(batch, keep.bool(), start, input_ids.shape[1])
     else:
         label_mask = attn.bool().clone()
         label_mask[:, 0] = False

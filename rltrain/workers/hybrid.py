@@ -27,15 +27,14 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def initial_hf_model(model_cfg: dict, vocab_size: int, seed: int, dtype: torch.dtype):
+def initial_hf_model(model_cfg: dict, tokenizer, seed: int, dtype: torch.dtype):
     """The transformers model every role starts from: random init of a built-in preset (seeded, so all
     ranks and roles agree) or the pretrained weights at model.path."""
     from transformers import AutoModelForCausalLM
 
-    from rltrain.models.presets import hf_config_for
+    from rltrain.models.presets import model_hf_config
 
-    hf_config = hf_config_for(path=model_cfg["path"], builtin=model_cfg["builtin"], vocab_size=vocab_size,
-                              overrides=model_cfg["overrides"], trust_remote_code=model_cfg["trust_remote_code"])
+    hf_config = model_hf_config(model_cfg, tokenizer)
     if model_cfg["builtin"] is not None:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
@@ -76,8 +75,8 @@ class HybridWorker(Worker):
         from rltrain.data.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(cfg["model"]["tokenizer"] or cfg["model"]["path"])
-        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
-        hf_config, hf_model = initial_hf_model(cfg["model"], vocab, seed, train_dtype)
+        self.hf_config, hf_model = initial_hf_model(cfg["model"], self.tokenizer, seed, train_dtype)
+        hf_config = self.hf_config
         sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         total = int(t["total_steps"]) * max(1, int(cfg["actor"]["ppo_epochs"]))
         if "actor" in self.roles:
@@ -188,15 +187,10 @@ class HybridWorker(Worker):
         """Write the actor as a transformers checkpoint (config + safetensors + tokenizer), rank 0 only."""
         from transformers import AutoModelForCausalLM
 
-        from rltrain.models.presets import hf_config_for
-
         named = dict(self.actor.export_weights(1 << 30))
         if self.rank != 0:
             return None
-        m = self.cfg["model"]
-        vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
-        hf_config = hf_config_for(path=m["path"], builtin=m["builtin"], vocab_size=vocab, overrides=m["overrides"],
-                                  trust_remote_code=m["trust_remote_code"])
+        hf_config = self.hf_config
         model = AutoModelForCausalLM.from_config(hf_config)
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in named.items()}, strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and hf_config.tie_word_embeddings)]

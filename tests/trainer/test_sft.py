@@ -145,7 +145,7 @@ def test_sft_step_loss_and_grad_norm_match_fp64_hf_reference(tmp_path, sft_files
     trainer = SFTTrainer(config_dict(cfg), str(tmp_path))
     rows = [trainer.train_ds[i] for i in random.Random(0).sample(range(len(trainer.train_ds)), 7)]
     batch = collate(rows, 0)
-    _, hf = initial_hf_model(config_dict(cfg)["model"], 64, 5, torch.float32)  # the trainer's start weights
+    _, hf = initial_hf_model(config_dict(cfg)["model"], trainer.tokenizer, 5, torch.float32)  # the trainer's start weights
     ref_loss, ref_gn = _hf_reference(hf, batch)
     m = trainer.train_step(batch)
     assert m["sft/loss"] == pytest.approx(ref_loss, rel=1e-5)
