@@ -20,8 +20,10 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
 
     if ray.is_initialized():
         return
-    env = {"env_vars": {k: v for k, v in os.environ.items()
-                        if k.startswith(("WANDB_", "RLTRAIN_", "TOKENIZERS_", "OMP_", "NCCL_", "TORCH_"))}}
+    from rltrain.utils.distenv import apply_no_multicast, forwarded_env
+
+    apply_no_multicast()  # the driver too: it may start NCCL/vLLM in process (use_ray=false)
+    env = {"env_vars": forwarded_env()}
     kw: dict[str, Any] = dict(runtime_env=env, include_dashboard=False, log_to_driver=True,
                               configure_logging=True, logging_level="WARNING")
     if address:
