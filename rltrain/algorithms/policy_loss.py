@@ -92,7 +92,8 @@ POLICY_LOSS_MODES: tuple[str, ...] = tuple(_POLICY_LOSSES)
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
                 mode: str = "ppo", clip_low: float = 0.2, clip_high: float = 0.2,
-                dual_clip: Optional[float] = None, agg: Optional[str] = None) -> tuple[Tensor, dict[str, Tensor]]:
+                dual_clip: Optional[float] = None, agg: Optional[str] = None,
+                weights: Optional[Tensor] = None) -> tuple[Tensor, dict[str, Tensor]]:
     """The policy-gradient loss of `mode` (one of `POLICY_LOSS_MODES`) and its metrics.
 
     logprobs:      [B, L] log pi(a_t), requires grad
@@ -103,6 +104,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, resp
     dual_clip:     c > 1 bounds the loss of tokens with A < 0 by -A c (ppo, gspo), None disables
     agg:           an `AGG_MODES` name; None uses the mode's default (gspo: seq-mean-token-mean,
                    the others: token-mean)
+    weights:       [B, L] per-token weights (no grad) multiplying the per-token loss before aggregation,
+                   e.g. the truncated importance weights of `off_policy.truncated_is_weights`; None: 1
 
     Returns (loss 0-dim, metrics) with detached 0-dim metrics `pg_clipfrac` (fraction of tokens whose
     clipped branch is active; for cispo, whose ratio was clipped), `pg_clipfrac_lower` (fraction
@@ -113,8 +116,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, resp
         raise ValueError(f"policy-loss mode {mode!r} is unknown; allowed: {', '.join(POLICY_LOSS_MODES)}")
     fn, default_agg = entry
     shape = logprobs.shape
-    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("response_mask", response_mask)):
-        if t.shape != shape:
+    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("response_mask", response_mask),
+                    ("weights", weights)):
+        if t is not None and t.shape != shape:
             raise ValueError(f"{name} {tuple(t.shape)} must have the shape of logprobs {tuple(shape)}")
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low={clip_low} and clip_high={clip_high} must be >= 0")
@@ -128,7 +132,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, resp
     adv = torch.where(mask, advantages.to(logprobs.dtype), zero)
 
     out = fn(lp, old, adv, mask, clip_low, clip_high, dual_clip)
-    loss = aggregate_loss(out.loss, mask, default_agg if agg is None else agg)
+    token_loss = out.loss if weights is None else out.loss * torch.where(mask, weights.detach().to(lp.dtype), zero)
+    loss = aggregate_loss(token_loss, mask, default_agg if agg is None else agg)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean(out.clipped.to(logprobs.dtype), mask).detach(),
