@@ -64,6 +64,16 @@ class RolloutConfig:
 
 
 @dataclass
+class TISConfig:
+    # Truncated importance sampling (off-policy correction): each token's policy loss is weighted by
+    # min(pi_old / pi_sampler, cap), the sampler's log-probs being the behaviour policy. Corrects the
+    # training/inference mismatch and, with trainer.async_rollout, the rollout's staleness.
+    enable: bool = False
+    cap: float = 2.0  # upper truncation C >= 1 (2.0 as in verl / slime)
+    mode: str = "token"  # token (one ratio per token) | sequence (the product over the response)
+
+
+@dataclass
 class ActorConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
@@ -90,6 +100,7 @@ class ActorConfig:
     pipeline_parallel_size: int = 1
     # full activation recomputation (one layer at a time): long-context updates need it on GPU
     recompute_activations: bool = False
+    tis: TISConfig = field(default_factory=TISConfig)
 
 
 @dataclass
@@ -188,6 +199,11 @@ class TrainerConfig:
     n_gpus_per_node: int = 1
     nnodes: int = 1
     num_cpus: Optional[int] = None
+    # asynchronous rollout (split placement only): the rollout group generates the next batch while the
+    # train group updates on this one; a batch whose rollout weights lag the actor by more than
+    # max_staleness policy versions is dropped and regenerated, never trained on
+    async_rollout: bool = False
+    max_staleness: int = 1
     # checkpoints
     ckpt_dir: Optional[str] = None  # null: <run dir>/checkpoints
     resume: str = "auto"  # auto | never | PATH

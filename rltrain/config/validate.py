@@ -59,7 +59,7 @@ def _range(errors: list, key: str, value: float, lo: float, hi: float) -> None:
 def validate_config(cfg: DictConfig) -> None:
     """Raise ConfigError listing every problem found in `cfg` (a composed RLConfig)."""
     # Lazy: the registries are the single source of allowed names.
-    from rltrain.algorithms import ADV_ESTIMATORS, AGG_MODES, KL_KINDS, POLICY_LOSS_MODES
+    from rltrain.algorithms import ADV_ESTIMATORS, AGG_MODES, KL_KINDS, POLICY_LOSS_MODES, TIS_MODES
 
     e: list[str] = []
     r, a, c, al, d, t, m = cfg.rollout, cfg.actor, cfg.critic, cfg.algorithm, cfg.data, cfg.trainer, cfg.model
@@ -123,6 +123,9 @@ def validate_config(cfg: DictConfig) -> None:
         e.append(f"actor.pipeline_parallel_size={a.pipeline_parallel_size}: the Megatron engine supports pipeline "
                  "stages, but the RL trainer's weight sync and data-parallel dispatch do not yet; use "
                  "actor.tensor_parallel_size to shard the model (or 1)")
+    _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)
+    if not a.tis.cap >= 1.0:
+        e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 (the ratio's upper truncation)")
     if d.train_batch_size > 0 and a.ppo_mini_batch_size > d.train_batch_size:
         e.append(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than the batch "
                  f"(data.train_batch_size={d.train_batch_size}); it must be <= data.train_batch_size")
@@ -188,6 +191,13 @@ def validate_config(cfg: DictConfig) -> None:
     _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
     _positive(e, "trainer.n_gpus_per_node", t.n_gpus_per_node)
     _positive(e, "trainer.nnodes", t.nnodes)
+    _positive(e, "trainer.max_staleness", t.max_staleness)
+    if t.async_rollout and t.colocate:
+        e.append("trainer.async_rollout=true overlaps generation with training on separate workers; it needs "
+                 "split placement: set trainer.colocate=false (or trainer.async_rollout=false)")
+    if t.async_rollout and not t.use_ray:
+        e.append("trainer.async_rollout=true needs Ray (trainer.use_ray=true): the in-process worker cannot "
+                 "generate and train at once")
 
     if e:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(e))

@@ -17,8 +17,16 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rltrain.algorithms import compute_advantages, filter_informative_groups, kl_penalty, overlong_penalty
+from rltrain.algorithms import (
+    compute_advantages,
+    filter_informative_groups,
+    kl_penalty,
+    overlong_penalty,
+    policy_mismatch,
+    truncated_is_weights,
+)
 from rltrain.data.batch import Batch
+from rltrain.trainer.async_rollout import AsyncRollout
 from rltrain.trainer.setup import build_datasets, build_workers, check_model, config_dict, run_directory
 from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_checkpoint
 from rltrain.utils.memory import memory_metrics
@@ -59,6 +67,10 @@ class PPOTrainer:
                                config=cfg)
         self.global_step = 0
         self.next_group_id = 0
+        self.async_rollout = None  # trainer.async_rollout: the next batch generates while this one trains
+        if t["async_rollout"]:
+            self.async_rollout = AsyncRollout(self, max_staleness=t["max_staleness"], total_steps=t["total_steps"],
+                                              refills=cfg["algorithm"]["dynamic_sampling"]["enable"])
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -98,6 +110,8 @@ class PPOTrainer:
         m: dict = {}
         temperature = cfg["rollout"]["temperature"] or 1.0
         with timer("step", m):
+            if self.async_rollout is not None:
+                self.async_rollout.boundary(step, m)  # wait for this step's batch, push weights, submit the next
             with timer("gen", m):
                 batch, gen_metrics = self._rollout_with_rewards(step, m)
             m.update(gen_metrics)
@@ -108,8 +122,7 @@ class PPOTrainer:
                 old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
             batch = batch.replace(old_logprobs=old)
             m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
-            diff = (old - batch.sampler_logprobs).abs()
-            m["rollout/logprob_diff_max"] = diff[batch.loss_mask.bool()].max().item() if batch.loss_mask.any() else 0.0
+            m.update(_mismatch_metrics(batch, a["tis"]))
             if self.use_ref:
                 with timer("ref", m):
                     ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)
@@ -133,8 +146,9 @@ class PPOTrainer:
                                                  temperature, self.seed + step)
             m.update(mean_metrics(res))
 
-            with timer("update_weights", m):
-                self._sync_weights()
+            if self.async_rollout is None:  # async: pushed at the next step's boundary
+                with timer("update_weights", m):
+                    self._sync_weights()
 
         n_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         m["perf/total_num_tokens"] = n_tokens
@@ -155,8 +169,11 @@ class PPOTrainer:
         gen_metrics: dict = {}
         while True:
             tries += 1
-            prompts = self.sampler.next_batch()
-            batch, gm = self._generate(prompts, validate=False, seed=self.seed * 100_003 + step * 101 + tries)
+            if tries == 1 and self.async_rollout is not None:
+                batch, gm = self.async_rollout.take()  # generated while the previous step trained
+            else:
+                batch, gm = self._generate(self.sampler.next_batch(), validate=False,
+                                           seed=self._rollout_seed(step, tries))
             gen_metrics = gm if not gen_metrics else gen_metrics
             with timer("reward", m):
                 batch, rm = self._score(batch)
@@ -171,6 +188,8 @@ class PPOTrainer:
                 n_groups += int(torch.unique(batch.group_ids[keep]).numel())
             if n_groups >= want or tries >= ds["max_tries"]:
                 break
+        if self.async_rollout is not None:
+            self.async_rollout.submit(step + 1)  # after the refills (no-op if already in flight)
         batch = Batch.concat(kept) if len(kept) > 1 else kept[0]
         if ds["enable"]:
             if len(batch) == 0 or n_groups == 0:
@@ -189,15 +208,26 @@ class PPOTrainer:
             gen_metrics["tool_call_counts/mean"] = float(np.mean(batch.non_tensor["tool_calls"]))
         return batch, gen_metrics
 
+    def _rollout_seed(self, step: int, tries: int) -> int:
+        return self.seed * 100_003 + step * 101 + tries
+
     def _generate(self, prompts: list[dict], *, validate: bool, seed: int) -> tuple[Batch, dict]:
+        return self._collect_generate(self._submit_generate(prompts, validate=validate, seed=seed))
+
+    def _submit_generate(self, prompts: list[dict], *, validate: bool, seed: int):
+        """Start sampling `prompts` on the rollout group without waiting; `_collect_generate` gives the result."""
         g = self.rollout_group
         per = math.ceil(len(prompts) / g.dp_size)
         args = []
         for dp in range(g.dp_size):
             shard = prompts[dp * per:(dp + 1) * per]
             args.append((shard, self.next_group_id + dp * per, validate, seed + dp))
-        outs = [o for o, a in zip(g.run_per_dp("generate", args), args) if a[0]]
         self.next_group_id += len(prompts)
+        return g.submit_per_dp("generate", args), [bool(a[0]) for a in args]
+
+    def _collect_generate(self, submitted) -> tuple[Batch, dict]:
+        handle, nonempty = submitted
+        outs = [o for o, keep in zip(self.rollout_group.wait(handle), nonempty) if keep]
         batch = Batch.concat([o[0] for o in outs])
         metrics = mean_metrics([o[1] for o in outs])
         return batch, metrics
@@ -274,6 +304,8 @@ class PPOTrainer:
     def validate(self) -> dict:
         if self.val_ds is None:
             return {}
+        if self.async_rollout is not None:
+            self.async_rollout.before_validation(self.global_step)  # sample with the current weights
         bs = self.cfg["data"]["val_batch_size"]
         items = [self.val_ds[i] for i in range(len(self.val_ds))]
         scores, sources = [], []
@@ -298,6 +330,8 @@ class PPOTrainer:
             state = {"step": step, "next_group_id": self.next_group_id, "sampler": self.sampler.state_dict(),
                      "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                              "python": random.getstate()}}
+            if self.async_rollout is not None:
+                state.update(self.async_rollout.state_dict())  # the batch in flight is saved, not lost
             torch.save(state, os.path.join(tmp, "trainer_state.pt"))
 
         path = save_checkpoint(self.ckpt_dir, step, write, max_to_keep=self.cfg["trainer"]["max_ckpt_to_keep"])
@@ -327,6 +361,8 @@ class PPOTrainer:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
+        if self.async_rollout is not None:
+            self.async_rollout.load_state_dict(state, int(state["step"]))
         print(f"rltrain: resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
         return int(state["step"])
 
@@ -365,6 +401,20 @@ def _fault_injection(step: int) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _mismatch_metrics(batch: Batch, tis: dict) -> dict[str, float]:
+    """Training/inference mismatch of the sampled tokens (sampler vs recomputed old log-probs) and, with
+    actor.tis enabled, the importance weights the loss applies."""
+    mm = policy_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
+    out = {"rollout/mismatch_abs_mean": float(mm["abs_mean"]), "rollout/mismatch_kl": float(mm["kl"]),
+           "rollout/logprob_diff_max": float(mm["abs_max"])}
+    if tis["enable"]:
+        _, st = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, cap=tis["cap"],
+                                     mode=tis["mode"])
+        out.update({"rollout/is_weight_mean": float(st["weight_mean"]), "rollout/is_ratio_max": float(st["ratio_max"]),
+                    "rollout/is_clipfrac": float(st["clipfrac"])})
+    return out
 
 
 def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:

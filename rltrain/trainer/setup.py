@@ -84,7 +84,8 @@ def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool):
         gpus, cpus = 1, 1
     else:
         world, gpus = tp, 0
-        cpus = max(1, (t["num_cpus"] or os.cpu_count() or 1) // world)
+        groups = 2 if t["use_ray"] and not t["colocate"] else 1  # split: train and rollout groups share the CPUs
+        cpus = max(1, (t["num_cpus"] or os.cpu_count() or 1) // (world * groups))
     train_roles = ["actor"] + (["ref"] if use_ref else []) + (["critic"] if use_critic else [])
     if not t["use_ray"]:
         if world != 1:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss
+from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss, truncated_is_weights
 from rltrain.data.batch import Batch
 
 
@@ -76,12 +76,16 @@ class PolicyLoss:
     """The actor's loss on one micro-batch: PPO-family policy loss - entropy bonus + KL loss.
 
     All terms are aggregated with `agg` over the micro-batch's loss_mask; the engine multiplies by
-    mb["loss_scale"] (the micro-batch's share of the mini-batch) before backward.
+    mb["loss_scale"] (the micro-batch's share of the mini-batch) before backward. With `tis_cap` set, the
+    sampler's log-probs (mb["sampler_logprobs_full"]) are the behaviour policy: each token's policy loss is
+    weighted by the truncated importance weight min(pi_old / pi_sampler, tis_cap) (`tis_mode` token|sequence).
     """
 
     def __init__(self, *, mode: str, clip_low: float, clip_high: float, dual_clip: float | None, agg: str,
-                 entropy_coef: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str):
+                 entropy_coef: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
+                 tis_cap: float | None = None, tis_mode: str = "token"):
         self.mode, self.clip_low, self.clip_high, self.dual_clip, self.agg = mode, clip_low, clip_high, dual_clip, agg
+        self.tis_cap, self.tis_mode = tis_cap, tis_mode
         self.entropy_coef = entropy_coef
         self.use_kl_loss, self.kl_loss_coef, self.kl_loss_type = use_kl_loss, kl_loss_coef, kl_loss_type
         self.needs_entropy_grad = entropy_coef != 0.0
@@ -90,8 +94,13 @@ class PolicyLoss:
         lp = outputs["logprobs"]  # [b, S] fp32, 0 outside label_mask
         mb = on_device(mb, lp.device)  # the engine's outputs live on its device, the batch on the host
         mask = mb["loss_mask_full"]  # [b, S]
+        weights = None
+        if self.tis_cap is not None:
+            weights, _ = truncated_is_weights(mb["old_logprobs_full"], mb["sampler_logprobs_full"], mask,
+                                              cap=self.tis_cap, mode=self.tis_mode)
         pg, m = policy_loss(lp, mb["old_logprobs_full"], mb["advantages_full"], mask, mode=self.mode,
-                            clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg)
+                            clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg,
+                            weights=weights)
         loss = pg
         metrics: dict[str, Any] = {"actor/pg_loss": pg.detach()}
         metrics.update({f"actor/{k}": v for k, v in m.items()})
@@ -158,11 +167,14 @@ class ActorRole:
                                      **engine_kwargs(actor_cfg, trainer_cfg, total_steps=total_steps))
         if hf_state_dict is not None:
             self.engine.load_hf_weights(hf_state_dict)
+        tis = actor_cfg.get("tis") or {}  # truncated importance sampling against the sampler (off by default)
         self.loss = PolicyLoss(mode=actor_cfg["loss_mode"], clip_low=actor_cfg["clip_low"],
                                clip_high=actor_cfg["clip_high"], dual_clip=actor_cfg["dual_clip"],
                                agg=actor_cfg["loss_agg_mode"], entropy_coef=actor_cfg["entropy_coef"],
                                use_kl_loss=actor_cfg["use_kl_loss"], kl_loss_coef=actor_cfg["kl_loss_coef"],
-                               kl_loss_type=actor_cfg["kl_loss_type"])
+                               kl_loss_type=actor_cfg["kl_loss_type"],
+                               tis_cap=float(tis["cap"]) if tis.get("enable") else None,
+                               tis_mode=tis.get("mode", "token"))
 
     # ------------------------------------------------------------------ forward-only
     @torch.no_grad()
@@ -194,6 +206,9 @@ class ActorRole:
             "old_logprobs_full": to_full(batch, batch.old_logprobs, start, s),
             "advantages_full": to_full(batch, batch.advantages, start, s),
         }
+        if self.loss.tis_cap is not None:
+            assert batch.sampler_logprobs is not None, "actor.tis needs the sampler's log-probs"
+            tensors["sampler_logprobs_full"] = to_full(batch, batch.sampler_logprobs, start, s)
         if self.loss.use_kl_loss:
             assert batch.ref_logprobs is not None, "actor.use_kl_loss needs reference log-probs"
             tensors["ref_logprobs_full"] = to_full(batch, batch.ref_logprobs, start, s)

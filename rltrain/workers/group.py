@@ -7,6 +7,7 @@ slices a Batch across data-parallel ranks (tensor-parallel peers get the same sl
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +31,15 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         ray.init(address=address, **kw)
     else:
         ray.init(num_cpus=num_cpus, **kw)
+
+
+@dataclass
+class Pending:
+    """Calls dispatched by `submit` / `submit_per_dp` and not yet waited for: one result reference per rank
+    (Ray object refs, or the results themselves in-process); `wait` keeps every `stride`-th."""
+
+    refs: list
+    stride: int = 1
 
 
 class WorkerGroup:
@@ -89,6 +99,21 @@ class WorkerGroup:
         results = self._ray.get(refs)
         return [results[dp * self.tp_size] for dp in range(self.dp_size)]
 
+    def submit(self, method: str, *args, **kwargs) -> Pending:
+        """`run` without blocking: start `method` on every rank and return at once; `wait` gives run's result.
+        A rank executes its calls in the order they were submitted."""
+        return Pending([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def submit_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> Pending:
+        """`run_per_dp` without blocking; `wait` gives its result (tp rank 0 of each dp rank, in order)."""
+        assert len(per_dp_args) == self.dp_size
+        return Pending([getattr(w, method).remote(*per_dp_args[rank // self.tp_size], **kwargs)
+                        for rank, w in enumerate(self.workers)], stride=self.tp_size)
+
+    def wait(self, pending: Pending) -> list:
+        """Block until submitted calls finish; raises what a worker raised (a dead worker's error included)."""
+        return self._ray.get(pending.refs)[::pending.stride]
+
     def shutdown(self) -> None:
         for w in self.workers:
             self._ray.kill(w)
@@ -125,6 +150,15 @@ class LocalWorkerGroup:
     def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
         assert len(per_dp_args) == 1
         return self.run(method, *per_dp_args[0], **kwargs)
+
+    def submit(self, method: str, *args, **kwargs) -> Pending:
+        return Pending(self.run(method, *args, **kwargs))  # in-process: runs now
+
+    def submit_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> Pending:
+        return Pending(self.run_per_dp(method, per_dp_args, **kwargs))
+
+    def wait(self, pending: Pending) -> list:
+        return pending.refs[::pending.stride]
 
     def shutdown(self) -> None:
         """Free the worker, its process group and the distributed env vars it set in this process."""
