@@ -29,6 +29,17 @@ sys.path.insert(0, REPO)
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, vendor datasheet (SXM)
 
 
+# The GRPO run on a Qwen3-0.6B-shaped random model (one GPU per worker group); tools/bench_async.py reuses it.
+GRPO_06B_OVERRIDES = [
+    "model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+    "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
+    "trainer.fused_linear_logprob_backend=triton", "trainer.test_freq=-1",
+    "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64",
+    "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
+    "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
+]
+
+
 def qwen3_06b_config():
     from rltrain.models.presets import hf_config_for
 
@@ -121,14 +132,7 @@ def section_grpo(out_dir: str, steps: int) -> dict:
     from rltrain.utils.tracking import read_metrics
 
     register_configs()
-    overrides = [
-        "model=qwen3_0.6b_random", "trainer.use_ray=false", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
-        "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
-        "trainer.fused_linear_logprob_backend=triton", f"trainer.total_steps={steps}", "trainer.test_freq=-1",
-        "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64",
-        "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
-        "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
-    ]
+    overrides = ["trainer.use_ray=false", *GRPO_06B_OVERRIDES, f"trainer.total_steps={steps}"]
     with initialize_config_dir(config_dir=os.path.join(REPO, "configs"), version_base=None):
         cfg = compose(config_name="grpo_tiny", overrides=overrides)
     validate_config(cfg)

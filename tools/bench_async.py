@@ -1,0 +1,276 @@
+"""Synchronous vs asynchronous rollout (`trainer.async_rollout`) in split placement, side by side: step time and
+tokens/s of the Qwen3-0.6B-shaped GRPO run, and learning curves (held-out accuracy by step and by wall-clock time)
+of grpo_tiny and, when given, a GPU learning recipe. Writes bench_async.json, bench_async.md and PNGs under --out.
+
+  PYTHONPATH=/tmp/site python tools/bench_async.py --out $OUT          # 2 GPUs (split 1+1), < 8 minutes
+  python tools/bench_async.py --out /tmp/bench_async --cpu             # the CPU table of docs/benchmarks.md
+  ... --recipe NAME --recipe-overrides "k=v k=v"                        # also a learning recipe (configs/NAME.yaml)
+
+Every run is `python -m rltrain.main` in its own process (fresh Ray, fresh GPU memory) with trainer.colocate=false:
+the train group on one device, the rollout group on another; the async run adds trainer.async_rollout=true and
+actor.tis.enable=true. Timings are means over the steady steps (the first two are left out: step 1 compiles kernels
+and, in async mode, has nothing to overlap with). tokens/s = tokens of those steps / their summed step time. The
+script keeps a time budget (--budget-s): a run that cannot finish in what is left is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+from rltrain.utils.tracking import read_metrics  # noqa: E402
+
+ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true"]
+SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false"]
+# grpo_tiny set up to learn in tens of steps (the CPU test tests/trainer/test_async_e2e.py uses the same shape)
+TINY_LEARN = ["data.train_batch_size=32", "rollout.n=16", "actor.ppo_mini_batch_size=16", "actor.lr=3e-3",
+              "data.synthetic.val_size=64", "rollout.val_temperature=1.0", "rollout.val_n=4",
+              "trainer.logger=[jsonl]", "trainer.save_freq=-1"]
+PHASES = ("timing_s/gen_wait", "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+          "timing_s/update_weights", "timing_s/step")
+
+
+def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: float) -> dict:
+    """One training run in a fresh process; returns {"rows", "wall_s", "returncode", "log_tail"}."""
+    os.makedirs(run_dir, exist_ok=True)
+    env = dict(os.environ, WANDB_MODE="offline", RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")
+    cmd = [sys.executable, "-m", "rltrain.main", "--config-name", config, *overrides, f"hydra.run.dir={run_dir}"]
+    t0 = time.time()
+    with open(os.path.join(run_dir, "run.log"), "w") as log:
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  start_new_session=True)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    with open(os.path.join(run_dir, "run.log")) as f:
+        tail = f.read()[-2000:]
+    rows = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+    return {"rows": rows, "wall_s": time.time() - t0, "returncode": rc, "log_tail": tail, "command": " ".join(cmd)}
+
+
+def speed_summary(rows: list[dict], skip: int = 2) -> dict:
+    steps = [r for r in rows if "timing_s/step" in r]
+    steady = steps[skip:] or steps
+    if not steady:
+        return {}
+    mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in PHASES}
+    tokens = sum(r["perf/total_num_tokens"] for r in steady)
+    out = {"steps": len(steps), "steady_steps": len(steady), "mean": mean,
+           "tokens_per_s": tokens / max(sum(r["timing_s/step"] for r in steady), 1e-9),
+           "max_staleness_seen": max((r.get("rollout/staleness", 0) for r in steps), default=0),
+           "mismatch_abs_mean": sum(r.get("rollout/mismatch_abs_mean", 0.0) for r in steady) / len(steady),
+           "mismatch_kl": sum(r.get("rollout/mismatch_kl", 0.0) for r in steady) / len(steady)}
+    return out
+
+
+def learning_curve(rows: list[dict]) -> dict:
+    """val/accuracy by step and by cumulative step seconds (wall-clock of the training loop)."""
+    clock, acc, by_time = 0.0, [], []
+    for r in rows:
+        clock += r.get("timing_s/step", 0.0)
+        if "val/accuracy" in r:
+            acc.append((r["step"], r["val/accuracy"]))
+            by_time.append((round(clock, 2), r["val/accuracy"]))
+    return {"by_step": acc, "by_time_s": by_time}
+
+
+def steps_to(curve: list[tuple], target: float) -> int | None:
+    return next((s for s, a in curve if a >= target), None)
+
+
+def compare_learning(sync: dict, asyn: dict) -> dict:
+    """Target = 90% of the best held-out accuracy the synchronous run reached; the steps each run needs."""
+    best = max((a for _, a in sync["by_step"]), default=0.0)
+    target = 0.9 * best
+    s, a = steps_to(sync["by_step"], target), steps_to(asyn["by_step"], target)
+    ts, ta = steps_to(sync["by_time_s"], target), steps_to(asyn["by_time_s"], target)
+    return {"target_accuracy": target, "sync_steps": s, "async_steps": a,
+            "async_over_sync_steps": (a / s) if (a and s) else None, "sync_seconds": ts, "async_seconds": ta,
+            "final_sync": sync["by_step"][-1][1] if sync["by_step"] else None,
+            "final_async": asyn["by_step"][-1][1] if asyn["by_step"] else None}
+
+
+def plot_learning(name: str, curves: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=100)
+    for mode, c in curves.items():
+        for ax, key, xlabel in ((axes[0], "by_step", "step"), (axes[1], "by_time_s", "training-loop seconds")):
+            pts = c[key]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1.5, label=mode)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("val/accuracy")
+            ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"{name}: synchronous vs asynchronous rollout")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_speed(speed: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in ("sync", "async") if speed.get(m, {}).get("mean")]
+    if not modes:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), dpi=100)
+    axes[0].bar(modes, [speed[m]["mean"]["timing_s/step"] for m in modes], color=["tab:blue", "tab:orange"][:len(modes)])
+    axes[0].set_ylabel("s / step")
+    axes[1].bar(modes, [speed[m]["tokens_per_s"] for m in modes], color=["tab:blue", "tab:orange"][:len(modes)])
+    axes[1].set_ylabel("tokens / s")
+    fig.suptitle(speed.get("title", "step time"))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def to_markdown(res: dict) -> str:
+    lines = [f"# Synchronous vs asynchronous rollout ({res['date']}, {res['device']})", "",
+             f"Command: `{res['command']}`; total {res['total_s']:.0f} s.", ""]
+    sp = res.get("speed", {})
+    if any(sp.get(m, {}).get("mean") for m in ("sync", "async")):
+        lines += [f"## Step time: {sp['title']}", "",
+                  "| mode | " + " | ".join(k.split("/")[1] for k in PHASES) + " | tokens/s | max staleness |",
+                  "|---|" + "---|" * (len(PHASES) + 2)]
+        for m in ("sync", "async"):
+            s = sp.get(m, {})
+            if s.get("mean"):
+                lines.append(f"| {m} | " + " | ".join(f"{s['mean'][k]:.3f}" for k in PHASES)
+                             + f" | {s['tokens_per_s']:.0f} | {s['max_staleness_seen']} |")
+        if sp.get("speedup"):
+            lines += ["", f"async / sync tokens/s: **{sp['speedup']:.2f}x**; mismatch |log p_sampler - log p_old| "
+                      f"sync {sp['sync'].get('mismatch_abs_mean', 0):.4f}, async {sp['async'].get('mismatch_abs_mean', 0):.4f}"]
+        lines.append("")
+    for name, lr in res.get("learning", {}).items():
+        c = lr.get("compare")
+        if not c:
+            continue
+        lines += [f"## Learning: {name}", "", f"Overrides: `{' '.join(lr['overrides'])}`", "",
+                  "| mode | steps to target | training-loop s to target | final val/accuracy |", "|---|---|---|---|",
+                  f"| sync | {c['sync_steps']} | {c['sync_seconds']} | {c['final_sync']} |",
+                  f"| async | {c['async_steps']} | {c['async_seconds']} | {c['final_async']} |", "",
+                  f"target = 90% of the sync run's best held-out accuracy = {c['target_accuracy']:.3f}; "
+                  f"async/sync steps = {c['async_over_sync_steps']}; curves: `learning_{name}.png`", ""]
+    for k, v in res.get("skipped", {}).items():
+        lines.append(f"- {k}: {v}")
+    return "\n".join(lines) + "\n"
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.time() + seconds
+
+    def left(self) -> float:
+        return self.end - time.time()
+
+
+def run_pair(out: str, name: str, config: str, overrides: list[str], est_s: float, budget: Budget,
+             skipped: dict) -> dict:
+    """The same run synchronous and asynchronous; each only when its estimate fits the budget left."""
+    res = {}
+    for mode in ("sync", "async"):
+        left = budget.left()
+        if left < est_s:
+            skipped[f"{name}/{mode}"] = f"skipped: {left:.0f} s left of the budget, the run needs about {est_s:.0f} s"
+            continue
+        r = run_trainer(os.path.join(out, name, mode), config, [*overrides, *(ASYNC if mode == "async" else [])],
+                        timeout_s=left)
+        print(f"[bench_async] {name}/{mode}: rc={r['returncode']} in {r['wall_s']:.0f} s", flush=True)
+        if r["returncode"] != 0:
+            skipped[f"{name}/{mode}"] = f"failed (rc={r['returncode']}): {r['log_tail'][-600:]}"
+        res[mode] = r
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_async_out"))
+    ap.add_argument("--cpu", action="store_true", help="CPU: grpo_tiny only (speed and learning)")
+    ap.add_argument("--speed-steps", type=int, default=8)
+    ap.add_argument("--learn-steps", type=int, default=60)
+    ap.add_argument("--recipe", help="a GPU learning recipe (config name) to compare as well")
+    ap.add_argument("--recipe-overrides", default="")
+    ap.add_argument("--recipe-steps", type=int, default=60)
+    ap.add_argument("--budget-s", type=float, default=450.0)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    budget, skipped = Budget(args.budget_s), {}
+    t0 = time.time()
+    import torch
+
+    gpu = not args.cpu
+    if gpu and torch.cuda.device_count() < 2:
+        sys.exit("bench_async: split placement 1+1 needs 2 GPUs (or pass --cpu)")
+    device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if gpu else f"cpu ({os.cpu_count()} cores)"
+    res = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
+           "command": "python tools/bench_async.py " + " ".join(sys.argv[1:]), "learning": {}, "skipped": skipped}
+    place = ["trainer.device=cuda", "trainer.n_gpus_per_node=1"] if gpu else \
+        ["trainer.device=cpu", "trainer.num_cpus=2", "trainer.n_gpus_per_node=1"]
+
+    # 1. step time and tokens/s
+    if gpu:
+        from gpu_smoke import GRPO_06B_OVERRIDES
+
+        speed_ov = [*GRPO_06B_OVERRIDES, *SPLIT, *place, f"trainer.total_steps={args.speed_steps}",
+                    "trainer.logger=[jsonl]"]
+        title, est = "GRPO, Qwen3-0.6B shapes (random init), HF rollout, split 1+1", 150.0
+    else:
+        speed_ov = [*SPLIT, *place, *TINY_LEARN, "trainer.test_freq=-1",
+                    f"trainer.total_steps={args.speed_steps}"]
+        title, est = "grpo_tiny, 32 prompts x 16 samples, split 1+1 on 2 CPU cores", 60.0
+    pair = run_pair(args.out, "speed", "grpo_tiny", speed_ov, est, budget, skipped)
+    speed = {"title": title, "overrides": speed_ov}
+    for mode, r in pair.items():
+        speed[mode] = speed_summary(r["rows"])
+        speed[mode]["wall_s"] = r["wall_s"]
+    if speed.get("sync", {}).get("tokens_per_s") and speed.get("async", {}).get("tokens_per_s"):
+        speed["speedup"] = speed["async"]["tokens_per_s"] / speed["sync"]["tokens_per_s"]
+    res["speed"] = speed
+    plot_speed(speed, os.path.join(args.out, "speed.png"))
+
+    # 2. learning curves
+    learns = [("grpo_tiny", "grpo_tiny", [*TINY_LEARN, *SPLIT, *place, f"trainer.total_steps={args.learn_steps}",
+                                          "trainer.test_freq=2"], 150.0 if gpu else 120.0)]
+    if args.recipe:
+        learns.append((args.recipe, args.recipe, [*SPLIT, *place, *args.recipe_overrides.split(),
+                                                  f"trainer.total_steps={args.recipe_steps}"], 180.0))
+    for name, config, ov, est in learns:
+        pair = run_pair(args.out, f"learn_{name}", config, ov, est, budget, skipped)
+        curves = {m: learning_curve(r["rows"]) for m, r in pair.items() if r["rows"]}
+        entry = {"overrides": ov, "curves": curves,
+                 "wall_s": {m: r["wall_s"] for m, r in pair.items()},
+                 "max_staleness_seen": max((row.get("rollout/staleness", 0) for r in pair.values()
+                                            for row in r["rows"]), default=0)}
+        if {"sync", "async"} <= set(curves):
+            entry["compare"] = compare_learning(curves["sync"], curves["async"])
+            plot_learning(name, curves, os.path.join(args.out, f"learning_{name}.png"))
+        res["learning"][name] = entry
+
+    res["total_s"] = time.time() - t0
+    with open(os.path.join(args.out, "bench_async.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    md = to_markdown(res)
+    with open(os.path.join(args.out, "bench_async.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
