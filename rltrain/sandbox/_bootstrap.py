@@ -15,7 +15,8 @@ Process tree (pids as the parent sees them):
        boundary, inherited by everything U starts or execs: Landlock (read-only: the stdlib and the
        system's shared libraries; read-write: its temp dir; nothing else; no TCP unless allowed;
        no signals out of its domain) and a seccomp filter (no execve/execveat unless allowed, no
-       ptrace, namespaces, mounts, open-by-handle, io_uring, bpf, keyrings, modules). Without
+       chmod/chown/utime/xattr, which Landlock does not cover, no ptrace, namespaces, mounts,
+       open-by-handle, io_uring, bpf, keyrings, modules). Without
        namespaces or Landlock, U refuses to run the code unless `allow_unisolated`. Last an audit
        hook (always on: friendly messages for sockets, running programs, reads outside an
        allow-list, writes outside its temp dir, forks beyond the limit), then exec of main.py.
@@ -33,6 +34,7 @@ import sys
 EXIT_MEMORY = 251  # U exits with this when the user code died of MemoryError
 EXIT_REFUSED = 250  # U exits with this, before running anything, when isolation is missing and required
 NOBODY = 65534
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -69,14 +71,14 @@ def _load_bindings(paths):
 
 
 def _isolate(libc, allow_network):
-    """Layer 1a: new user (+net) (+pid) namespace. Returns (names joined by ',' or None, problem)."""
+    """Layer 1a: new user, pid, ipc (+ net) namespaces. Returns (names joined by ',' or None, problem)."""
     import ctypes
 
     was_root = os.getuid() == 0 and os.geteuid() == 0
     if was_root:  # keep euid 0 for file access, make the real uid count against RLIMIT_NPROC
         os.setresuid(NOBODY, 0, 0)
-    flags = CLONE_NEWUSER | CLONE_NEWPID | (0 if allow_network else CLONE_NEWNET)
-    names = "user,pid" + ("" if allow_network else ",net")
+    flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC | (0 if allow_network else CLONE_NEWNET)
+    names = "user,pid,ipc" + ("" if allow_network else ",net")
     if libc.unshare(ctypes.c_int(flags)) == 0:
         return names, ""
     err = ctypes.get_errno()
@@ -86,9 +88,14 @@ def _isolate(libc, allow_network):
 
 
 # Syscalls the user process never needs: reaching into other processes, new namespaces and mounts,
-# opening files by handle (bypasses paths), and kernel interfaces that are mostly attack surface.
+# opening files by handle (bypasses paths), kernel interfaces that are mostly attack surface, and file
+# metadata changes, which Landlock does not cover (chmod/chown/utime/xattr work on any file the uid owns,
+# even one opened read-only or not at all).
 DENIED_SYSCALLS = (
     "ptrace", "process_vm_readv", "process_vm_writev",
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "utime", "utimes", "futimesat", "utimensat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsmount", "move_mount", "open_tree",
     "open_by_handle_at", "name_to_handle_at",
     "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
@@ -98,6 +105,7 @@ DENIED_SYSCALLS = (
 LIBRARY_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")  # what extension modules link
 PROGRAM_DIRS = ("/bin", "/usr/bin", "/usr/local/bin")  # only with allow_exec
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+IOCTL_FILE_ATTRS = (0x40086602, 0x401C5820)  # FS_IOC_SETFLAGS (chattr), FS_IOC_FSSETXATTR
 
 
 def _landlock_rules(ll, cfg):
@@ -140,8 +148,10 @@ def _apply_seccomp(sc, cfg, landlock_abi):
     for name in names:
         try:
             flt.add_rule(sc.ERRNO(errno.EPERM), name)
-        except OSError:  # not a syscall on this architecture
+        except OSError:  # not a syscall on this architecture (or unknown to this libseccomp)
             pass
+    for cmd in IOCTL_FILE_ATTRS:  # ioctl needs no write access for these: refuse by command
+        flt.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.EQ, cmd))
     flt.load()
 
 
@@ -248,11 +258,14 @@ def _install_audit_hook(cfg):
     # Functions the hook calls are bound now so that monkeypatching os/posixpath cannot blind it.
     lstat, readlink, getcwd, fsdecode, read = posix.lstat, posix.readlink, posix.getcwd, os.fsdecode, posix.read
     s_islnk = stat_mod.S_ISLNK
-    blocked_prefixes = ("subprocess.", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-                        "os.forkpty", "pty.", "ctypes.", "resource.", "gc.get_", "sys.remote_exec")
-    write_events = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                              "os.utime", "os.truncate", "os.chflags", "os.lchflags", "os.mkfifo",
-                              "os.mknod", "shutil.rmtree", "os.setxattr", "os.removexattr"))
+    running_programs = ("subprocess.", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.forkpty", "pty.")
+    blocked_prefixes = (() if cfg["allow_exec"] else running_programs) + (
+        "ctypes.", "resource.", "gc.get_", "sys.remote_exec")
+    write_events = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.mkfifo",
+                              "os.mknod", "shutil.rmtree"))
+    # refused by the kernel layer's seccomp filter everywhere, its own temp dir included: say so here
+    metadata_events = frozenset(("os.chmod", "os.chown", "os.utime", "os.chflags", "os.lchflags",
+                                 "os.setxattr", "os.removexattr"))
     two_path_events = frozenset(("os.rename", "os.link", "shutil.move", "shutil.copytree"))
 
     def resolve(path):
@@ -328,6 +341,9 @@ def _install_audit_hook(cfg):
             check_read(args[0] if args else None)
         elif event in write_events:
             check_write(args[0])
+        elif event in metadata_events:
+            raise PermissionError("sandbox: changing file modes, owners, times or attributes is not allowed (%s)"
+                                  % event)
         elif event in two_path_events or event in ("os.symlink",):
             check_write(args[1])
             if event != "os.symlink":

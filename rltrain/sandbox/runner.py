@@ -358,8 +358,8 @@ def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max
         status, message = "killed", "the sandbox process ended without reporting a status"
     elif exit_code == EXIT_REFUSED and out.status.get("isolated") is False:
         problems = "; ".join(out.status.get("problems") or ["unknown"])
-        status, message = "refused", (f"sandbox refused to run the code: no kernel isolation here ({problems}); "
-                                      f"fix that, or {ALLOW_UNISOLATED_HINT}")
+        status, exit_code = "refused", None  # the code never ran
+        message = f"sandbox refused to run the code: no kernel isolation here ({problems}); fix that, or {ALLOW_UNISOLATED_HINT}"
     elif exit_code == EXIT_MEMORY:
         status, message = "memory", f"memory limit of {memory_mb} MiB exceeded (MemoryError)"
     elif exit_code == 0:

@@ -12,6 +12,8 @@ import pytest
 from rltrain.sandbox import SandboxPool, SandboxResult, kill_sandbox_processes, run_code
 from rltrain.sandbox.runner import _run
 
+pytestmark = pytest.mark.sandbox
+
 
 def _layers(audit=True, os_isolation=True, **kw):
     """run_code with one layer switched off; without the kernel layer the run must be let through."""
