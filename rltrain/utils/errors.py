@@ -15,16 +15,12 @@ class UserError(Exception):
 
 
 def find_user_error(err: BaseException | None) -> UserError | None:
-    """The UserError behind `err`: `err` itself, the worker's exception that a Ray error carries
-    (`.cause`), or one it was raised from (`__cause__`). None when `err` is not a user's mistake."""
-    for _ in range(8):  # a chain is short; the bound only guards against cycles
-        if err is None:
-            return None
+    """The UserError behind `err`: `err` itself, or the worker's exception that a Ray error carries
+    (`.cause`, possibly wrapped again). None when `err` is not a user's mistake: an error merely raised
+    *from* a UserError (`__cause__`) is a bug elsewhere and keeps its traceback."""
+    for _ in range(8):  # wrappers nest shallowly; the bound only guards against cycles
         cause = getattr(err, "cause", None)  # ray.exceptions.RayTaskError: the remote exception
-        if isinstance(cause, BaseException) and cause is not err:
-            err = cause
-        elif isinstance(err, UserError):
-            return err
-        else:
-            err = err.__cause__
-    return None
+        if not isinstance(cause, BaseException) or cause is err:
+            break
+        err = cause
+    return err if isinstance(err, UserError) else None

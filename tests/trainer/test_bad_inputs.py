@@ -174,3 +174,30 @@ def test_reward_that_raises_on_every_call_is_reported_once_with_its_first_error(
     assert len(calls) == 5 and len(warnings) == 1
     assert "failed on 3 of 3 calls" in warnings[0] and "first error: RuntimeError: boom on 'a'" in warnings[0]
     assert "reported once" in warnings[0]
+
+
+def test_user_error_from_a_ray_worker_is_one_line_and_other_errors_keep_their_traceback(capsys):
+    """Ray hands a worker's exception to the driver wrapped (RayTaskError(<cause type>), its str the remote
+    traceback): the entry point prints the cause's message only. Anything that is not a user's mistake
+    propagates unchanged."""
+    from ray.exceptions import RayTaskError
+
+    from rltrain.data.dataset import DataError
+
+    cause = DataError("/data/x.jsonl:3: not valid JSON (Expecting value)")
+    wrapped = RayTaskError("HybridWorker.setup", "Traceback (most recent call last):\n  ...\nDataError: ...",
+                           cause).as_instanceof_cause()
+
+    def run(cfg):
+        raise wrapped
+
+    with pytest.raises(SystemExit) as info:
+        run_entry(None, lambda cfg: None, run)
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "rltrain: /data/x.jsonl:3: not valid JSON (Expecting value)\n"
+
+    def bug(cfg):
+        raise RuntimeError("a bug, not the user's mistake") from cause
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_entry(None, lambda cfg: None, bug)
