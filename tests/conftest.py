@@ -33,7 +33,7 @@ def _sandbox_not_isolated() -> str:
 def pytest_runtest_setup(item):
     if item.get_closest_marker("sandbox") and _sandbox_not_isolated():
         pytest.skip(f"the sandbox refuses to run code on this machine ({_sandbox_not_isolated()}): it needs user "
-                    "namespaces and Landlock; tests/sandbox/test_isolation_required.py covers the refusal")
+                    "namespaces, Landlock and seccomp; tests/sandbox/test_isolation_required.py covers the refusal")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -44,8 +44,8 @@ class MultiTurnConfig:
 class SandboxConfig:
     """Where model-written tool code runs (rltrain/sandbox): behind namespaces + Landlock + seccomp."""
 
-    # Run tool code even where the kernel cannot isolate it (no user namespaces or Landlock): only an audit
-    # hook, which is no security boundary, then stands between it and your files. Off: tool calls are refused.
+    # Run tool code even where the kernel cannot isolate it (no user namespaces, Landlock or seccomp): only an
+    # audit hook, which is no security boundary, then stands between it and your files. Off: calls are refused.
     allow_unisolated: bool = False
     # Let tool code run the system's programs (execve); they stay confined to its temp dir. Off: refused.
     allow_exec: bool = False

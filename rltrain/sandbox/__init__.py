@@ -11,5 +11,5 @@ from rltrain.sandbox.runner import (
     run_code,
 )
 
-__all__ = ["ALLOW_UNISOLATED_HINT", "STATUSES", "SandboxPool", "SandboxResult", "kill_sandbox_processes", "probe_isolation",
-           "run_code"]
+__all__ = ["ALLOW_UNISOLATED_HINT", "STATUSES", "SandboxPool", "SandboxResult", "kill_sandbox_processes",
+           "probe_isolation", "run_code"]

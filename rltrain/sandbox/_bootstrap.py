@@ -17,7 +17,7 @@ Process tree (pids as the parent sees them):
        no signals out of its domain) and a seccomp filter (no execve/execveat unless allowed, no
        chmod/chown/utime/xattr, which Landlock does not cover, no ptrace, namespaces, mounts,
        open-by-handle, io_uring, bpf, keyrings, modules). Without
-       namespaces or Landlock, U refuses to run the code unless `allow_unisolated`. Last an audit
+       any of the three, U refuses to run the code unless `allow_unisolated`. Last an audit
        hook (always on: friendly messages for sockets, running programs, reads outside an
        allow-list, writes outside its temp dir, forks beyond the limit), then exec of main.py.
 
@@ -156,11 +156,9 @@ def _apply_seccomp(sc, cfg, landlock_abi):
 
 
 def _confine(cfg, bindings, namespaces, ns_problem):
-    """Layer 1b on U: Landlock, then seccomp. Returns (description, problems); no problems = isolated.
-
-    Isolated means: namespaces (user, pid, net unless allowed) and Landlock; seccomp adds the exec
-    refusal with clear errors (Landlock alone already denies EXECUTE) and is required only where
-    Landlock cannot stop truncate(2) (ABI < 3)."""
+    """Layer 1b on U: Landlock, then seccomp. Returns (description, problems); no problems = isolated:
+    the namespaces, Landlock and seccomp all hold (seccomp closes what Landlock leaves open: metadata
+    changes, and exec with a clear EPERM)."""
     done, problems = [], []
     if namespaces:
         done.append("namespaces:" + namespaces)
@@ -181,14 +179,15 @@ def _confine(cfg, bindings, namespaces, ns_problem):
             else:
                 problems.append("no Landlock in this kernel (needs Linux >= 5.13 with landlock in its LSM list)")
     sc = bindings["pyseccomp"]
-    try:
-        if isinstance(sc, str):
-            raise RuntimeError(sc)
-        _apply_seccomp(sc, cfg, abi)
-        done.append("seccomp")
-    except Exception as e:
-        if abi and abi < 3:
-            problems.append("no seccomp (%s) and Landlock ABI %d cannot stop truncate(2)" % (e, abi))
+    if isinstance(sc, str):
+        problems.append(sc + "; install rltrain's dependencies and the system's libseccomp2")
+    else:
+        try:
+            _apply_seccomp(sc, cfg, abi)
+        except Exception as e:
+            problems.append("seccomp failed (%s: %s)" % (type(e).__name__, e))
+        else:
+            done.append("seccomp")
     return " + ".join(done) or "none", problems
 
 

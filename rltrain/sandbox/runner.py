@@ -13,7 +13,7 @@ Layers, outermost first:
    libraries, read-write to its temp dir only, no TCP unless allowed, no signals out of its domain;
    seccomp (pyseccomp over libseccomp): no execve unless `allow_exec`, no ptrace, namespaces,
    mounts or open-by-handle; rlimits (address space, CPU seconds, file size, processes, no cores).
-   Where the namespaces or Landlock are unavailable the child refuses to run the code (status
+   Where any of the three is unavailable the child refuses to run the code (status
    "refused", saying why) unless `allow_unisolated=True` (config `sandbox.allow_unisolated`).
 3. Always: an audit hook (`sys.addaudithook`) in the child that refuses sockets, running other
    programs, ctypes, reads outside the stdlib and its temp dir (e.g. `/etc/passwd`), writes outside
@@ -67,7 +67,7 @@ class SandboxResult:
     message: str = ""  # one line saying why a non-ok run ended (empty when ok)
     # kernel isolation the child got, e.g. "namespaces:user,pid,net + landlock:7 + seccomp", or "none"
     isolation: str = ""
-    isolated: bool = False  # namespaces + Landlock held (the code ran behind the kernel boundary)
+    isolated: bool = False  # namespaces, Landlock and seccomp held (the code ran behind the kernel boundary)
     sandbox_id: str = ""  # marker in the child's environment, for finding its processes
 
     def ok(self) -> bool:
@@ -359,7 +359,8 @@ def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max
     elif exit_code == EXIT_REFUSED and out.status.get("isolated") is False:
         problems = "; ".join(out.status.get("problems") or ["unknown"])
         status, exit_code = "refused", None  # the code never ran
-        message = f"sandbox refused to run the code: no kernel isolation here ({problems}); fix that, or {ALLOW_UNISOLATED_HINT}"
+        message = (f"sandbox refused to run the code: no kernel isolation here ({problems}); fix that, or "
+                   f"{ALLOW_UNISOLATED_HINT}")
     elif exit_code == EXIT_MEMORY:
         status, message = "memory", f"memory limit of {memory_mb} MiB exceeded (MemoryError)"
     elif exit_code == 0:

@@ -33,7 +33,8 @@ class RolloutRole:
 
             sb = sandbox_cfg or {}  # config group `sandbox`; refuses here where tool code cannot be isolated
             tools = SandboxToolExecutor(max_workers=mt["tool_max_workers"], timeout_s=mt["tool_timeout_s"],
-                                        memory_mb=mt["tool_memory_mb"], allow_unisolated=sb.get("allow_unisolated", False),
+                                        memory_mb=mt["tool_memory_mb"],
+                                        allow_unisolated=sb.get("allow_unisolated", False),
                                         allow_exec=sb.get("allow_exec", False))
             self.multi_turn = MultiTurnRollout(self.engine, tokenizer, tool_executor=tools,
                                                tool_pattern=mt["tool_pattern"], max_turns=mt["max_turns"],
