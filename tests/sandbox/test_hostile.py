@@ -176,6 +176,7 @@ def level():
     probe = probe_isolation()
     assert probe.isolated, probe.isolation
     assert probe.isolation.startswith("namespaces:user,pid,ipc,net + landlock:"), probe.isolation
+    assert probe.isolation.endswith(" + seccomp"), probe.isolation
     return probe.isolation
 
 
