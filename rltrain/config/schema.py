@@ -41,6 +41,17 @@ class MultiTurnConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Where model-written tool code runs (rltrain/sandbox): behind namespaces + Landlock + seccomp."""
+
+    # Run tool code even where the kernel cannot isolate it (no user namespaces, Landlock or seccomp): only an
+    # audit hook, which is no security boundary, then stands between it and your files. Off: calls are refused.
+    allow_unisolated: bool = False
+    # Let tool code run the system's programs (execve); they stay confined to its temp dir. Off: refused.
+    allow_exec: bool = False
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"  # hf | vllm
     n: int = 8
@@ -207,6 +218,7 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 # ---------------------------------------------------------------------------- SFT (rltrain.sft)

@@ -10,8 +10,10 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rltrain.utils.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A user-fixable problem in the configuration."""
 
 

@@ -9,6 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from rltrain.utils.errors import UserError
+
+
+class ModelNotFoundError(UserError, FileNotFoundError):
+    """`model.path` (or `model.tokenizer`) names nothing that can be loaded."""
+
 # Facts from the public Hugging Face Qwen3-0.6B config.json.
 QWEN3_0_6B = dict(
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -56,12 +62,12 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
     if not path:
         raise ValueError("model.path is not set; give an HF model id or a local directory, or set model.builtin")
     if os.path.sep in path and not os.path.exists(path):
-        raise FileNotFoundError(f"model.path={path!r} does not exist; fix model.path (a local directory with "
+        raise ModelNotFoundError(f"model.path={path!r} does not exist; fix model.path (a local directory with "
                                 "config.json and safetensors, or an HF model id)")
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"model.path={path!r}: could not load its config.json ({err}); fix model.path "
+        raise ModelNotFoundError(f"model.path={path!r}: could not load its config.json ({err}); fix model.path "
                                 "or download the model first") from err
     for k, v in overrides.items():
         setattr(cfg, k, v)

@@ -98,7 +98,8 @@ class HybridWorker(Worker):
             from rltrain.workers.rollout import RolloutRole
 
             self.rollout = RolloutRole(engine=cfg["rollout"]["engine"], model=hf_model, tokenizer=self.tokenizer,
-                                       rollout_cfg=cfg["rollout"], device=self.device, dtype=train_dtype)
+                                       rollout_cfg=cfg["rollout"], device=self.device, dtype=train_dtype,
+                                       sandbox_cfg=cfg.get("sandbox"))
         else:
             del hf_model
         return {"rank": self.rank, "device": self.device, "roles": self.roles}

@@ -15,7 +15,8 @@ from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 
 
 class RolloutRole:
-    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg: dict, device: str, dtype: torch.dtype):
+    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg: dict, device: str, dtype: torch.dtype,
+                 sandbox_cfg: dict | None = None):
         self.cfg, self.tokenizer = rollout_cfg, tokenizer
         if engine == "hf":
             self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
@@ -30,8 +31,11 @@ class RolloutRole:
         if mt.get("enable"):
             from rltrain.rollout.multiturn import MultiTurnRollout, SandboxToolExecutor
 
+            sb = sandbox_cfg or {}  # config group `sandbox`; refuses here where tool code cannot be isolated
             tools = SandboxToolExecutor(max_workers=mt["tool_max_workers"], timeout_s=mt["tool_timeout_s"],
-                                        memory_mb=mt["tool_memory_mb"])
+                                        memory_mb=mt["tool_memory_mb"],
+                                        allow_unisolated=sb.get("allow_unisolated", False),
+                                        allow_exec=sb.get("allow_exec", False))
             self.multi_turn = MultiTurnRollout(self.engine, tokenizer, tool_executor=tools,
                                                tool_pattern=mt["tool_pattern"], max_turns=mt["max_turns"],
                                                max_total_tokens=mt["max_total_tokens"])
