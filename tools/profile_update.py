@@ -51,7 +51,8 @@ _KERNEL_RULES = [
 _STACK_RULES = [
     ("optimizer", re.compile(r"^Optimizer\.step|^" + re.escape(OPT_RANGE))),
     ("LM head (log-prob/entropy)", re.compile(r"^" + re.escape(HEAD_RANGE) + r"|FusedLinearLogprob|LogitsLogprob")),
-    ("attention", re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|varlen_attn")),
+    ("attention", re.compile(r"scaled_?dot_?product|flash_?attention|efficient_?attention|cudnn_?attention|"
+                             r"varlen_attn", re.I)),
     ("norms", re.compile(r"rms_norm|layer_norm|RmsNorm|LayerNorm", re.I)),
 ]
 # (category, regex on the innermost aten op), for what the stack did not decide

@@ -44,19 +44,28 @@ _loss_fn.needs_entropy_grad = True
 
 
 def _step(hf, mb, **kw):
+    """One train_step -> (metrics, grads the optimizer stepped with, by parameter name)."""
     eng = MegatronEngine(hf.config, role="actor", seed=3, lr=1e-3, make_vocab_size_divisible_by=1, **kw)
     eng.load_hf_weights(hf.state_dict())
+    names = {id(p): n for n, p in eng.model.named_parameters()}
+    grads, step = {}, eng.optimizer.step
+
+    def capturing_step(*a, **k):
+        grads.update({names[id(p)]: p.grad.clone() for p in eng._params})
+        return step(*a, **k)
+
+    eng.optimizer.step = capturing_step
     metrics = eng.train_step([dict(mb)], _loss_fn)
-    return metrics, dict(eng.export_hf_weights())
+    return metrics, grads
 
 
 def _same_step(a, b, rtol=1e-5):
-    (m0, w0), (m1, w1) = a, b
-    assert m0.keys() == m1.keys()
+    (m0, g0), (m1, g1) = a, b
+    assert m0.keys() == m1.keys() and g0.keys() == g1.keys() and len(g0) > 10
     for k in m0:
         assert m0[k] == pytest.approx(m1[k], rel=rtol, abs=1e-7), k
-    for k in w0:
-        torch.testing.assert_close(w0[k], w1[k], rtol=rtol, atol=1e-6, msg=k)
+    for k in g0:
+        torch.testing.assert_close(g0[k], g1[k], rtol=rtol, atol=rtol * g0[k].abs().max().item(), msg=k)
 
 
 def test_bf16_model_keeps_norms_in_bf16_and_matches_fp32_within_bf16_rounding():
@@ -84,6 +93,12 @@ def test_bf16_model_keeps_norms_in_bf16_and_matches_fp32_within_bf16_rounding():
     # the master weights hold the fp32 values; the export rounds the bf16 params only
     for k, v in eng.export_hf_weights():
         torch.testing.assert_close(v.float(), hf.state_dict()[k].bfloat16().float(), rtol=0, atol=0, msg=k)
+    # a step updates the fp32 masters and refreshes every bf16 param (norms included) from them
+    metrics = eng.train_step([dict(mb)], _loss_fn)
+    assert metrics["grad_norm"] > 0
+    for p, master in zip(eng._params, eng._masters):
+        assert p.dtype == torch.bfloat16 and torch.equal(p, master.bfloat16())
+    assert any(not torch.equal(v.float(), hf.state_dict()[k].bfloat16().float()) for k, v in eng.export_hf_weights())
 
 
 @pytest.mark.parametrize("modules", [("mlp",), ("mlp", "core_attn")])
