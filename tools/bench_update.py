@@ -30,6 +30,7 @@ Not switchable here: the one-sync train step and the foreach grad norm/clip (eng
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import fnmatch
@@ -93,10 +94,12 @@ def plans() -> dict[str, list[Row]]:
     big = [_row(p4, 8192, "legacy"), _row(p4, 8192, "all"), _row(p4, 8192, "all", head="unfused"),
            _row(p4, 32768, "legacy", recompute="full"), _row(p4, 32768, "all", recompute="full"),
            _row(p4, 32768, "all", recompute="selective")]
-    quick = [small_8k[0], small_8k[2], small_8k[4], small_32k[0], small_32k[2], big[0], big[1], big[3], big[5]]
+    # ~5 min on one H200: before/after at each shape (4B/32k "legacy" is issue 17's 5.37 s on the same kind)
+    quick = [small_8k[0], small_8k[4], small_32k[0], small_32k[2], big[0], big[1], big[5]]
     tp2 = [_row(p06, 8192, "legacy", tp=2), _row(p06, 8192, "mcore", tp=2), _row(p4, 8192, "mcore", tp=2),
            _row(p4, 32768, "mcore", recompute="selective", tp=2), _row(p4, 8192, "all", tp=2)]
-    return {"full": small_8k[:5] + small_32k + big, "quick": quick, "h100": small_8k + small_32k,
+    full = [small_8k[0], small_8k[2], small_8k[4]] + small_32k + big  # < 9 min on one H200
+    return {"full": full, "quick": quick, "h100": small_8k + small_32k,
             "h200-4b": big, "tp2": tp2,
             "cpu": [_row("tiny", 256, "legacy", profile=True), _row("tiny", 256, "norms+optim")]}
 
@@ -284,6 +287,66 @@ def child(row: Row, reps: int, out_dir: str) -> None:
         json.dump(res, f, indent=1, default=str)
 
 
+# ------------------------------------------------------------------ attention backends
+def attention_probe(shapes=((16, 8, 8192), (16, 8, 32768), (32, 8, 8192), (32, 8, 32768)), reps: int = 3) -> list:
+    """Causal SDPA fwd and fwd+bwd at the models' attention shapes (q heads, kv heads, tokens; head dim 128,
+    bf16, one sequence), per backend: what SDPACoreAttention runs today (`enable_gqa=True`, torch picks), each
+    backend forced, and K/V expanded to the q heads first (cuDNN and efficient attention take no GQA broadcast).
+    TFLOP/s from causal FLOPs (fwd 2*s^2*d*hq, bwd 2.5x fwd)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def timed(fn):
+        for _ in range(1):
+            fn()
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b))
+        return statistics.median(out)
+
+    variants = {"default (gqa)": (None, False), "flash (gqa)": (SDPBackend.FLASH_ATTENTION, False),
+                "cudnn (gqa)": (SDPBackend.CUDNN_ATTENTION, False),
+                "cudnn (kv expanded)": (SDPBackend.CUDNN_ATTENTION, True),
+                "flash (kv expanded)": (SDPBackend.FLASH_ATTENTION, True),
+                "default (kv expanded)": (None, True)}
+    rows = []
+    for hq, hkv, s in shapes:
+        g = torch.Generator(device="cuda").manual_seed(hq + s)
+        q = torch.randn(1, hq, s, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+        k = torch.randn(1, hkv, s, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+        v = torch.randn(1, hkv, s, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+        dout = torch.randn(1, hq, s, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        fwd_flop = 2.0 * s * s * 128 * hq
+        for name, (backend, expand) in variants.items():
+            def attn():
+                kk, vv = (k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)) if expand else (k, v)
+                ctx = sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
+                with ctx:
+                    return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=not expand)
+
+            row = {"hq": hq, "hkv": hkv, "tokens": s, "variant": name}
+            try:
+                with torch.no_grad():
+                    row["fwd_ms"] = timed(attn)
+                row["fwdbwd_ms"] = timed(lambda: torch.autograd.backward(attn(), dout))
+                row["fwd_tflops"] = fwd_flop / row["fwd_ms"] / 1e9
+                row["bwd_tflops"] = 2.5 * fwd_flop / (row["fwdbwd_ms"] - row["fwd_ms"]) / 1e9
+            except Exception as err:  # noqa: BLE001 - an unsupported backend is a result
+                row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:160]
+            rows.append(row)
+            print("[attention]", row, flush=True)
+        del q, k, v, dout
+        torch.cuda.empty_cache()
+    return rows
+
+
 # ------------------------------------------------------------------ report
 def to_markdown(res: dict) -> str:
     lines = [f"# Actor update step ({res['date']}, {res['device']}, torch {res['torch']})", "",
@@ -302,6 +365,16 @@ def to_markdown(res: dict) -> str:
                          f"{(r['peak_gib'] or 0):.1f} | {r['warmup_loss']:.4f} / {r['warmup_grad_norm']:.4g} |")
         else:
             lines.append(f"{head} - | {r.get('predicted_step_s', 0):.3f} | - | - | {str(r.get('error'))[:100]} |")
+    if res.get("attention"):
+        lines += ["", "Causal SDPA, one sequence, head dim 128, bf16 (ms; TFLOP/s from causal FLOPs, bwd = 2.5x fwd):",
+                  "", "| q/kv heads | tokens | variant | fwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for a in res["attention"]:
+            if "error" in a:
+                lines.append(f"| {a['hq']}/{a['hkv']} | {a['tokens']} | {a['variant']} | {a['error'][:80]} | | | |")
+            else:
+                lines.append(f"| {a['hq']}/{a['hkv']} | {a['tokens']} | {a['variant']} | {a['fwd_ms']:.2f} | "
+                             f"{a['fwdbwd_ms']:.2f} | {a['fwd_tflops']:.0f} | {a['bwd_tflops']:.0f} |")
     profiled = [r for r in res["rows"] if r.get("profile")]
     if profiled:
         cats = [c["category"] for c in profiled[0]["profile"]["rows"]]
@@ -328,6 +401,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="skip a row when the predicted total would pass this (the device's 10-minute limit)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiles of the profiled rows")
+    ap.add_argument("--no-attention-probe", action="store_true",
+                    help="skip the SDPA backend timing (fwd / fwd+bwd per backend at the models' shapes, ~15 s)")
     ap.add_argument("--list", action="store_true", help="print the plan with predicted times and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: one row (JSON) in this process
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # internal: device + GEMM ceiling
@@ -344,8 +419,14 @@ def main() -> None:
 
         from gpu_smoke import device_name, measured_gemm_tflops
 
+        cuda = torch.cuda.is_available()
         probe = {"device": device_name(), "torch": torch.__version__,
-                 "gemm_tflops": measured_gemm_tflops() if torch.cuda.is_available() else 0.0}
+                 "gemm_tflops": measured_gemm_tflops() if cuda else 0.0, "attention": []}
+        try:
+            if cuda and not args.no_attention_probe:
+                probe["attention"] = attention_probe()
+        except Exception as err:  # noqa: BLE001 - the rows still run
+            probe["attention_error"] = f"{type(err).__name__}: {err}"[:300]
         with open(os.path.join(args.out, "probe.json"), "w") as f:
             json.dump(probe, f)
         return
@@ -364,7 +445,7 @@ def main() -> None:
     for r in rows:
         preds.append(predicted_row_s(r, args.reps, compiled))
         compiled |= r.fusion == "compile"
-    preds[0] += 15.0  # the device probe (process start, GEMM ceiling) before the first row
+    preds[0] += 15.0 if args.no_attention_probe else 30.0  # the device probe before the first row
     print(f"[bench_update] plan {args.plan}: {len(rows)} rows, predicted {sum(preds):.0f} s "
           f"(budget {args.budget_s:.0f} s)")
     for r, p in zip(rows, preds):
@@ -372,9 +453,13 @@ def main() -> None:
     if args.list:
         return
     start = time.time()
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out], timeout=300)
-    with open(os.path.join(args.out, "probe.json")) as f:
-        probe = json.load(f)
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out]
+                   + (["--no-attention-probe"] if args.no_attention_probe else []), timeout=300)
+    try:
+        with open(os.path.join(args.out, "probe.json")) as f:
+            probe = json.load(f)
+    except OSError:
+        probe = {"device": "unknown (probe failed)", "torch": "?", "gemm_tflops": 0.0}
     res = {"date": datetime.date.today().isoformat(), **probe,
            "command": "python tools/bench_update.py " + " ".join(sys.argv[1:]), "plan": args.plan, "rows": []}
     for r, pred in zip(rows, preds):
