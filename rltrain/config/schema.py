@@ -101,6 +101,12 @@ class ActorConfig:
     pipeline_parallel_size: int = 1
     # full activation recomputation (one layer at a time): long-context updates need it on GPU
     recompute_activations: bool = False
+    # full: whole layers; selective: only recompute_modules (mlp, core_attn) of each layer (less memory
+    # saved, much less recomputed; docs/kernel_notes.md "Actor update step")
+    recompute_granularity: str = "full"
+    recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
+    # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
+    elementwise_fusion: str = "none"
 
 
 @dataclass

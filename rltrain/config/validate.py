@@ -24,8 +24,11 @@ DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("file", "synthetic")
 LR_SCHEDULES = ("constant", "cosine")
 MODEL_DTYPES = ("bfloat16", "float32")
-BUILTIN_MODELS = ("tiny", "qwen3-0.6b")
+BUILTIN_MODELS = ("tiny", "qwen3-0.6b", "qwen3-4b")
 TOOL_PATTERNS = ("code_block", "code_tag")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" needs Transformer Engine
+ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
 
 
 def _is_dotted_path(name: str) -> bool:
@@ -119,6 +122,10 @@ def validate_config(cfg: DictConfig) -> None:
     _choice(e, "actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
     if len(a.betas) != 2 or not all(0.0 <= b < 1.0 for b in a.betas):
         e.append(f"actor.betas={list(a.betas)} must be two numbers in [0, 1)")
+    _choice(e, "actor.recompute_granularity", a.recompute_granularity, RECOMPUTE_GRANULARITIES)
+    for m in a.recompute_modules:
+        _choice(e, "actor.recompute_modules[]", m, RECOMPUTE_MODULES)
+    _choice(e, "actor.elementwise_fusion", a.elementwise_fusion, ELEMENTWISE_FUSIONS)
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
     if a.pipeline_parallel_size > 1:

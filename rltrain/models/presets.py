@@ -1,7 +1,7 @@
 """Built-in model presets (random init, no download) and the one place that turns `model.*` into an HF config.
 
-`tiny` is the CPU default's Qwen3-architecture model; `qwen3-0.6b` has Qwen3-0.6B's real shapes and vocab
-size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
+`tiny` is the CPU default's Qwen3-architecture model; `qwen3-0.6b` and `qwen3-4b` have Qwen3-0.6B's and
+Qwen3-4B's real shapes and vocab size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
 """
 
 from __future__ import annotations
@@ -23,6 +23,14 @@ QWEN3_0_6B = dict(
     attention_bias=False,
 )
 
+# Facts from the public Hugging Face Qwen3-4B config.json.
+QWEN3_4B = dict(
+    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+    attention_bias=False,
+)
+
 # The embedded default: small enough to train for a few minutes on 2 CPU cores.
 TINY = dict(
     hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -30,7 +38,7 @@ TINY = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
 )
 
-BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B}
+BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B}
 
 
 def model_hf_config(model_cfg: Mapping[str, Any], tokenizer):

@@ -138,11 +138,15 @@ def transformer_config_from_hf(
     params_dtype: torch.dtype = torch.float32,
     sequence_parallel: bool = False,
     recompute_activations: bool = False,
+    recompute_granularity: str = "full",
+    recompute_modules: tuple[str, ...] = ("mlp",),
 ) -> TransformerConfig:
     """The megatron TransformerConfig equivalent to a HF Qwen3/Qwen2/Llama config.
 
-    recompute_activations: full activation recomputation, one layer at a time (keeps only each layer's input
-    `[s, b, H]`; long-context updates need it: at 32k tokens a 28-layer 0.6B model holds ~80 GB otherwise)."""
+    recompute_activations: activation recomputation. `recompute_granularity="full"`: whole layers, one at a
+    time (keeps only each layer's input `[s, b, H]`); `"selective"`: only megatron's `recompute_modules` of each
+    layer ("mlp", "core_attn"; with SDPA attention "core_attn" saves little: flash attention keeps no [s, s]
+    scores)."""
     arch = architecture(hf_config)
     check_supported(hf_config)
     if _hf_get(hf_config, "hidden_act", "silu") != "silu":
@@ -186,9 +190,24 @@ def transformer_config_from_hf(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-           if recompute_activations else {}),
+        **(_recompute_kwargs(recompute_granularity, recompute_modules) if recompute_activations else {}),
     )
+
+
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+
+
+def _recompute_kwargs(granularity: str, modules) -> dict:
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise ValueError(f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {granularity!r}")
+    if granularity == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    # "layernorm" needs Transformer Engine in megatron-core 0.16.1 (CheckpointWithoutOutput takes its fp8 path
+    # whatever the config says), so it is offered only with TE
+    allowed = ("mlp", "core_attn", "layernorm") if HAVE_TE else ("mlp", "core_attn")
+    if not modules or set(modules) - set(allowed):
+        raise ValueError(f"recompute_modules must be a non-empty subset of {allowed}, got {list(modules)}")
+    return dict(recompute_granularity="selective", recompute_modules=list(modules))
 
 
 class SDPACoreAttention(MegatronModule):
@@ -241,17 +260,26 @@ def build_gpt_model(
     make_vocab_size_divisible_by: int = 128,
     sequence_parallel: bool = False,
     recompute_activations: bool = False,
+    recompute_granularity: str = "full",
+    recompute_modules: tuple[str, ...] = ("mlp",),
 ) -> GPTModel:
     """GPTModel for this pipeline stage, on `device`. Needs compat.setup_parallel() first.
 
     Tied embeddings follow `tie_word_embeddings` (pipeline stages > 1 share them via megatron's
     embedding group). The returned model carries `real_vocab_size` (the HF vocab) as an attribute.
+
+    Every parameter is in `params_dtype`, norms included: megatron's local spec builds its norms as
+    `torch.nn.RMSNorm` without a dtype (fp32 weights; megatron casts the whole model with Float16Module,
+    which we do not use), and a bf16 input with an fp32 weight makes `torch.rms_norm` fall back to its
+    unfused fp32 composite (several elementwise kernels and fp32 copies per norm). Cast here as Float16Module
+    would; the fp32 master copies in the engine keep the optimizer's precision.
     """
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     config = transformer_config_from_hf(
         hf_config, tp_size=tp, pp_size=pp, params_dtype=params_dtype, sequence_parallel=sequence_parallel,
-        recompute_activations=recompute_activations,
+        recompute_activations=recompute_activations, recompute_granularity=recompute_granularity,
+        recompute_modules=tuple(recompute_modules),
     )
     model = GPTModel(
         config=config,
@@ -267,4 +295,4 @@ def build_gpt_model(
         rotary_base=rope_theta(hf_config),
     )
     model.real_vocab_size = int(hf_config.vocab_size)
-    return patch_model_for_cpu(model).to(device)
+    return patch_model_for_cpu(model).to(device=device, dtype=params_dtype)
