@@ -27,8 +27,13 @@ def main(cfg: DictConfig) -> None:
         print(f"rltrain: {err}", file=sys.stderr)
         sys.exit(2)
     from rltrain.trainer.ppo import run_from_config
+    from rltrain.workers.placement import PlacementError
 
-    run_from_config(cfg)
+    try:
+        run_from_config(cfg)
+    except PlacementError as err:  # the placement asked for does not fit the config or the cluster
+        print(f"rltrain: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def cli() -> None:
