@@ -135,7 +135,9 @@ def _short_cause(err: Exception) -> str:
         if marker in text:
             text = text[text.index(marker):]
             break
-    return text[:400] or type(err).__name__
+    if len(text) > 500:  # end at a sentence
+        text = text[:text.rfind(". ", 0, 500) + 1]
+    return text or type(err).__name__
 
 
 def _ray_worker_class(worker_cls):

@@ -26,7 +26,8 @@ def test_tp2_pp2_dp2_with_two_rollout_replicas_runs_saves_and_resumes(tmp_path, 
     (tmp_path / "varied.py").write_text(VARIED_REWARD)
     mesh = ["trainer.n_gpus_per_node=8", "actor.tensor_parallel_size=2", "actor.pipeline_parallel_size=2",
             "trainer.colocate=false", "rollout.num_replicas=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
-            "trainer.plots=false", "trainer.save_freq=2", f"reward.fn={tmp_path / 'varied.py'}:reward"]
+            "trainer.plots=false", "trainer.save_freq=2", f"reward.fn={tmp_path / 'varied.py'}:reward",
+            "actor.use_kl_loss=true"]  # the reference role on the same 8-rank mesh
     trainer = PPOTrainer(config_dict(cfg_for(*mesh, "trainer.total_steps=2")), run_dir)
     # data-parallel ranks as megatron's parallel_state numbers them (tp fastest, then dp, then pp)
     assert trainer.train_group.train.members == ((0, 1, 4, 5), (2, 3, 6, 7))
@@ -40,6 +41,7 @@ def test_tp2_pp2_dp2_with_two_rollout_replicas_runs_saves_and_resumes(tmp_path, 
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "critic/score/mean")) and r["actor/grad_norm"] > 0
+        assert all(math.isfinite(r[k]) for k in ("actor/pg_loss", "actor/kl_loss", "critic/score/mean"))
+        assert r["actor/grad_norm"] > 0
         # both replicas sample with the weights exported from the 8 ranks (TP-gathered, stages merged)
         assert r["rollout/logprob_diff_max"] < 1e-3, r

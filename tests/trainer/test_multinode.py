@@ -1,9 +1,10 @@
 """Multi-node on one machine: a 2-node Ray cluster (Ray's own `ray.cluster_utils.Cluster`, CPU, 127.0.0.1), the
-trainer joins it (`trainer.ray_address`, `trainer.nnodes=2`) with the actor in pipeline parallel, one stage per
-node (colocated: each worker also holds a rollout replica, fed the whole model merged from both stages after
-every update), checkpoints in a `trainer.ckpt_dir` both nodes see. The worker on the second node is SIGKILLed
-mid-run: the driver stops naming the worker, its node and the last good checkpoint; `trainer.resume=auto`
-restores both stages and runs to the end. Also: a checkpoint dir some node cannot see is refused, naming it."""
+trainer joins it (`trainer.ray_address`, `trainer.nnodes=2`) with actor, reference and critic (PPO with
+KL-in-reward) in pipeline parallel, one stage per node (colocated: each worker also holds a rollout replica,
+fed the whole model merged from both stages after every update), checkpoints in a `trainer.ckpt_dir` both
+nodes see. The worker on the second node is SIGKILLed mid-run: the driver stops naming the worker, its node
+and the last good checkpoint; `trainer.resume=auto` restores both stages and runs to the end. Also: a
+checkpoint dir some node cannot see is refused, naming that node."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def test_two_node_pp2_run_survives_a_killed_worker_by_resuming(tmp_path, fast_ov
     run_dir, ckpt = tmp_path / "run", tmp_path / "shared_ckpt"
     (tmp_path / "varied.py").write_text(VARIED_REWARD)
     base = [*fast_overrides, f"trainer.ray_address={cluster.address}", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-            "actor.pipeline_parallel_size=2", f"reward.fn={tmp_path / 'varied.py'}:reward",
+            "actor.pipeline_parallel_size=2", f"reward.fn={tmp_path / 'varied.py'}:reward", "algorithm=gae",
+            "critic.lr=1e-3",
             f"trainer.ckpt_dir={ckpt}", "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
             "trainer.plots=false", "trainer.total_steps=4"]
     try:
@@ -75,7 +77,7 @@ def test_two_node_pp2_run_survives_a_killed_worker_by_resuming(tmp_path, fast_ov
         assert proc.returncode == 4, err[-3000:]
         msg = err[err.index("rltrain: worker"):]
         print(msg)  # shown with pytest -rP
-        assert f"pid {victim_pid}" in msg and second.node_id[:12] in msg and "roles actor+rollout" in msg, msg
+        assert f"pid {victim_pid}" in msg and second.node_id[:12] in msg and "roles actor+ref+critic+rollout" in msg, msg
         last = msg.split("the last good checkpoint is ", 1)[1].split(" ", 1)[0]
         assert last.startswith(str(ckpt / "step_")) and "trainer.resume=auto" in msg, msg
 
@@ -88,7 +90,7 @@ def test_two_node_pp2_run_survives_a_killed_worker_by_resuming(tmp_path, fast_ov
         assert sorted(f for f in os.listdir(ckpt / "step_4") if f.endswith(".pt")) == [
             "trainer_state.pt", "worker_rank0.pt", "worker_rank1.pt"]  # both stages saved
         for r in rows:  # every step updates, and both rollout replicas sample with the merged model
-            assert r["actor/grad_norm"] > 0 and r["rollout/logprob_diff_max"] < 1e-3, r
+            assert r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0 and r["rollout/logprob_diff_max"] < 1e-3, r
     finally:
         cluster.shutdown()
 
