@@ -66,6 +66,9 @@ class RolloutConfig:
     enforce_eager: bool = False
     # HF engine: max sequences decoded together
     max_batch_size: int = 256
+    # split placement (trainer.colocate=false): rollout replicas of tensor_parallel_size devices each;
+    # null: as many devices as the training group (workers/placement.py)
+    num_replicas: Optional[int] = None
     # weight sync from actor to rollout, streamed in buckets of this size
     weight_sync_bucket_mb: int = 256
     # validation sampling
@@ -202,8 +205,8 @@ class TrainerConfig:
     use_ray: bool = True  # false: one in-process worker (single device, debugging, no Ray installed)
     ray_address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: connect
     colocate: bool = True
-    n_gpus_per_node: int = 1
-    nnodes: int = 1
+    n_gpus_per_node: int = 1  # devices per node, one worker process each (on CPU: processes per node)
+    nnodes: int = 1  # > 1: join a Ray cluster (ray_address) and place one bundle per node
     num_cpus: Optional[int] = None
     # checkpoints
     ckpt_dir: Optional[str] = None  # null: <run dir>/checkpoints

@@ -128,10 +128,6 @@ def validate_config(cfg: DictConfig) -> None:
     _choice(e, "actor.elementwise_fusion", a.elementwise_fusion, ELEMENTWISE_FUSIONS)
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
-    if a.pipeline_parallel_size > 1:
-        e.append(f"actor.pipeline_parallel_size={a.pipeline_parallel_size}: the Megatron engine supports pipeline "
-                 "stages, but the RL trainer's weight sync and data-parallel dispatch do not yet; use "
-                 "actor.tensor_parallel_size to shard the model (or 1)")
     if d.train_batch_size > 0 and a.ppo_mini_batch_size > d.train_batch_size:
         e.append(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than the batch "
                  f"(data.train_batch_size={d.train_batch_size}); it must be <= data.train_batch_size")
@@ -197,6 +193,9 @@ def validate_config(cfg: DictConfig) -> None:
     _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
     _positive(e, "trainer.n_gpus_per_node", t.n_gpus_per_node)
     _positive(e, "trainer.nnodes", t.nnodes)
+    from rltrain.workers.placement import placement_errors  # the one placement rule (no Ray, no torch)
+
+    e.extend(placement_errors(cfg, device=t.device if t.device != "auto" else None))
 
     if e:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(e))

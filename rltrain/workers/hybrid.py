@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from rltrain.data.batch import Batch
-from rltrain.workers.base import Worker
+from rltrain.workers.base import Worker, publish_dist_env
 
 ROLES = ("actor", "ref", "critic", "rollout")
 
@@ -59,9 +59,12 @@ class HybridWorker(Worker):
         self.actor = self.ref = self.critic = self.rollout = None
 
     def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
+        """Build this rank's roles. local_rank: the CUDA ordinal to use (workers/placement.py decides it).
+        Returns {"rank", "device", "roles", "mesh"}; mesh is megatron's {"tp", "pp", "dp"} of this rank
+        (None without a training role), from which the group builds its data-parallel dispatch."""
         cfg = self.cfg
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank),
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        publish_dist_env(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
+                         master_port=master_port, local_rank=local_rank)
         t = cfg["trainer"]
         seed = int(t["seed"])
         random.seed(seed)
@@ -102,7 +105,12 @@ class HybridWorker(Worker):
                                        sandbox_cfg=cfg.get("sandbox"))
         else:
             del hf_model
-        return {"rank": self.rank, "device": self.device, "roles": self.roles}
+        mesh = None
+        if any(role is not None for role in (self.actor, self.ref, self.critic)):
+            from rltrain.models.megatron.compat import parallel_coordinates
+
+            mesh = parallel_coordinates()
+        return {"rank": self.rank, "device": self.device, "roles": self.roles, "mesh": mesh}
 
     def close(self) -> None:
         """Drop the roles and tear down torch.distributed / Megatron groups (in-process use)."""
@@ -149,8 +157,13 @@ class HybridWorker(Worker):
         return self.rollout.update_weights(self.actor.export_weights(bucket_bytes))
 
     def export_weights(self, bucket_bytes: int) -> list[tuple[str, torch.Tensor]]:
-        """Split mode: the actor's weights as (HF name, CPU tensor) pairs for the driver to forward."""
-        return [(n, t.detach().cpu()) for n, t in self.actor.export_weights(bucket_bytes)]
+        """Split mode: the actor's weights as (HF name, CPU tensor) pairs for the driver to forward. Every rank
+        iterates (the export is collective over TP and PP); rank 0 returns the whole model, the others []."""
+        named = []
+        for n, t in self.actor.export_weights(bucket_bytes):
+            if self.rank == 0:
+                named.append((n, t.detach().cpu()))
+        return named
 
     def load_rollout_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
         return self.rollout.update_weights(iter(named))

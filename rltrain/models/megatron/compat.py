@@ -191,6 +191,13 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
         _seed_cpu(seed, tp_rank)
 
 
+def parallel_coordinates() -> dict[str, int]:
+    """This rank's place in megatron's mesh, as parallel_state reports it: {"tp", "pp", "dp"} ranks."""
+    return {"tp": parallel_state.get_tensor_model_parallel_rank(),
+            "pp": parallel_state.get_pipeline_model_parallel_rank(),
+            "dp": parallel_state.get_data_parallel_rank()}
+
+
 def teardown_parallel() -> None:
     """Destroy megatron's groups and the default process group (tests that re-initialize)."""
     if parallel_state.model_parallel_is_initialized():

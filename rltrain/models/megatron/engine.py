@@ -214,12 +214,15 @@ class MegatronEngine:
                     m.copy_(p.float())
 
     def export_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) pairs, gathered over TP in buckets; all TP ranks must iterate.
-        With pp_size > 1: this stage's tensors only (the union over stages is the HF model)."""
+        """(HF name, full tensor) pairs of the WHOLE model, gathered over TP in buckets and, with
+        pp_size > 1, merged over the pipeline stages (pipeline.merge_stages): every rank gets every
+        tensor, so any rank can feed a rollout engine. Collective: all TP and PP ranks must iterate."""
         it = weights_mod.export_hf_weights(self.model, bucket_bytes)
+        if self.pp_size == 1:
+            return it
         if self._tied_stage_copy():  # the last stage's tied head copy is the first stage's embedding
-            return ((n, t) for n, t in it if n != "lm_head.weight")
-        return it
+            it = ((n, t) for n, t in it if n != "lm_head.weight")
+        return pipeline_mod.merge_stages(it, bucket_bytes, self.device)
 
     def _tied_stage_copy(self) -> bool:
         """True on a later pipeline stage holding a copy of the tied embedding as its LM head."""
