@@ -45,13 +45,8 @@ def run_rl(cfg: DictConfig) -> None:
         level = sandbox_isolation(allow_unisolated=cfg.sandbox.allow_unisolated, allow_exec=cfg.sandbox.allow_exec)
         print(f"rltrain: tool calls run in the sandbox with isolation: {level}", file=sys.stderr, flush=True)
     from rltrain.trainer.ppo import run_from_config
-    from rltrain.workers.placement import PlacementError
 
-    try:
-        run_from_config(cfg)
-    except PlacementError as err:  # the placement asked for does not fit the config or the cluster
-        print(f"rltrain: {err}", file=sys.stderr)
-        sys.exit(2)
+    run_from_config(cfg)  # a placement that does not fit (PlacementError) is a UserError: exit 2 in run_entry
 
 
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="grpo_tiny")

@@ -28,6 +28,8 @@ The rules (docs/multinode.md shows them on a cluster):
 
 from __future__ import annotations
 
+from rltrain.utils.errors import UserError
+
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 TRAIN_ROLES = ("actor", "ref", "critic")
 
 
-class PlacementError(ValueError):
+class PlacementError(UserError, ValueError):
     """A placement the config asks for cannot be built (names the keys to change)."""
 
 
