@@ -138,6 +138,21 @@ class LocalWorkerGroup:
                 os.environ[k] = v
 
 
+def run_together(*calls: tuple) -> list[list]:
+    """Call (group, method, args) on every worker of each group at once and wait for all of them: for
+    collectives that span groups (split-mode weight sync: train rank 0 broadcasts to the rollout group)."""
+    if not all(isinstance(g, WorkerGroup) for g, _, _ in calls):
+        raise ValueError("run_together needs Ray worker groups (split placement runs with trainer.use_ray=true)")
+    refs = [[getattr(w, method).remote(*args) for w in g.workers] for g, method, args in calls]
+    ray = calls[0][0]._ray
+    flat = ray.get([r for group_refs in refs for r in group_refs])
+    out, i = [], 0
+    for group_refs in refs:
+        out.append(flat[i:i + len(group_refs)])
+        i += len(group_refs)
+    return out
+
+
 def gather_rows(results: list, batch: Batch) -> Any:
     """Concatenate per-shard results (tensors [b, ...] or tuples of them) and drop pad_to_multiple rows."""
     padded_len = sum(_rows(r) for r in results)
