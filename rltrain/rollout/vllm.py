@@ -188,9 +188,11 @@ class VLLMEngine(Engine):
                             "save the model with save_pretrained first (workers/rollout.py does)")
         self._vllm, self.tokenizer, self.device = vllm, tokenizer, device
         self.env = apply_engine_env()
+        had_world = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._owns_world = not had_world  # vLLM creates the process group itself: close() destroys it
         external = kwargs.pop("external_launcher", None)
         if external is None:  # join the trainer's world when this process has one (colocated)
-            external = torch.distributed.is_available() and torch.distributed.is_initialized()
+            external = had_world
         self.kwargs = engine_kwargs(str(model), device=device, dtype=dtype, seed=seed, external_launcher=external,
                                     **kwargs)
         start = time.perf_counter()
@@ -304,10 +306,12 @@ class VLLMEngine(Engine):
 
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()
-        # vLLM's world group wraps the default process group; drop vLLM's handle, keep the group (its owner,
-        # the trainer, destroys it)
+        # vLLM's world group wraps the default process group: drop vLLM's handle; the group itself goes with
+        # its owner (the trainer's teardown, or here when vLLM created it)
         if getattr(parallel_state, "_WORLD", None) is not None:
             parallel_state._WORLD = None
+        if self._owns_world and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:

@@ -190,6 +190,28 @@ def test_split_sync_streams_buckets_over_gloo_into_the_engine(engine, models, tm
     engine.update_weights(old.state_dict().items())  # restore for the tests after this one
 
 
+def test_sync_method_is_chosen_by_placement_and_device_and_buckets_stay_bounded():
+    from rltrain.rollout.weight_sync import buckets, sync_method, transfer_backend
+
+    assert sync_method(colocated=True, device="cuda", engine="vllm") == "local"
+    assert sync_method(colocated=True, device="cpu", engine="hf") == "local"
+    assert sync_method(colocated=False, device="cuda", engine="vllm") == "nccl" and transfer_backend("nccl") == "nccl"
+    assert sync_method(colocated=False, device="cpu", engine="vllm") == "gloo" and transfer_backend("gloo") is None
+    assert sync_method(colocated=False, device="cuda", engine="hf") == "gloo"
+    tensors = [(f"w{i}", torch.randn(n)) for i, n in enumerate([10, 10, 30, 5, 5, 5, 100])]  # fp32: 4 bytes each
+    taken = []
+
+    def stream():
+        for item in tensors:
+            taken.append(item[0])
+            yield item
+
+    it = buckets(stream(), bucket_bytes=80)
+    first = next(it)
+    assert [n for n, _ in first] == ["w0", "w1"] and taken == ["w0", "w1", "w2"]  # lazy: one tensor ahead
+    assert [[n for n, _ in b] for b in it] == [["w2"], ["w3", "w4", "w5"], ["w6"]]
+
+
 def test_engine_arguments_and_spawned_environment_carry_the_multi_gpu_safety(engine):
     for kw in (engine.kwargs, engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, tensor_parallel_size=2)):
         assert kw["disable_custom_all_reduce"] is True

@@ -1,5 +1,6 @@
-"""rollout.engine=vllm through the whole trainer on real vLLM (CPU build): colocated in process and under Ray,
-split under Ray (weights streamed over gloo), learning like the hf run, and the ReTool tiny pipeline.
+"""rollout.engine=vllm through the whole trainer on real vLLM (CPU build): split under Ray (weights streamed over
+gloo), colocated under Ray (the learning run), and the ReTool tiny pipeline (multi-turn rollouts equal to hf's,
+then GRPO steps colocated in process, trainer.use_ray=false).
 
 vLLM's CPU attention kernels take head_dim >= 32, so these runs give the tiny preset head_dim 32 (the hf
 reference runs of the learning test use the same model).
@@ -36,16 +37,6 @@ def _check_rows(rows, steps):
         assert r["rollout/logprob_diff_max"] < 1e-3, r["rollout/logprob_diff_max"]
 
 
-def test_colocated_in_process_run_reloads_vllm_every_step(tmp_path, cfg_for):
-    run_dir = str(tmp_path / "local")
-    cfg = cfg_for(*VLLM, "trainer.use_ray=false", "trainer.total_steps=3", "trainer.test_freq=3",
-                  "trainer.logger=[jsonl]", "trainer.plots=false")
-    run_from_config(cfg, run_dir)
-    rows = read_metrics(run_dir)
-    _check_rows(rows, 3)
-    assert "val/accuracy" in rows[-1]
-
-
 def test_split_placement_streams_weights_to_the_vllm_group_over_gloo(tmp_path, ray_session, cfg_for):
     run_dir = str(tmp_path / "split")
     cfg = cfg_for(*VLLM, "trainer.colocate=false", "trainer.total_steps=2", "trainer.test_freq=-1",
@@ -56,26 +47,22 @@ def test_split_placement_streams_weights_to_the_vllm_group_over_gloo(tmp_path, r
     assert rows[1]["timing_s/update_weights"] > 0
 
 
-def _learning_run(tmp_path, cfg_for, engine_overrides, seed):
-    steps = 60
-    run_dir = str(tmp_path / f"learn_{engine_overrides[0]}_{seed}")
-    cfg = cfg_for(*engine_overrides, f"trainer.seed={seed}", f"trainer.total_steps={steps}",
-                  f"trainer.test_freq={steps}", "trainer.logger=[jsonl]", "trainer.plots=false",
-                  "data.train_batch_size=8", "rollout.n=8", "actor.ppo_mini_batch_size=8",
-                  "data.synthetic.val_size=64", "data.val_batch_size=64")
+LEARN_STEPS = 50
+
+
+def test_grpo_tiny_on_vllm_learns(tmp_path, ray_session, cfg_for):
+    """Colocated under Ray, the default's batch (16 prompts x 8 samples). The same config with rollout=hf goes
+    from the same start to about the same accuracy (docs/vllm.md records both runs)."""
+    run_dir = str(tmp_path / "learn")
+    cfg = cfg_for(*VLLM, f"trainer.total_steps={LEARN_STEPS}", f"trainer.test_freq={LEARN_STEPS}",
+                  "trainer.logger=[jsonl]", "trainer.plots=false", "data.train_batch_size=16", "rollout.n=8",
+                  "actor.ppo_mini_batch_size=16", "data.synthetic.val_size=64", "data.val_batch_size=64")
     run_from_config(cfg, run_dir)
     rows = read_metrics(run_dir)
-    return rows[0]["val/accuracy"], rows[-1]["val/accuracy"], rows
-
-
-def test_grpo_tiny_on_vllm_learns_like_the_hf_run(tmp_path, ray_session, cfg_for):
-    """Colocated under Ray; the same config with the hf engine is the reference."""
-    before, after, rows = _learning_run(tmp_path, cfg_for, VLLM, seed=1)
-    _check_rows(rows, rows[-1]["step"])
-    hf_before, hf_after, _ = _learning_run(tmp_path, cfg_for, ["rollout=hf", "+model.overrides.head_dim=32"], seed=1)
-    assert before == pytest.approx(hf_before, abs=1e-9)  # same initial weights, greedy validation
+    _check_rows(rows, LEARN_STEPS)
+    before, after = rows[0]["val/accuracy"], rows[-1]["val/accuracy"]
+    print(f"vllm learning run: held-out accuracy {before:.3f} -> {after:.3f}")
     assert after - before >= 0.3, (before, after)
-    assert after >= hf_after - 0.15, (after, hf_after)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +126,7 @@ def test_retool_grpo_steps_on_vllm(tmp_path, sft_model_hd32, cfg_for):
                   "trainer.use_ray=false", "trainer.plots=false", "trainer.logger=[jsonl]", name="retool_tiny")
     run_from_config(cfg, run_dir)
     rows = read_metrics(run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "val/accuracy" in rows[-1]
     for row in rows[1:]:
         assert row["tool_call_counts/mean"] > 0 and row["num_turns/mean"] > 1
         assert row["rollout/model_tokens/mean"] < row["response_length/mean"]  # tool tokens masked out
