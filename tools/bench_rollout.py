@@ -29,12 +29,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
-def build_model(shape: str, dtype: torch.dtype, seed: int):
+def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
     from transformers import AutoModelForCausalLM
 
     from rltrain.models.presets import hf_config_for
 
     overrides = {"head_dim": 32} if shape == "tiny" else {}  # vLLM's CPU kernels take head_dim >= 32
+    overrides.update(extra or {})
     cfg = hf_config_for(path=None, builtin=shape, vocab_size=64 if shape == "tiny" else None, overrides=overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_rollout_out"))
     ap.add_argument("--shape", choices=["tiny", "qwen3-0.6b"], default="tiny")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=INT",
+                    help="HF config overrides, e.g. num_hidden_layers=2 (integers)")
     ap.add_argument("--engines", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"])
     ap.add_argument("--batch", type=int, default=64, help="sequences per generate call (vllm)")
     ap.add_argument("--hf-batch", type=int, default=None, help="sequences for the hf engine (default --batch)")
@@ -99,13 +102,15 @@ def main() -> None:
     args.hf_batch = args.hf_batch or args.batch
     os.makedirs(args.out, exist_ok=True)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-    model = build_model(args.shape, dtype, seed=0)
+    extra = {k: int(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    model = build_model(args.shape, dtype, seed=0, extra=extra)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(4, vocab, (max(args.batch, args.hf_batch), args.prompt_len), generator=g).tolist()
     res = {"date": datetime.date.today().isoformat(), "command": "python tools/bench_rollout.py " + " ".join(sys.argv[1:]),
            "device": torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} cores)", "torch": torch.__version__, "shape": args.shape,
+           f"{os.cpu_count()} cores)", "torch": torch.__version__, "shape": args.shape + (f" {extra}" if extra else ""),
+           "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
            "prompt_len": args.prompt_len, "response_len": args.response_len, "results": []}
     for name in args.engines:
         if name == "hf":
@@ -146,7 +151,7 @@ def main() -> None:
 
 def to_markdown(res: dict) -> str:
     lines = [f"`{res['command']}` ({res['date']}, {res['device']}, torch {res['torch']}"
-             + (f", vLLM {res['vllm']}" if "vllm" in res else "") + f"), {res['shape']} shapes, "
+             + (f", vLLM {res['vllm']}" if "vllm" in res else "") + f"), {res['shape']} shapes ({res['params_m']:.1f}M params), "
              f"prompt {res['prompt_len']} + response {res['response_len']} tokens:", "",
              "| engine | sequences | generate s | tokens/s | start s | weight sync s/GB (GB) | sleep s / wake s |",
              "|---|---|---|---|---|---|---|"]
