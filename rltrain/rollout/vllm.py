@@ -232,10 +232,14 @@ class VLLMEngine(Engine):
             raise ValueError("SamplingParams.stop strings need a tokenizer with decode(); pass VLLMEngine(tokenizer=...)")
         from vllm.inputs import TokensPrompt
 
-        params = self._vllm.SamplingParams(**vllm_sampling_kwargs(sampling, self._eos))
+        kw = vllm_sampling_kwargs(sampling, self._eos)
         repeat = sampling.n if sampling.greedy else 1
         rows = [i for i in range(len(prompts_token_ids)) for _ in range(repeat)]
         prompts = [TokensPrompt(prompt_token_ids=list(prompts_token_ids[i])) for i in rows]
+        if sampling.seed is None:
+            params = self._vllm.SamplingParams(**kw)
+        else:  # one seed per request: requests of a batch must not share one random stream
+            params = [self._vllm.SamplingParams(**{**kw, "seed": sampling.seed + j}) for j in range(len(rows))]
         outputs = self._call("generate", self.llm.generate, prompts, params, use_tqdm=False)
         decode = (lambda ids: self.tokenizer.decode(ids)) if sampling.stop else None
         user_ids = set(sampling.stop_token_ids)
