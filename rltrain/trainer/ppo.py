@@ -55,6 +55,7 @@ class PPOTrainer:
         self.use_critic = cfg["algorithm"]["adv_estimator"] == "gae"
         self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic)
         self.colocated = self.rollout_group is self.train_group
+        self._sync_ready = False  # split: the weight-sync group is built at the first sync
         self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
                                config=cfg)
         self.global_step = 0
@@ -267,7 +268,7 @@ class PPOTrainer:
             self.train_group.run("rollout_wake_up")
             self.train_group.run("sync_weights_local", bucket)
         else:  # split: train rank 0 streams buckets to the rollout group (rollout/weight_sync.py)
-            if not getattr(self, "_sync_ready", False):
+            if not self._sync_ready:
                 host, port, nccl_port = self.train_group.run_rank0("weight_sync_address")
                 ranks = self.rollout_group.world_size
                 run_together((self.train_group, "weight_sync_init", (host, port, nccl_port, ranks)),
