@@ -70,7 +70,8 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
         times.append(dt)
     gen_s = min(times)
     res = {"engine": name, "batch": len(rows), "gen_s": gen_s, "gen_tokens_per_s": len(rows) * args.response_len / gen_s}
-    state = {k: v.to(args.device) for k, v in model.state_dict().items()}
+    # a copy of the weights (tied ones once), as an actor's export would hand them over
+    state = {k: v.detach().to(args.device, copy=True) for k, v in model.named_parameters()}
     gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
     _, sync_s = timed(lambda: engine.update_weights(iter(state.items())), args.device)
     res.update(sync_s=sync_s, sync_gb=gb, sync_s_per_gb=sync_s / gb)

@@ -107,6 +107,10 @@ def test_sampled_logprobs_equal_a_teacher_forced_megatron_forward(engine, models
     assert len({tuple(r.token_ids) for r in sampled[:3]}) > 1  # n samples differ
     again = engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_tokens=10, seed=7))
     assert _fields(again) == _fields(sampled)  # the seed makes sampling reproducible
+    # requests of one batch draw from different streams (a shared stream made GRPO groups of different
+    # prompts sample alike and slowed learning): the same prompt four times gives different samples
+    same = engine.generate([PROMPTS[0]] * 4, SamplingParams(temperature=1.0, max_tokens=10, seed=7))
+    assert len({tuple(r.token_ids) for r in same}) > 1
 
     rows = [PROMPTS[r.prompt_index] + r.token_ids for r in sampled]
     lens = torch.tensor([len(x) for x in rows])

@@ -47,7 +47,7 @@ def test_split_placement_streams_weights_to_the_vllm_group_over_gloo(tmp_path, r
     assert rows[1]["timing_s/update_weights"] > 0
 
 
-LEARN_STEPS = 50
+LEARN_STEPS = 80
 
 
 def test_grpo_tiny_on_vllm_learns(tmp_path, ray_session, cfg_for):
