@@ -111,7 +111,7 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
     tmp = None
     if not (source and _is_checkpoint(source)):
         tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")
-        model.save_pretrained(tmp)
+        _write_checkpoint(model, tmp)
         source = tmp
     try:
         return VLLMEngine(source, tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."),
@@ -128,3 +128,17 @@ def _is_checkpoint(path: str) -> bool:
     if not os.path.isdir(path):
         return os.path.sep not in path and "/" in path
     return any(f.endswith((".safetensors", ".bin")) for f in os.listdir(path))
+
+
+def _write_checkpoint(model, directory: str) -> None:
+    """config.json + model.safetensors on every rank (transformers' save_pretrained writes on rank 0 only
+    when torch.distributed is up, and every vLLM rank reads its own copy)."""
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(directory)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+               if not (tied and k == "lm_head.weight")}
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    if not os.path.exists(os.path.join(directory, "config.json")):
+        raise RuntimeError(f"could not write the rollout's initial checkpoint to {directory}")
