@@ -135,6 +135,7 @@ def _write_checkpoint(model, directory: str) -> None:
     when torch.distributed is up, and every vLLM rank reads its own copy)."""
     from safetensors.torch import save_file
 
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it (vLLM picks its model by it)
     model.config.save_pretrained(directory)
     tied = getattr(model.config, "tie_word_embeddings", False)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
