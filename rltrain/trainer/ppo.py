@@ -24,7 +24,7 @@ from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_
 from rltrain.utils.memory import memory_metrics
 from rltrain.utils.timing import timer
 from rltrain.utils.tracking import Tracker
-from rltrain.workers.group import WorkerLost, gather_rows, init_ray, mean_metrics
+from rltrain.workers.group import WorkerLost, gather_rows, init_ray, mean_metrics, run_together
 
 
 class TrainingDiverged(FloatingPointError):
@@ -56,6 +56,7 @@ class PPOTrainer:
         self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic,
                                                              ckpt_dir=self.ckpt_dir if t["use_ray"] else None)
         self.colocated = self.rollout_group is self.train_group
+        self._sync_ready = False  # split: the weight-sync group is built at the first sync
         self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
                                config=cfg)
         self.global_step = 0
@@ -271,9 +272,14 @@ class PPOTrainer:
         if self.colocated:
             self.train_group.run("rollout_wake_up")
             self.train_group.run("sync_weights_local", bucket)
-        else:
-            named = self.train_group.run_rank0("export_weights", bucket)
-            self.rollout_group.run("load_rollout_weights", named)
+        else:  # split: train rank 0 streams buckets to the rollout group (rollout/weight_sync.py)
+            if not self._sync_ready:
+                host, port, nccl_port = self.train_group.run_rank0("weight_sync_address")
+                ranks = self.rollout_group.world_size
+                run_together((self.train_group, "weight_sync_init", (host, port, nccl_port, ranks)),
+                             (self.rollout_group, "weight_sync_init", (host, port, nccl_port, ranks)))
+                self._sync_ready = True
+            run_together((self.train_group, "send_weights", (bucket,)), (self.rollout_group, "receive_weights", ()))
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:

@@ -254,38 +254,8 @@ class WorkerGroup:
         return [results[leader] for leader in d.leaders]
 
     def _get(self, refs: list, method: str) -> list:
-        """ray.get of one ref per rank that fails fast: the first dead worker raises WorkerLost at once (its
-        peers may be blocked in a collective with it and never return)."""
-        ray, death = self._ray, _death_errors()
-        rank_of = {ref: i for i, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=None)
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except death as err:
-                    raise self._lost(rank_of[ref], method, err) from None
-                except ray.exceptions.RayTaskError:
-                    # a peer's collective may fail first (gloo: connection closed): name the dead worker if any
-                    dead = self._first_dead(pending, rank_of, method)
-                    if dead is not None:
-                        raise dead from None
-                    raise
-        return ray.get(refs)
-
-    def _first_dead(self, pending: list, rank_of: dict, method: str, grace_s: float = 10.0) -> WorkerLost | None:
-        if not pending:
-            return None
-        ready, _ = self._ray.wait(pending, num_returns=len(pending), timeout=grace_s)
-        for ref in ready:
-            try:
-                self._ray.get(ref)
-            except _death_errors() as err:
-                return self._lost(rank_of[ref], method, err)
-            except Exception:  # noqa: BLE001 - the other peers' errors are consequences of the first
-                continue
-        return None
+        """ray.get of one ref per rank that fails fast (see `_get_fail_fast`)."""
+        return _get_fail_fast([(self, rank, ref) for rank, ref in enumerate(refs)], method)
 
     def _lost(self, rank: int, method: str, err: Exception) -> WorkerLost:
         f = self.facts[rank] if hasattr(self, "facts") else {}
@@ -370,6 +340,64 @@ class LocalWorkerGroup:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def run_together(*calls: tuple) -> list[list]:
+    """Call (group, method, args) on every worker of each group at once and wait for all of them: for
+    collectives that span groups (split-mode weight sync: train rank 0 broadcasts to the rollout group)."""
+    if not all(isinstance(g, WorkerGroup) for g, _, _ in calls):
+        raise ValueError("run_together needs Ray worker groups (split placement runs with trainer.use_ray=true)")
+    refs = [[getattr(w, method).remote(*args) for w in g.workers] for g, method, args in calls]
+    flat = _get_fail_fast([(g, rank, ref) for (g, _, _), group_refs in zip(calls, refs)
+                           for rank, ref in enumerate(group_refs)], "+".join(sorted({m for _, m, _ in calls})))
+    out, i = [], 0
+    for group_refs in refs:
+        out.append(flat[i:i + len(group_refs)])
+        i += len(group_refs)
+    return out
+
+
+def _get_fail_fast(entries: list[tuple], method: str) -> list:
+    """ray.get of (group, rank, ref) entries in order, failing fast: the first dead worker raises WorkerLost
+    naming it at once (its peers, in any of the groups, may be blocked in a collective with it forever)."""
+    import ray
+
+    death = _death_errors()
+    owner = {ref: (g, rank) for g, rank, ref in entries}
+    refs = [ref for _, _, ref in entries]
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=None)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except death as err:
+                g, rank = owner[ref]
+                raise g._lost(rank, method, err) from None
+            except ray.exceptions.RayTaskError:
+                # a peer's collective may fail first (gloo: connection closed): name the dead worker if any
+                dead = _first_dead(pending, owner, method)
+                if dead is not None:
+                    raise dead from None
+                raise
+    return ray.get(refs)
+
+
+def _first_dead(pending: list, owner: dict, method: str, grace_s: float = 10.0) -> WorkerLost | None:
+    import ray
+
+    if not pending:
+        return None
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except _death_errors() as err:
+            g, rank = owner[ref]
+            return g._lost(rank, method, err)
+        except Exception:  # noqa: BLE001 - the other peers' errors are consequences of the first
+            continue
+    return None
 
 
 def gather_rows(results: list, batch: Batch) -> Any:
