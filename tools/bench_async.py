@@ -2,15 +2,18 @@
 tokens/s of the Qwen3-0.6B-shaped GRPO run, and learning curves (held-out accuracy by step and by wall-clock time)
 of grpo_tiny and, when given, a GPU learning recipe. Writes bench_async.json, bench_async.md and PNGs under --out.
 
-  PYTHONPATH=/tmp/site python tools/bench_async.py --out $OUT          # 2 GPUs (split 1+1), < 8 minutes
-  python tools/bench_async.py --out /tmp/bench_async --cpu             # the CPU table of docs/benchmarks.md
-  ... --recipe NAME --recipe-overrides "k=v k=v"                        # also a learning recipe (configs/NAME.yaml)
+  PYTHONPATH=/tmp/site python tools/bench_async.py --out $OUT --deadline 540   # 2 GPUs (split 1+1)
+  python tools/bench_async.py --out /tmp/bench_async --cpu --deadline 900       # the CPU table of docs/benchmarks.md
+  ... --overrides "rollout=vllm"                 # extra overrides for every run (e.g. the vLLM rollout engine)
+  ... --recipe NAME --recipe-overrides "k=v k=v" # also a learning recipe (configs/NAME.yaml)
 
 Every run is `python -m rltrain.main` in its own process (fresh Ray, fresh GPU memory) with trainer.colocate=false:
 the train group on one device, the rollout group on another; the async run adds trainer.async_rollout=true and
 actor.tis.enable=true. Timings are means over the steady steps (the first two are left out: step 1 compiles kernels
 and, in async mode, has nothing to overlap with). tokens/s = tokens of those steps / their summed step time. The
-script keeps a time budget (--budget-s): a run that cannot finish in what is left is skipped and says so.
+script finishes within --deadline seconds of its start (one 10-minute device command): a run that cannot finish
+in what is left is skipped, a run still going at the deadline is stopped, and the report says which; the results
+written so far are always saved.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,12 +50,17 @@ def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: floa
     cmd = [sys.executable, "-m", "rltrain.main", "--config-name", config, *overrides, f"hydra.run.dir={run_dir}"]
     t0 = time.time()
     with open(os.path.join(run_dir, "run.log"), "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  start_new_session=True)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+            rc = proc.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:  # the deadline: stop the run and the Ray workers it started
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = "stopped at the deadline"
     with open(os.path.join(run_dir, "run.log")) as f:
         tail = f.read()[-2000:]
     rows = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
@@ -208,10 +217,12 @@ def main() -> None:
     ap.add_argument("--recipe", help="a GPU learning recipe (config name) to compare as well")
     ap.add_argument("--recipe-overrides", default="")
     ap.add_argument("--recipe-steps", type=int, default=60)
-    ap.add_argument("--budget-s", type=float, default=450.0)
+    ap.add_argument("--overrides", default="", help="extra overrides for every run, space-separated")
+    ap.add_argument("--deadline", type=float, default=540.0,
+                    help="seconds from start by which everything, reports included, is written")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    budget, skipped = Budget(args.budget_s), {}
+    budget, skipped = Budget(args.deadline - 15.0), {}  # 15 s for plots and reports
     t0 = time.time()
     import torch
 
@@ -223,6 +234,7 @@ def main() -> None:
            "command": "python tools/bench_async.py " + " ".join(sys.argv[1:]), "learning": {}, "skipped": skipped}
     place = ["trainer.device=cuda", "trainer.n_gpus_per_node=1"] if gpu else \
         ["trainer.device=cpu", "trainer.num_cpus=2", "trainer.n_gpus_per_node=1"]
+    place += args.overrides.split()
 
     # 1. step time and tokens/s
     if gpu:
@@ -244,6 +256,7 @@ def main() -> None:
         speed["speedup"] = speed["async"]["tokens_per_s"] / speed["sync"]["tokens_per_s"]
     res["speed"] = speed
     plot_speed(speed, os.path.join(args.out, "speed.png"))
+    write_report(args.out, res, t0)
 
     # 2. learning curves
     learns = [("grpo_tiny", "grpo_tiny", [*TINY_LEARN, *SPLIT, *place, f"trainer.total_steps={args.learn_steps}",
@@ -262,14 +275,19 @@ def main() -> None:
             entry["compare"] = compare_learning(curves["sync"], curves["async"])
             plot_learning(name, curves, os.path.join(args.out, f"learning_{name}.png"))
         res["learning"][name] = entry
+        write_report(args.out, res, t0)
+    print(write_report(args.out, res, t0))
 
+
+def write_report(out: str, res: dict, t0: float) -> str:
+    """bench_async.json and bench_async.md with what is measured so far (rewritten after each pair of runs)."""
     res["total_s"] = time.time() - t0
-    with open(os.path.join(args.out, "bench_async.json"), "w") as f:
+    with open(os.path.join(out, "bench_async.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
     md = to_markdown(res)
-    with open(os.path.join(args.out, "bench_async.md"), "w") as f:
+    with open(os.path.join(out, "bench_async.md"), "w") as f:
         f.write(md)
-    print(md)
+    return md
 
 
 if __name__ == "__main__":
