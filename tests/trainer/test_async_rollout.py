@@ -2,20 +2,13 @@
 regenerate past max_staleness, checkpoint state, errors of the in-flight call) on a recording fake trainer,
 and the configurations that cannot be asynchronous."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from rltrain.config import ConfigError
 from rltrain.data.batch import Batch
 from rltrain.data.dataset import PromptSampler
-from rltrain.main import CONFIG_DIR
 from rltrain.trainer.async_rollout import AsyncRollout
-
-REPO = os.path.dirname(CONFIG_DIR)
 
 
 class FakeTrainer:
@@ -183,10 +176,3 @@ def test_with_refills_the_next_batch_is_submitted_after_the_step_draws_its_refil
 def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides, match):
     with pytest.raises(ConfigError, match=match):
         cfg_for(*overrides)
-
-
-def test_cli_refuses_colocated_async_with_exit_code_2():
-    proc = subprocess.run([sys.executable, "-m", "rltrain.main", "trainer.async_rollout=true"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "trainer.colocate=false" in proc.stderr and "Traceback" not in proc.stderr
