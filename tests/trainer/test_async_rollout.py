@@ -176,3 +176,18 @@ def test_with_refills_the_next_batch_is_submitted_after_the_step_draws_its_refil
 def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides, match):
     with pytest.raises(ConfigError, match=match):
         cfg_for(*overrides)
+
+
+def test_entry_point_refuses_colocated_async_with_exit_code_2(capsys):
+    from hydra import compose, initialize_config_dir
+
+    from rltrain.config import validate_config
+    from rltrain.main import CONFIG_DIR, run_entry
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="grpo_tiny", overrides=["trainer.async_rollout=true"])  # colocated by default
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry(cfg, validate_config, lambda c: pytest.fail("the run must not start"))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "trainer.async_rollout=true" in err and "trainer.colocate=false" in err and "Traceback" not in err
