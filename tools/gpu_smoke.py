@@ -158,7 +158,8 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf") -> dict:
     return {"engine": engine, "steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
             "update_mfu": mfu, "all_finite": finite,
             "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
-                                              "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max")}}
+                                              "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max",
+                                              "rollout/mismatch_abs_mean", "rollout/mismatch_kl")}}
 
 
 def section_parity() -> dict:
