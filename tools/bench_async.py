@@ -9,7 +9,7 @@ of grpo_tiny and, when given, a GPU learning recipe. Writes bench_async.json, be
 
 Every run is `python -m rltrain.main` in its own process (fresh Ray, fresh GPU memory) with trainer.colocate=false:
 the train group on one device, the rollout group on another; the async run adds trainer.async_rollout=true and
-actor.tis.enable=true. Timings are means over the steady steps (the first two are left out: step 1 compiles kernels
+actor.tis.enable=true. Timings are means (and the median step) over the steady steps (the first two are left out: step 1 compiles kernels
 and, in async mode, has nothing to overlap with). tokens/s = tokens of those steps / their summed step time. The
 script finishes within --deadline seconds of its start (one 10-minute device command): a run that cannot finish
 in what is left is skipped, a run still going at the deadline is stopped, and the report says which; the results
@@ -34,7 +34,8 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 from rltrain.utils.tracking import read_metrics  # noqa: E402
 
 ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true"]
-SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false"]
+SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false",
+         "trainer.save_freq=-1"]  # a save waits for the batch in flight outside the step timer: none while timing
 # grpo_tiny set up to learn in tens of steps (the CPU test tests/trainer/test_async_e2e.py uses the same shape)
 TINY_LEARN = ["data.train_batch_size=32", "rollout.n=16", "actor.ppo_mini_batch_size=16", "actor.lr=3e-3",
               "data.synthetic.val_size=64", "rollout.val_temperature=1.0", "rollout.val_n=4",
@@ -74,7 +75,8 @@ def speed_summary(rows: list[dict], skip: int = 2) -> dict:
         return {}
     mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in PHASES}
     tokens = sum(r["perf/total_num_tokens"] for r in steady)
-    out = {"steps": len(steps), "steady_steps": len(steady), "mean": mean,
+    times = sorted(r["timing_s/step"] for r in steady)
+    out = {"steps": len(steps), "steady_steps": len(steady), "mean": mean, "median_step_s": times[len(times) // 2],
            "tokens_per_s": tokens / max(sum(r["timing_s/step"] for r in steady), 1e-9),
            "max_staleness_seen": max((r.get("rollout/staleness", 0) for r in steps), default=0),
            "mismatch_abs_mean": sum(r.get("rollout/mismatch_abs_mean", 0.0) for r in steady) / len(steady),
@@ -83,10 +85,11 @@ def speed_summary(rows: list[dict], skip: int = 2) -> dict:
 
 
 def learning_curve(rows: list[dict]) -> dict:
-    """val/accuracy by step and by cumulative step seconds (wall-clock of the training loop)."""
+    """val/accuracy by step and by cumulative loop seconds (step + validation wall-clock: in async mode validation
+    first waits for the batch in flight, so generation time is never left out)."""
     clock, acc, by_time = 0.0, [], []
     for r in rows:
-        clock += r.get("timing_s/step", 0.0)
+        clock += r.get("timing_s/step", 0.0) + r.get("timing_s/validation", 0.0)
         if "val/accuracy" in r:
             acc.append((r["step"], r["val/accuracy"]))
             by_time.append((round(clock, 2), r["val/accuracy"]))
@@ -117,7 +120,7 @@ def plot_learning(name: str, curves: dict, path: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=100)
     for mode, c in curves.items():
-        for ax, key, xlabel in ((axes[0], "by_step", "step"), (axes[1], "by_time_s", "training-loop seconds")):
+        for ax, key, xlabel in ((axes[0], "by_step", "step"), (axes[1], "by_time_s", "loop seconds (step + validation)")):
             pts = c[key]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1.5, label=mode)
             ax.set_xlabel(xlabel)
@@ -156,13 +159,13 @@ def to_markdown(res: dict) -> str:
     sp = res.get("speed", {})
     if any(sp.get(m, {}).get("mean") for m in ("sync", "async")):
         lines += [f"## Step time: {sp['title']}", "",
-                  "| mode | " + " | ".join(k.split("/")[1] for k in PHASES) + " | tokens/s | max staleness |",
-                  "|---|" + "---|" * (len(PHASES) + 2)]
+                  "| mode | " + " | ".join(k.split("/")[1] for k in PHASES) + " | median step | tokens/s | max staleness |",
+                  "|---|" + "---|" * (len(PHASES) + 3)]
         for m in ("sync", "async"):
             s = sp.get(m, {})
             if s.get("mean"):
                 lines.append(f"| {m} | " + " | ".join(f"{s['mean'][k]:.3f}" for k in PHASES)
-                             + f" | {s['tokens_per_s']:.0f} | {s['max_staleness_seen']} |")
+                             + f" | {s['median_step_s']:.3f} | {s['tokens_per_s']:.0f} | {s['max_staleness_seen']} |")
         if sp.get("speedup"):
             lines += ["", f"async / sync tokens/s: **{sp['speedup']:.2f}x**; mismatch |log p_sampler - log p_old| "
                       f"sync {sp['sync'].get('mismatch_abs_mean', 0):.4f}, async {sp['async'].get('mismatch_abs_mean', 0):.4f}"]
@@ -172,7 +175,7 @@ def to_markdown(res: dict) -> str:
         if not c:
             continue
         lines += [f"## Learning: {name}", "", f"Overrides: `{' '.join(lr['overrides'])}`", "",
-                  "| mode | steps to target | training-loop s to target | final val/accuracy |", "|---|---|---|---|",
+                  "| mode | steps to target | loop s (step + validation) to target | final val/accuracy |", "|---|---|---|---|",
                   f"| sync | {c['sync_steps']} | {c['sync_seconds']} | {c['final_sync']} |",
                   f"| async | {c['async_steps']} | {c['async_seconds']} | {c['final_async']} |", "",
                   f"target = 90% of the sync run's best held-out accuracy = {c['target_accuracy']:.3f}; "

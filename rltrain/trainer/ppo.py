@@ -91,7 +91,8 @@ class PPOTrainer:
                 step = self.global_step
                 metrics = self.train_step(step)
                 if t["test_freq"] > 0 and (step % t["test_freq"] == 0 or step == t["total_steps"]):
-                    metrics.update(self.validate())
+                    with timer("validation", metrics):  # async: includes waiting for the batch in flight
+                        metrics.update(self.validate())
                 metrics["training/global_step"] = step
                 self.tracker.log(metrics, step=step)
                 last.update(metrics)
