@@ -4,6 +4,7 @@ of grpo_tiny and, when given, a GPU learning recipe. Writes bench_async.json, be
 
   PYTHONPATH=/tmp/site python tools/bench_async.py --out $OUT --deadline 540   # 2 GPUs (split 1+1)
   python tools/bench_async.py --out /tmp/bench_async --cpu --deadline 900       # the CPU table of docs/benchmarks.md
+  ... --only speed | --only learn                # one section (each fits one device command on its own)
   ... --overrides "rollout=vllm"                 # extra overrides for every run (e.g. the vLLM rollout engine)
   ... --recipe NAME --recipe-overrides "k=v k=v" # also a learning recipe (configs/NAME.yaml)
 
@@ -215,6 +216,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_async_out"))
     ap.add_argument("--cpu", action="store_true", help="CPU: grpo_tiny only (speed and learning)")
+    ap.add_argument("--only", nargs="+", choices=("speed", "learn"), default=["speed", "learn"])
     ap.add_argument("--speed-steps", type=int, default=8)
     ap.add_argument("--learn-steps", type=int, default=60)
     ap.add_argument("--recipe", help="a GPU learning recipe (config name) to compare as well")
@@ -239,7 +241,15 @@ def main() -> None:
         ["trainer.device=cpu", "trainer.num_cpus=2", "trainer.n_gpus_per_node=1"]
     place += args.overrides.split()
 
-    # 1. step time and tokens/s
+    if "speed" in args.only:
+        run_speed(args, res, place, gpu, budget, skipped, t0)
+    if "learn" in args.only:
+        run_learning(args, res, place, gpu, budget, skipped, t0)
+    print(write_report(args.out, res, t0))
+
+
+def run_speed(args, res: dict, place: list[str], gpu: bool, budget: Budget, skipped: dict, t0: float) -> None:
+    """Step time and tokens/s, sync vs async."""
     if gpu:
         from gpu_smoke import GRPO_06B_OVERRIDES
 
@@ -261,7 +271,9 @@ def main() -> None:
     plot_speed(speed, os.path.join(args.out, "speed.png"))
     write_report(args.out, res, t0)
 
-    # 2. learning curves
+
+def run_learning(args, res: dict, place: list[str], gpu: bool, budget: Budget, skipped: dict, t0: float) -> None:
+    """Held-out accuracy curves, sync vs async: grpo_tiny and, when given, a learning recipe."""
     learns = [("grpo_tiny", "grpo_tiny", [*TINY_LEARN, *SPLIT, *place, f"trainer.total_steps={args.learn_steps}",
                                           "trainer.test_freq=2"], 150.0 if gpu else 120.0)]
     if args.recipe:
@@ -279,7 +291,6 @@ def main() -> None:
             plot_learning(name, curves, os.path.join(args.out, f"learning_{name}.png"))
         res["learning"][name] = entry
         write_report(args.out, res, t0)
-    print(write_report(args.out, res, t0))
 
 
 def write_report(out: str, res: dict, t0: float) -> str:
