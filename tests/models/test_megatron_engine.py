@@ -262,3 +262,23 @@ def test_unknown_role_and_schedule_are_clear_errors():
         MegatronEngine(cfg, role="reward")
     with pytest.raises(ValueError, match="lr_schedule must be one of"):
         MegatronEngine(cfg, lr_schedule="linear")
+
+
+def test_engine_builds_again_after_its_world_was_destroyed_by_another_owner():
+    """A process that ran one job keeps megatron's module-level groups; when the world they belonged to is
+    destroyed (a vLLM engine that created the world closes it) the next engine rebuilds them instead of
+    failing with "Group ... is not registered"; its log-probs equal a fresh transformers forward."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from rltrain.models.megatron.compat import setup_parallel, teardown_parallel
+
+    setup_parallel(1, 1, seed=0)
+    dist.destroy_process_group()
+    assert parallel_state.model_parallel_is_initialized()  # stale: groups of a world that no longer exists
+    hf = random_hf_model(V, seed=5)
+    ids, lens, mask = random_batch(V, [7, 1, 4], seed=int(torch.randint(0, 10**6, ())))
+    lp, _ = _engine(hf, role="ref").forward_logprobs(ids, lens, mask)
+    torch.testing.assert_close(lp.double(), hf_logprobs(hf, ids, mask)[0].detach(), atol=1e-4, rtol=0)
+    assert dist.get_rank(group=parallel_state.get_tensor_model_parallel_group()) == 0
+    teardown_parallel()

@@ -152,6 +152,8 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
     """
     if tp_size < 1 or pp_size < 1:
         raise ValueError(f"tp_size and pp_size must be >= 1, got tp_size={tp_size}, pp_size={pp_size}")
+    if parallel_state.model_parallel_is_initialized() and not _megatron_groups_alive():
+        parallel_state.destroy_model_parallel()  # its world was destroyed (e.g. by a vLLM engine that owned it)
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group("nccl" if cuda_enabled() else "gloo")
@@ -189,6 +191,20 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
         torch.manual_seed(seed)
     else:
         _seed_cpu(seed, tp_rank)
+
+
+def _megatron_groups_alive() -> bool:
+    """Whether megatron's model-parallel groups still belong to the current torch.distributed world. A
+    process that ran one job and then lost its world (destroyed by whoever owned it) keeps megatron's
+    module-level groups; they must be rebuilt, not reused."""
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group=parallel_state.get_tensor_model_parallel_group())
+        dist.get_rank(group=parallel_state.get_pipeline_model_parallel_group())
+    except (ValueError, RuntimeError):
+        return False
+    return True
 
 
 def parallel_coordinates() -> dict[str, int]:
