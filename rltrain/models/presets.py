@@ -1,7 +1,7 @@
 """Built-in model presets (random init, no download) and the one place that turns `model.*` into an HF config.
 
-`tiny` is the CPU default's Qwen3-architecture model; `qwen3-0.6b` and `qwen3-4b` have Qwen3-0.6B's and
-Qwen3-4B's real shapes and vocab size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
+`tiny` is the CPU default's Qwen3-architecture model; `qwen3-0.6b`, `qwen3-4b` and `qwen3-8b` have Qwen3-0.6B's,
+Qwen3-4B's and Qwen3-8B's real shapes and vocab size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ QWEN3_4B = dict(
     attention_bias=False,
 )
 
+# Facts from the public Hugging Face Qwen3-8B config.json (untied LM head).
+QWEN3_8B = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
+    attention_bias=False,
+)
+
 # The embedded default: small enough to train for a few minutes on 2 CPU cores.
 TINY = dict(
     hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -38,7 +46,7 @@ TINY = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
 )
 
-BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B}
+BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B, "qwen3-8b": QWEN3_8B}
 
 
 def model_hf_config(model_cfg: Mapping[str, Any], tokenizer):
