@@ -282,3 +282,33 @@ def test_engine_builds_again_after_its_world_was_destroyed_by_another_owner():
     torch.testing.assert_close(lp.double(), hf_logprobs(hf, ids, mask)[0].detach(), atol=1e-4, rtol=0)
     assert dist.get_rank(group=parallel_state.get_tensor_model_parallel_group()) == 0
     teardown_parallel()
+
+
+def test_token_ids_outside_the_vocabulary_are_named_before_the_head_runs():
+    """Labels are checked on the host (the head then runs without device-side range checks)."""
+    hf = random_hf_model(V, seed=2)
+    eng = _engine(hf, role="ref")
+    ids, lens, mask = random_batch(V, [6, 4], seed=int(torch.randint(0, 10**6, ())))
+    ids[1, 2] = V + 3  # inside Megatron's padded vocabulary, outside the model's
+    with pytest.raises(ValueError, match=rf"outside the model's vocabulary \[0, {V}\): \[{V + 3}\]"):
+        eng.forward_logprobs(ids, lens, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_head_and_loss_run_without_a_host_sync_on_gpu():
+    """From host micro-batches to the loss, nothing waits for the GPU: torch's sync debug mode raises on any
+    synchronizing call (a blocking copy, .item(), nonzero on a device tensor)."""
+    hf = random_hf_model(V, seed=4)
+    eng = _engine(hf, role="actor", device="cuda")
+    ids, lens, mask = random_batch(V, [9, 5, 12], seed=int(torch.randint(0, 10**6, ())))
+    lp_ref, _ = hf_logprobs(hf.cuda(), ids.cuda(), mask.cuda())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lp, ent = eng._token_logprobs(ids, torch.as_tensor(lens), mask, temperature=1.0, with_entropy=True,
+                                      entropy_grad=True)
+        (lp.sum() + ent.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(lp.double().cpu(), lp_ref.detach().double().cpu(), atol=2e-3, rtol=0)

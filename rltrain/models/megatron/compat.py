@@ -30,6 +30,15 @@ def cuda_enabled() -> bool:
     return torch.cuda.is_available()
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU through pinned memory, queued on the stream without waiting for it
+    (a copy from pageable memory may synchronize the stream: a host sync per tensor and micro-batch; the
+    caching host allocator keeps the pinned buffer until the copy has run)."""
+    if t.device.type == "cpu" and torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """"auto"/None -> cuda:<local rank> when CUDA is available else cpu; raises for cuda without CUDA."""
     if device in (None, "auto"):
