@@ -10,6 +10,8 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rltrain.models.presets import BUILTINS
+
 
 class ConfigError(ValueError):
     """A user-fixable problem in the configuration."""
@@ -22,7 +24,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("file", "synthetic")
 LR_SCHEDULES = ("constant", "cosine")
 MODEL_DTYPES = ("bfloat16", "float32")
-BUILTIN_MODELS = ("tiny", "qwen3-0.6b")
+BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
 TOOL_PATTERNS = ("code_block", "code_tag")
 
 
