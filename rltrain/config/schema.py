@@ -41,6 +41,17 @@ class MultiTurnConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Where model-written tool code runs (rltrain/sandbox): behind namespaces + Landlock + seccomp."""
+
+    # Run tool code even where the kernel cannot isolate it (no user namespaces, Landlock or seccomp): only an
+    # audit hook, which is no security boundary, then stands between it and your files. Off: calls are refused.
+    allow_unisolated: bool = False
+    # Let tool code run the system's programs (execve); they stay confined to its temp dir. Off: refused.
+    allow_exec: bool = False
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"  # hf | vllm
     n: int = 8
@@ -55,6 +66,9 @@ class RolloutConfig:
     enforce_eager: bool = False
     # HF engine: max sequences decoded together
     max_batch_size: int = 256
+    # split placement (trainer.colocate=false): rollout replicas of tensor_parallel_size devices each;
+    # null: as many devices as the training group (workers/placement.py)
+    num_replicas: Optional[int] = None
     # weight sync from actor to rollout, streamed in buckets of this size
     weight_sync_bucket_mb: int = 256
     # validation sampling
@@ -90,6 +104,12 @@ class ActorConfig:
     pipeline_parallel_size: int = 1
     # full activation recomputation (one layer at a time): long-context updates need it on GPU
     recompute_activations: bool = False
+    # full: whole layers; selective: only recompute_modules (mlp, core_attn) of each layer (less memory
+    # saved, much less recomputed; docs/kernel_notes.md "Actor update step")
+    recompute_granularity: str = "full"
+    recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
+    # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
+    elementwise_fusion: str = "none"
 
 
 @dataclass
@@ -185,8 +205,8 @@ class TrainerConfig:
     use_ray: bool = True  # false: one in-process worker (single device, debugging, no Ray installed)
     ray_address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: connect
     colocate: bool = True
-    n_gpus_per_node: int = 1
-    nnodes: int = 1
+    n_gpus_per_node: int = 1  # devices per node, one worker process each (on CPU: processes per node)
+    nnodes: int = 1  # > 1: join a Ray cluster (ray_address) and place one bundle per node
     num_cpus: Optional[int] = None
     # checkpoints
     ckpt_dir: Optional[str] = None  # null: <run dir>/checkpoints
@@ -207,6 +227,7 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 # ---------------------------------------------------------------------------- SFT (rltrain.sft)

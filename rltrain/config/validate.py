@@ -11,9 +11,10 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain.models.presets import BUILTINS
+from rltrain.utils.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A user-fixable problem in the configuration."""
 
 
@@ -26,6 +27,9 @@ LR_SCHEDULES = ("constant", "cosine")
 MODEL_DTYPES = ("bfloat16", "float32")
 BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
 TOOL_PATTERNS = ("code_block", "code_tag")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" needs Transformer Engine
+ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
 
 
 def _is_dotted_path(name: str) -> bool:
@@ -119,12 +123,12 @@ def validate_config(cfg: DictConfig) -> None:
     _choice(e, "actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
     if len(a.betas) != 2 or not all(0.0 <= b < 1.0 for b in a.betas):
         e.append(f"actor.betas={list(a.betas)} must be two numbers in [0, 1)")
+    _choice(e, "actor.recompute_granularity", a.recompute_granularity, RECOMPUTE_GRANULARITIES)
+    for m in a.recompute_modules:
+        _choice(e, "actor.recompute_modules[]", m, RECOMPUTE_MODULES)
+    _choice(e, "actor.elementwise_fusion", a.elementwise_fusion, ELEMENTWISE_FUSIONS)
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
-    if a.pipeline_parallel_size > 1:
-        e.append(f"actor.pipeline_parallel_size={a.pipeline_parallel_size}: the Megatron engine supports pipeline "
-                 "stages, but the RL trainer's weight sync and data-parallel dispatch do not yet; use "
-                 "actor.tensor_parallel_size to shard the model (or 1)")
     if d.train_batch_size > 0 and a.ppo_mini_batch_size > d.train_batch_size:
         e.append(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than the batch "
                  f"(data.train_batch_size={d.train_batch_size}); it must be <= data.train_batch_size")
@@ -190,6 +194,9 @@ def validate_config(cfg: DictConfig) -> None:
     _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
     _positive(e, "trainer.n_gpus_per_node", t.n_gpus_per_node)
     _positive(e, "trainer.nnodes", t.nnodes)
+    from rltrain.workers.placement import placement_errors  # the one placement rule (no Ray, no torch)
+
+    e.extend(placement_errors(cfg, device=t.device if t.device != "auto" else None))
 
     if e:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(e))

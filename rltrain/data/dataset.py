@@ -23,37 +23,52 @@ import numpy as np
 import torch
 
 from rltrain.data.chat import prompt_token_ids, render_prompt
+from rltrain.utils.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 _MISSING = object()
 
 
+class DataError(UserError, ValueError):
+    """A data file the user gave is missing or malformed; the message names the file, line and key."""
+
+
 def read_rows(path: str | os.PathLike) -> list[tuple[int, dict]]:
     """(line number or 1-based row number, row dict) for every row of a .jsonl/.json lines or .parquet file."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"data file {str(path)!r} does not exist")
+        raise DataError(f"data file {str(path)!r} does not exist; fix the path in data.train_files / data.val_files")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
         with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
-                rows.append((lineno, row))
+            try:
+                for lineno, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON "
+                                        "object (JSON lines)") from None
+                    if not isinstance(row, dict):
+                        raise DataError(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
+                    rows.append((lineno, row))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start} after line "
+                                f"{len(rows)}); is it a .jsonl file?") from None
         return rows
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return [(i + 1, row) for i, row in enumerate(pq.read_table(path).to_pylist())]
-    raise ValueError(f"data file {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .json or .parquet")
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{path}: not a readable parquet file ({e})") from None
+        return [(i + 1, row) for i, row in enumerate(table.to_pylist())]
+    raise DataError(f"data file {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .json or .parquet")
 
 
 def write_rows(rows: Sequence[dict], path: str | os.PathLike) -> None:
@@ -109,13 +124,13 @@ class PromptDataset(torch.utils.data.Dataset):
             where = f"{self.path}:{lineno}"
             prompt = _get(row, prompt_key)
             if prompt is _MISSING:
-                raise ValueError(f"{where}: missing key {prompt_key!r} (data.prompt_key); row keys: {sorted(row)}")
+                raise DataError(f"{where}: missing key {prompt_key!r} (data.prompt_key); row keys: {sorted(row)}")
             _check_prompt(prompt, where, prompt_key)
             answer = _get(row, answer_key)
             if answer is _MISSING:
-                raise ValueError(f"{where}: missing key {answer_key!r} (data.answer_key); row keys: {sorted(row)}")
+                raise DataError(f"{where}: missing key {answer_key!r} (data.answer_key); row keys: {sorted(row)}")
             if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-                raise ValueError(f"{where}: key {answer_key!r} must be a string or number, got {type(answer).__name__}")
+                raise DataError(f"{where}: key {answer_key!r} must be a string or number, got {type(answer).__name__}")
             if data_source_key is None:
                 source = default_source
             else:
@@ -123,10 +138,10 @@ class PromptDataset(torch.utils.data.Dataset):
                 if source is _MISSING:  # optional metadata: rows without it are tagged with the default
                     source = default_source
                 if not isinstance(source, str):
-                    raise ValueError(f"{where}: key {data_source_key!r} must be a string, got {type(source).__name__}")
+                    raise DataError(f"{where}: key {data_source_key!r} must be a string, got {type(source).__name__}")
             extra = row.get("extra_info") or {}
             if not isinstance(extra, dict):
-                raise ValueError(f"{where}: key 'extra_info' must be an object, got {type(extra).__name__}")
+                raise DataError(f"{where}: key 'extra_info' must be an object, got {type(extra).__name__}")
             text = render_prompt(tokenizer, prompt, apply_chat_template=apply_chat_template, system_prompt=system_prompt)
             ids = prompt_token_ids(tokenizer, text, apply_chat_template=apply_chat_template)
             if len(ids) > max_prompt_length:
@@ -138,7 +153,8 @@ class PromptDataset(torch.utils.data.Dataset):
             logger.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
                            self.path, self.num_dropped, self.num_dropped + len(self.items), max_prompt_length)
         if not self.items:
-            raise ValueError(f"{self.path}: no prompts left (all {self.num_dropped} longer than max_prompt_length={max_prompt_length})")
+            raise DataError(f"{self.path}: no prompts left (all {self.num_dropped} longer than max_prompt_length="
+                            f"{max_prompt_length}); raise data.max_prompt_length")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -153,9 +169,9 @@ def _check_prompt(prompt: Any, where: str, key: str) -> None:
     if isinstance(prompt, list) and prompt:
         for j, m in enumerate(prompt):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise ValueError(f"{where}: key {key!r}: message {j} must be an object with string 'role' and 'content'")
+                raise DataError(f"{where}: key {key!r}: message {j} must be an object with string 'role' and 'content'")
         return
-    raise ValueError(f"{where}: key {key!r} must be a string or a non-empty list of messages, got {type(prompt).__name__}")
+    raise DataError(f"{where}: key {key!r} must be a string or a non-empty list of messages, got {type(prompt).__name__}")
 
 
 class PromptSampler:
@@ -165,7 +181,8 @@ class PromptSampler:
 
     def __init__(self, dataset: Sequence, batch_size: int, seed: int, shuffle: bool = True) -> None:
         if not 1 <= batch_size <= len(dataset):
-            raise ValueError(f"batch_size must be in [1, {len(dataset)}] (the dataset size), got {batch_size}")
+            raise DataError(f"batch_size (data.train_batch_size) must be in [1, {len(dataset)}] (the number of "
+                            f"usable prompts), got {batch_size}; lower it or give more data")
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed

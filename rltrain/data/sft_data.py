@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from rltrain.data.chat import render_prompt
-from rltrain.data.dataset import read_rows
+from rltrain.data.dataset import DataError, read_rows
 
 logger = logging.getLogger(__name__)
 
@@ -49,26 +49,26 @@ def encode_conversation(tokenizer, messages: list[dict], *, system_prompt: str |
     -log p(input_ids[t] | input_ids[<t]) summed over those t.
     """
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"{where}: must be a non-empty list of messages")
+        raise DataError(f"{where}: must be a non-empty list of messages")
     for j, m in enumerate(messages):
         if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-            raise ValueError(f"{where}: message {j} must be an object with 'role' in {ROLES} and a string "
+            raise DataError(f"{where}: message {j} must be an object with 'role' in {ROLES} and a string "
                              f"'content', got {m!r}"[:300])
     first = next((j for j, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None:
-        raise ValueError(f"{where}: has no assistant message (nothing to train on)")
+        raise DataError(f"{where}: has no assistant message (nothing to train on)")
     prompt = messages[:first]
     if not any(m["role"] == "user" for m in prompt):
-        raise ValueError(f"{where}: needs a user message before the first assistant message")
+        raise DataError(f"{where}: needs a user message before the first assistant message")
     if any(m["role"] == "tool" for m in prompt):
-        raise ValueError(f"{where}: a tool message comes before the first assistant message")
+        raise DataError(f"{where}: a tool message comes before the first assistant message")
     response = messages[first:]
     bad = [m["role"] for m in response if m["role"] not in ("assistant", "tool")]
     if bad:
-        raise ValueError(f"{where}: after the first assistant message only assistant/tool messages are "
+        raise DataError(f"{where}: after the first assistant message only assistant/tool messages are "
                          f"supported (the rollout has no later user turns), got {bad[0]!r}")
     if response[-1]["role"] != "assistant":
-        raise ValueError(f"{where}: the last message must be the assistant's answer, got {response[-1]['role']!r}")
+        raise DataError(f"{where}: the last message must be the assistant's answer, got {response[-1]['role']!r}")
     if "{output}" not in tool_output_template:
         raise ValueError(f"tool_output_template must contain '{{output}}', got {tool_output_template!r}")
     prompt_msgs = [{"role": m["role"], "content": m["content"]} for m in prompt]
@@ -115,7 +115,7 @@ class SFTDataset(torch.utils.data.Dataset):
             for lineno, row in rows:
                 where = f"{name}:{lineno}"
                 if messages_key not in row:
-                    raise ValueError(f"{where}: missing key {messages_key!r} (data.messages_key); row keys: {sorted(row)}")
+                    raise DataError(f"{where}: missing key {messages_key!r} (data.messages_key); row keys: {sorted(row)}")
                 ids, mask, plen = encode_conversation(tokenizer, row[messages_key], system_prompt=system_prompt,
                                                       tool_output_template=tool_output_template, where=where)
                 if len(ids) > max_length:
@@ -126,8 +126,8 @@ class SFTDataset(torch.utils.data.Dataset):
             logger.warning("SFT data: dropped %d of %d rows longer than max_length=%d",
                            self.num_dropped, self.num_dropped + len(self.items), max_length)
         if not self.items:
-            raise ValueError(f"SFT data {[str(s) for s in sources if not isinstance(s, list)]}: no rows left "
-                             f"({self.num_dropped} longer than data.max_length={max_length})")
+            raise DataError(f"SFT data {[str(s) for s in sources if not isinstance(s, list)]}: no rows left "
+                            f"({self.num_dropped} longer than data.max_length={max_length})")
 
     def __len__(self) -> int:
         return len(self.items)

@@ -21,6 +21,8 @@ import os
 import re
 from pathlib import Path
 
+from rltrain.utils.errors import UserError
+
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 _ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 _CHARS = " \n" + "0123456789" + "abcdefghijklmnopqrstuvwxyz" + "!\"#'()*+,-./:;<=>?"
@@ -116,6 +118,10 @@ class CharTokenizer:
         return tok
 
 
+class TokenizerNotFoundError(UserError, ValueError):
+    """`model.tokenizer` (or `model.path`) names no tokenizer that can be loaded."""
+
+
 def is_char_tokenizer_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / _CONFIG_NAME).is_file()
 
@@ -132,9 +138,10 @@ def load_tokenizer(name_or_path: str):
         return CharTokenizer.from_pretrained(name_or_path)
     expanded = os.path.expanduser(name_or_path)
     looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    key = "config key `model.tokenizer`, or `model.path` when model.tokenizer is null"
     if looks_local and not os.path.exists(expanded):
-        raise ValueError(
-            f"tokenizer path {name_or_path!r} does not exist (config key `model.tokenizer`): "
+        raise TokenizerNotFoundError(
+            f"tokenizer path {name_or_path!r} does not exist ({key}): "
             "give an existing directory, a Hugging Face model id, or 'char' for the built-in tokenizer"
         )
     from transformers import AutoTokenizer
@@ -142,6 +149,4 @@ def load_tokenizer(name_or_path: str):
     try:
         return AutoTokenizer.from_pretrained(expanded)
     except (OSError, ValueError) as e:
-        raise ValueError(
-            f"could not load tokenizer {name_or_path!r} (config key `model.tokenizer`): {e}"
-        ) from e
+        raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): {e}") from e

@@ -1,7 +1,8 @@
 """Built-in model presets (random init, no download) and the one place that turns `model.*` into an HF config.
 
-`tiny` is the CPU default's Qwen3-architecture model, `small` the learning recipe's (~55M); `qwen3-0.6b` has Qwen3-0.6B's real shapes and vocab
-size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
+`tiny` is the CPU default's Qwen3-architecture model, `small` the learning recipe's (~55M); `qwen3-0.6b` and
+`qwen3-4b` have Qwen3-0.6B's and Qwen3-4B's real shapes and vocab size for GPU benchmarks. Must not build Megatron
+models or load weights (that is models/megatron, models/hf).
 """
 
 from __future__ import annotations
@@ -9,10 +10,24 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from rltrain.utils.errors import UserError
+
+
+class ModelNotFoundError(UserError, FileNotFoundError):
+    """`model.path` (or `model.tokenizer`) names nothing that can be loaded."""
+
 # Facts from the public Hugging Face Qwen3-0.6B config.json.
 QWEN3_0_6B = dict(
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
     num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+    attention_bias=False,
+)
+
+# Facts from the public Hugging Face Qwen3-4B config.json.
+QWEN3_4B = dict(
+    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
     rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
     attention_bias=False,
 )
@@ -32,7 +47,7 @@ SMALL = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
 )
 
-BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0_6B}
+BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B}
 
 
 def model_hf_config(model_cfg: Mapping[str, Any], tokenizer):
@@ -64,12 +79,12 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
     if not path:
         raise ValueError("model.path is not set; give an HF model id or a local directory, or set model.builtin")
     if os.path.sep in path and not os.path.exists(path):
-        raise FileNotFoundError(f"model.path={path!r} does not exist; fix model.path (a local directory with "
+        raise ModelNotFoundError(f"model.path={path!r} does not exist; fix model.path (a local directory with "
                                 "config.json and safetensors, or an HF model id)")
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"model.path={path!r}: could not load its config.json ({err}); fix model.path "
+        raise ModelNotFoundError(f"model.path={path!r}: could not load its config.json ({err}); fix model.path "
                                 "or download the model first") from err
     for k, v in overrides.items():
         setattr(cfg, k, v)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rltrain.rewards import arithmetic, gsm8k, math, math_dapo, retool, synthetic
-from rltrain.rewards.loader import UserRewardFn, load_function
+from rltrain.rewards.loader import RewardFnError, UserRewardFn, load_function
 from rltrain.rewards.runner import compute_rewards, shutdown_workers
 
 REWARD_FNS: dict[str, Callable] = {
@@ -40,8 +40,8 @@ def get_reward_fn(name_or_path: str) -> Callable:
         return REWARD_FNS[name_or_path]
     if ":" in name_or_path:
         return UserRewardFn(name_or_path)
-    raise ValueError(f"reward.fn={name_or_path!r}: not a built-in ({', '.join(sorted(REWARD_FNS))}) and not "
-                     "'path/to/file.py:function'")
+    raise RewardFnError(f"reward.fn={name_or_path!r}: not a built-in ({', '.join(sorted(REWARD_FNS))}) and not "
+                        "'path/to/file.py:function'")
 
 
 __all__ = ["REWARD_FNS", "get_reward_fn", "compute_rewards", "shutdown_workers", "load_function", "UserRewardFn"]

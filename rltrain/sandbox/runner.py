@@ -7,12 +7,18 @@ Layers, outermost first:
    HOME=TMPDIR=its own temp dir, one-thread BLAS) and that temp dir as cwd; the temp dir is deleted
    afterwards. A wall-clock deadline kills the whole tree; stdout/stderr are read incrementally and
    the tree is killed as soon as either exceeds `max_output_bytes`.
-2. Kernel isolation where the OS allows it: new user + PID (+ network) namespaces (no network
-   interfaces but a down loopback; the namespace's init dies -> everything in it dies), and rlimits
-   (address space, CPU seconds, file size, processes per sandbox, no core files).
+2. The kernel boundary, inherited by everything the code starts or execs: new user + PID (+ network)
+   namespaces (no network interfaces but a down loopback; the namespace's init dies -> everything
+   in it dies); Landlock (landlockpy): read-only access to the stdlib and the system's shared
+   libraries, read-write to its temp dir only, no TCP unless allowed, no signals out of its domain;
+   seccomp (pyseccomp over libseccomp): no execve unless `allow_exec`, no ptrace, namespaces,
+   mounts or open-by-handle; rlimits (address space, CPU seconds, file size, processes, no cores).
+   Where any of the three is unavailable the child refuses to run the code (status
+   "refused", saying why) unless `allow_unisolated=True` (config `sandbox.allow_unisolated`).
 3. Always: an audit hook (`sys.addaudithook`) in the child that refuses sockets, running other
    programs, ctypes, reads outside the stdlib and its temp dir (e.g. `/etc/passwd`), writes outside
-   its temp dir, signals to other processes and forks beyond `max_processes`.
+   its temp dir, signals to other processes and forks beyond `max_processes`. It gives the code
+   clear messages; it is not the boundary (Python documents audit hooks as no security measure).
 
 See `_bootstrap.py` for the child's process tree. `SandboxPool` runs many calls on a thread pool;
 each call is its own process tree, so hostile code cannot break the pool.
@@ -20,6 +26,7 @@ each call is its own process tree, so hostile code cannot break the pool.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -36,14 +43,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rltrain.sandbox._bootstrap import EXIT_MEMORY
+from rltrain.sandbox._bootstrap import EXIT_MEMORY, EXIT_REFUSED
 
 _BOOTSTRAP_SOURCE = (Path(__file__).parent / "_bootstrap.py").read_text(encoding="utf-8")
 _MARKER = "RLTRAIN_SANDBOX_ID"
 _READ_CHUNK = 65536
 _DRAIN_GRACE_S = 1.0  # after a kill, how long to wait for the pipes to close
 
-STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed")
+STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "refused")
+ALLOW_UNISOLATED_HINT = ("set sandbox.allow_unisolated=true to run tool code anyway, guarded only by an audit hook "
+                         "(not a security boundary: the code could read and change your files)")
 
 
 @dataclass
@@ -56,7 +65,9 @@ class SandboxResult:
     exit_code: int | None  # None when the process ended by a signal or was killed by us
     duration_s: float
     message: str = ""  # one line saying why a non-ok run ended (empty when ok)
-    isolation: str = ""  # kernel isolation the child got, e.g. "namespaces:user,pid,net" or "none (...)"
+    # kernel isolation the child got, e.g. "namespaces:user,pid,net + landlock:7 + seccomp", or "none"
+    isolation: str = ""
+    isolated: bool = False  # namespaces, Landlock and seccomp held (the code ran behind the kernel boundary)
     sandbox_id: str = ""  # marker in the child's environment, for finding its processes
 
     def ok(self) -> bool:
@@ -101,22 +112,48 @@ def run_code(
     allow_network: bool = False,
     stdin: str | None = None,
     max_file_bytes: int = 16 * 2**20,
+    allow_exec: bool = False,
+    allow_unisolated: bool = False,
 ) -> SandboxResult:
     """Run `code` as a Python program (like `python main.py`) in a fresh, limited process.
 
     timeout_s: wall clock for the whole run. memory_mb: address-space limit. cpu_s: CPU-seconds
     limit (None: ceil(timeout_s) + 1, a backstop). max_output_bytes: per stream; exceeding it kills
     the run (status "output_limit"). max_processes: processes the program may have at once, itself
-    included. max_file_bytes: largest file it may write (in its temp dir). Never raises for
-    anything the code does; raises ValueError for bad arguments.
+    included. max_file_bytes: largest file it may write (in its temp dir). allow_exec: let it run
+    the system's programs (still confined to its temp dir). allow_unisolated: run it even where the
+    kernel cannot isolate it (else status "refused"). Never raises for anything the code does;
+    raises ValueError for bad arguments.
     """
     return _run(code, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s,
                 max_output_bytes=max_output_bytes, max_processes=max_processes,
-                allow_network=allow_network, stdin=stdin, max_file_bytes=max_file_bytes)
+                allow_network=allow_network, stdin=stdin, max_file_bytes=max_file_bytes,
+                allow_exec=allow_exec, allow_unisolated=allow_unisolated)
+
+
+def probe_isolation(*, allow_network: bool = False, allow_exec: bool = False) -> SandboxResult:
+    """Run an empty program to learn what isolation this machine gives: `.isolated`, `.isolation`
+    (what held, and what is missing and why). Runs even when unisolated; takes ~0.1 s."""
+    return run_code("pass", allow_network=allow_network, allow_exec=allow_exec, allow_unisolated=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _binding_paths() -> tuple[str, ...]:
+    """Where landlockpy and pyseccomp are installed (the child's -I -S interpreter imports them from there)."""
+    import importlib.util
+
+    paths = []
+    for name in ("landlockpy", "pyseccomp"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            top = os.path.dirname(spec.origin)
+            paths.append(os.path.dirname(top) if spec.submodule_search_locations else top)
+    return tuple(sorted(set(paths)))
 
 
 def _run(code, *, timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, allow_network,
-         stdin, max_file_bytes, os_isolation=True, audit=True) -> SandboxResult:
+         stdin, max_file_bytes, allow_exec=False, allow_unisolated=False, os_isolation=True,
+         audit=True) -> SandboxResult:
     """run_code with the two inner layers switchable (tests check each layer on its own)."""
     if not isinstance(code, str):
         raise ValueError(f"code must be a str, got {type(code).__name__}")
@@ -134,7 +171,8 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, 
             "workdir": workdir, "status_fd": status_w, "parent_pid": os.getpid(),
             "memory_mb": memory_mb, "cpu_s": cpu_limit, "max_processes": max_processes,
             "max_file_bytes": max_file_bytes, "allow_network": bool(allow_network),
-            "os_isolation": bool(os_isolation), "audit": bool(audit),
+            "allow_exec": bool(allow_exec), "allow_unisolated": bool(allow_unisolated),
+            "os_isolation": bool(os_isolation), "audit": bool(audit), "binding_paths": _binding_paths(),
         }
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
@@ -318,15 +356,23 @@ def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max
             status, message = "killed", f"killed by signal {signal.Signals(sig).name}"
     elif exit_code is None:
         status, message = "killed", "the sandbox process ended without reporting a status"
+    elif exit_code == EXIT_REFUSED and out.status.get("isolated") is False:
+        problems = "; ".join(out.status.get("problems") or ["unknown"])
+        status, exit_code = "refused", None  # the code never ran
+        message = (f"sandbox refused to run the code: no kernel isolation here ({problems}); fix that, or "
+                   f"{ALLOW_UNISOLATED_HINT}")
     elif exit_code == EXIT_MEMORY:
         status, message = "memory", f"memory limit of {memory_mb} MiB exceeded (MemoryError)"
     elif exit_code == 0:
         status, message = "ok", ""
     else:
         status, message = "error", f"exited with status {exit_code}"
+    isolation = out.status.get("isolation", "")
+    if out.status.get("problems"):
+        isolation += " (not isolated: " + "; ".join(out.status["problems"]) + ")"
     return SandboxResult(status=status, stdout=stdout, stderr=stderr, exit_code=exit_code,
-                         duration_s=duration, message=message,
-                         isolation=out.status.get("isolation", ""), sandbox_id=sandbox_id)
+                         duration_s=duration, message=message, isolation=isolation,
+                         isolated=bool(out.status.get("isolated")), sandbox_id=sandbox_id)
 
 
 class SandboxPool:
@@ -339,7 +385,7 @@ class SandboxPool:
         if not (isinstance(max_workers, int) and max_workers >= 1):
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
         allowed = {"timeout_s", "memory_mb", "cpu_s", "max_output_bytes", "max_processes",
-                   "allow_network", "stdin", "max_file_bytes"}
+                   "allow_network", "stdin", "max_file_bytes", "allow_exec", "allow_unisolated"}
         unknown = set(run_code_kwargs) - allowed
         if unknown:
             raise ValueError(f"unknown run_code arguments {sorted(unknown)}; allowed: {sorted(allowed)}")

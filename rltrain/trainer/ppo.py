@@ -24,7 +24,7 @@ from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_
 from rltrain.utils.memory import memory_metrics
 from rltrain.utils.timing import timer
 from rltrain.utils.tracking import Tracker
-from rltrain.workers.group import gather_rows, init_ray, mean_metrics
+from rltrain.workers.group import WorkerLost, gather_rows, init_ray, mean_metrics, run_together
 
 
 class TrainingDiverged(FloatingPointError):
@@ -53,8 +53,10 @@ class PPOTrainer:
             init_ray(t["ray_address"], t["num_cpus"])
         self.use_ref = cfg["actor"]["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"]
         self.use_critic = cfg["algorithm"]["adv_estimator"] == "gae"
-        self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic)
+        self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic,
+                                                             ckpt_dir=self.ckpt_dir if t["use_ray"] else None)
         self.colocated = self.rollout_group is self.train_group
+        self._sync_ready = False  # split: the weight-sync group is built at the first sync
         self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
                                config=cfg)
         self.global_step = 0
@@ -70,6 +72,7 @@ class PPOTrainer:
             self.tracker.log(val, step=0)
             last.update(val)
         bar = _progress(t, self.global_step)
+        completed = False
         try:
             while self.global_step < t["total_steps"]:
                 self.global_step += 1
@@ -87,10 +90,11 @@ class PPOTrainer:
                     bar.set_postfix(reward=f"{metrics['critic/score/mean']:.3f}",
                                     step_s=f"{metrics['timing_s/step']:.1f}")
                     bar.update(1)
+            completed = True
         finally:
             if bar is not None:
                 bar.close()
-            self._finish()
+            self._finish(export=completed)
         return last
 
     def train_step(self, step: int) -> dict:
@@ -141,6 +145,8 @@ class PPOTrainer:
         m["perf/throughput"] = n_tokens / max(m["timing_s/step"], 1e-9)
         m["timing_s/reward"] = m.get("timing_s/reward", 0.0)
         m.update(memory_metrics())
+        for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
+            m.update(group.memory_metrics())  # per GPU under Ray
         return m
 
     # ------------------------------------------------------------------ phases
@@ -191,12 +197,12 @@ class PPOTrainer:
 
     def _generate(self, prompts: list[dict], *, validate: bool, seed: int) -> tuple[Batch, dict]:
         g = self.rollout_group
-        per = math.ceil(len(prompts) / g.dp_size)
+        per = math.ceil(len(prompts) / g.num_replicas)
         args = []
-        for dp in range(g.dp_size):
-            shard = prompts[dp * per:(dp + 1) * per]
-            args.append((shard, self.next_group_id + dp * per, validate, seed + dp))
-        outs = [o for o, a in zip(g.run_per_dp("generate", args), args) if a[0]]
+        for k in range(g.num_replicas):
+            shard = prompts[k * per:(k + 1) * per]
+            args.append((shard, self.next_group_id + k * per, validate, seed + k))
+        outs = [o for o, a in zip(g.run_per_replica("generate", args), args) if a[0]]
         self.next_group_id += len(prompts)
         batch = Batch.concat([o[0] for o in outs])
         metrics = mean_metrics([o[1] for o in outs])
@@ -266,9 +272,14 @@ class PPOTrainer:
         if self.colocated:
             self.train_group.run("rollout_wake_up")
             self.train_group.run("sync_weights_local", bucket)
-        else:
-            named = self.train_group.run_rank0("export_weights", bucket)
-            self.rollout_group.run("load_rollout_weights", named)
+        else:  # split: train rank 0 streams buckets to the rollout group (rollout/weight_sync.py)
+            if not self._sync_ready:
+                host, port, nccl_port = self.train_group.run_rank0("weight_sync_address")
+                ranks = self.rollout_group.world_size
+                run_together((self.train_group, "weight_sync_init", (host, port, nccl_port, ranks)),
+                             (self.rollout_group, "weight_sync_init", (host, port, nccl_port, ranks)))
+                self._sync_ready = True
+            run_together((self.train_group, "send_weights", (bucket,)), (self.rollout_group, "receive_weights", ()))
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict:
@@ -335,9 +346,9 @@ class PPOTrainer:
         print(f"rltrain: resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
         return int(state["step"])
 
-    def _finish(self) -> None:
+    def _finish(self, export: bool = True) -> None:
         t = self.cfg["trainer"]
-        if t["export_hf_on_end"] and self.global_step > 0:
+        if export and t["export_hf_on_end"] and self.global_step > 0:
             out = os.path.join(self.run_dir, "hf")
             self.train_group.run("export_hf", out)
             print(f"rltrain: exported the actor in transformers format to {out}", file=sys.stderr, flush=True)
@@ -402,6 +413,13 @@ def run_from_config(cfg, run_dir: str | None = None) -> dict:
     except TrainingDiverged as err:
         print(f"rltrain: {err}", file=sys.stderr, flush=True)
         raise SystemExit(3) from None
+    except WorkerLost as err:
+        found = find_latest_valid(trainer.ckpt_dir, log=lambda msg: None)
+        last = f"the last good checkpoint is {found[1]} (step {found[0]})" if found else \
+            f"there is no checkpoint under {trainer.ckpt_dir} yet (trainer.save_freq)"
+        print(f"rltrain: {err}. The run stops; {last}. Rerun the same command with trainer.resume=auto to "
+              "continue from it.", file=sys.stderr, flush=True)
+        raise SystemExit(4) from None
     print(f"rltrain: finished {d['trainer']['total_steps']} steps in {time.time() - start:.0f} s; "
           f"run directory: {run_dir}", flush=True)
     return last

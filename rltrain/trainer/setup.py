@@ -71,38 +71,33 @@ def _concat(datasets):
     return torch.utils.data.ConcatDataset(datasets)
 
 
-def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool):
-    """(train group, rollout group): the same object in colocated mode."""
-    from rltrain.workers.group import LocalWorkerGroup, WorkerGroup
+def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):
+    """(train group, rollout group): the same object in colocated mode. Placement (how many workers, where,
+    which device) is workers/placement.py's; under Ray, `ckpt_dir` is checked to be shared by every node."""
+    from rltrain.workers.group import LocalWorkerGroup, WorkerGroup, check_cluster, check_shared_dir
     from rltrain.workers.hybrid import HybridWorker, resolve_device
+    from rltrain.workers.placement import cpus_per_worker, plan_groups
 
-    t, a = cfg["trainer"], cfg["actor"]
+    t = cfg["trainer"]
     device = resolve_device(t["device"])
-    tp = a["tensor_parallel_size"] * a["pipeline_parallel_size"]
-    if device == "cuda":
-        world = t["n_gpus_per_node"] * t["nnodes"]
-        gpus, cpus = 1, 1
-    else:
-        world, gpus = tp, 0
-        cpus = max(1, (t["num_cpus"] or os.cpu_count() or 1) // world)
-    train_roles = ["actor"] + (["ref"] if use_ref else []) + (["critic"] if use_critic else [])
+    plans = plan_groups(cfg, device=device, use_ref=use_ref, use_critic=use_critic)
     if not t["use_ray"]:
-        if world != 1:
-            raise ValueError(f"trainer.use_ray=false runs one in-process worker, but the config asks for {world} "
-                             "(actor.tensor_parallel_size / trainer.n_gpus_per_node); enable Ray or use 1")
-        group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": train_roles + ["rollout"]})
+        group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": list(plans[0].roles)})
         group.setup()
         return group, group
-    if t["colocate"]:
-        group = WorkerGroup(HybridWorker, world, tp_size=tp, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
-                            worker_kwargs={"cfg": cfg, "roles": train_roles + ["rollout"]}, name="hybrid")
-        group.setup()
-        return group, group
-    train = WorkerGroup(HybridWorker, world, tp_size=tp, num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
-                        worker_kwargs={"cfg": cfg, "roles": train_roles}, name="train")
-    rollout = WorkerGroup(HybridWorker, world, tp_size=cfg["rollout"]["tensor_parallel_size"],
-                          num_cpus_per_worker=cpus, num_gpus_per_worker=gpus,
-                          worker_kwargs={"cfg": cfg, "roles": ["rollout"]}, name="rollout")
-    train.setup()
-    rollout.setup()
-    return train, rollout
+    node_cpus = check_cluster(nnodes=t["nnodes"], gpus_per_node=t["n_gpus_per_node"] if device == "cuda" else 0)
+    cpus = cpus_per_worker(plans, device=device, node_cpus=node_cpus, nnodes=t["nnodes"])
+    groups: list = []
+    try:
+        for plan in plans:
+            groups.append(WorkerGroup(HybridWorker, plan, cpus_per_worker=cpus,
+                                      worker_kwargs={"cfg": cfg, "roles": list(plan.roles)}))
+        if ckpt_dir is not None:
+            check_shared_dir(ckpt_dir, groups)
+        for group in groups:
+            group.setup()
+    except BaseException:
+        for group in groups:  # no actor or placement group outlives a failed start
+            group.shutdown()
+        raise
+    return groups[0], groups[-1]

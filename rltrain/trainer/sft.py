@@ -83,7 +83,6 @@ class SFTTrainer:
     def __init__(self, cfg: dict, run_dir: str):
         from rltrain.data.dataset import PromptSampler
         from rltrain.data.tokenizer import load_tokenizer
-        from rltrain.models.megatron.engine import MegatronEngine
         from rltrain.rollout.multiturn import DEFAULT_TOOL_OUTPUT_TEMPLATE
         from rltrain.workers.hybrid import initial_hf_model, resolve_device
 
@@ -103,10 +102,14 @@ class SFTTrainer:
         self.train_ds = SFTDataset(d["train_files"], **common)
         self.val_ds = SFTDataset(d["val_files"], **common) if d["val_files"] else None
         if d["batch_size"] > len(self.train_ds):
-            raise ValueError(f"data.batch_size={d['batch_size']} is larger than the {len(self.train_ds)} usable "
-                             "training rows; lower data.batch_size or add data")
+            from rltrain.data.dataset import DataError
+
+            raise DataError(f"data.batch_size={d['batch_size']} is larger than the {len(self.train_ds)} usable "
+                            "training rows; lower data.batch_size or add data")
         steps_per_epoch = len(self.train_ds) // d["batch_size"]
         self.total_steps = int(t["total_steps"] or t["epochs"] * steps_per_epoch)
+
+        from rltrain.models.megatron.engine import MegatronEngine  # heavy: after the data, so bad data fails fast
 
         self.hf_config, hf_model = initial_hf_model(m, self.tokenizer, self.seed, self.dtype)
         state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}

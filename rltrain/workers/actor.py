@@ -37,6 +37,9 @@ def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> di
         # the fused head a masked copy of the weight shard
         make_vocab_size_divisible_by=1,
         recompute_activations=actor_cfg.get("recompute_activations", False),
+        recompute_granularity=actor_cfg.get("recompute_granularity", "full"),
+        recompute_modules=tuple(actor_cfg.get("recompute_modules", ("mlp",))),
+        elementwise_fusion=actor_cfg.get("elementwise_fusion", "none"),
     )
 
 

@@ -1,4 +1,5 @@
-"""The plain-Python base of every role worker: rank bookkeeping and torch.distributed environment.
+"""The plain-Python base of every role worker: rank bookkeeping, the torch.distributed environment, and the
+check that a directory (the checkpoint dir) is shared by every node.
 
 No Ray here (group.py wraps these classes as Ray actors); a worker also runs in-process for tests.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def free_port() -> int:
@@ -22,6 +25,19 @@ def node_ip() -> str:
         return "127.0.0.1"
 
 
+def publish_dist_env(*, rank: int, world_size: int, master_addr: str, master_port: int, local_rank: int) -> None:
+    """Set the variables torch.distributed (env://) and megatron's setup read in this process.
+
+    LOCAL_RANK is the device ordinal this process uses (placement.device_ordinal): torchrun's meaning, which
+    under Ray (each actor sees only its own GPUs) is 0, not the position on the node. A group whose
+    rendezvous is on loopback (all ranks on one node) also keeps gloo's sockets there.
+    """
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    if master_addr in LOOPBACK:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
 class Worker:
     """One rank of a worker group. `rank`/`world_size` place it in the group's torch.distributed world.
 
@@ -33,8 +49,8 @@ class Worker:
                  master_port: int | None = None, local_rank: int = 0):
         self.rank, self.world_size = rank, world_size
         if world_size > 1 or master_addr is not None:
-            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
-                              MASTER_ADDR=master_addr or "127.0.0.1", MASTER_PORT=str(master_port or free_port()))
+            publish_dist_env(rank=rank, world_size=world_size, master_addr=master_addr or "127.0.0.1",
+                             master_port=master_port or free_port(), local_rank=local_rank)
 
     def ping(self) -> int:
         return self.rank
@@ -43,3 +59,21 @@ class Worker:
     def address() -> tuple[str, int]:
         """(ip, free port) of the node this worker runs on: rank 0's is the rendezvous of its group."""
         return node_ip(), free_port()
+
+    def check_shared_dir(self, path: str, probe_name: str, token: str) -> str | None:
+        """None when this worker reads `token` from path/probe_name (written by the driver) and can write
+        beside it (path/probe_name.rank<r>, which the driver then reads); else what went wrong."""
+        probe = os.path.join(path, probe_name)
+        try:
+            with open(probe) as f:
+                seen = f.read()
+        except OSError as err:
+            return f"cannot read {probe} ({err.strerror or err})"
+        if seen != token:
+            return f"{probe} holds another run's probe (a different directory under the same path?)"
+        try:
+            with open(f"{probe}.rank{self.rank}", "w") as f:
+                f.write(token)
+        except OSError as err:
+            return f"cannot write in {path} ({err.strerror or err})"
+        return None

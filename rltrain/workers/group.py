@@ -1,26 +1,40 @@
-"""Ray worker groups: place N workers (placement group), wire their torch.distributed world, dispatch calls.
+"""Ray worker groups: place workers by placement groups (placement.py decides how), wire their torch.distributed
+world, dispatch calls, and turn a worker that died into a clear error.
 
-The only module (with main.py's init) that imports Ray. `run` calls a method on every rank; `run_split`
-slices a Batch across data-parallel ranks (tensor-parallel peers get the same slice) and gathers results.
+The only module (with main.py's init) that imports Ray. `run` calls a method on every rank; `run_split` slices a
+Batch across data-parallel ranks (the model-parallel peers of a dp rank, as megatron's parallel_state reports
+them, get the same slice) and gathers results; `run_per_replica` does the same over rollout replicas.
+Every wait watches all ranks at once, so a worker killed mid-collective (SIGKILL, OOM killer) stops the call
+at once with `WorkerLost` naming it, instead of leaving its peers blocked forever.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+import uuid
 from typing import Any
 
 import torch
 
 from rltrain.data.batch import Batch
+from rltrain.workers.base import LOOPBACK
+from rltrain.workers.placement import (
+    Dispatch, GroupPlan, PlacementError, device_ordinal, node_local_ranks, replica_dispatch, train_dispatch,
+)
 
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
-    """Connect to an existing cluster (`trainer.ray_address`) or start a local one."""
-    import ray
-
-    if ray.is_initialized():
+    """Connect to an existing cluster (`trainer.ray_address`: "auto" or host:port), or start a new local one
+    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only."""
+    if ray_initialized():
         return
     from rltrain.utils.distenv import apply_no_multicast, forwarded_env
+
+    if not address or address.rsplit(":", 1)[0] in LOOPBACK:
+        loopback_ray()  # a cluster on this machine (the multi-node test's) is reached over loopback too
+    import ray
 
     apply_no_multicast()  # the driver too: it may start NCCL/vLLM in process (use_ray=false)
     env = {"env_vars": forwarded_env()}
@@ -29,65 +43,238 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **kw)
     else:
-        ray.init(num_cpus=num_cpus, **kw)
+        ray.init(address="local", num_cpus=num_cpus, **kw)
+
+
+def ray_initialized() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+# Ray treats a node as single-machine (loopback address, services bound to 127.0.0.1) when multi-node
+# clusters are switched off, as it does on macOS/Windows; a local cluster of ours never takes other nodes.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def loopback_ray() -> None:
+    """Make Ray started or joined from this process use 127.0.0.1 (call before starting a local cluster)."""
+    os.environ.update(LOOPBACK_ENV)
+    if "ray" in sys.modules:  # imported before the variable was set: Ray reads it once, at import
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def cluster_nodes() -> list[dict]:
+    """Alive nodes of the connected cluster: [{"id", "ip", "CPU", "GPU"}]."""
+    import ray
+
+    return [{"id": n["NodeID"], "ip": n["NodeManagerAddress"], "CPU": n["Resources"].get("CPU", 0.0),
+             "GPU": n["Resources"].get("GPU", 0.0)} for n in ray.nodes() if n["Alive"]]
+
+
+def check_cluster(*, nnodes: int, gpus_per_node: int) -> float:
+    """Fail early, naming what to change, when the connected cluster has fewer nodes that can hold a
+    node's share of the run than `trainer.nnodes`; returns the CPUs of the smallest such node."""
+    nodes = cluster_nodes()
+    usable = [n for n in nodes if n["GPU"] >= gpus_per_node and n["CPU"] > 0]
+    if len(usable) < nnodes:
+        have = ", ".join(f"{n['ip']} (CPU {n['CPU']:g}, GPU {n['GPU']:g})" for n in nodes) or "none"
+        raise PlacementError(
+            f"trainer.nnodes={nnodes} needs {nnodes} Ray nodes with {gpus_per_node} GPU(s) each, but the cluster has "
+            f"{len(usable)} such node(s) (alive: {have}); start the missing workers with `ray start "
+            "--address=<head>:6379` (docs/multinode.md) or lower trainer.nnodes")
+    return min(n["CPU"] for n in usable)
+
+
+def check_shared_dir(path: str, groups: list[WorkerGroup]) -> None:
+    """Every worker of `groups` must read a file the driver wrote under `path` and the driver must read what
+    each worker wrote there: checkpoints are written by all ranks into one directory. Raises PlacementError
+    naming the first worker (and its node) that cannot."""
+    os.makedirs(path, exist_ok=True)
+    probe = f".rltrain_shared_probe_{uuid.uuid4().hex[:12]}"
+    token = f"{os.uname().nodename}:{os.getpid()}:{time.time()}"
+    with open(os.path.join(path, probe), "w") as f:
+        f.write(token)
+    try:
+        for g in groups:
+            for rank, err in enumerate(g.run("check_shared_dir", path, probe, token)):
+                if err is None and not os.path.exists(os.path.join(path, f"{probe}.rank{rank}")):
+                    err = "the driver does not see the file it wrote there"
+                if err is not None:
+                    fact = g.facts[rank]
+                    raise PlacementError(
+                        f"trainer.ckpt_dir={path} is not shared: worker {g.name} rank {rank} on node {fact['ip']} {err}. "
+                        "Every node writes its part of a checkpoint into this directory: set trainer.ckpt_dir to a "
+                        "path all nodes mount (NFS, a cluster file system; docs/multinode.md)")
+                os.remove(os.path.join(path, f"{probe}.rank{rank}"))
+    finally:
+        for name in os.listdir(path):
+            if name.startswith(probe):
+                os.remove(os.path.join(path, name))
+
+
+class WorkerLost(RuntimeError):
+    """A worker process of a group died (killed, out of memory, node lost): names the worker and its node."""
+
+    def __init__(self, group: str, rank: int, roles: tuple[str, ...], node: str, pid: int | None, cause: str):
+        self.group, self.rank, self.roles, self.node, self.pid = group, rank, roles, node, pid
+        super().__init__(f"worker {group} rank {rank} (roles {'+'.join(roles)}; node {node}, pid {pid}) died: {cause}")
+
+
+def _death_errors() -> tuple:
+    import ray
+
+    return (ray.exceptions.RayActorError,)  # ActorDiedError and ActorUnavailableError
+
+
+def _short_cause(err: Exception) -> str:
+    """The reason Ray gives for a death, on one line (it writes paragraphs)."""
+    text = " ".join(str(err).split())
+    for marker in ("The actor died because of an error raised in its creation task",
+                   "The actor is dead because", "The actor died unexpectedly", "Worker exit type"):
+        if marker in text:
+            text = text[text.index(marker):]
+            break
+    if len(text) > 500:  # end at a sentence
+        text = text[:text.rfind(". ", 0, 500) + 1]
+    return text or type(err).__name__
+
+
+def _ray_worker_class(worker_cls):
+    """`worker_cls` as a Ray actor class, with the facts only Ray knows inside the actor (node, GPU ids)."""
+    import ray
+
+    class Hosted(worker_cls):
+        def ray_facts(self) -> dict:
+            ctx = ray.get_runtime_context()
+            return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                    "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
+                    "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES",) if k in os.environ},
+                    "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                    "cuda_device": torch.cuda.current_device() if torch.cuda.is_initialized() else None}
+
+        def device_memory(self) -> dict:
+            """Peak CUDA memory of this worker's device (GiB), {} on CPU."""
+            if not torch.cuda.is_available():
+                return {}
+            return {"max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+                    "max_memory_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
+
+    Hosted.__name__ = Hosted.__qualname__ = worker_cls.__name__  # the process title stays ray::HybridWorker
+    return ray.remote(max_restarts=0, max_task_retries=0)(Hosted)
 
 
 class WorkerGroup:
-    """`world_size` Ray actors of `worker_cls`, one torch.distributed world, tensor-parallel size `tp_size`."""
+    """The workers of one GroupPlan as Ray actors in a placement group, one torch.distributed world."""
 
-    def __init__(self, worker_cls, world_size: int, *, tp_size: int = 1, num_cpus_per_worker: float = 1,
-                 num_gpus_per_worker: float = 0, worker_kwargs: dict | None = None, name: str = "workers"):
+    def __init__(self, worker_cls, plan: GroupPlan, *, cpus_per_worker: float, worker_kwargs: dict | None = None,
+                 ready_timeout_s: float = 120.0):
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if world_size % tp_size:
-            raise ValueError(f"{name}: {world_size} workers cannot be split into tensor-parallel groups of {tp_size}")
-        self.world_size, self.tp_size, self.dp_size = world_size, tp_size, world_size // tp_size
-        bundle = {"CPU": num_cpus_per_worker}
-        if num_gpus_per_worker:
-            bundle["GPU"] = num_gpus_per_worker
-        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        ray.get(self.pg.ready())
-        remote_cls = ray.remote(worker_cls)
+        self._ray, self.plan, self.name = ray, plan, plan.name
+        self.world_size = plan.world_size
+        bundles = [{"CPU": round(n * cpus_per_worker, 4),
+                    **({"GPU": float(n * plan.gpus_per_worker)} if plan.gpus_per_worker else {})} for n in plan.bundles]
+        self.pg = placement_group(bundles, strategy=plan.strategy)
+        ready, _ = ray.wait([self.pg.ready()], timeout=ready_timeout_s)
+        if not ready:
+            remove_placement_group(self.pg)
+            raise PlacementError(_unplaceable(plan, bundles, ready_timeout_s))
+        remote_cls = _ray_worker_class(worker_cls)
+        tag = uuid.uuid4().hex[:6]
         self.workers = [
             remote_cls.options(
-                num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, name=f"{name}_{rank}_{os.getpid()}",
+                num_cpus=cpus_per_worker, num_gpus=plan.gpus_per_worker, name=f"{plan.name}_{rank}_{tag}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                     placement_group_bundle_index=rank),
-            ).remote(rank=rank, world_size=world_size, **(worker_kwargs or {}))
-            for rank in range(world_size)
+                                                                     placement_group_bundle_index=plan.bundle_of(rank)),
+            ).remote(rank=rank, world_size=self.world_size, **(worker_kwargs or {}))
+            for rank in range(self.world_size)
         ]
-        self._ray = ray
+        try:
+            self.facts = self._get([w.ray_facts.remote() for w in self.workers], "start")
+        except BaseException:
+            self.shutdown()
+            raise
+        self.node_local_rank = node_local_ranks([f["node_id"] for f in self.facts])
+        # before setup every worker answers for itself; setup replaces these with megatron's mesh
+        self.train = self.rollout = replica_dispatch(self.world_size, 1)
 
+    # ------------------------------------------------------------------ setup
     def setup(self) -> list:
-        """Rendezvous at rank 0's address, then build every rank's roles (collectively)."""
-        addr, port = self._ray.get(self.workers[0].address.remote())
-        gpus = 1 if any(b.get("GPU") for b in self.pg.bundle_specs) else 0
-        return self._ray.get([w.setup.remote(addr, port, (rank % max(1, torch.cuda.device_count())) if gpus else 0)
-                              for rank, w in enumerate(self.workers)])
+        """Rendezvous at rank 0 (over loopback when the group is on one node), build every rank's roles
+        (collectively), then read the mesh."""
+        one_node = len({f["node_id"] for f in self.facts}) == 1
+        addr = "127.0.0.1" if one_node else self.facts[0]["ip"]
+        port = self._get([self.workers[0].address.remote()], "setup")[0][1]
+        ordinals = [device_ordinal(f["env"], accelerator_ids=f["gpu_ids"], device_count=f["device_count"])
+                    if self.plan.gpus_per_worker else 0 for f in self.facts]
+        results = self._get([w.setup.remote(addr, port, ordinals[r]) for r, w in enumerate(self.workers)], "setup")
+        if self.plan.has_training_roles():
+            self.train = train_dispatch([res["mesh"] for res in results])
+        self.rollout = replica_dispatch(self.world_size, self.plan.replica_size)
+        return results
 
+    @property
+    def dp_size(self) -> int:
+        return self.train.size
+
+    @property
+    def num_replicas(self) -> int:
+        return self.rollout.size
+
+    # ------------------------------------------------------------------ calls
     def run(self, method: str, *args, **kwargs) -> list:
-        return self._ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        return self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
 
     def run_rank0(self, method: str, *args, **kwargs):
         """Call on every rank (collectives need all) and return rank 0's result."""
         return self.run(method, *args, **kwargs)[0]
 
     def run_split(self, method: str, batch: Batch, *args, **kwargs) -> list:
-        """Slice `batch` over data-parallel ranks; returns the per-dp-rank results (tp rank 0 of each), in
-        order, computed on slices padded with dummy rows: use `gather_rows` to cut them back."""
+        """Slice `batch` over data-parallel ranks; returns the per-dp-rank results, in order, computed on
+        slices padded with dummy rows: use `gather_rows` to cut them back."""
         shards = batch.pad_to_multiple(self.dp_size).split(self.dp_size)
         return self.run_per_dp(method, [(shard, *args) for shard in shards], **kwargs)
 
     def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
-        """Call `method(*per_dp_args[dp])` on every rank of data-parallel rank dp (tensor-parallel peers get the
-        same arguments); returns the results of tp rank 0 of each dp rank, in order."""
-        assert len(per_dp_args) == self.dp_size
-        refs = [getattr(w, method).remote(*per_dp_args[rank // self.tp_size], **kwargs)
-                for rank, w in enumerate(self.workers)]
-        results = self._ray.get(refs)
-        return [results[dp * self.tp_size] for dp in range(self.dp_size)]
+        """`method(*per_dp_args[k])` on every rank of data-parallel rank k; the results of the dp ranks, in order."""
+        return self._dispatch(self.train, method, per_dp_args, kwargs)
+
+    def run_per_replica(self, method: str, per_replica_args: list[tuple], **kwargs) -> list:
+        """`method(*per_replica_args[k])` on every worker of rollout replica k; the replicas' results, in order."""
+        return self._dispatch(self.rollout, method, per_replica_args, kwargs)
+
+    def _dispatch(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict) -> list:
+        assert len(per_shard_args) == d.size, (len(per_shard_args), d.size)
+        shard = d.shard_of(self.world_size)
+        results = self._get([getattr(w, method).remote(*per_shard_args[shard[r]], **kwargs)
+                             for r, w in enumerate(self.workers)], method)
+        return [results[leader] for leader in d.leaders]
+
+    def _get(self, refs: list, method: str) -> list:
+        """ray.get of one ref per rank that fails fast (see `_get_fail_fast`)."""
+        return _get_fail_fast([(self, rank, ref) for rank, ref in enumerate(refs)], method)
+
+    def _lost(self, rank: int, method: str, err: Exception) -> WorkerLost:
+        f = self.facts[rank] if hasattr(self, "facts") else {}
+        node = f"{f.get('ip', '?')} (Ray node {f.get('node_id', '?')[:12]})"
+        return WorkerLost(self.name, rank, self.plan.roles, node, f.get("pid"), f"in {method}: {_short_cause(err)}")
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Per-GPU peak memory: perf/<stat>/<group>_rank<r> for every worker (nothing on CPU)."""
+        if not self.plan.gpus_per_worker:
+            return {}
+        out = {}
+        for rank, stats in enumerate(self.run("device_memory")):
+            out.update({f"perf/{k}/{self.name}_rank{rank}": v for k, v in stats.items()})
+        return out
+
+    def placement_table(self) -> list[dict]:
+        """Per rank: node address, node-local rank, pid, Ray GPU ids (for logs and tests)."""
+        return [{"rank": r, "ip": f["ip"], "node_id": f["node_id"], "node_local_rank": self.node_local_rank[r],
+                 "pid": f["pid"], "gpu_ids": f["gpu_ids"]} for r, f in enumerate(self.facts)]
 
     def shutdown(self) -> None:
         for w in self.workers:
@@ -97,6 +284,15 @@ class WorkerGroup:
         remove_placement_group(self.pg)
 
 
+def _unplaceable(plan: GroupPlan, bundles: list[dict], waited_s: float) -> str:
+    nodes = cluster_nodes()
+    have = ", ".join(f"{n['ip']} (CPU {n['CPU']:g}, GPU {n['GPU']:g})" for n in nodes) or "none"
+    return (f"Ray could not place the {plan.name} group within {waited_s:.0f} s: it needs {len(bundles)} bundle(s) "
+            f"{bundles} with strategy {plan.strategy} ({'one per node' if plan.strategy == 'STRICT_SPREAD' else 'packed'}"
+            f"); the cluster's alive nodes: {have}. Check trainer.nnodes / trainer.n_gpus_per_node "
+            "(and rollout.num_replicas in split mode) against the cluster, or add nodes (docs/multinode.md)")
+
+
 class LocalWorkerGroup:
     """One worker in this process, no Ray: the same API as WorkerGroup (`trainer.use_ray=false`), for a
     single device, debugging, and machines without Ray."""
@@ -104,14 +300,17 @@ class LocalWorkerGroup:
     _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
     def __init__(self, worker_cls, *, worker_kwargs: dict | None = None):
-        self.world_size = self.tp_size = self.dp_size = 1
+        self.world_size = self.dp_size = self.num_replicas = 1
+        self.name = "local"
         self._saved_env = {k: os.environ.get(k) for k in self._ENV}
         self.workers = [worker_cls(rank=0, world_size=1, **(worker_kwargs or {}))]
 
     def setup(self) -> list:
         w = self.workers[0]
-        addr, port = w.address()
-        return [w.setup("127.0.0.1", port, 0)]
+        _, port = w.address()
+        cuda = torch.cuda.is_available()
+        ordinal = device_ordinal(os.environ, accelerator_ids=None, device_count=torch.cuda.device_count()) if cuda else 0
+        return [w.setup("127.0.0.1", port, ordinal)]
 
     def run(self, method: str, *args, **kwargs) -> list:
         return [getattr(self.workers[0], method)(*args, **kwargs)]
@@ -126,6 +325,11 @@ class LocalWorkerGroup:
         assert len(per_dp_args) == 1
         return self.run(method, *per_dp_args[0], **kwargs)
 
+    run_per_replica = run_per_dp
+
+    def memory_metrics(self) -> dict[str, float]:
+        return {}  # the driver's own memory_metrics() covers the in-process worker
+
     def shutdown(self) -> None:
         """Free the worker, its process group and the distributed env vars it set in this process."""
         for w in self.workers:
@@ -136,6 +340,64 @@ class LocalWorkerGroup:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def run_together(*calls: tuple) -> list[list]:
+    """Call (group, method, args) on every worker of each group at once and wait for all of them: for
+    collectives that span groups (split-mode weight sync: train rank 0 broadcasts to the rollout group)."""
+    if not all(isinstance(g, WorkerGroup) for g, _, _ in calls):
+        raise ValueError("run_together needs Ray worker groups (split placement runs with trainer.use_ray=true)")
+    refs = [[getattr(w, method).remote(*args) for w in g.workers] for g, method, args in calls]
+    flat = _get_fail_fast([(g, rank, ref) for (g, _, _), group_refs in zip(calls, refs)
+                           for rank, ref in enumerate(group_refs)], "+".join(sorted({m for _, m, _ in calls})))
+    out, i = [], 0
+    for group_refs in refs:
+        out.append(flat[i:i + len(group_refs)])
+        i += len(group_refs)
+    return out
+
+
+def _get_fail_fast(entries: list[tuple], method: str) -> list:
+    """ray.get of (group, rank, ref) entries in order, failing fast: the first dead worker raises WorkerLost
+    naming it at once (its peers, in any of the groups, may be blocked in a collective with it forever)."""
+    import ray
+
+    death = _death_errors()
+    owner = {ref: (g, rank) for g, rank, ref in entries}
+    refs = [ref for _, _, ref in entries]
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=None)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except death as err:
+                g, rank = owner[ref]
+                raise g._lost(rank, method, err) from None
+            except ray.exceptions.RayTaskError:
+                # a peer's collective may fail first (gloo: connection closed): name the dead worker if any
+                dead = _first_dead(pending, owner, method)
+                if dead is not None:
+                    raise dead from None
+                raise
+    return ray.get(refs)
+
+
+def _first_dead(pending: list, owner: dict, method: str, grace_s: float = 10.0) -> WorkerLost | None:
+    import ray
+
+    if not pending:
+        return None
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except _death_errors() as err:
+            g, rank = owner[ref]
+            return g._lost(rank, method, err)
+        except Exception:  # noqa: BLE001 - the other peers' errors are consequences of the first
+            continue
+    return None
 
 
 def gather_rows(results: list, batch: Batch) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from rltrain.data.batch import Batch
-from rltrain.workers.base import Worker
+from rltrain.workers.base import Worker, publish_dist_env
 
 ROLES = ("actor", "ref", "critic", "rollout")
 
@@ -59,9 +59,12 @@ class HybridWorker(Worker):
         self.actor = self.ref = self.critic = self.rollout = None
 
     def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
+        """Build this rank's roles. local_rank: the CUDA ordinal to use (workers/placement.py decides it).
+        Returns {"rank", "device", "roles", "mesh"}; mesh is megatron's {"tp", "pp", "dp"} of this rank
+        (None without a training role), from which the group builds its data-parallel dispatch."""
         cfg = self.cfg
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank),
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        publish_dist_env(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
+                         master_port=master_port, local_rank=local_rank)
         t = cfg["trainer"]
         seed = int(t["seed"])
         random.seed(seed)
@@ -97,14 +100,25 @@ class HybridWorker(Worker):
         if "rollout" in self.roles:
             from rltrain.workers.rollout import RolloutRole
 
+            from rltrain.rollout.weight_sync import sync_method
+
+            self.sync = sync_method(colocated=self.actor is not None, device=self.device, engine=cfg["rollout"]["engine"])
             self.rollout = RolloutRole(engine=cfg["rollout"]["engine"], model=hf_model, tokenizer=self.tokenizer,
-                                       rollout_cfg=cfg["rollout"], device=self.device, dtype=train_dtype)
+                                       rollout_cfg=cfg["rollout"], device=self.device, dtype=train_dtype,
+                                       sync=self.sync, seed=seed, sandbox_cfg=cfg.get("sandbox"))
         else:
             del hf_model
-        return {"rank": self.rank, "device": self.device, "roles": self.roles}
+        mesh = None
+        if any(role is not None for role in (self.actor, self.ref, self.critic)):
+            from rltrain.models.megatron.compat import parallel_coordinates
+
+            mesh = parallel_coordinates()
+        return {"rank": self.rank, "device": self.device, "roles": self.roles, "mesh": mesh}
 
     def close(self) -> None:
         """Drop the roles and tear down torch.distributed / Megatron groups (in-process use)."""
+        if self.rollout is not None:
+            self.rollout.close()
         self.actor = self.ref = self.critic = self.rollout = None
         from rltrain.models.megatron.compat import teardown_parallel
 
@@ -147,12 +161,47 @@ class HybridWorker(Worker):
         """Colocated: stream the actor's HF-named weights straight into this process's rollout engine."""
         return self.rollout.update_weights(self.actor.export_weights(bucket_bytes))
 
-    def export_weights(self, bucket_bytes: int) -> list[tuple[str, torch.Tensor]]:
-        """Split mode: the actor's weights as (HF name, CPU tensor) pairs for the driver to forward."""
-        return [(n, t.detach().cpu()) for n, t in self.actor.export_weights(bucket_bytes)]
+    def weight_sync_address(self) -> tuple[str, int, int]:
+        """Split mode, train rank 0: where the weight-sync group meets (host, gloo port, NCCL port)."""
+        (ip, port), (_, nccl_port) = self.address(), self.address()
+        return ("127.0.0.1" if int(self.cfg["trainer"]["nnodes"]) == 1 else ip), port, nccl_port
 
-    def load_rollout_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
-        return self.rollout.update_weights(iter(named))
+    def weight_sync_init(self, host: str, port: int, nccl_port: int, num_rollout_ranks: int) -> None:
+        """Split mode: join the weight-sync group (train rank 0 sends; rollout ranks receive; other train ranks
+        only take part in the export's collectives). Called on both groups at once (group.run_together)."""
+        from rltrain.rollout.weight_sync import SyncGroup, nccl_init_info
+
+        self.sync_group = None
+        if self.rollout is None and self.rank != 0:
+            return
+        sync_rank = 0 if self.rollout is None else 1 + self.rank
+        self.sync_group = SyncGroup(host=host, port=port, rank=sync_rank, world_size=1 + num_rollout_ranks)
+        method = self._split_method()
+        if method == "nccl" and self.rollout is None:
+            self.sync_group.init_nccl_sender(host=host, port=nccl_port, world_size=1 + num_rollout_ranks)
+        elif method == "nccl":
+            tp = int(self.cfg["rollout"]["tensor_parallel_size"])
+            self.rollout.engine.init_weight_transfer(nccl_init_info(
+                host=host, port=nccl_port, engine_index=self.rank // tp, num_engines=num_rollout_ranks // tp,
+                engine_tp=tp))
+
+    def send_weights(self, bucket_bytes: int) -> tuple[int, int]:
+        """Split mode, train ranks: export the actor bucket by bucket; rank 0 streams it to the rollout group."""
+        named = self.actor.export_weights(bucket_bytes)
+        if self.sync_group is None:
+            return sum(1 for _ in named), 0  # TP peers: the export's gathers are collective
+        return self.sync_group.send(named, bucket_bytes)
+
+    def receive_weights(self) -> int:
+        """Split mode, rollout ranks: load the stream train rank 0 sends into this rank's engine."""
+        from rltrain.rollout.weight_sync import receive_into
+
+        return receive_into(self.rollout.engine, self.sync_group, self._split_method())
+
+    def _split_method(self) -> str:
+        from rltrain.rollout.weight_sync import sync_method
+
+        return sync_method(colocated=False, device=self.device, engine=self.cfg["rollout"]["engine"])
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -6,6 +6,9 @@ No Ray and no training math here.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from typing import Iterable
 
 import torch
@@ -15,23 +18,30 @@ from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 
 
 class RolloutRole:
-    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg: dict, device: str, dtype: torch.dtype):
-        self.cfg, self.tokenizer = rollout_cfg, tokenizer
+    """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from.
+    sync: how weights will reach the engine (rollout/weight_sync.py: "local", "gloo", "nccl")."""
+
+    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg: dict, device: str, dtype: torch.dtype,
+                 sync: str = "local", seed: int = 0, sandbox_cfg: dict | None = None):
+        self.cfg, self.tokenizer, self.sync = rollout_cfg, tokenizer, sync
+        # vLLM sleeps at level 2 (weights dropped, no host copy) when every wake is followed by a full update
+        self.sleep_level = 2 if engine == "vllm" and sync == "local" else 1
         if engine == "hf":
             self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
                                        max_batch_size=rollout_cfg["max_batch_size"])
         else:
-            self.engine = build_engine(engine, model=model, tokenizer=tokenizer,
-                                       gpu_memory_utilization=rollout_cfg["gpu_memory_utilization"],
-                                       tensor_parallel_size=rollout_cfg["tensor_parallel_size"],
-                                       enforce_eager=rollout_cfg["enforce_eager"])
+            assert engine == "vllm", engine  # config validation allows hf | vllm
+            self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed)
         self.multi_turn = None
         mt = rollout_cfg.get("multi_turn") or {}
         if mt.get("enable"):
             from rltrain.rollout.multiturn import MultiTurnRollout, SandboxToolExecutor
 
+            sb = sandbox_cfg or {}  # config group `sandbox`; refuses here where tool code cannot be isolated
             tools = SandboxToolExecutor(max_workers=mt["tool_max_workers"], timeout_s=mt["tool_timeout_s"],
-                                        memory_mb=mt["tool_memory_mb"])
+                                        memory_mb=mt["tool_memory_mb"],
+                                        allow_unisolated=sb.get("allow_unisolated", False),
+                                        allow_exec=sb.get("allow_exec", False))
             self.multi_turn = MultiTurnRollout(self.engine, tokenizer, tool_executor=tools,
                                                tool_pattern=mt["tool_pattern"], max_turns=mt["max_turns"],
                                                max_total_tokens=mt["max_total_tokens"])
@@ -77,7 +87,62 @@ class RolloutRole:
         return self.engine.update_weights(named_tensors)
 
     def sleep(self) -> None:
-        self.engine.sleep()
+        self.engine.sleep(level=self.sleep_level)
 
     def wake_up(self) -> None:
         self.engine.wake_up()
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
+
+def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, sync: str, seed: int):
+    """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
+    the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
+    from rltrain.rollout.vllm import VLLMEngine
+    from rltrain.rollout.weight_sync import transfer_backend
+
+    tp = int(c["tensor_parallel_size"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and world != tp:
+        raise ValueError(f"rollout.engine=vllm runs one vLLM worker per process of its group and makes the group's "
+                         f"{world} processes one tensor-parallel engine: set rollout.tensor_parallel_size={world} "
+                         f"(now {tp}), or change the GPUs per group (trainer.n_gpus_per_node)")
+    source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    tmp = None
+    if not (source and _is_checkpoint(source)):
+        tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")
+        _write_checkpoint(model, tmp)
+        source = tmp
+    try:
+        return VLLMEngine(source, tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."),
+                          seed=seed, tensor_parallel_size=tp, gpu_memory_utilization=c["gpu_memory_utilization"],
+                          enforce_eager=c["enforce_eager"], eos_token_id=getattr(tokenizer, "eos_token_id", None),
+                          weight_transfer_backend=transfer_backend(sync), external_launcher=world > 1 or None)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _is_checkpoint(path: str) -> bool:
+    """A local HF directory with weights, or a hub name (vLLM resolves those itself)."""
+    if not os.path.isdir(path):
+        return os.path.sep not in path and "/" in path
+    return any(f.endswith((".safetensors", ".bin")) for f in os.listdir(path))
+
+
+def _write_checkpoint(model, directory: str) -> None:
+    """config.json + model.safetensors on every rank (transformers' save_pretrained writes on rank 0 only
+    when torch.distributed is up, and every vLLM rank reads its own copy)."""
+    from safetensors.torch import save_file
+
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it (vLLM picks its model by it)
+    model.config.save_pretrained(directory)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+               if not (tied and k == "lm_head.weight")}
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    if not os.path.exists(os.path.join(directory, "config.json")):
+        raise RuntimeError(f"could not write the rollout's initial checkpoint to {directory}")

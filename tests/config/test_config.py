@@ -59,6 +59,9 @@ def test_required_keys_exist_with_their_defaults():
         ("reward.fn=nope", "reward.fn"),
         ("data.source=file", "data.train_files"),
         ("actor.pipeline_parallel_size=2", "actor.pipeline_parallel_size"),
+        ("actor.recompute_granularity=partial", "actor.recompute_granularity"),
+        ("actor.recompute_modules=[layernorm]", "actor.recompute_modules"),
+        ("actor.elementwise_fusion=fast", "actor.elementwise_fusion"),
     ],
 )
 def test_impossible_values_fail_naming_the_key(override, key):

@@ -216,6 +216,7 @@ def test_bad_configuration_is_a_clear_error(kwargs, match):
         MultiTurnRollout(ScriptedEngine({}), TOK, tool_executor=RecordingExecutor(), **kwargs)
 
 
+@pytest.mark.sandbox
 def test_real_sandbox_runs_the_code():
     sandbox = pytest.importorskip("rltrain.sandbox")
     if not hasattr(sandbox, "SandboxPool"):

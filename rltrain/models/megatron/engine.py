@@ -15,6 +15,12 @@ and metrics are broadcast from it so every rank returns the same; pipeline.py ho
 
 Precision: params in `params_dtype`; when that is not fp32 (bf16 on GPU) AdamW runs on fp32 master
 copies and the params are refreshed from them after each step. On CPU use fp32.
+
+Speed (docs/kernel_notes.md, "Actor update step"): the train step syncs with the device once, after the
+backward (metrics, losses and the grad norm come back in one copy); grad norm, clipping and the master -> param
+copy are multi-tensor (`torch._foreach_*`) ops; AdamW is the fused CUDA kernel on GPU. `elementwise_fusion`
+picks how the layers' elementwise work runs (ELEMENTWISE_FUSIONS), `recompute_granularity` what activation
+recomputation keeps.
 """
 
 from __future__ import annotations
@@ -32,9 +38,42 @@ from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
-from rltrain.models.megatron.compat import resolve_device, setup_parallel
+from rltrain.models.megatron.compat import quiet_tp_group_default, resolve_device, setup_parallel
 
 ROLES = ("actor", "ref", "critic")
+
+# torch.compile backend of elementwise_fusion="compile" (tests on CPU use "aot_eager": inductor's CPU codegen
+# takes ~30 s for a tiny layer)
+COMPILE_BACKEND = "inductor"
+
+
+def _no_fusion(model) -> None:
+    return None
+
+
+def _mcore_fusion(model) -> None:
+    """megatron-core's own fused elementwise kernels that need no Transformer Engine: SwiGLU (saves only the
+    fc1 output, recomputes silu in backward) and bias-dropout-add, both through its `jit_fuser`
+    (torch.compile). Read from the shared TransformerConfig at forward time."""
+    model.config.bias_activation_fusion = True
+    model.config.bias_dropout_fusion = True
+
+
+def _compile_fusion(model) -> None:
+    """torch.compile each transformer layer (norms, RoPE, SwiGLU, residual adds and casts fused by inductor
+    around the cuBLAS GEMMs and the SDPA kernel). One graph per layer type, shared by all layers. megatron's
+    fusions too, for the parts that leave the graph (the MLP under selective recompute: its checkpoint's RNG
+    calls are a graph break)."""
+    _mcore_fusion(model)
+    quiet_tp_group_default()  # megatron's RowParallelLinear warns on every call: a graph break per layer
+    for layer in model.decoder.layers:
+        layer.compile(backend=COMPILE_BACKEND)
+
+
+# elementwise_fusion -> function(model) applied once after build
+ELEMENTWISE_FUSIONS: dict[str, Callable[[Any], None]] = {
+    "none": _no_fusion, "mcore": _mcore_fusion, "compile": _compile_fusion,
+}
 
 
 def _constant(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -81,6 +120,9 @@ class MegatronEngine:
         max_tokens_per_micro_batch: int = 8192,
         make_vocab_size_divisible_by: int = 128,
         recompute_activations: bool = False,
+        recompute_granularity: str = "full",
+        recompute_modules: tuple[str, ...] = ("mlp",),
+        elementwise_fusion: str = "none",
     ):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -88,6 +130,9 @@ class MegatronEngine:
             raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {lr_schedule!r}")
         if max_tokens_per_micro_batch < 1:
             raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens_per_micro_batch}")
+        if elementwise_fusion not in ELEMENTWISE_FUSIONS:
+            raise ValueError(f"elementwise_fusion must be one of {tuple(ELEMENTWISE_FUSIONS)}, "
+                             f"got {elementwise_fusion!r}")
         setup_parallel(tp_size, pp_size, seed)
         self.role = role
         self.device = resolve_device(device)
@@ -103,7 +148,9 @@ class MegatronEngine:
                 hf_config, params_dtype=params_dtype, device=self.device,
                 make_vocab_size_divisible_by=make_vocab_size_divisible_by,
                 recompute_activations=recompute_activations and role != "ref",
+                recompute_granularity=recompute_granularity, recompute_modules=tuple(recompute_modules),
             )
+        ELEMENTWISE_FUSIONS[elementwise_fusion](self.model)
         # Only the last pipeline stage has the head (output layer / value head).
         self.last_stage = pp_size == 1 or parallel_state.is_pipeline_last_stage()
         if pp_size > 1:
@@ -144,7 +191,11 @@ class MegatronEngine:
             if p.requires_grad and ("q_layernorm" in n or "k_layernorm" in n
                                     or (self.model.config.sequence_parallel and getattr(p, "sequence_parallel", False)))
         ]
-        self.optimizer = torch.optim.AdamW(opt_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # one fused CUDA kernel per step on GPU (torch's default there is foreach: ~10 passes over the fp32
+        # state); CPU keeps the default implementation (the tiny runs' numbers stay as they were)
+        fused = {"fused": True} if self.device.type == "cuda" else {}
+        self.optimizer = torch.optim.AdamW(opt_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           **fused)
         schedule = LR_SCHEDULES[lr_schedule]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: schedule(step, warmup_steps, total_steps, min_lr_ratio)
@@ -163,12 +214,15 @@ class MegatronEngine:
                     m.copy_(p.float())
 
     def export_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) pairs, gathered over TP in buckets; all TP ranks must iterate.
-        With pp_size > 1: this stage's tensors only (the union over stages is the HF model)."""
+        """(HF name, full tensor) pairs of the WHOLE model, gathered over TP in buckets and, with
+        pp_size > 1, merged over the pipeline stages (pipeline.merge_stages): every rank gets every
+        tensor, so any rank can feed a rollout engine. Collective: all TP and PP ranks must iterate."""
         it = weights_mod.export_hf_weights(self.model, bucket_bytes)
+        if self.pp_size == 1:
+            return it
         if self._tied_stage_copy():  # the last stage's tied head copy is the first stage's embedding
-            return ((n, t) for n, t in it if n != "lm_head.weight")
-        return it
+            it = ((n, t) for n, t in it if n != "lm_head.weight")
+        return pipeline_mod.merge_stages(it, bucket_bytes, self.device)
 
     def _tied_stage_copy(self) -> bool:
         """True on a later pipeline stage holding a copy of the tied embedding as its LM head."""
@@ -382,27 +436,29 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------- training
 
-    def _grad_norm_and_clip(self, params: list[torch.Tensor]) -> float:
-        """Global L2 grad norm over the TP group (replicated params counted once), then clip."""
+    def _grad_norm(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """Global L2 grad norm over the TP group (replicated params counted once) and pipeline stages, as a
+        0-dim fp32 tensor on the device (no host sync)."""
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        grads = [p.grad.detach() for p, model_p in zip(params, self._params)
+                 if p.grad is not None
+                 and not (self.pp_size > 1 and pipeline_mod.is_stage_duplicate(model_p))  # counted on stage 0
+                 and (getattr(model_p, "tensor_model_parallel", False) or tp_rank == 0)]
         sq = torch.zeros((), dtype=torch.float32, device=self.device)
-        for p, model_p in zip(params, self._params):
-            if self.pp_size > 1 and pipeline_mod.is_stage_duplicate(model_p):
-                continue  # the last stage's copy of the tied embedding: counted on the first stage
-            if p.grad is not None and (getattr(model_p, "tensor_model_parallel", False) or tp_rank == 0):
-                sq += p.grad.detach().float().pow(2).sum()
+        if grads:
+            sq = sq + torch.stack(torch._foreach_norm(grads)).float().pow(2).sum()
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sq, group=parallel_state.get_tensor_model_parallel_group())
         if self.pp_size > 1:
             pipeline_mod.all_reduce_over_stages(sq)
-        norm = float(sq.sqrt())
-        if math.isfinite(norm) and self.grad_clip and self.grad_clip > 0:
+        return sq.sqrt()
+
+    def _clip(self, params: list[torch.Tensor], norm: float) -> None:
+        if self.grad_clip and self.grad_clip > 0:
             coef = self.grad_clip / (norm + 1e-6)
-            if coef < 1.0:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        return norm
+            grads = [p.grad for p in params if p.grad is not None]
+            if coef < 1.0 and grads:
+                torch._foreach_mul_(grads, coef)
 
     def _pp_accumulate(self, micro_batches, loss_fn, temperature: float, needs_entropy_grad: bool) -> dict[str, float]:
         """Pipeline-parallel forward/backward of all micro-batches (grads accumulate in .grad);
@@ -476,7 +532,8 @@ class MegatronEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums: dict[str, Any] = {}  # metric sums: python floats or 0-dim device tensors (summed without a sync)
+        losses: list[torch.Tensor] = []  # per micro-batch, checked for NaN/inf after the backward passes
         if self.pp_size > 1:
             sums = self._pp_accumulate(micro_batches, loss_fn, temperature, needs_entropy_grad)
         for mb in micro_batches if self.pp_size == 1 else ():
@@ -490,35 +547,41 @@ class MegatronEngine:
                                                with_entropy=True, entropy_grad=needs_entropy_grad)
                 outputs = {"logprobs": lp, "entropy": ent}
             loss, metrics = loss_fn(outputs, mb)
-            if not bool(torch.isfinite(loss.detach())):
-                self.model.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"loss is {float(loss)} in a micro-batch; no optimizer step taken")
+            losses.append(loss.detach().float().reshape(()))
             scale = mb.get("loss_scale", 1.0 / len(micro_batches))
             (loss * float(scale)).backward()
             for k, v in {"loss": loss, **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
+                v = v.detach().float().reshape(()) if torch.is_tensor(v) else float(v)
+                sums[k] = sums.get(k, 0.0) + v
         self._reduce_tensor_parallel_partial_grads()
         self._reduce_data_parallel()
         if self.pp_size > 1:
             pipeline_mod.reduce_tied_embedding_grads(self.model)
         if self._masters is not None:
-            for m, p in zip(self._masters, self._params):
-                m.grad = None if p.grad is None else p.grad.float()
+            for m, p in zip(self._masters, self._params):  # drop each bf16 grad once cast: 2 B/param less peak
+                m.grad, p.grad = (None if p.grad is None else p.grad.float()), None
             opt_params = self._masters
         else:
             opt_params = self._params
-        grad_norm = self._grad_norm_and_clip(opt_params)
-        if not math.isfinite(grad_norm):
+        # the step's one host sync: grad norm, every micro-batch loss and the device metric sums in one copy
+        tensor_keys = [k for k, v in sums.items() if torch.is_tensor(v)]
+        fetched = torch.stack([self._grad_norm(opt_params), *losses,
+                               *(sums[k].to(self.device) for k in tensor_keys)]).tolist()
+        grad_norm, fetched = fetched[0], fetched[1:]
+        sums.update(zip(tensor_keys, fetched[len(losses):]))
+        bad = [x for x in fetched[:len(losses)] if not math.isfinite(x)]
+        if bad or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             self.model.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"grad norm is {grad_norm}; no optimizer step taken")
+            what = f"loss is {bad[0]} in a micro-batch" if bad else f"grad norm is {grad_norm}"
+            raise FloatingPointError(f"{what}; no optimizer step taken")
+        self._clip(opt_params, grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         if self._masters is not None:
             with torch.no_grad():
-                for m, p in zip(self._masters, self._params):
-                    p.copy_(m)
+                torch._foreach_copy_(self._params, self._masters)
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)
         out = {k: v / len(micro_batches) for k, v in sums.items()}

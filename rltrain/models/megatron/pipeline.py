@@ -1,7 +1,8 @@
 """Pipeline-parallel plumbing for MegatronEngine: grouping micro-batches into shape-uniform schedule
 calls, running megatron-core's own forward/backward schedule, and the cross-stage reductions
-(last-stage broadcasts, tied-embedding grads, squared grad norm). It must not hold the LM head,
-the loss or the optimizer (engine.py does).
+(last-stage broadcasts, tied-embedding grads, squared grad norm) and the merge of the stages' exported
+weights (`merge_stages`: every stage ends up with the whole HF model). It must not hold the LM head, the
+loss or the optimizer (engine.py does).
 
 Shapes: megatron's p2p sends [s, b, H] activations whose shape it must know in advance
 (`variable_seq_lengths=False`), so every micro-batch of one schedule call is right-padded to the
@@ -20,7 +21,7 @@ With CUDA it does nothing.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -194,6 +195,54 @@ def reduce_tied_embedding_grads(model) -> None:
 def is_stage_duplicate(param: torch.Tensor) -> bool:
     """True for the last stage's copy of a tied embedding (counted once, on the first stage)."""
     return bool(getattr(param, "shared", False))
+
+
+def merge_stages(stage_stream: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                 device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every pipeline stage's (HF name, full tensor) stream, on every rank of this pipeline group: the
+    whole model, stage by stage. Collective over the pipeline group (every rank must iterate).
+
+    Stage s in turn packs its stream into buckets of about `bucket_bytes` and broadcasts each bucket to the
+    other stages: first its names, shapes and dtypes (one object), then its tensors, sent from `device`
+    (the communication device: CUDA under nccl, CPU under gloo); an empty bucket ends the stage. Peak extra
+    memory is one bucket. Tensors come out on `device`, in the order the owning stage produced them.
+    """
+    group = parallel_state.get_pipeline_model_parallel_group()
+    me, stages = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_world_size()
+    for stage in range(stages):
+        src = dist.get_global_rank(group, stage)
+        if stage == me:
+            bucket: list[tuple[str, torch.Tensor]] = []
+            size = 0
+            for name, t in stage_stream:
+                bucket.append((name, t))
+                size += t.numel() * t.element_size()
+                if size >= bucket_bytes:
+                    yield from _send_bucket(bucket, src, group, device)
+                    bucket, size = [], 0
+            if bucket:
+                yield from _send_bucket(bucket, src, group, device)
+            _broadcast_meta([], src, group)  # end of this stage
+        else:
+            while meta := _broadcast_meta(None, src, group):
+                for name, shape, dtype in meta:
+                    buf = torch.empty(shape, dtype=dtype, device=device)
+                    dist.broadcast(buf, src=src, group=group)
+                    yield name, buf
+
+
+def _broadcast_meta(meta: list | None, src: int, group) -> list:
+    box = [meta]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+def _send_bucket(bucket: list[tuple[str, torch.Tensor]], src: int, group, device: torch.device):
+    _broadcast_meta([(n, tuple(t.shape), t.dtype) for n, t in bucket], src, group)
+    for name, t in bucket:
+        buf = t.detach().to(device).contiguous()
+        dist.broadcast(buf, src=src, group=group)
+        yield name, t
 
 
 def all_reduce_over_stages(t: torch.Tensor) -> torch.Tensor:

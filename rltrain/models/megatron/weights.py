@@ -14,7 +14,8 @@ Layouts (tp = tensor-parallel size, r = this rank):
 - `gate_up`: fc1 on rank r = [gate rows of r; up rows of r] (each split in tp row blocks).
 
 Pipeline parallelism: a stage holds layers [stage*L/pp, (stage+1)*L/pp) under local indices; the
-table's `{i}` is the global index. Export yields the tensors of this stage only.
+table's `{i}` is the global index. `export_hf_weights` yields the tensors of this stage only; the engine
+merges the stages (pipeline.merge_stages) so that every rank gets the whole model.
 """
 
 from __future__ import annotations

@@ -1,0 +1,168 @@
+"""Rollout engines side by side on the same random-weight model and prompts: hf vs vllm generation tokens/s,
+in-place weight sync seconds per GB, sleep/wake seconds, engine start-up. Writes bench_rollout.json/.md to --out.
+
+  python tools/bench_rollout.py --out /tmp/bench                                   # CPU: tiny shapes
+  python tools/bench_rollout.py --out $OUT --shape qwen3-0.6b --device cuda \\
+      --batch 256 --prompt-len 64 --response-len 64 --hf-batch 256               # GPU, Qwen3-0.6B shapes
+  python tools/bench_rollout.py --out $OUT --shape qwen3-0.6b --device cuda \\
+      --batch 256 --prompt-len 128 --response-len 1024 --hf-batch 64
+
+Generation samples at temperature 1 with no EOS, so every response is exactly --response-len tokens;
+tokens/s counts generated tokens. Weight sync streams the model's HF state dict (on the engine's device) through
+`engine.update_weights` (vLLM: in-place reload, no host round trip). vLLM's CPU build has no sleep mode, so
+sleep/wake are reported only on GPU. The first generate of each engine is a warm-up and not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
+    from transformers import AutoModelForCausalLM
+
+    from rltrain.models.presets import hf_config_for
+
+    overrides = {"head_dim": 32} if shape == "tiny" else {}  # vLLM's CPU kernels take head_dim >= 32
+    overrides.update(extra or {})
+    cfg = hf_config_for(path=None, builtin=shape, vocab_size=64 if shape == "tiny" else None, overrides=overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+    return model.to(dtype).eval()
+
+
+def timed(fn, device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t
+
+
+def bench_engine(name: str, engine, prompts, args, model) -> dict:
+    from rltrain.rollout import SamplingParams
+
+    sampling = SamplingParams(temperature=1.0, max_tokens=args.response_len, seed=0)
+    batch = args.hf_batch if name == "hf" else args.batch
+    rows = prompts[:batch]
+    engine.generate(rows[:2], SamplingParams(temperature=1.0, max_tokens=4, seed=0))  # warm-up
+    times = []
+    for _ in range(args.reps):
+        out, dt = timed(lambda: engine.generate(rows, sampling), args.device)
+        assert all(len(r.token_ids) == args.response_len for r in out), "responses ended early"
+        times.append(dt)
+    gen_s = min(times)
+    res = {"engine": name, "batch": len(rows), "gen_s": gen_s, "gen_tokens_per_s": len(rows) * args.response_len / gen_s}
+    # a copy of the weights (tied ones once), as an actor's export would hand them over
+    state = {k: v.detach().to(args.device, copy=True) for k, v in model.named_parameters()}
+    gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
+    _, sync_s = timed(lambda: engine.update_weights(iter(state.items())), args.device)
+    res.update(sync_s=sync_s, sync_gb=gb, sync_s_per_gb=sync_s / gb)
+    del state
+    if args.device == "cuda":
+        free0 = torch.cuda.mem_get_info()[0]
+        _, res["sleep_s"] = timed(lambda: engine.sleep(level=1), args.device)
+        res["sleep_freed_gib"] = (torch.cuda.mem_get_info()[0] - free0) / 2**30
+        _, res["wake_s"] = timed(engine.wake_up, args.device)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_rollout_out"))
+    ap.add_argument("--shape", choices=["tiny", "qwen3-0.6b"], default="tiny")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=INT",
+                    help="HF config overrides, e.g. num_hidden_layers=2 (integers)")
+    ap.add_argument("--engines", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"])
+    ap.add_argument("--batch", type=int, default=64, help="sequences per generate call (vllm)")
+    ap.add_argument("--hf-batch", type=int, default=None, help="sequences for the hf engine (default --batch)")
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--response-len", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs")
+    args = ap.parse_args()
+    args.hf_batch = args.hf_batch or args.batch
+    os.makedirs(args.out, exist_ok=True)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    extra = {k: int(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    model = build_model(args.shape, dtype, seed=0, extra=extra)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(4, vocab, (max(args.batch, args.hf_batch), args.prompt_len), generator=g).tolist()
+    res = {"date": datetime.date.today().isoformat(), "command": "python tools/bench_rollout.py " + " ".join(sys.argv[1:]),
+           "device": torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, "
+           f"{os.cpu_count()} cores)", "torch": torch.__version__, "shape": args.shape + (f" {extra}" if extra else ""),
+           "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+           "prompt_len": args.prompt_len, "response_len": args.response_len, "results": []}
+    for name in args.engines:
+        if name == "hf":
+            from rltrain.rollout.hf import HFEngine
+
+            engine, start_s = timed(lambda: HFEngine(model, device=args.device, dtype=dtype, eos_token_id=[],
+                                                     max_batch_size=args.hf_batch), args.device)
+        else:
+            import tempfile
+
+            import vllm
+
+            from rltrain.rollout.vllm import VLLMEngine
+
+            res["vllm"] = vllm.__version__
+            with tempfile.TemporaryDirectory() as path:
+                model.save_pretrained(path)
+                engine, start_s = timed(lambda: VLLMEngine(
+                    path, device=args.device, dtype=str(dtype).removeprefix("torch."), eos_token_id=[],
+                    gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+                    max_model_len=args.prompt_len + args.response_len + 8), args.device)
+        r = bench_engine(name, engine, prompts, args, model)
+        r["start_s"] = start_s
+        res["results"].append(r)
+        print(json.dumps(r), flush=True)
+        if hasattr(engine, "close"):
+            engine.close()
+        del engine
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    with open(os.path.join(args.out, "bench_rollout.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    md = to_markdown(res)
+    with open(os.path.join(args.out, "bench_rollout.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+def to_markdown(res: dict) -> str:
+    lines = [f"`{res['command']}` ({res['date']}, {res['device']}, torch {res['torch']}"
+             + (f", vLLM {res['vllm']}" if "vllm" in res else "") + f"), {res['shape']} shapes ({res['params_m']:.1f}M params), "
+             f"prompt {res['prompt_len']} + response {res['response_len']} tokens:", "",
+             "| engine | sequences | generate s | tokens/s | start s | weight sync s/GB (GB) | sleep s / wake s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in res["results"]:
+        sleep = f"{r['sleep_s']:.2f} / {r['wake_s']:.2f} ({r['sleep_freed_gib']:.1f} GiB freed)" if "sleep_s" in r \
+            else "n/a on CPU"
+        lines.append(f"| {r['engine']} | {r['batch']} | {r['gen_s']:.2f} | {r['gen_tokens_per_s']:,.0f} | "
+                     f"{r['start_s']:.1f} | {r['sync_s_per_gb']:.2f} ({r['sync_gb']:.3f}) | {sleep} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

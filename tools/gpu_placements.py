@@ -1,0 +1,305 @@
+"""The placement matrix on a 2-GPU machine: writes gpu_placements.json + gpu_placements.md under --out, updated
+after every run (a timeout still leaves the rows done so far), progress on stdout.
+
+  PYTHONPATH=/tmp/site python tools/gpu_placements.py --out $OUT            # all sections, < 9 min on 2 H200
+  python tools/gpu_placements.py --out $OUT --only nccl learn               # a subset
+
+Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU):
+  colocated_dp2   trainer.n_gpus_per_node=2                                  actor DP=2, 2 rollout replicas
+  colocated_tp2   trainer.n_gpus_per_node=2 actor.tensor_parallel_size=2     actor TP=2, 2 rollout replicas
+  split_1p1       trainer.n_gpus_per_node=1 trainer.colocate=false           train GPU + rollout GPU, sync via driver
+  pp2             trainer.n_gpus_per_node=2 actor.pipeline_parallel_size=2   actor PP=2 (stages merged for sync)
+Sections:
+  nccl     all-reduce and broadcast bus bandwidth between the two GPUs (1 MiB .. 1 GiB), with each process
+           seeing only its own GPU (as Ray workers do) and with both visible; NCCL's chosen transport.
+  learn    grpo_tiny to the end in every placement: held-out accuracy before/after (done when it rises >= 0.3).
+  qwen06b  GRPO steps of a Qwen3-0.6B-shaped model (random init, KL loss so the reference role is there, fused
+           Triton head; as tools/gpu_smoke.py builds it) per placement: phase times, peak memory per GPU.
+  roles    tiny PPO (GAE critic + KL reference + actor + rollout), one step per placement: every role runs.
+One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+PLACEMENTS = {
+    "colocated_dp2": ["trainer.n_gpus_per_node=2"],
+    "colocated_tp2": ["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2"],
+    "split_1p1": ["trainer.n_gpus_per_node=1", "trainer.colocate=false"],
+    "pp2": ["trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"],
+}
+GPU = ["trainer.use_ray=true", "trainer.progress_bar=false", "trainer.plots=false",
+       "trainer.logger=[console,jsonl]", "trainer.fused_linear_logprob_backend=auto"]
+QWEN06B = ["model=qwen3_0.6b_random", "trainer.fused_linear_logprob_backend=triton", "trainer.test_freq=-1",
+           "trainer.val_before_train=false", "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64",
+           "data.max_prompt_length=64", "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
+           "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256"]
+ROLES = ["algorithm=gae", "actor.use_kl_loss=true", "trainer.test_freq=-1", "trainer.val_before_train=false",
+         "rollout.n=1", "data.train_batch_size=16", "actor.ppo_mini_batch_size=8", "critic.lr=1e-3"]
+PHASES = ["gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights", "step"]
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_placements {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- nccl
+def _nccl_child(rank: int, mode: str, port: int, sizes_mib: list[int], out_path: str) -> None:
+    if mode == "isolated":  # as a Ray worker: only its own GPU is visible, ordinal 0
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0 if mode == "isolated" else rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    res = []
+    for mib in sizes_mib:
+        x = torch.ones(mib << 18, dtype=torch.float32, device="cuda")  # mib MiB of fp32
+        for op in ("all_reduce", "broadcast"):
+            fn = (lambda: dist.all_reduce(x)) if op == "all_reduce" else (lambda: dist.broadcast(x, src=0))
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            iters = 20 if mib <= 64 else 5
+            t = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+            dt = (time.perf_counter() - t) / iters
+            # bus bandwidth (nccl-tests' definition): all-reduce moves 2(n-1)/n of the buffer, broadcast 1x
+            res.append({"op": op, "mib": mib, "ms": dt * 1e3, "busbw_gbps": (mib << 20) / dt / 1e9})
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def section_nccl(out_dir: str) -> dict:
+    out: dict = {}
+    for mode in ("isolated", "shared"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        path = os.path.join(out_dir, f"nccl_{mode}.json")
+        env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT")
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--nccl-child", str(r), mode, str(port),
+                                   path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(2)]
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+        transports = sorted({line.split(" via ", 1)[1].strip() for line in "".join(logs).splitlines()
+                             if "Channel" in line and " via " in line})
+        with open(path) as f:
+            out[mode] = {"results": json.load(f), "transports": transports,
+                         "rc": [p.returncode for p in procs]}
+        best = max(r["busbw_gbps"] for r in out[mode]["results"] if r["op"] == "all_reduce")
+        log(f"nccl {mode}: all-reduce bus bandwidth up to {best:.0f} GB/s via {transports}")
+    return out
+
+
+# --------------------------------------------------------------------------- trainer runs
+def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str, timeout_s: float,
+                device: str = "cuda") -> dict:
+    """One `python -m rltrain.main` run joining the cluster; progress from its metrics.jsonl."""
+    run_dir = os.path.join(out_dir, "runs", name)
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", f"trainer.device={device}", *GPU, *overrides,
+           f"trainer.ray_address={ray_address}", f"hydra.run.dir={run_dir}"]
+    t0 = time.time()
+    with open(os.path.join(run_dir, "run.log"), "w") as logf:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, env=dict(os.environ))
+        last_seen = -1
+        while proc.poll() is None:
+            time.sleep(5)
+            rows = _rows(run_dir)
+            step = max((r["step"] for r in rows), default=-1)
+            if step != last_seen:
+                last_seen = step
+                acc = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+                log(f"{name}: step {step} after {time.time() - t0:.0f} s" + (f", val acc {acc[-1]:.3f}" if acc else ""))
+            if time.time() - t0 > timeout_s:
+                proc.kill()
+                proc.wait()
+                break
+    rows = _rows(run_dir)
+    tail = open(os.path.join(run_dir, "run.log")).read()[-1500:]
+    return {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "rows": rows, "log_tail": tail,
+            "command": " ".join(cmd[1:])}
+
+
+def _rows(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def learn_summary(run: dict) -> dict:
+    acc = [(r["step"], r["val/accuracy"]) for r in run["rows"] if "val/accuracy" in r]
+    out = {k: run[k] for k in ("rc", "seconds", "command")}
+    if acc:
+        out.update(acc_before=acc[0][1], acc_after=acc[-1][1], curve=acc, gain=acc[-1][1] - acc[0][1],
+                   learned=acc[-1][1] - acc[0][1] >= 0.3 and acc[0][0] == 0)
+    if run["rc"] != 0:
+        out["log_tail"] = run["log_tail"]
+    return out
+
+
+def step_summary(run: dict) -> dict:
+    rows = [r for r in run["rows"] if r.get("step", 0) >= 1]
+    steady = rows[1:] or rows  # the first step compiles kernels and allocates optimizer state
+    out = {k: run[k] for k in ("rc", "seconds", "command")}
+    out["steps"] = len(rows)
+    if steady:
+        out["timing_s"] = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in steady) / len(steady) for p in PHASES
+                           if any(f"timing_s/{p}" in r for r in steady)}
+        out["throughput_tok_s"] = sum(r["perf/throughput"] for r in steady) / len(steady)
+        out["peak_gib_per_gpu"] = {k.split("/")[-1]: max(r.get(k, 0.0) for r in rows) for k in sorted(rows[-1])
+                                   if k.startswith("perf/max_memory_allocated_gb/")}
+        out["logprob_diff_max"] = max(r["rollout/logprob_diff_max"] for r in rows)
+        out["finite"] = all(v == v and abs(v) != float("inf") for r in rows for v in r.values() if isinstance(v, float))
+    if run["rc"] != 0:
+        out["log_tail"] = run["log_tail"]
+    return out
+
+
+# --------------------------------------------------------------------------- report
+def to_markdown(res: dict) -> str:
+    lines = [f"# Placement matrix ({res['date']}, {res['device']}, torch {res['torch']})", "",
+             f"Command: `{res['command']}`", ""]
+    if "nccl" in res and "error" not in res["nccl"]:
+        lines += ["## NCCL between the two GPUs (bus bandwidth, GB/s)", "",
+                  "| visibility | transport | op | 1 MiB | 16 MiB | 256 MiB | 1 GiB |", "|---|---|---|---|---|---|---|"]
+        for mode, v in res["nccl"].items():
+            for op in ("all_reduce", "broadcast"):
+                bw = {r["mib"]: r["busbw_gbps"] for r in v["results"] if r["op"] == op}
+                lines.append(f"| {mode} | {', '.join(v['transports'])[:40]} | {op} | "
+                             + " | ".join(f"{bw.get(m, float('nan')):.1f}" for m in (1, 16, 256, 1024)) + " |")
+        lines += ["", "isolated: each process sees only its own GPU (CUDA_VISIBLE_DEVICES, as Ray workers); "
+                  "shared: both visible (torchrun).", ""]
+    if res.get("learn"):
+        lines += ["## grpo_tiny to the end under Ray (held-out greedy accuracy)", "",
+                  "| placement | steps | before | after | gain | learned (>= +0.3) | seconds |", "|---|---|---|---|---|---|---|"]
+        for name, v in res["learn"].items():
+            if "acc_before" in v:
+                lines.append(f"| {name} | {v['curve'][-1][0]} | {v['acc_before']:.3f} | {v['acc_after']:.3f} | "
+                             f"{v['gain']:+.3f} | {v['learned']} | {v['seconds']:.0f} |")
+            else:
+                status = v.get("skipped") or f"failed rc={v['rc']}"
+                lines.append(f"| {name} | - | - | - | - | {status} | {v['seconds']:.0f} |")
+        lines.append("")
+    for sec, title in (("qwen06b", "Qwen3-0.6B-shaped GRPO steps (KL loss: actor + reference + rollout)"),
+                       ("roles", "tiny PPO: actor + reference + critic + rollout")):
+        if not res.get(sec):
+            continue
+        phases = [p for p in PHASES if any(p in v.get("timing_s", {}) for v in res[sec].values())]
+        lines += [f"## {title}, mean s/step after the first", "",
+                  "| placement | " + " | ".join(phases) + " | tok/s | peak GiB per GPU (rank: GiB) | logprob diff |",
+                  "|---|" + "---|" * (len(phases) + 3)]
+        for name, v in res[sec].items():
+            if "timing_s" not in v:
+                lines.append(f"| {name} | {v.get('skipped') or 'failed rc=' + str(v['rc'])} |")
+                continue
+            mem = ", ".join(f"{k}: {g:.1f}" for k, g in v["peak_gib_per_gpu"].items())
+            lines.append(f"| {name} | " + " | ".join(f"{v['timing_s'].get(p, 0.0):.2f}" for p in phases)
+                         + f" | {v['throughput_tok_s']:.0f} | {mem} | {v['logprob_diff_max']:.2g} |")
+        lines.append("")
+    for k, v in res.get("errors", {}).items():
+        lines.append(f"- {k} failed: {v[:300]}")
+    return "\n".join(lines) + "\n"
+
+
+def save(res: dict, out_dir: str) -> None:
+    with open(os.path.join(out_dir, "gpu_placements.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "gpu_placements.md"), "w") as f:
+        f.write(to_markdown(res))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--nccl-child":
+        rank, mode, port, path = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+        return _nccl_child(rank, mode, port, [1, 16, 256, 1024], path)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_placements_out"))
+    ap.add_argument("--only", nargs="*", default=["nccl", "learn", "qwen06b", "roles"],
+                    choices=["nccl", "learn", "qwen06b", "roles"])
+    ap.add_argument("--placements", nargs="*", default=list(PLACEMENTS), choices=list(PLACEMENTS))
+    ap.add_argument("--learn-steps", type=int, default=100,
+                    help="grpo_tiny steps (the CPU default run gains +0.32 by step 50 and +0.57 by step 100)")
+    ap.add_argument("--qwen-steps", type=int, default=3)
+    ap.add_argument("--run-timeout", type=float, default=150.0, help="most seconds per trainer run")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a dry run of the orchestration
+    ap.add_argument("--deadline", type=float, default=520.0,
+                    help="seconds after which no new run starts (and a running one is cut): the results so far stay")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+
+    from rltrain.utils.distenv import apply_no_multicast
+    from rltrain.workers.group import init_ray
+
+    apply_no_multicast()
+    res: dict = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                 "device": f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if args.device == "cuda"
+                 else "cpu (dry run)",
+                 "command": "python tools/gpu_placements.py " + " ".join(sys.argv[1:]), "seconds": {}, "errors": {}}
+    t_all = time.time()
+    if "nccl" in args.only:
+        t = time.time()
+        try:
+            res["nccl"] = section_nccl(args.out)
+        except Exception as err:  # noqa: BLE001 - a failed section is a result
+            res["errors"]["nccl"] = f"{type(err).__name__}: {err}"
+        res["seconds"]["nccl"] = round(time.time() - t, 1)
+        save(res, args.out)
+    runs = [s for s in ("learn", "qwen06b", "roles") if s in args.only]
+    if runs:
+        import ray
+
+        init_ray(None, num_cpus=os.cpu_count() if args.device == "cuda" else 4)
+        address = ray.get_runtime_context().gcs_address
+        log(f"local Ray cluster at {address}: {ray.cluster_resources()}")
+        for sec in runs:
+            res[sec] = {}
+            for name in args.placements:
+                if sec == "learn":
+                    over = [*PLACEMENTS[name], f"trainer.total_steps={args.learn_steps}",
+                            f"trainer.test_freq={max(1, args.learn_steps // 2)}"]
+                elif sec == "qwen06b":
+                    over = [*QWEN06B, *PLACEMENTS[name], f"trainer.total_steps={args.qwen_steps}"]
+                else:
+                    over = [*ROLES, *PLACEMENTS[name], "trainer.total_steps=1"]
+                left = args.deadline - (time.time() - t_all)
+                if left < 20:
+                    res[sec][name] = {"rc": None, "seconds": 0.0, "skipped": f"--deadline {args.deadline:.0f} s reached"}
+                    log(f"{sec}/{name}: skipped (deadline)")
+                    save(res, args.out)
+                    continue
+                log(f"{sec}/{name}: start")
+                run = run_trainer(f"{sec}_{name}", over, args.out, address, min(args.run_timeout, left), args.device)
+                res[sec][name] = learn_summary(run) if sec == "learn" else step_summary(run)
+                log(f"{sec}/{name}: rc={run['rc']} in {run['seconds']:.0f} s "
+                    + json.dumps({k: v for k, v in res[sec][name].items()
+                                  if k in ("acc_before", "acc_after", "timing_s", "peak_gib_per_gpu")}, default=str))
+                save(res, args.out)
+        ray.shutdown()
+    res["seconds"]["total"] = round(time.time() - t_all, 1)
+    save(res, args.out)
+    print(to_markdown(res))
+
+
+if __name__ == "__main__":
+    main()
