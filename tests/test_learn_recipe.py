@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import sys
+import tarfile
 
 import pytest
 
@@ -102,3 +103,21 @@ def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path, monkeypatch):
     assert curve[run["total_steps"]] == pytest.approx(run["after"]["accuracy"])
     assert (out / "plots" / "grpo_curves.png").stat().st_size > 10_000
     assert "| grpo | fused_seed1" in (out / "summary.md").read_text()
+
+    # Run again: finished stages are skipped (no training, same numbers), and the export is what the device
+    # machine returns from $OUT: at most 8 flat files, the log archive holding every run's metrics.
+    export = tmp_path / "export"
+    assert learn.main(["sft", "grpo", "--scale", "cpu", "--out", str(out), "--in-process",
+                       "--export", str(export)]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["grpo"]["runs"]["fused_seed1"]["after"] == run["after"] and again["sft"]["after"] == sft["after"]
+    files = sorted(p.name for p in export.iterdir())
+    assert len(files) <= 8 and all(p.is_file() for p in export.iterdir()), files
+    assert {"summary.md", "summary.json", "benchmarks.md", "grpo_curves.png", "learn_logs.tar.gz"} <= set(files)
+    with tarfile.open(export / "learn_logs.tar.gz") as tar:
+        assert {"grpo/fused_seed1/metrics.jsonl", "sft/run/metrics.jsonl"} <= set(tar.getnames())
+    assert "| grpo | fused_seed1 |" in (export / "benchmarks.md").read_text()
+
+    # A deadline too short to start a GRPO run: nothing starts, exit 3 (run again), the finished run stays.
+    assert learn.main(["grpo", "--runs", "fused:2", "--scale", "cpu", "--out", str(out), "--deadline", "1"]) == 3
+    assert set(json.loads((out / "summary.json").read_text())["grpo"]["runs"]) == {"fused_seed1"}

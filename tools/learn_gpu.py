@@ -38,12 +38,12 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval")
+STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval", "plots")
 TASK_OF = {"sft": "add", "grpo": "add", "retool_sft": "mul_tool", "retool_grpo": "mul_tool"}
 CONFIG_OF = {"sft": "learn_add_sft", "grpo": "learn_add_grpo", "retool_sft": "learn_tool_sft",
              "retool_grpo": "learn_tool_grpo"}
@@ -52,6 +52,11 @@ SFT_OF = {"grpo": "sft", "retool_grpo": "retool_sft"}
 
 class UsageError(Exception):
     """A mistake the user can fix (missing earlier stage, bad --runs/--set): exit code 2, no traceback."""
+
+
+def time_left(args) -> float:
+    """Seconds until --deadline (inf without one)."""
+    return float("inf") if args.t_end is None else args.t_end - time.time()
 
 
 @dataclass
@@ -64,10 +69,15 @@ class Scale:
     vocab_size: int
     runs: list[str]  # default GRPO runs
     retool_runs: list[str]
-    stage_timeout_s: float | None
     eval_batch: int
     seq_tokens: dict  # task -> prompt + response tokens per sequence (measured by the data stage), for estimates
     tool_workers: int = 8
+    # seconds kept free of a --deadline after a stage's trainers stop: the held-out evaluation of each finished
+    # model, plots, summaries and the export (reserve_s + reserve_per_run_s x runs)
+    reserve_s: float = 30.0
+    reserve_per_run_s: float = 15.0
+    # Hydra overrides of this scale, by stage (after the config's own settings, before --set)
+    overrides: dict = field(default_factory=dict)
 
 
 SCALES = {
@@ -77,15 +87,38 @@ SCALES = {
                  mul_tool=dict(digits=4, short_digits=2, sft_size=20000, train_size=20000, val_size=256,
                                tool_p_long=0.8, tool_p_short=0.2),
                  vocab_size=512, runs=["fused:1", "fused:2", "unfused:1"], retool_runs=["fused:1", "fused:2"],
-                 stage_timeout_s=560, eval_batch=512, seq_tokens={"add": 71, "mul_tool": 52}),
+                 eval_batch=512, seq_tokens={"add": 71, "mul_tool": 52}),
     # Two CPU cores (CI): a smaller model, 2-digit problems, fewer steps; same stages, same code path.
     "cpu": Scale(suffix="_cpu",
                  add=dict(digits=2, sft_size=4000, train_size=4000, val_size=128, drop_carry_p=0.65),
                  mul_tool=dict(digits=2, short_digits=1, sft_size=2000, train_size=2000, val_size=64,
                                tool_p_long=0.8, tool_p_short=0.2),
-                 vocab_size=512, runs=["fused:1"], retool_runs=["fused:1"], stage_timeout_s=None, eval_batch=256,
-                 seq_tokens={"add": 37, "mul_tool": 38}, tool_workers=2),
+                 vocab_size=512, runs=["fused:1"], retool_runs=["fused:1"], eval_batch=256,
+                 seq_tokens={"add": 37, "mul_tool": 38}, tool_workers=2, reserve_s=15, reserve_per_run_s=5),
+    # The GPU configs (Ray, concurrent child processes, checkpoints, --deadline and resume) shrunk to run on
+    # CPU in a few minutes: exercises the driver's GPU code paths, learns nothing worth reporting.
+    "tiny": Scale(suffix="",
+                  add=dict(digits=2, sft_size=400, train_size=400, val_size=32, drop_carry_p=0.65),
+                  mul_tool=dict(digits=2, short_digits=1, sft_size=300, train_size=300, val_size=16,
+                                tool_p_long=0.8, tool_p_short=0.2),
+                  vocab_size=512, runs=["fused:1", "unfused:1"], retool_runs=["fused:1"], eval_batch=64,
+                  seq_tokens={"add": 37, "mul_tool": 38}, tool_workers=2, reserve_s=15, reserve_per_run_s=5,
+                  overrides={
+                      "sft": ["model.builtin=tiny", "+model.overrides.hidden_size=64",
+                              "+model.overrides.intermediate_size=192", "+model.overrides.head_dim=16",
+                              "data.batch_size=16", "trainer.total_steps=20", "optim.lr_warmup_steps=2"],
+                      "grpo": ["trainer.total_steps=4", "trainer.test_freq=2", "trainer.save_freq=2",
+                               "data.train_batch_size=8", "data.val_batch_size=32", "rollout.n=4",
+                               "actor.ppo_mini_batch_size=8", "rollout.max_response_length=40"],
+                      "retool_grpo": ["rollout.multi_turn.tool_max_workers=2", "rollout.multi_turn.max_total_tokens=64",
+                                      "rollout.max_response_length=32"]}),
 }
+SCALES["tiny"].overrides["retool_sft"] = SCALES["tiny"].overrides["sft"]
+SCALES["tiny"].overrides["retool_grpo"] = SCALES["tiny"].overrides["grpo"] + SCALES["tiny"].overrides["retool_grpo"]
+for _stage in CONFIG_OF:  # the tiny scale runs where there is no GPU: fp32, torch head, CPU
+    SCALES["tiny"].overrides[_stage] = ["model.dtype=float32", "trainer.device=cpu",
+                                        "trainer.fused_linear_logprob_backend=torch",
+                                        *SCALES["tiny"].overrides[_stage]]
 
 
 def log(msg: str) -> None:
@@ -186,6 +219,11 @@ def stage_overrides(stage: str, lay: Layout, args, run: RunSpec | None = None) -
         if args.engine == "vllm":
             runs = len(args.runs if stage == "grpo" else args.retool_runs)
             ov += ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={min(0.5, 0.7 / runs):.2f}"]
+        if args.allow_unisolated and stage == "retool_grpo":
+            ov.append("sandbox.allow_unisolated=true")
+    ov += SCALES[args.scale].overrides.get(stage, [])
+    if args.device:
+        ov.append(f"trainer.device={args.device}")
     return ov + user_overrides(args.set, stage)
 
 
@@ -343,7 +381,7 @@ def evaluate(cfg: dict, model=None, *, batch: int, tool_workers: int) -> dict:
     rollout_cfg = {**cfg["rollout"], "max_batch_size": batch,
                    "multi_turn": {**cfg["rollout"]["multi_turn"], "tool_max_workers": tool_workers}}
     role = RolloutRole(engine="hf", model=model, tokenizer=tokenizer, rollout_cfg=rollout_cfg, device=device,
-                       dtype=dtype)
+                       dtype=dtype, seed=int(cfg["trainer"]["seed"]), sandbox_cfg=cfg.get("sandbox"))
     items = [val_ds[i] for i in range(len(val_ds))]
     b, _ = role.generate(items, group_offset=0, validate=True, seed=int(cfg["trainer"]["seed"]))
     lengths = b.response_mask.sum(-1)
@@ -451,7 +489,14 @@ def stage_data(lay: Layout, args, scale: Scale) -> dict:
     from rltrain.data.arithmetic import write_splits
 
     t0 = time.time()
-    info: dict = {"tasks": {}}
+    if os.path.exists(lay.summary("data")) and not args.force:
+        old = read_json(lay.summary("data"))
+        same = old.get("data_seed") == args.data_seed and all(
+            old["tasks"].get(t, {}).get("params") == getattr(scale, t) for t in ("add", "mul_tool"))
+        if same and os.path.exists(os.path.join(lay.tokenizer, "tokenizer.json")):
+            log("data: up to date (same sizes and seed); --force rebuilds it")
+            return {**old, "reused": True}
+    info: dict = {"tasks": {}, "data_seed": args.data_seed}
     for task in ("add", "mul_tool"):
         kw = getattr(scale, task)
         paths = write_splits(os.path.join(lay.data, task), task, seed=args.data_seed, **kw)
@@ -489,6 +534,30 @@ def _import_tool(name: str):
     return mod
 
 
+class DeadlineReached(Exception):
+    """Too little of --deadline is left to start (or finish) a stage: run the same command again."""
+
+
+MIN_TRAIN_S = 20.0  # a trainer given less than this would only start up
+
+
+def trainer_budget(args, scale: Scale, stage: str, runs: int) -> float | None:
+    """Seconds the stage's trainers may run: --stage-timeout, and --deadline less what the evaluation of each
+    finished model, plots and export need afterwards. None: unbounded. DeadlineReached when too little is left."""
+    left = time_left(args) - scale.reserve_s - scale.reserve_per_run_s * runs
+    budget = min(args.stage_timeout or float("inf"), left)
+    if budget < MIN_TRAIN_S:
+        raise DeadlineReached(f"stage {stage} not started: {max(time_left(args), 0):.0f} s of --deadline left")
+    if budget != float("inf") and args.in_process:
+        log(f"{stage}: --in-process cannot stop a trainer at the deadline; it runs to the end")
+        return None
+    return None if budget == float("inf") else budget
+
+
+def previous(lay: Layout, stage: str) -> dict:
+    return read_json(lay.summary(stage)) if os.path.exists(lay.summary(stage)) else {}
+
+
 def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
     require(args, lay.tokenizer, "the tokenizer", "data")
     require(args, lay.task_file(TASK_OF[stage], "sft"), "the SFT data", "data")
@@ -497,6 +566,11 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
     run_dir = os.path.join(lay.stage_dir(stage), "run")
     if args.dry_run:
         return {"command": command(stage, ov, scale, run_dir), "estimate_s_h100": stage_estimate(stage, cfg, scale)}
+    old = previous(lay, stage)
+    if "after" in old and os.path.exists(os.path.join(lay.sft_model(stage), "config.json")) and not args.force:
+        log(f"{stage}: done earlier (held-out {fmt_eval(old['after'])}); --force retrains it")
+        return {**old, "reused": True}
+    timeout_s = trainer_budget(args, scale, stage, runs=1)
     from rltrain.data.tokenizer import load_tokenizer
     from rltrain.workers.hybrid import initial_hf_model
 
@@ -514,9 +588,14 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
     if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         os.remove(os.path.join(run_dir, "metrics.jsonl"))  # SFT restarts from scratch: a fresh curve
     total = cfg["trainer"]["total_steps"]
-    res = run_trainers([(stage, ov, run_dir)], timeout_s=args.stage_timeout, in_process=args.in_process,
+    if os.path.exists(lay.sft_model(stage)):
+        shutil.rmtree(lay.sft_model(stage))  # a model of an earlier, stopped or forced, run must not pass as this one
+    res = run_trainers([(stage, ov, run_dir)], timeout_s=timeout_s, in_process=args.in_process,
                        stage=stage, scale=scale,
                        progress=lambda name: log(progress_line(stage, run_dir, total)))[stage]
+    if res["timed_out"]:
+        raise DeadlineReached(f"stage {stage}: SFT stopped at the deadline after {res['wall_s']:.0f} s (SFT does "
+                              "not checkpoint: it starts over); give it a longer --deadline")
     if res["rc"] != 0 or not os.path.exists(os.path.join(lay.sft_model(stage), "config.json")):
         raise RuntimeError(f"stage {stage}: the SFT run failed (exit {res['rc']}); see {run_dir}/stdout.log")
     after = evaluate(eval_cfg(stage, lay, args, scale, lay.sft_model(stage)), batch=scale.eval_batch,
@@ -527,11 +606,12 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
     seq_tokens = read_json(lay.summary("data"))["tokens"][TASK_OF[stage]] if os.path.exists(lay.summary("data")) else None
     step_s = sum(r["timing_s/step"] for r in steady) / len(steady)
     out = {"before": before, "after": after, "parameters": params, "steps": len(rows), "wall_s": res["wall_s"],
+           "trainer_command": command(stage, ov, scale, run_dir)[1:],
            "final_loss": rows[-1]["sft/loss"], "step_s_mean": step_s,
            "assistant_tokens_per_s": sum(r["sft/tokens"] for r in steady) / sum(r["timing_s/step"] for r in steady)}
     if seq_tokens:
         out["tokens_per_s"] = cfg["data"]["batch_size"] * (seq_tokens["prompt_mean"] + seq_tokens["response_mean"]) / step_s
-    plot_sft(lay, stage, rows)
+    plot_sft(lay)
     return out
 
 
@@ -549,6 +629,12 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
     if args.dry_run:
         return {"commands": {n: command(stage, ov, scale, d) for n, ov, d in jobs},
                 "estimate_s_h100": stage_estimate(stage, next(iter(cfgs.values())), scale, runs=len(jobs))}
+    old = previous(lay, stage)
+    done = {n: r for n, r in old.get("runs", {}).items()
+            if "after" in r and r["steps_done"] == r["total_steps"] and not args.force}
+    for name in done:
+        log(f"{stage}/{name}: done earlier (held-out {fmt_eval(done[name]['after'])}); --force reruns it")
+    jobs = [j for j in jobs if j[0] not in done]
     before_path = lay.summary(sft)
     if os.path.exists(before_path) and "after" in read_json(before_path):
         before = read_json(before_path)["after"]
@@ -557,13 +643,27 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
                           tool_workers=scale.tool_workers)
     log(f"{stage}: starting point ({sft} model): held-out {fmt_eval(before)}; runs: {', '.join(cfgs)}")
     total = next(iter(cfgs.values()))["trainer"]["total_steps"]
-    results = run_trainers(jobs, timeout_s=args.stage_timeout, in_process=args.in_process, stage=stage, scale=scale,
-                           progress=lambda name: log(progress_line(f"{stage}/{name}", lay.run_dir(stage, name), total)))
-    runs = {}
+    if args.force:
+        for name, _, run_dir in jobs:
+            if os.path.isdir(run_dir):
+                shutil.rmtree(run_dir)  # no resume from the earlier run's checkpoints
     for name, _, run_dir in jobs:
+        steps = read_metrics(run_dir)
+        if steps:
+            log(f"{stage}/{name}: resuming (logged up to step {steps[-1]['step']}; the trainer restarts from its "
+                "last checkpoint)")
+    timeout_s = trainer_budget(args, scale, stage, runs=len(jobs)) if jobs else None
+    results = run_trainers(jobs, timeout_s=timeout_s, in_process=args.in_process, stage=stage, scale=scale,
+                           progress=lambda name: log(progress_line(f"{stage}/{name}", lay.run_dir(stage, name), total)))
+    runs = {n: r for n, r in old.get("runs", {}).items() if n not in results}  # earlier calls' runs stay
+    for name, ov, run_dir in jobs:
         rows = read_metrics(run_dir)
-        info = {**results[name], "steps_done": rows[-1]["step"] if rows else 0, "total_steps": total,
-                "curve": curve(rows), "timing": phase_timing(rows, cfgs[name])}
+        prev_wall = 0.0 if args.force else old.get("runs", {}).get(name, {}).get("wall_s", 0.0)
+        wall = results[name]["wall_s"] + prev_wall  # summed over the calls that resumed the run
+        info = {**results[name], "wall_s": round(wall, 1), "before": before,
+                "steps_done": rows[-1]["step"] if rows else 0,
+                "total_steps": total, "curve": curve(rows), "timing": phase_timing(rows, cfgs[name]),
+                "trainer_command": command(stage, ov, scale, run_dir)[1:]}
         hf = os.path.join(run_dir, "hf")
         if os.path.exists(os.path.join(hf, "config.json")) and info["steps_done"] == total:
             info["after"] = evaluate(eval_cfg(stage, lay, args, scale, hf), batch=scale.eval_batch,
@@ -572,9 +672,14 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
                 f"(from {before['accuracy']:.3f})")
         else:
             log(f"{stage}/{name}: not finished ({info['steps_done']}/{total} steps, exit {info['rc']}); "
-                "rerun the stage to resume")
+                "run the same command again to resume from its last checkpoint")
+            args.unfinished.append(f"{stage}/{name}")
         runs[name] = info
     out = {"before": before, "runs": runs, "comparison": compare_runs(runs, before["n"])}
+    if stage == "retool_grpo":
+        from rltrain.sandbox import probe_isolation
+
+        out["sandbox_isolation"] = probe_isolation().isolation
     if out["comparison"]:
         c = out["comparison"]
         log(f"{stage}: fused vs unfused: mean |gap| {c['gap_fused_unfused']:.3f} vs seed noise "
@@ -663,33 +768,61 @@ def stage_eval(lay: Layout, args, scale: Scale) -> dict:
 
 # ---------------------------------------------------------------------------- plots and report
 def _plt():
-    import matplotlib
-
+    """matplotlib.pyplot, or None where matplotlib is not installed (curves then go to CSV files)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
 
 
-def plot_sft(lay: Layout, stage: str, rows: list[dict]) -> None:
+def _write_csv(lay: Layout, name: str, series: dict[str, list]) -> None:
+    """The fallback without matplotlib: <plots>/<name>.csv with columns series,step,value."""
+    os.makedirs(lay.plots, exist_ok=True)
+    path = os.path.join(lay.plots, f"{name}.csv")
+    with open(path, "w") as f:
+        f.write("series,step,value\n")
+        for key, pts in series.items():
+            f.writelines(f"{key},{st},{v}\n" for st, v in pts)
+    log(f"plots: matplotlib is not installed: {name} written as {os.path.relpath(path)} instead of a PNG "
+        "(pip install matplotlib, then `python tools/learn_gpu.py plots --out ...` draws it)")
+
+
+def plot_sft(lay: Layout) -> None:
+    """plots/sft_loss.png: the SFT loss curve of every SFT stage under --out."""
+    curves = {st: [(r["step"], r["sft/loss"]) for r in read_metrics(os.path.join(lay.stage_dir(st), "run"))]
+              for st in ("sft", "retool_sft") if os.path.exists(os.path.join(lay.stage_dir(st), "run", "metrics.jsonl"))}
+    if not curves:
+        return
     plt = _plt()
+    if plt is None:
+        return _write_csv(lay, "sft_loss", curves)
     fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-    ax.plot([r["step"] for r in rows], [r["sft/loss"] for r in rows], lw=1.2)
+    for st, pts in curves.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, label=st)
     ax.set_yscale("log")
-    ax.set(title=f"{stage}: SFT loss (assistant tokens)", xlabel="step", ylabel="loss")
+    ax.set(title="SFT loss (assistant tokens)", xlabel="step", ylabel="loss")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(lay.plots, exist_ok=True)
-    fig.savefig(os.path.join(lay.plots, f"{stage}_loss.png"))
+    fig.savefig(os.path.join(lay.plots, "sft_loss.png"))
     plt.close(fig)
 
 
 def plot_grpo(lay: Layout, stage: str, runs: dict, before: dict) -> None:
-    plt = _plt()
+    """plots/<stage>_curves.png: held-out accuracy and training reward per run (+ tool-call rates for ReTool)."""
     panels = [("val/accuracy", "held-out accuracy (greedy)"), ("critic/score/mean", "training reward (mean)")]
     if stage == "retool_grpo":
         panels += [("val/reward/correct_tool_call/mean", "held-out correct tool calls"),
                    ("reward/tool_call/mean", "training tool-call rate")]
+    plt = _plt()
+    if plt is None:
+        return _write_csv(lay, f"{stage}_curves", {f"{name}:{key}": info["curve"].get(key, [])
+                                                   for name, info in runs.items() for key, _ in panels})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), dpi=100)
     for ax, (key, title) in zip(axes, panels):
         for name, info in runs.items():
@@ -707,6 +840,16 @@ def plot_grpo(lay: Layout, stage: str, runs: dict, before: dict) -> None:
     os.makedirs(lay.plots, exist_ok=True)
     fig.savefig(os.path.join(lay.plots, f"{stage}_curves.png"))
     plt.close(fig)
+
+
+def stage_plots(lay: Layout) -> dict:
+    """Redraw every plot from the run directories (e.g. after installing matplotlib)."""
+    plot_sft(lay)
+    for stage in ("grpo", "retool_grpo"):
+        s = previous(lay, stage)
+        if s.get("runs"):
+            plot_grpo(lay, stage, s["runs"], s["before"])
+    return {"plots": sorted(os.listdir(lay.plots)) if os.path.isdir(lay.plots) else []}
 
 
 def report(summary: dict) -> str:
@@ -729,8 +872,9 @@ def report(summary: dict) -> str:
             for name, r in s["runs"].items():
                 after = r.get("after")
                 lines.append(f"| {stage} | {name} ({r['steps_done']}/{r['total_steps']} steps) | "
-                             f"{s['before']['accuracy']:.3f} | {after['accuracy'] if after else float('nan'):.3f} | "
-                             f"{tc(s['before'])} | {tc(after)} | {r['wall_s']:.0f} |")
+                             f"{r.get('before', s['before'])['accuracy']:.3f} | "
+                             f"{after['accuracy'] if after else float('nan'):.3f} | "
+                             f"{tc(r.get('before', s['before']))} | {tc(after)} | {r['wall_s']:.0f} |")
     for stage in ("grpo", "retool_grpo"):
         s = summary.get(stage)
         if s and s.get("runs"):
@@ -754,30 +898,96 @@ def report(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_table(summary: dict) -> str:
+    """benchmarks.md: the rows for docs/benchmarks.md's "Learning recipe" section (command, device, wall time,
+    tokens/s per phase, held-out accuracy before -> after)."""
+    dev, date = summary.get("device", "?"), summary.get("date", "?")
+    lines = [f"Device: {dev}; date {date}; scale {summary.get('scale')}.", "",
+             "| stage | run | driver command | wall s | steps | tokens/s per phase | held-out accuracy | "
+             "correct tool calls |", "|---|---|---|---|---|---|---|---|"]
+
+    def acc(b, a):
+        return f"{b['accuracy']:.3f} -> {a['accuracy']:.3f}" if a else f"{b['accuracy']:.3f} -> (unfinished)"
+
+    def tc(b, a):
+        return f"{b['correct_tool_call']:.3f} -> {a['correct_tool_call']:.3f}" if a and "correct_tool_call" in a else "-"
+
+    for stage in ("sft", "grpo", "retool_sft", "retool_grpo"):
+        s = summary.get(stage)
+        if not s:
+            continue
+        cmd = f"`{s.get('command', '?')}`"
+        if "runs" not in s:
+            if "after" in s:
+                tok = f"train {s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-"
+                lines.append(f"| {stage} | {s['parameters'] / 1e6:.1f}M from random init | {cmd} | {s['wall_s']:.0f} "
+                             f"| {s['steps']} | {tok} | {acc(s['before'], s['after'])} | "
+                             f"{tc(s['before'], s['after'])} |")
+            continue
+        for name, r in s["runs"].items():
+            t = r.get("timing") or {}
+            tok = (f"gen {t['gen_response_tokens_per_s']:.0f} (response), log-prob {t['old_log_prob_tokens_per_s']:.0f}, "
+                   f"update {t['update_actor_tokens_per_s']:.0f}, end-to-end {t['tokens_per_s_end_to_end']:.0f}"
+                   if t else "-")
+            lines.append(f"| {stage} | {name} | {cmd} | {r['wall_s']:.0f} | {r['steps_done']}/{r['total_steps']} | "
+                         f"{tok} | {acc(r.get('before', s['before']), r.get('after'))} | "
+                         f"{tc(r.get('before', s['before']), r.get('after'))} |")
+    return "\n".join(lines) + "\n"
+
+
 def device_name() -> str:
     try:
         import torch
 
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+        return f"CPU ({os.cpu_count()} cores)"
     except Exception:  # noqa: BLE001 - informational only
         return "unknown"
 
 
-def export(lay: Layout, dest: str) -> None:
-    """Copy the small outputs (summaries, plots, metrics, commands) to dest, keeping the layout."""
-    for root, _, files in os.walk(lay.out):
-        if {"checkpoints", "hf"} & set(os.path.relpath(root, lay.out).split(os.sep)):
-            continue
-        for f in files:
-            if f.endswith((".json", ".md", ".png", ".jsonl", ".txt")) and not root.startswith(lay.data):
-                rel = os.path.relpath(os.path.join(root, f), lay.out)
-                os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
-                shutil.copy2(os.path.join(root, f), os.path.join(dest, rel))
-    for f in ("summary.json",):
-        src = os.path.join(lay.data, f)
-        if os.path.exists(src):
-            os.makedirs(os.path.join(dest, "data"), exist_ok=True)
-            shutil.copy2(src, os.path.join(dest, "data", f))
+EXPORT_FILES = ("summary.md", "summary.json", "benchmarks.md")
+
+
+def export(lay: Layout, dest: str) -> list[str]:
+    """Copy the small outputs to dest as at most 8 flat files (the device machine returns no more from $OUT):
+    summary.md, summary.json, benchmarks.md, the PNGs, and learn_logs.tar.gz with every stage's summary,
+    metrics.jsonl, command.txt, stdout.log (last 200 kB), the trainer's own plots and any CSV curves. Models and
+    checkpoints stay behind."""
+    import io
+    import tarfile
+
+    os.makedirs(dest, exist_ok=True)
+    written = []
+    for f in EXPORT_FILES:
+        if os.path.exists(os.path.join(lay.out, f)):
+            shutil.copy2(os.path.join(lay.out, f), os.path.join(dest, f))
+            written.append(f)
+    pngs = sorted(f for f in os.listdir(lay.plots) if f.endswith(".png")) if os.path.isdir(lay.plots) else []
+    for f in pngs[:8 - len(written) - 1]:
+        shutil.copy2(os.path.join(lay.plots, f), os.path.join(dest, f))
+        written.append(f)
+    tmp = os.path.join(dest, "learn_logs.tar.gz.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for root, dirs, files in os.walk(lay.out):
+            rel_root = os.path.relpath(root, lay.out)
+            dirs[:] = [d for d in dirs if d not in ("checkpoints", "hf", "tokenizer") and
+                       not (rel_root == "." and d == "data")]
+            for f in files:
+                path = os.path.join(root, f)
+                if f == "stdout.log":
+                    with open(path, "rb") as fh:
+                        fh.seek(max(0, os.path.getsize(path) - 200_000))
+                        data = fh.read()
+                    info = tarfile.TarInfo(os.path.relpath(path, lay.out))
+                    info.size, info.mtime = len(data), int(os.path.getmtime(path))
+                    tar.addfile(info, io.BytesIO(data))
+                elif f.endswith((".json", ".jsonl", ".md", ".png", ".txt", ".csv")):
+                    tar.add(path, arcname=os.path.relpath(path, lay.out))
+        if os.path.exists(lay.summary("data")):
+            tar.add(lay.summary("data"), arcname="data/summary.json")
+    os.replace(tmp, os.path.join(dest, "learn_logs.tar.gz"))
+    return written + ["learn_logs.tar.gz"]
 
 
 # ---------------------------------------------------------------------------- main
@@ -785,67 +995,102 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stages", nargs="+", choices=STAGES, metavar="STAGE", help=" | ".join(STAGES))
     p.add_argument("--out", default="outputs/learn", help="where every stage reads and writes (default %(default)s)")
-    p.add_argument("--scale", choices=sorted(SCALES), default="gpu")
+    p.add_argument("--scale", choices=sorted(SCALES), default="gpu",
+                   help="gpu: the recipe (one H100); cpu: scaled to 2 cores (CI); tiny: the GPU configs shrunk to "
+                        "run on CPU (exercises Ray, child processes, deadline, resume)")
+    p.add_argument("--tiny", action="store_const", const="tiny", dest="scale", help="same as --scale tiny")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="trainer.device of every stage (default: the scale's configs)")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine of the GRPO stages")
     p.add_argument("--runs", nargs="+", default=None, help="grpo runs, e.g. fused:1 fused:2 unfused:1")
     p.add_argument("--retool-runs", nargs="+", default=None, help="retool_grpo runs, e.g. fused:1")
     p.add_argument("--set", action="append", default=[], metavar="STAGE:KEY=VALUE",
                    help="a Hydra override for one stage's trainer, e.g. grpo:actor.lr=1e-5 (repeatable)")
-    p.add_argument("--stage-timeout", type=float, default=None,
-                   help="seconds before a stage's trainer runs are stopped (resumable); default: the scale's")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="this command's wall-clock budget in seconds: trainers still running when only the time "
+                        "for evaluation and export is left are stopped (GRPO resumes from its last checkpoint when "
+                        "the command is run again; a stage with too little time left is not started)")
+    p.add_argument("--stage-timeout", type=float, default=None, help="seconds before one stage's trainers are stopped")
+    p.add_argument("--force", action="store_true",
+                   help="redo the named stages from scratch (default: skip what is done, resume what is not)")
+    p.add_argument("--allow-unisolated", action="store_true",
+                   help="retool_grpo: run tool code where the kernel cannot isolate it (sandbox.allow_unisolated)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--in-process", action="store_true",
                    help="run trainers in this process one after another (CPU tests; no concurrency)")
     p.add_argument("--dry-run", action="store_true", help="compose and validate every stage's config, run nothing")
-    p.add_argument("--export", default=None, help="copy summaries, plots and metrics here after each stage")
+    p.add_argument("--export", default=None, help="copy summaries, plots and a log archive here after each stage")
     args = p.parse_args(argv)
     scale = SCALES[args.scale]
     args.runs = args.runs or scale.runs
     args.retool_runs = args.retool_runs or scale.retool_runs
-    if args.stage_timeout is None:
-        args.stage_timeout = scale.stage_timeout_s
+    args.t_end = None if args.deadline is None else time.time() + args.deadline
+    args.unfinished = []
     return args, scale
 
 
+EXIT_UNFINISHED = 3  # the deadline stopped something: run the same command again to continue
+
+
 def main(argv=None) -> int:
+    from rltrain.utils.errors import UserError
+
     args, scale = parse_args(argv)
     lay = Layout(args.out)
     summary_path = os.path.join(lay.out, "summary.json")
     summary = read_json(summary_path) if os.path.exists(summary_path) else {}
     summary.update(scale=args.scale, date=datetime.date.today().isoformat())
+    driver_cmd = "python tools/learn_gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         for stage in args.stages:
             t0 = time.time()
-            log(f"stage {stage} ({args.scale} scale, out {lay.out})")
-            if stage == "data":
-                if args.dry_run:
-                    continue
-                res = stage_data(lay, args, scale)
-            elif stage in ("sft", "retool_sft"):
-                res = stage_sft(stage, lay, args, scale)
-            elif stage in ("grpo", "retool_grpo"):
-                res = stage_grpo(stage, lay, args, scale)
-            else:
-                res = stage_eval(lay, args, scale)
+            log(f"stage {stage} ({args.scale} scale, out {lay.out}"
+                + (f", {time_left(args):.0f} s of --deadline left)" if args.t_end else ")"))
+            try:
+                if stage == "data":
+                    if args.dry_run:
+                        continue
+                    res = stage_data(lay, args, scale)
+                elif stage in ("sft", "retool_sft"):
+                    res = stage_sft(stage, lay, args, scale)
+                elif stage in ("grpo", "retool_grpo"):
+                    res = stage_grpo(stage, lay, args, scale)
+                elif stage == "plots":
+                    if args.dry_run:
+                        continue
+                    res = stage_plots(lay)
+                else:
+                    res = stage_eval(lay, args, scale)
+            except DeadlineReached as why:
+                log(f"{why}; run the same command again to continue")
+                args.unfinished.append(stage)
+                continue
             if args.dry_run:
                 print(json.dumps({stage: res}, indent=1))
                 continue
-            res["stage_wall_s"] = round(time.time() - t0, 1)
-            res["command"] = "python tools/learn_gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
+            if not res.pop("reused", False):
+                res["stage_wall_s"] = round(time.time() - t0, 1)
+                res["command"] = driver_cmd
             write_json(lay.summary(stage), res)
             summary[stage] = res
             summary["device"] = device_name()
             write_json(summary_path, summary)
             with open(os.path.join(lay.out, "summary.md"), "w") as f:
                 f.write(report(summary))
+            with open(os.path.join(lay.out, "benchmarks.md"), "w") as f:
+                f.write(bench_table(summary))
             if args.export:
                 export(lay, args.export)
             log(f"stage {stage} done in {time.time() - t0:.0f} s")
-    except UsageError as err:
+    except (UsageError, UserError) as err:
         print(f"learn_gpu: {err}", file=sys.stderr)
         return 2
-    if not args.dry_run:
-        print(report(summary), flush=True)
+    if args.dry_run:
+        return 0
+    print(report(summary), flush=True)
+    if args.unfinished:
+        log(f"unfinished: {', '.join(args.unfinished)}: run the same command again (exit {EXIT_UNFINISHED})")
+        return EXIT_UNFINISHED
     return 0
 
 
