@@ -719,8 +719,9 @@ def compare_runs(runs: dict, n_val: int) -> dict:
     gap(a, b) = mean over eval steps of |acc_a - acc_b|. Within noise when gap(fused s, unfused s) <=
     gap(fused s, fused s') + 2 SE, SE = sqrt(2 * 0.25 / n_val) (the largest standard error of a difference
     of two accuracies on n_val prompts)."""
-    fused = sorted(n for n in runs if n.startswith("fused_"))
-    unfused = sorted(n for n in runs if n.startswith("unfused_"))
+    done = [n for n in runs if "after" in runs[n]]  # finished runs only: a stopped run's curve is partial
+    fused = sorted(n for n in done if n.startswith("fused_"))
+    unfused = sorted(n for n in done if n.startswith("unfused_"))
     if len(fused) < 2 or not unfused:
         return {}
     def acc(name):
