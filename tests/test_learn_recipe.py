@@ -84,6 +84,21 @@ def test_driver_refuses_a_stage_whose_inputs_are_missing(tmp_path, capsys):
     assert learn.main(["sft", "--scale", "cpu", "--out", str(tmp_path), "--set", "nope"]) == 2
 
 
+def test_driver_refuses_retool_where_the_sandbox_cannot_isolate(tmp_path, capsys, monkeypatch):
+    import rltrain.sandbox
+
+    learn = _tool("learn_gpu")
+    (tmp_path / "data" / "tokenizer").mkdir(parents=True)
+    (tmp_path / "data" / "mul_tool").mkdir()
+    (tmp_path / "data" / "mul_tool" / "sft.jsonl").write_text("")
+    unisolated = rltrain.sandbox.SandboxResult(status="ok", stdout="", stderr="", exit_code=0, duration_s=0.1,
+                                               isolation="none (landlockpy missing)", isolated=False)
+    monkeypatch.setattr(rltrain.sandbox, "probe_isolation", lambda **_: unisolated)
+    assert learn.main(["retool_sft", "--scale", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "landlockpy missing" in err and "--allow-unisolated" in err and "sandbox-wheels" in err
+
+
 @pytest.mark.timeout(600)
 def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path, monkeypatch):
     monkeypatch.setenv("RLTRAIN_TORCH_THREADS", "2")

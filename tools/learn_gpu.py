@@ -9,23 +9,29 @@ device command on one H100 at --scale gpu:
                seed 1, fused seed 2, materialized logits seed 1), then fused vs unfused against seed noise
   retool_sft   SFT cold start on the tool-use traces (products: call the Python tool or estimate)
   retool_grpo  GRPO with the multi-turn tool loop and the real sandbox, from the ReTool SFT model
-  eval         held-out accuracy of every model under --out, one table (summary.md) and every plot
+  eval         held-out accuracy of every model under --out, one table (summary.md)
+  plots        redraw every plot from the run directories
 
 Every stage writes held-out accuracy before and after it (greedy decoding on the val split, which no SFT
-or RL step sees), curves as PNGs under <out>/plots, and <out>/<stage>/summary.json, merged into
-<out>/summary.json; --export DIR copies those small files (e.g. to the device machine's $OUT). GRPO runs
-checkpoint every trainer.save_freq steps and resume from there when a stage is run again, so a stage cut
-off by the time limit (--stage-timeout) continues where it stopped.
+or RL step sees), curves as PNGs under <out>/plots (CSV where matplotlib is missing), <out>/<stage>/summary.json
+merged into <out>/summary.json, <out>/summary.md and <out>/benchmarks.md (rows for docs/benchmarks.md);
+--export DIR copies those as at most 8 flat files (what the device machine returns from $OUT).
 
-  python tools/learn_gpu.py data sft --out outputs/learn             # one H100, ~3 min
-  python tools/learn_gpu.py grpo --out outputs/learn                  # ~8 min (3 runs at once)
-  python tools/learn_gpu.py retool_sft retool_grpo --out outputs/learn  # ~8 min
-  python tools/learn_gpu.py eval --out outputs/learn --export $OUT
-  python tools/learn_gpu.py data sft grpo --scale cpu --out outputs/learn_cpu --in-process   # CPU, ~1 min
+Made for 10-minute device commands: --deadline S stops the trainers in time to evaluate and export; a stage
+that is done is skipped when named again, a GRPO run that was stopped resumes from its last checkpoint
+(trainer.save_freq) when the same command runs again (exit code 3 says so), and a stage whose prerequisite
+is missing (e.g. a fresh machine) says which stage to run first. examples/learn/gpu.sh has one command per step:
+
+  bash examples/learn/gpu.sh sft | grpo_fused | grpo_unfused | grpo_seed2 | retool
+  python tools/learn_gpu.py data sft grpo --runs fused:1 --out outputs/learn --deadline 540 --export $OUT
+  python tools/learn_gpu.py data sft grpo --scale cpu --in-process --out outputs/learn_cpu   # 2 CPU cores, ~2 min
+  python tools/learn_gpu.py data sft grpo retool_sft retool_grpo --tiny --out outputs/learn_tiny   # GPU path on CPU
 
 GPU path: Megatron actor in bf16 with fp32 master weights, fused Triton LM head, trainer.use_ray=true,
 colocated HF rollout (--engine vllm for vLLM). --set STAGE:key=value passes any Hydra override to one stage
-(e.g. --set grpo:actor.lr=1e-5); --runs picks the GRPO runs (e.g. --runs fused:1 unfused:1 fused:2).
+(e.g. --set grpo:actor.lr=1e-5); --runs picks the GRPO runs, run at once as child processes
+(e.g. --runs fused:1 unfused:1 fused:2). --tiny runs the GPU configs shrunk onto the CPU (Ray, child
+processes, deadline, resume: the plumbing, not the learning).
 """
 
 from __future__ import annotations
@@ -554,6 +560,20 @@ def trainer_budget(args, scale: Scale, stage: str, runs: int) -> float | None:
     return None if budget == float("inf") else budget
 
 
+def check_sandbox(args) -> str:
+    """The ReTool stages' tool calls need the sandbox's kernel isolation (rltrain/sandbox); fail before any
+    training where it is missing, saying how to get it (the wheels) or to run without it knowingly."""
+    from rltrain.sandbox import probe_isolation
+
+    probe = probe_isolation()
+    if not probe.isolated and not args.allow_unisolated:
+        raise UsageError(f"the sandbox cannot isolate tool code here ({probe.isolation}). Where landlockpy/pyseccomp "
+                         "are missing: make sandbox-wheels here, carry .whl-sandbox and pip install them there "
+                         "(examples/learn/README.md); where the kernel refuses: --allow-unisolated runs the tool "
+                         "code guarded only by an audit hook (recorded in the summary)")
+    return probe.isolation
+
+
 def previous(lay: Layout, stage: str) -> dict:
     return read_json(lay.summary(stage)) if os.path.exists(lay.summary(stage)) else {}
 
@@ -570,6 +590,8 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
     if "after" in old and os.path.exists(os.path.join(lay.sft_model(stage), "config.json")) and not args.force:
         log(f"{stage}: done earlier (held-out {fmt_eval(old['after'])}); --force retrains it")
         return {**old, "reused": True}
+    if stage == "retool_sft":
+        check_sandbox(args)  # its evaluation and the retool_grpo stage after it call the tool
     timeout_s = trainer_budget(args, scale, stage, runs=1)
     from rltrain.data.tokenizer import load_tokenizer
     from rltrain.workers.hybrid import initial_hf_model
@@ -635,6 +657,7 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
     for name in done:
         log(f"{stage}/{name}: done earlier (held-out {fmt_eval(done[name]['after'])}); --force reruns it")
     jobs = [j for j in jobs if j[0] not in done]
+    isolation = check_sandbox(args) if stage == "retool_grpo" else None
     before_path = lay.summary(sft)
     if os.path.exists(before_path) and "after" in read_json(before_path):
         before = read_json(before_path)["after"]
@@ -676,10 +699,8 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
             args.unfinished.append(f"{stage}/{name}")
         runs[name] = info
     out = {"before": before, "runs": runs, "comparison": compare_runs(runs, before["n"])}
-    if stage == "retool_grpo":
-        from rltrain.sandbox import probe_isolation
-
-        out["sandbox_isolation"] = probe_isolation().isolation
+    if isolation:
+        out["sandbox_isolation"] = isolation
     if out["comparison"]:
         c = out["comparison"]
         log(f"{stage}: fused vs unfused: mean |gap| {c['gap_fused_unfused']:.3f} vs seed noise "
