@@ -1,9 +1,15 @@
 """The learning recipe (examples/learn/): its BPE tokenizer, and the CPU-scaled recipe learning end to end.
 
 The end-to-end test runs tools/learn_gpu.py's stages data -> sft -> grpo at --scale cpu in this process and
-asserts that held-out accuracy rises through SFT (from random init) and again through GRPO, with margins that
-held over data/trainer seeds 1-4 (README: seed table). It also checks that the trainer's own validation at GRPO
-step 0 equals the driver's separate evaluation of the SFT model (two evaluation paths, one number).
+asserts that held-out accuracy (128 problems no stage trains on) rises through SFT (from random init) and again
+through GRPO, measured against the stage before. It runs the recipe's defaults (data seed 0, SFT and GRPO seed
+1), not a picked seed. Seeds tried, all five passing with these margins (docs/benchmarks.md section 6), SFT ->
+after 15 GRPO steps: data/SFT/GRPO seed 0/1/1 0.531 -> 0.805; 1/1/1 0.547 -> 0.789; 2/2/2 0.555 -> 0.891;
+3/3/3 0.477 -> 0.734; 4/4/4 0.477 -> 0.883. It also checks that the trainer's own validation at GRPO step 0
+equals the driver's separate evaluation of the SFT model (two evaluation paths, one number), that a second
+call skips finished stages and exports at most 8 flat files, and that a deadline too short starts nothing.
+The ReTool half (examples/learn/cpu.sh, ~2-3 min on 2 cores) does not fit the CI budget; its numbers are in
+docs/benchmarks.md.
 """
 
 import importlib.util
@@ -109,9 +115,9 @@ def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path, monkeypatch):
     sft, grpo = s["sft"], s["grpo"]
     run = grpo["runs"]["fused_seed1"]
     assert sft["before"]["accuracy"] <= 0.02  # random init
-    assert sft["after"]["accuracy"] >= 0.35  # seeds 1-4: 0.49-0.57
+    assert sft["after"]["accuracy"] >= 0.35  # seeds 0-4: 0.477-0.555
     assert run["steps_done"] == run["total_steps"]
-    assert run["after"]["accuracy"] >= sft["after"]["accuracy"] + 0.15  # seeds 1-4: +0.24 to +0.41
+    assert run["after"]["accuracy"] >= sft["after"]["accuracy"] + 0.15  # seeds 0-4: +0.24 to +0.41
     # the trainer's validation at step 0 and the driver's evaluation of the SFT model agree
     curve = dict(run["curve"]["val/accuracy"])
     assert curve[0] == pytest.approx(sft["after"]["accuracy"])
