@@ -4,7 +4,7 @@
 # machine, whose staged bundle lacks them (rltrain/sandbox refuses tool calls without them):
 #   make sandbox-wheels                  # -> .whl-sandbox/ (or: bash tools/sandbox_wheels.sh DIR)
 # and there, before running anything that calls tools:
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl-sandbox/*.whl
+#   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl-sandbox/*.whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.whl-sandbox}
