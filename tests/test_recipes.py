@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -67,11 +68,24 @@ def _parse(argv):
     return module, name, overrides
 
 
+def _learn_driver():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learn_gpu", os.path.join(ROOT, "tools", "learn_gpu.py"))
+    mod = sys.modules["learn_gpu"] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=[os.path.relpath(s, ROOT) for s in SCRIPTS])
 def test_recipe_is_valid_bash_and_its_overrides_compose(script, tmp_path):
     subprocess.run(["bash", "-n", script], check=True)
-    commands = [c for c in map(_parse, _recorded_commands(script, tmp_path)) if c]
-    assert commands, f"{script} runs no `python -m rltrain.main|rltrain.sft` command"
+    recorded = _recorded_commands(script, tmp_path)
+    commands = [c for c in map(_parse, recorded) if c]
+    drivers = [argv for argv in recorded if argv and argv[0].endswith("tools/learn_gpu.py")]
+    assert commands or drivers, f"{script} runs no `python -m rltrain.main|rltrain.sft` command"
+    for argv in drivers:  # the learning recipe's driver composes + validates every stage's trainer config
+        assert _learn_driver().main([*argv[1:], "--dry-run"]) == 0, argv
     for module, name, overrides in commands:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
             cfg = compose(config_name=name, overrides=overrides)

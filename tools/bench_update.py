@@ -133,7 +133,7 @@ def _levers_of(row: Row) -> str:
 
 def predicted_step_s(row: Row) -> float:
     """PREDICTED_STEP_S, else 30% MFU; TP=2: the same at 0.6B (issue 17: 0.237 vs 0.231 s), 0.6x at 4B."""
-    from gpu_smoke import train_flops
+    from rltrain.utils.flops import train_flops
 
     levers = "mcore" if row.tp > 1 and _levers_of(row) == "all" else _levers_of(row)
     key = (row.preset, row.tokens, levers, row.recompute, row.head)
@@ -212,7 +212,7 @@ def run_row(row: Row, reps: int, out_dir: str) -> dict:
     """Build, warm up, time; in this process. Returns the row's result dict."""
     import torch
 
-    from gpu_smoke import train_flops
+    from rltrain.utils.flops import train_flops
 
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)

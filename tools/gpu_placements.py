@@ -3,17 +3,23 @@ after every run (a timeout still leaves the rows done so far), progress on stdou
 
   PYTHONPATH=/tmp/site python tools/gpu_placements.py --out $OUT            # all sections, < 9 min on 2 H200
   python tools/gpu_placements.py --out $OUT --only nccl learn               # a subset
+  python tools/gpu_placements.py --out $OUT --only nccl qwen06b --nccl-ranks 4 --placements colocated_tp2dp2 \
+      --model qwen3-4b --overrides rollout=vllm rollout.tensor_parallel_size=2     # 4 GPUs (issue 22)
 
 Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU):
   colocated_dp2   trainer.n_gpus_per_node=2                                  actor DP=2, 2 rollout replicas
   colocated_tp2   trainer.n_gpus_per_node=2 actor.tensor_parallel_size=2     actor TP=2, 2 rollout replicas
   split_1p1       trainer.n_gpus_per_node=1 trainer.colocate=false           train GPU + rollout GPU, sync via driver
   pp2             trainer.n_gpus_per_node=2 actor.pipeline_parallel_size=2   actor PP=2 (stages merged for sync)
+Other GPU counts (issue 22's scaling points; name them with --placements on a machine that has the GPUs):
+  single               1 GPU: actor + rollout colocated
+  colocated_tp2dp2     4 GPUs: actor TP=2 x DP=2
+  colocated_tp2pp2dp2  8 GPUs: actor TP=2 x PP=2 x DP=2
 Sections:
-  nccl     all-reduce and broadcast bus bandwidth between the two GPUs (1 MiB .. 1 GiB), with each process
+  nccl     all-reduce and broadcast bus bandwidth between --nccl-ranks GPUs (1 MiB .. 1 GiB), with each process
            seeing only its own GPU (as Ray workers do) and with both visible; NCCL's chosen transport.
   learn    grpo_tiny to the end in every placement: held-out accuracy before/after (done when it rises >= 0.3).
-  qwen06b  GRPO steps of a Qwen3-0.6B-shaped model (random init, KL loss so the reference role is there, fused
+  qwen06b  GRPO steps of a Qwen3-0.6B-shaped model (--model: another preset's shape; random init, KL loss so the reference role is there, fused
            Triton head; as tools/gpu_smoke.py builds it) per placement: phase times, peak memory per GPU.
   roles    tiny PPO (GAE critic + KL reference + actor + rollout), one step per placement: every role runs.
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
@@ -38,7 +44,12 @@ PLACEMENTS = {
     "colocated_tp2": ["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2"],
     "split_1p1": ["trainer.n_gpus_per_node=1", "trainer.colocate=false"],
     "pp2": ["trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"],
+    "single": ["trainer.n_gpus_per_node=1"],
+    "colocated_tp2dp2": ["trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=2"],
+    "colocated_tp2pp2dp2": ["trainer.n_gpus_per_node=8", "actor.tensor_parallel_size=2",
+                            "actor.pipeline_parallel_size=2"],
 }
+TWO_GPUS = ["colocated_dp2", "colocated_tp2", "split_1p1", "pp2"]  # the default matrix
 GPU = ["trainer.use_ray=true", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.logger=[console,jsonl]", "trainer.fused_linear_logprob_backend=auto"]
 QWEN06B = ["model=qwen3_0.6b_random", "trainer.fused_linear_logprob_backend=triton", "trainer.test_freq=-1",
@@ -55,14 +66,14 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- nccl
-def _nccl_child(rank: int, mode: str, port: int, sizes_mib: list[int], out_path: str) -> None:
+def _nccl_child(rank: int, world: int, mode: str, port: int, sizes_mib: list[int], out_path: str) -> None:
     if mode == "isolated":  # as a Ray worker: only its own GPU is visible, ordinal 0
         os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(0 if mode == "isolated" else rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     res = []
     for mib in sizes_mib:
         x = torch.ones(mib << 18, dtype=torch.float32, device="cuda")  # mib MiB of fp32
@@ -79,14 +90,16 @@ def _nccl_child(rank: int, mode: str, port: int, sizes_mib: list[int], out_path:
             torch.cuda.synchronize()
             dt = (time.perf_counter() - t) / iters
             # bus bandwidth (nccl-tests' definition): all-reduce moves 2(n-1)/n of the buffer, broadcast 1x
-            res.append({"op": op, "mib": mib, "ms": dt * 1e3, "busbw_gbps": (mib << 20) / dt / 1e9})
+            factor = 2 * (world - 1) / world if op == "all_reduce" else 1.0
+            res.append({"op": op, "mib": mib, "ms": dt * 1e3, "ranks": world,
+                        "busbw_gbps": factor * (mib << 20) / dt / 1e9})
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(res, f)
     dist.destroy_process_group()
 
 
-def section_nccl(out_dir: str) -> dict:
+def section_nccl(out_dir: str, world: int = 2) -> dict:
     out: dict = {}
     for mode in ("isolated", "shared"):
         with socket.socket() as s:
@@ -94,9 +107,9 @@ def section_nccl(out_dir: str) -> dict:
             port = s.getsockname()[1]
         path = os.path.join(out_dir, f"nccl_{mode}.json")
         env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT")
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--nccl-child", str(r), mode, str(port),
-                                   path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for r in range(2)]
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--nccl-child", str(r), str(world), mode,
+                                   str(port), path], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(world)]
         logs = [p.communicate(timeout=120)[0] for p in procs]
         transports = sorted({line.split(" via ", 1)[1].strip() for line in "".join(logs).splitlines()
                              if "Channel" in line and " via " in line})
@@ -180,7 +193,7 @@ def to_markdown(res: dict) -> str:
     lines = [f"# Placement matrix ({res['date']}, {res['device']}, torch {res['torch']})", "",
              f"Command: `{res['command']}`", ""]
     if "nccl" in res and "error" not in res["nccl"]:
-        lines += ["## NCCL between the two GPUs (bus bandwidth, GB/s)", "",
+        lines += ["## NCCL between the GPUs (bus bandwidth, GB/s)", "",
                   "| visibility | transport | op | 1 MiB | 16 MiB | 256 MiB | 1 GiB |", "|---|---|---|---|---|---|---|"]
         for mode, v in res["nccl"].items():
             for op in ("all_reduce", "broadcast"):
@@ -230,13 +243,18 @@ def save(res: dict, out_dir: str) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--nccl-child":
-        rank, mode, port, path = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
-        return _nccl_child(rank, mode, port, [1, 16, 256, 1024], path)
+        rank, world, mode, port, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+        return _nccl_child(rank, world, mode, port, [1, 16, 256, 1024], path)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_placements_out"))
     ap.add_argument("--only", nargs="*", default=["nccl", "learn", "qwen06b", "roles"],
                     choices=["nccl", "learn", "qwen06b", "roles"])
-    ap.add_argument("--placements", nargs="*", default=list(PLACEMENTS), choices=list(PLACEMENTS))
+    ap.add_argument("--placements", nargs="*", default=TWO_GPUS, choices=list(PLACEMENTS))
+    ap.add_argument("--nccl-ranks", type=int, default=2, help="GPUs in the nccl section's group")
+    ap.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "qwen3-4b", "qwen3-8b"],
+                    help="model.builtin of the qwen06b section (the shape; random init)")
+    ap.add_argument("--overrides", nargs="*", default=[],
+                    help="Hydra overrides for every trainer run, after the section's own (same key: this one wins)")
     ap.add_argument("--learn-steps", type=int, default=100,
                     help="grpo_tiny steps (the CPU default run gains +0.32 by step 50 and +0.57 by step 100)")
     ap.add_argument("--qwen-steps", type=int, default=3)
@@ -260,7 +278,7 @@ def main() -> None:
     if "nccl" in args.only:
         t = time.time()
         try:
-            res["nccl"] = section_nccl(args.out)
+            res["nccl"] = section_nccl(args.out, args.nccl_ranks)
         except Exception as err:  # noqa: BLE001 - a failed section is a result
             res["errors"]["nccl"] = f"{type(err).__name__}: {err}"
         res["seconds"]["nccl"] = round(time.time() - t, 1)
@@ -279,9 +297,12 @@ def main() -> None:
                     over = [*PLACEMENTS[name], f"trainer.total_steps={args.learn_steps}",
                             f"trainer.test_freq={max(1, args.learn_steps // 2)}"]
                 elif sec == "qwen06b":
-                    over = [*QWEN06B, *PLACEMENTS[name], f"trainer.total_steps={args.qwen_steps}"]
+                    over = [*QWEN06B, f"model.builtin={args.model}", *PLACEMENTS[name],
+                            f"trainer.total_steps={args.qwen_steps}"]
                 else:
                     over = [*ROLES, *PLACEMENTS[name], "trainer.total_steps=1"]
+                keys = {o.split("=", 1)[0] for o in args.overrides}
+                over = [o for o in over if o.split("=", 1)[0] not in keys] + list(args.overrides)
                 left = args.deadline - (time.time() - t_all)
                 if left < 20:
                     res[sec][name] = {"rc": None, "seconds": 0.0, "skipped": f"--deadline {args.deadline:.0f} s reached"}

@@ -27,6 +27,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from rltrain.utils.flops import train_flops  # noqa: E402
+
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, vendor datasheet (SXM)
 
 
@@ -68,18 +70,6 @@ def measured_gemm_tflops() -> float:
         a @ b
     torch.cuda.synchronize()
     return 2 * 8192**3 * 10 / (time.perf_counter() - t) / 1e12
-
-
-def train_flops(cfg, tokens: int, seq_len: int) -> float:
-    """Model FLOPs of forward+backward (3x forward) for `tokens` tokens in sequences of `seq_len`:
-    2 FLOPs per multiply-add over every weight matrix (incl. the LM head) + causal attention (QK^T and PV)."""
-    h, L, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    hd = getattr(cfg, "head_dim", h // cfg.num_attention_heads)
-    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
-    matmul_params = L * per_layer + v * h
-    attn = 2 * 2 * L * q * (seq_len / 2)  # per token, causal average context
-    return 3 * tokens * (2 * matmul_params + attn)
 
 
 def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5,

@@ -16,8 +16,8 @@ from hydra.core.config_store import ConfigStore
 class ModelConfig:
     # HF model id or local directory (config + safetensors + tokenizer). Ignored when `builtin` is set.
     path: Optional[str] = None
-    # Built-in architecture preset with random init and no download: "tiny" (CPU default) or
-    # "qwen3-0.6b" (Qwen3-0.6B's real shapes and vocab, random weights; for GPU benchmarks).
+    # Built-in architecture preset with random init and no download: "tiny" (CPU default), "small" (~55M, the
+    # learning recipe's) or "qwen3-0.6b" (Qwen3-0.6B's real shapes and vocab, random weights; GPU benchmarks).
     builtin: Optional[str] = None
     # Tokenizer: "char" (built-in character tokenizer), an HF id/dir, or null (same as `path`).
     tokenizer: Optional[str] = None

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rltrain.models.presets import BUILTINS
 from rltrain.utils.errors import UserError
 
 
@@ -24,7 +25,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("file", "synthetic")
 LR_SCHEDULES = ("constant", "cosine")
 MODEL_DTYPES = ("bfloat16", "float32")
-BUILTIN_MODELS = ("tiny", "qwen3-0.6b", "qwen3-4b")
+BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
 TOOL_PATTERNS = ("code_block", "code_tag")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" needs Transformer Engine

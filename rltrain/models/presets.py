@@ -1,7 +1,8 @@
 """Built-in model presets (random init, no download) and the one place that turns `model.*` into an HF config.
 
-`tiny` is the CPU default's Qwen3-architecture model; `qwen3-0.6b` and `qwen3-4b` have Qwen3-0.6B's and
-Qwen3-4B's real shapes and vocab size for GPU benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
+`tiny` is the CPU default's Qwen3-architecture model, `small` the learning recipe's (~55M); `qwen3-0.6b`,
+`qwen3-4b` and `qwen3-8b` have Qwen3-0.6B's, Qwen3-4B's and Qwen3-8B's real shapes and vocab size for GPU
+benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ QWEN3_4B = dict(
     attention_bias=False,
 )
 
+# Facts from the public Hugging Face Qwen3-8B config.json (untied LM head).
+QWEN3_8B = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
+    attention_bias=False,
+)
+
 # The embedded default: small enough to train for a few minutes on 2 CPU cores.
 TINY = dict(
     hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
@@ -38,11 +47,20 @@ TINY = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
 )
 
-BUILTINS: dict[str, dict] = {"tiny": TINY, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B}
+# The learning recipe's model (examples/learn/): ~55M parameters with its ~300-token BPE vocab (hidden 512,
+# 14 layers, MLP 2048, 8 query / 4 key-value heads of 64).
+SMALL = dict(
+    hidden_size=512, intermediate_size=2048, num_hidden_layers=14, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=64, max_position_embeddings=1024, rope_theta=10_000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+)
+
+BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B,
+                           "qwen3-8b": QWEN3_8B}
 
 
 def model_hf_config(model_cfg: Mapping[str, Any], tokenizer):
-    """hf_config_for from the `model.*` sub-config; `tiny` takes its vocab size from `tokenizer`."""
+    """hf_config_for from the `model.*` sub-config; `tiny` and `small` take their vocab size from `tokenizer`."""
     vocab = getattr(tokenizer, "vocab_size", None) or len(tokenizer)
     return hf_config_for(path=model_cfg["path"], builtin=model_cfg["builtin"], vocab_size=vocab,
                          overrides=model_cfg["overrides"], trust_remote_code=model_cfg["trust_remote_code"])
@@ -52,7 +70,7 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
                   overrides: Mapping[str, Any] | None = None, trust_remote_code: bool = False):
     """The transformers config of `model.builtin` (a Qwen3Config) or of the model at `model.path`.
 
-    vocab_size: the tokenizer's size, used by `tiny` (qwen3-0.6b keeps its real vocab unless overridden).
+    vocab_size: the tokenizer's size, used by `tiny` and `small` (qwen3-0.6b keeps its real vocab unless overridden).
     """
     from transformers import AutoConfig, Qwen3Config
 
@@ -61,9 +79,9 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
         if builtin not in BUILTINS:
             raise ValueError(f"model.builtin={builtin!r} is unknown; choose one of {', '.join(BUILTINS)}")
         kw = dict(BUILTINS[builtin])
-        if builtin == "tiny":
+        if "vocab_size" not in kw:  # tiny, small: the tokenizer's vocabulary
             if vocab_size is None:
-                raise ValueError("model.builtin=tiny needs the tokenizer's vocab size")
+                raise ValueError(f"model.builtin={builtin} needs the tokenizer's vocab size")
             kw["vocab_size"] = vocab_size
         kw.update(overrides)
         return Qwen3Config(**kw)

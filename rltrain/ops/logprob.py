@@ -106,8 +106,9 @@ def _combine(m, s, t, z_label, tp_group):
     return z_label - lse, lse - mean_z, lse, mean_z
 
 
-def _row_index(rows, n_tokens: int, device: torch.device) -> torch.Tensor | None:
-    """rows (None | LongTensor of indices | BoolTensor [T]) -> int64 [N] indices on `device` or None."""
+def _row_index(rows, n_tokens: int, device: torch.device, check_bounds: bool = True) -> torch.Tensor | None:
+    """rows (None | LongTensor of indices | BoolTensor [T]) -> int64 [N] indices on `device` or None.
+    A bool mask costs a host sync (nonzero), as does the range check of indices (check_bounds)."""
     if rows is None:
         return None
     if not isinstance(rows, torch.Tensor):
@@ -123,7 +124,7 @@ def _row_index(rows, n_tokens: int, device: torch.device) -> torch.Tensor | None
             f"shape {list(rows.shape)}"
         )
     rows = rows.long()
-    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n_tokens):
+    if check_bounds and rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n_tokens):
         raise ValueError(
             f"rows out of range: indices must be in [0, {n_tokens}), got min {int(rows.min())} "
             f"max {int(rows.max())}"
@@ -138,13 +139,13 @@ def _scatter_rows(values: torch.Tensor, index: torch.Tensor | None, n_tokens: in
     return torch.zeros(n_tokens, dtype=values.dtype, device=values.device).index_copy(0, index, values)
 
 
-def _local_labels(labels: torch.Tensor, v_local: int, tp_group) -> torch.Tensor:
+def _local_labels(labels: torch.Tensor, v_local: int, tp_group, check_bounds: bool = True) -> torch.Tensor:
     """Global ids [N] -> ids in this rank's shard [0, V_local), -1 where the label is on another rank.
-    Raises ValueError for labels outside the global vocabulary [0, W * V_local)."""
+    Raises ValueError for labels outside the global vocabulary [0, W * V_local) (check_bounds; a host sync)."""
     rank, world = _tp_rank_world(tp_group)
     v_global = v_local * world
     labels = labels.long()
-    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= v_global):
+    if check_bounds and labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= v_global):
         raise ValueError(
             f"labels must be token ids in [0, {v_global}) (vocab size {v_local} x {world} tp ranks), "
             f"got min {int(labels.min())} max {int(labels.max())}; mask padding with `rows` instead"
@@ -228,6 +229,7 @@ def logprobs_from_hidden(
     with_entropy: bool = True,
     entropy_grad: bool = True,
     temperature: float = 1.0,
+    check_bounds: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log p(label) and entropy of softmax(hidden @ weight.T / temperature), fused with the LM head.
 
@@ -240,6 +242,9 @@ def logprobs_from_hidden(
     computed; the others are returned as 0 and get zero gradient.
     with_entropy=False returns None for the entropy and skips its math; entropy_grad=False returns the
     entropy detached (no autograd graph, no entropy work in backward).
+    check_bounds=False skips the range checks of labels and integer rows, which read values on the host (a
+    device sync each): for callers that validated them already (the Megatron engine checks them on the host
+    before the copy). Out-of-range values are then undefined behaviour, as in an unchecked gather.
 
     Returns (logprobs fp32 [T], entropy fp32 [T] over the full global vocabulary, or None).
     Peak extra memory is O(chunk_size x V_local) (torch backend), independent of T. With a tp_group the
@@ -262,11 +267,11 @@ def logprobs_from_hidden(
     _check_common(temperature, chunk_size)
     module = resolve_backend(backend, hidden.device)
 
-    index = _row_index(rows, n_tokens, hidden.device)
+    index = _row_index(rows, n_tokens, hidden.device, check_bounds)
     if index is not None:
         hidden = hidden.index_select(0, index)
         labels = labels.index_select(0, index)
-    labels_local = _local_labels(labels, weight.shape[0], tp_group)
+    labels_local = _local_labels(labels, weight.shape[0], tp_group, check_bounds)
     logprob, entropy = _FusedLinearLogprob.apply(
         hidden.to(weight.dtype),
         weight,
@@ -365,11 +370,12 @@ def logprobs_from_logits(
     with_entropy: bool = True,
     entropy_grad: bool = True,
     temperature: float = 1.0,
+    check_bounds: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log p(label) and entropy from already computed logits [T, V_local] (the unfused path for models
     that must emit logits). Vocab-parallel over `tp_group` like `logprobs_from_hidden`, chunked over
     tokens with fp32 math; the backward adds the chosen-token term with `scatter_add_` and never writes
-    into `logits`. Same `rows`, `with_entropy`, `entropy_grad`, `temperature` semantics.
+    into `logits`. Same `rows`, `with_entropy`, `entropy_grad`, `temperature`, `check_bounds` semantics.
 
     Returns (logprobs fp32 [T], entropy fp32 [T] or None). The logits grad is exact for this shard.
     """
@@ -380,12 +386,12 @@ def logprobs_from_logits(
     n_tokens = logits.shape[0]
     _check_labels(labels, n_tokens, logits.device)
     _check_common(temperature, chunk_size)
-    index = _row_index(rows, n_tokens, logits.device)
+    index = _row_index(rows, n_tokens, logits.device, check_bounds)
     if index is not None:
         logits = logits.index_select(0, index)
         labels = labels.index_select(0, index)
     v_local = logits.shape[1]
-    labels_local = _local_labels(labels, v_local, tp_group)
+    labels_local = _local_labels(labels, v_local, tp_group, check_bounds)
     chunk = chunk_size or pick_chunk_size(logits.shape[0], v_local, logits.dtype, device=logits.device)
     logprob, entropy = _LogitsLogprob.apply(
         logits, labels_local, tp_group, 1.0 / temperature, with_entropy, entropy_grad, chunk

@@ -9,7 +9,8 @@ where a dict holds "score" plus numbers that are logged as `reward/<key>/mean`.
 
 Built-ins: gsm8k (strict `#### n`), gsm8k_flexible (last number), math (math-verify on the last
 \\boxed{}), math_dapo (strict boxed match, +1/-1), retool (math_dapo + tool-use shaping),
-synthetic (the tiny task's checker). Anything containing ":" is a user function,
+synthetic (the tiny task's checker), arithmetic / arithmetic_tool (the learning recipe's
+exact answer, and its tool-use metrics). Anything containing ":" is a user function,
 `path/to/file.py:function` or `package.module:function`.
 """
 
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rltrain.rewards import gsm8k, math, math_dapo, retool, synthetic
+from rltrain.rewards import arithmetic, gsm8k, math, math_dapo, retool, synthetic
 from rltrain.rewards.loader import RewardFnError, UserRewardFn, load_function
 from rltrain.rewards.runner import compute_rewards, shutdown_workers
 
 REWARD_FNS: dict[str, Callable] = {
+    "arithmetic": arithmetic.compute_score,
+    "arithmetic_tool": arithmetic.compute_score_tool,
     "gsm8k": gsm8k.compute_score,
     "gsm8k_flexible": gsm8k.compute_score_flexible,
     "math": math.compute_score,

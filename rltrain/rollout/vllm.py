@@ -35,6 +35,7 @@ sampled past that point are dropped (a stop string costs at most the rest of `ma
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -93,6 +94,25 @@ def apply_engine_env(env: dict | None = None) -> dict[str, str]:
     env.update(ENGINE_ENV)
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")  # vLLM's own rendezvous stays on this machine (engines are 1 node)
     return {**ENGINE_ENV, **apply_no_multicast(env)}
+
+
+@contextlib.contextmanager
+def world_launcher_env(device: str = "cuda"):
+    """vLLM's external launcher reads the torchrun variables (RANK, LOCAL_RANK, WORLD_SIZE) while the engine
+    starts, even when the process group already exists. Ray workers set them (workers/placement.py); a
+    process that made its world another way (a notebook, a test, the non-Ray trainer) may not: fill the
+    missing ones from the world this process belongs to, for the start only (left set, they would tell
+    every child process it was launched by torchrun)."""
+    dist = torch.distributed
+    local = torch.cuda.current_device() if device == "cuda" and torch.cuda.is_available() else 0
+    filled = {"RANK": str(dist.get_rank()), "WORLD_SIZE": str(dist.get_world_size()), "LOCAL_RANK": str(local)}
+    added = [k for k in filled if k not in os.environ]
+    os.environ.update({k: filled[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
@@ -197,8 +217,10 @@ class VLLMEngine(Engine):
                                     **kwargs)
         start = time.perf_counter()
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in its process
+        starting = world_launcher_env(device) if external and had_world else contextlib.nullcontext()
         try:
-            self.llm = vllm.LLM(**self.kwargs)
+            with starting:
+                self.llm = vllm.LLM(**self.kwargs)
         except Exception as err:
             raise RuntimeError(_start_error(vllm.__version__, self.kwargs, err, memory_key)) from err
         finally:

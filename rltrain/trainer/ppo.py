@@ -321,18 +321,23 @@ class PPOTrainer:
         bs = self.cfg["data"]["val_batch_size"]
         items = [self.val_ds[i] for i in range(len(self.val_ds))]
         scores, sources = [], []
+        reward_sums: dict[str, float] = {}  # a dict reward's extra numbers (e.g. tool use), summed over rows
         for lo in range(0, len(items), bs):
             chunk = items[lo:lo + bs]
             batch, _ = self._generate(chunk, validate=True, seed=self.seed)
-            batch, _ = self._score(batch)
+            batch, rm = self._score(batch)
             scores += batch.scores.tolist()
             sources += [s or "default" for s in batch.non_tensor["data_source"]]
+            for k, v in rm.items():
+                if k.endswith("/mean"):
+                    reward_sums[k] = reward_sums.get(k, 0.0) + v * len(batch)
         out = {}
         for src in sorted(set(sources)):
             vals = [s for s, d in zip(scores, sources) if d == src]
             out[f"val/{src}/accuracy"] = float(np.mean([v > 0 for v in vals]))
             out[f"val/{src}/score"] = float(np.mean(vals))
         out["val/accuracy"] = float(np.mean([v > 0 for v in scores]))
+        out.update({f"val/{k}": v / len(scores) for k, v in reward_sums.items()})  # e.g. val/reward/tool_call/mean
         return out
 
     # ------------------------------------------------------------------ checkpoints

@@ -72,7 +72,9 @@ def to_full(batch: Batch, resp: torch.Tensor, start: torch.Tensor, width: int) -
 
 def on_device(mb: dict, device: torch.device) -> dict:
     """The micro-batch's tensors moved to `device` (where the model's outputs are)."""
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in mb.items()}
+    from rltrain.models.megatron.compat import host_to_device
+
+    return {k: (host_to_device(v, device) if torch.is_tensor(v) else v) for k, v in mb.items()}
 
 
 class PolicyLoss:

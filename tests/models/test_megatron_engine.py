@@ -262,3 +262,53 @@ def test_unknown_role_and_schedule_are_clear_errors():
         MegatronEngine(cfg, role="reward")
     with pytest.raises(ValueError, match="lr_schedule must be one of"):
         MegatronEngine(cfg, lr_schedule="linear")
+
+
+def test_engine_builds_again_after_its_world_was_destroyed_by_another_owner():
+    """A process that ran one job keeps megatron's module-level groups; when the world they belonged to is
+    destroyed (a vLLM engine that created the world closes it) the next engine rebuilds them instead of
+    failing with "Group ... is not registered"; its log-probs equal a fresh transformers forward."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from rltrain.models.megatron.compat import setup_parallel, teardown_parallel
+
+    setup_parallel(1, 1, seed=0)
+    dist.destroy_process_group()
+    assert parallel_state.model_parallel_is_initialized()  # stale: groups of a world that no longer exists
+    hf = random_hf_model(V, seed=5)
+    ids, lens, mask = random_batch(V, [7, 1, 4], seed=int(torch.randint(0, 10**6, ())))
+    lp, _ = _engine(hf, role="ref").forward_logprobs(ids, lens, mask)
+    torch.testing.assert_close(lp.double(), hf_logprobs(hf, ids, mask)[0].detach(), atol=1e-4, rtol=0)
+    assert dist.get_rank(group=parallel_state.get_tensor_model_parallel_group()) == 0
+    teardown_parallel()
+
+
+def test_token_ids_outside_the_vocabulary_are_named_before_the_head_runs():
+    """Labels are checked on the host (the head then runs without device-side range checks)."""
+    hf = random_hf_model(V, seed=2)
+    eng = _engine(hf, role="ref")
+    ids, lens, mask = random_batch(V, [6, 4], seed=int(torch.randint(0, 10**6, ())))
+    ids[1, 2] = V + 3  # inside Megatron's padded vocabulary, outside the model's
+    with pytest.raises(ValueError, match=rf"outside the model's vocabulary \[0, {V}\): \[{V + 3}\]"):
+        eng.forward_logprobs(ids, lens, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_head_and_loss_run_without_a_host_sync_on_gpu():
+    """From host micro-batches to the loss, nothing waits for the GPU: torch's sync debug mode raises on any
+    synchronizing call (a blocking copy, .item(), nonzero on a device tensor)."""
+    hf = random_hf_model(V, seed=4)
+    eng = _engine(hf, role="actor", device="cuda")
+    ids, lens, mask = random_batch(V, [9, 5, 12], seed=int(torch.randint(0, 10**6, ())))
+    lp_ref, _ = hf_logprobs(hf.cuda(), ids.cuda(), mask.cuda())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lp, ent = eng._token_logprobs(ids, torch.as_tensor(lens), mask, temperature=1.0, with_entropy=True,
+                                      entropy_grad=True)
+        (lp.sum() + ent.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(lp.double().cpu(), lp_ref.detach().double().cpu(), atol=2e-3, rtol=0)

@@ -334,3 +334,25 @@ def test_logits_errors_name_the_argument():
         logprobs_from_logits(logits, torch.tensor([0, 1, 2, 11]))
     with pytest.raises(ValueError, match="rows out of range"):
         logprobs_from_logits(logits, torch.zeros(4, dtype=torch.long), rows=torch.tensor([9]))
+
+
+def test_unchecked_index_rows_give_the_checked_result_and_match_fp64():
+    """check_bounds=False (the engine validated rows and labels on the host) skips only the checks."""
+    t, h, v = 13, 8, 37  # vocab not a multiple of any tile
+    hidden = torch.randn(t, h, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, h, dtype=torch.float64)
+    labels = torch.randint(0, v, (t,))
+    rows = torch.tensor(sorted(random.sample(range(t), 5)))
+    got = {}
+    for check in (True, False):
+        lp, ent = logprobs_from_hidden(hidden, weight, labels, rows=rows, chunk_size=4, check_bounds=check)
+        lq, eq = logprobs_from_logits(hidden @ weight.T, labels, rows=rows, check_bounds=check)
+        torch.testing.assert_close((lq, eq), (lp, ent))
+        got[check] = (lp, ent)
+    assert all(torch.equal(a, b) for a, b in zip(got[True], got[False]))
+    ref_lp, ref_ent = reference_logprobs_fp64(hidden.detach(), weight, labels)
+    torch.testing.assert_close(got[False][0][rows], ref_lp[rows].float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[False][1][rows], ref_ent[rows].float(), atol=1e-5, rtol=0)
+    outside = torch.ones(t, dtype=torch.bool)
+    outside[rows] = False
+    assert (got[False][0][outside] == 0).all()

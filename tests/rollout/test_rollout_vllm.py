@@ -236,6 +236,36 @@ def test_engine_arguments_and_spawned_environment_carry_the_multi_gpu_safety(eng
     assert ENGINE_ENV["VLLM_USE_FLASHINFER_SAMPLER"] == "0" and ENGINE_ENV["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
+JOIN_WORLD = """
+import os, socket, sys
+import torch.distributed as dist
+from rltrain.data.tokenizer import CharTokenizer
+from rltrain.rollout import SamplingParams
+from rltrain.rollout.vllm import VLLMEngine
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+eng = VLLMEngine(sys.argv[1], tokenizer=CharTokenizer(), device="cpu", dtype="float32", seed=0, eos_token_id=2)
+out = eng.generate([[1, 5, 20]], SamplingParams(temperature=0.0, max_tokens=6))
+assert eng.kwargs["distributed_executor_backend"] == "external_launcher"
+assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} & set(os.environ), "torchrun variables leaked"
+print("TOKENS", out[0].token_ids)
+"""
+
+
+def test_engine_joins_a_world_made_without_torchrun_variables(models):
+    """A process whose torch.distributed world was made without RANK/WORLD_SIZE (a notebook, the non-Ray
+    trainer, an earlier test) hosts the engine through vLLM's external launcher; the variables vLLM needs are
+    set for the start only, so child processes are not told they were launched by torchrun."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    res = subprocess.run([sys.executable, "-c", JOIN_WORLD, models[0]], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = [line for line in res.stdout.splitlines() if line.startswith("TOKENS")]
+    want = hf_engine(models[1]).generate([[1, 5, 20]], SamplingParams(temperature=0.0, max_tokens=6))
+    assert got == [f"TOKENS {want[0].token_ids}"]
+
+
 def test_vllm_errors_name_the_version_and_the_fix(engine, tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)vLLM 0\.\d+.*could not start.*supports 0\.26 <= vllm < 0\.33"):
         VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32")

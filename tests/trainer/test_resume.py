@@ -1,5 +1,8 @@
 """Crash + resume: a killed run continues from its last intact checkpoint and reproduces an uninterrupted run;
-a truncated checkpoint is detected and skipped."""
+a truncated checkpoint is detected and skipped.
+
+In process (trainer.use_ray=false): the checkpoint/resume code is the same with Ray, and Ray's start-up would
+double this test's time; resuming through Ray after a killed worker is tests/trainer/test_multinode.py's."""
 
 import math
 import os
@@ -29,7 +32,7 @@ def _run(run_dir, overrides, *, kill_after=None):
 
 def test_kill_resume_reproduces_uninterrupted_run_and_skips_truncated_checkpoint(tmp_path, fast_overrides):
     base = [*fast_overrides, "trainer.test_freq=-1", "trainer.logger=[jsonl]", "trainer.save_freq=2",
-            "trainer.total_steps=4"]
+            "trainer.total_steps=4", "trainer.use_ray=false"]
     full = _run(tmp_path / "full", base)
     assert full.returncode == 0, full.stderr[-3000:]
 

@@ -30,6 +30,15 @@ def cuda_enabled() -> bool:
     return torch.cuda.is_available()
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU through pinned memory, queued on the stream without waiting for it
+    (a copy from pageable memory may synchronize the stream: a host sync per tensor and micro-batch; the
+    caching host allocator keeps the pinned buffer until the copy has run)."""
+    if t.device.type == "cpu" and torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """"auto"/None -> cuda:<local rank> when CUDA is available else cpu; raises for cuda without CUDA."""
     if device in (None, "auto"):
@@ -152,6 +161,8 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
     """
     if tp_size < 1 or pp_size < 1:
         raise ValueError(f"tp_size and pp_size must be >= 1, got tp_size={tp_size}, pp_size={pp_size}")
+    if parallel_state.model_parallel_is_initialized() and not _megatron_groups_alive():
+        parallel_state.destroy_model_parallel()  # its world was destroyed (e.g. by a vLLM engine that owned it)
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group("nccl" if cuda_enabled() else "gloo")
@@ -189,6 +200,20 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
         torch.manual_seed(seed)
     else:
         _seed_cpu(seed, tp_rank)
+
+
+def _megatron_groups_alive() -> bool:
+    """Whether megatron's model-parallel groups still belong to the current torch.distributed world. A
+    process that ran one job and then lost its world (destroyed by whoever owned it) keeps megatron's
+    module-level groups; they must be rebuilt, not reused."""
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.get_rank(group=parallel_state.get_tensor_model_parallel_group())
+        dist.get_rank(group=parallel_state.get_pipeline_model_parallel_group())
+    except (ValueError, RuntimeError):
+        return False
+    return True
 
 
 def parallel_coordinates() -> dict[str, int]:

@@ -38,7 +38,7 @@ from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
-from rltrain.models.megatron.compat import quiet_tp_group_default, resolve_device, setup_parallel
+from rltrain.models.megatron.compat import host_to_device, quiet_tp_group_default, resolve_device, setup_parallel
 
 ROLES = ("actor", "ref", "critic")
 
@@ -143,6 +143,7 @@ class MegatronEngine:
         self.grad_clip = grad_clip
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.pp_size = pp_size
+        self.vocab_size = int(hf_config.vocab_size)
         with pipeline_mod.cpu_schedule_shim() if pp_size > 1 else contextlib.nullcontext():
             self.model = build_gpt_model(
                 hf_config, params_dtype=params_dtype, device=self.device,
@@ -292,7 +293,7 @@ class MegatronEngine:
 
     def _trunk(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[b, s] ids -> [b, s, H] hidden (hidden modes) or [b, s, V_local_padded] logits."""
-        input_ids = input_ids.to(self.device)
+        input_ids = self._to_device(input_ids)
         b, s = input_ids.shape
         position_ids = torch.arange(s, device=self.device).unsqueeze(0).expand(b, s)
         return self.model(input_ids, position_ids, None)
@@ -305,19 +306,37 @@ class MegatronEngine:
         valid = mask.bool() & (pos.unsqueeze(0) < seq_lens.to(mask.device).unsqueeze(1)) & (pos >= 1)
         return valid
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return host_to_device(t, self.device)
+
+    def _head_rows_and_labels(self, input_ids, seq_lens, label_mask):
+        """(rows, labels, check_bounds) for the head: row t-1 predicts token t where the label mask holds.
+        Inputs on the host (how batches arrive): the row indices and the token-id range check are computed
+        there, for free, and the head runs without a host sync (check_bounds=False). Inputs already on the
+        device: a bool mask, and the head checks (its nonzero and range checks each sync once)."""
+        valid = self._valid(label_mask.to(input_ids.device), seq_lens)
+        rows = valid[:, 1:].reshape(-1)  # [N] bool
+        labels = torch.where(rows, input_ids[:, 1:].reshape(-1), 0)
+        if input_ids.device.type != "cpu":
+            return rows.to(self.device), labels.to(self.device), True
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.vocab_size):
+            bad = labels[(labels < 0) | (labels >= self.vocab_size)]
+            raise ValueError(f"input_ids hold token ids outside the model's vocabulary [0, {self.vocab_size}): "
+                             f"{bad[:5].tolist()}; the tokenizer and model.* disagree")
+        index = rows.nonzero().squeeze(1)
+        return self._to_device(index), self._to_device(labels), False
+
     def _token_logprobs(self, input_ids, seq_lens, label_mask, *, temperature, with_entropy, entropy_grad,
                         trunk_out=None):
         """-> logprobs [b, s] fp32, entropy [b, s] fp32 | None (0 outside the valid mask).
         trunk_out: the model output [b, s, X] when already computed (pipeline last stage)."""
-        input_ids = input_ids.to(self.device)
-        valid = self._valid(label_mask.to(self.device), seq_lens)
+        rows, labels, check = self._head_rows_and_labels(input_ids, seq_lens, label_mask)
+        input_ids = self._to_device(input_ids)
         out = self._trunk(input_ids) if trunk_out is None else trunk_out  # [b, s, X]
         b, s = input_ids.shape
         prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
-        rows = valid[:, 1:].reshape(-1)  # [N] bool
-        labels = torch.where(rows, input_ids[:, 1:].reshape(-1), 0)
         kwargs = dict(rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                      temperature=temperature, chunk_size=self.chunk_size)
+                      temperature=temperature, chunk_size=self.chunk_size, check_bounds=check)
         if self.fused:
             lp, ent = head_mod.fused_logprobs(self.model, prev, labels, backend=self.backend, **kwargs)
         else:

@@ -107,6 +107,7 @@ def fused_logprobs(
     temperature: float = 1.0,
     backend: str = "auto",
     chunk_size: int | None = None,
+    check_bounds: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden [N, H] (from "hidden" mode), labels [N] -> fp32 log p(label) [N], entropy [N] | None.
 
@@ -125,6 +126,7 @@ def fused_logprobs(
     return logprobs_from_hidden(
         hidden, weight, labels, tp_group=_tp_group(), backend=backend, chunk_size=chunk_size,
         rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad, temperature=temperature,
+        check_bounds=check_bounds,
     )
 
 
@@ -138,6 +140,7 @@ def unfused_logprobs(
     entropy_grad: bool = True,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    check_bounds: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [N, V_local_padded] (from "logits" mode), labels [N] -> like fused_logprobs."""
     from rltrain.ops import logprobs_from_logits
@@ -149,5 +152,5 @@ def unfused_logprobs(
         logits = logits.masked_fill(pad, _PAD_LOGIT)
     return logprobs_from_logits(
         logits, labels, tp_group=_tp_group(), chunk_size=chunk_size, rows=rows,
-        with_entropy=with_entropy, entropy_grad=entropy_grad, temperature=temperature,
+        with_entropy=with_entropy, entropy_grad=entropy_grad, temperature=temperature, check_bounds=check_bounds,
     )
