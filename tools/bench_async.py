@@ -218,7 +218,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="CPU: grpo_tiny only (speed and learning)")
     ap.add_argument("--only", nargs="+", choices=("speed", "learn"), default=["speed", "learn"])
     ap.add_argument("--speed-steps", type=int, default=8)
-    ap.add_argument("--learn-steps", type=int, default=60)
+    ap.add_argument("--learn-steps", type=int, default=60, help="grpo_tiny learning steps (0: only --recipe)")
     ap.add_argument("--recipe", help="a GPU learning recipe (config name) to compare as well")
     ap.add_argument("--recipe-overrides", default="")
     ap.add_argument("--recipe-steps", type=int, default=60)
@@ -275,7 +275,7 @@ def run_speed(args, res: dict, place: list[str], gpu: bool, budget: Budget, skip
 def run_learning(args, res: dict, place: list[str], gpu: bool, budget: Budget, skipped: dict, t0: float) -> None:
     """Held-out accuracy curves, sync vs async: grpo_tiny and, when given, a learning recipe."""
     learns = [("grpo_tiny", "grpo_tiny", [*TINY_LEARN, *SPLIT, *place, f"trainer.total_steps={args.learn_steps}",
-                                          "trainer.test_freq=2"], 150.0 if gpu else 120.0)]
+                                          "trainer.test_freq=2"], 150.0 if gpu else 120.0)] if args.learn_steps else []
     if args.recipe:
         learns.append((args.recipe, args.recipe, [*SPLIT, *place, *args.recipe_overrides.split(),
                                                   f"trainer.total_steps={args.recipe_steps}"], 180.0))
