@@ -444,7 +444,7 @@ def step(name: str, layout: Layout, recipe: Recipe, inp: dict[str, Num], cal: De
     out = {"shape": name, "layout": dataclasses.asdict(layout), "describe": layout.describe(), "phases": phases,
            "step_s": step_s, "tokens_per_step": tokens, "tok_s_per_gpu": tokens / step_s / layout.n_gpus,
            "gen": gen, "train": tr, "sync": sync, "batch_per_replica": batch, "eff": dataclasses.asdict(eff)}
-    if layout.placement == "split":  # one batch in flight (not in rltrain yet): gen overlaps train + sync
+    if layout.placement == "split":  # one batch in flight (trainer.async_rollout): gen overlaps train + sync
         pipelined = max(gen["s"], train_s + sync["s"])
         out["async_step_s"] = pipelined
         out["async_tok_s_per_gpu"] = tokens / pipelined / layout.n_gpus
