@@ -297,19 +297,10 @@ def attention_probe(shapes=((16, 8, 8192), (16, 8, 32768), (32, 8, 8192), (32, 8
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from gpu_logprob_check import time_ms  # CUDA-event median, the kernel benchmark's clock
+
     def timed(fn):
-        for _ in range(1):
-            fn()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b))
-        return statistics.median(out)
+        return time_ms(fn, n=reps, warmup=1)
 
     variants = {"default (gqa)": (None, False), "flash (gqa)": (SDPBackend.FLASH_ATTENTION, False),
                 "cudnn (gqa)": (SDPBackend.CUDNN_ATTENTION, False),
