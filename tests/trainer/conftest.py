@@ -43,3 +43,27 @@ def ray_session():
     init_ray(None, 2)
     yield
     ray.shutdown()
+
+
+def _train_retool_sft(d, *overrides: str, timeout: float = 300):
+    """The tiny ReTool SFT model (stage 1 of the pipeline) trained by the CLI under directory `d`:
+    -> (data file paths, HF model directory, SFT run directory). `overrides` go to the SFT command."""
+    import subprocess
+    import sys
+
+    from rltrain.data.retool_synthetic import write_splits
+
+    paths = write_splits(str(d / "data"), sft_size=512, train_size=64, val_size=16, max_operand=20, seed=0)
+    out, run_dir = d / "sft_hf", d / "sft_run"
+    cmd = [sys.executable, "-m", "rltrain.sft", "--config-name", "retool_tiny_sft", f"data.train_files=[{paths['sft']}]",
+           "trainer.total_steps=120", f"trainer.output_dir={out}", "trainer.progress_bar=false",
+           "trainer.logger=[jsonl]", f"hydra.run.dir={run_dir}", *overrides]
+    res = subprocess.run(cmd, cwd=os.path.dirname(CONFIG_DIR), env={**os.environ, "RLTRAIN_TORCH_THREADS": "1"},
+                         capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return paths, str(out), str(run_dir)
+
+
+@pytest.fixture(scope="session")
+def train_retool_sft():
+    return _train_retool_sft

@@ -2,37 +2,24 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from rltrain.data.retool_synthetic import write_splits
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.trainer.ppo import run_from_config
 from rltrain.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.sandbox]
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def sft_model(tmp_path_factory):
+def sft_model(tmp_path_factory, train_retool_sft):
     """Data files and the HF model written by `python -m rltrain.sft --config-name retool_tiny_sft`."""
-    d = tmp_path_factory.mktemp("retool_tiny")
-    paths = write_splits(str(d / "data"), sft_size=512, train_size=64, val_size=16, max_operand=20, seed=0)
-    out = d / "sft_hf"
-    cmd = [sys.executable, "-m", "rltrain.sft", "--config-name", "retool_tiny_sft", f"data.train_files=[{paths['sft']}]",
-           "trainer.total_steps=120", f"trainer.output_dir={out}", "trainer.progress_bar=false",
-           "trainer.logger=[jsonl]", f"hydra.run.dir={d / 'sft_run'}"]
-    env = {**os.environ, "RLTRAIN_TORCH_THREADS": "1"}
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = read_metrics(str(d / "sft_run"))
+    paths, out, run_dir = train_retool_sft(tmp_path_factory.mktemp("retool_tiny"))
+    rows = read_metrics(run_dir)
     assert rows[-1]["sft/loss"] < 0.1 * rows[0]["sft/loss"]
-    return paths, str(out)
+    return paths, out
 
 
 def _rollout_role(model_dir):

@@ -8,9 +8,6 @@ reference runs of the learning test use the same model).
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +16,6 @@ from rltrain.trainer.ppo import run_from_config
 from rltrain.utils.tracking import read_metrics
 
 pytestmark = pytest.mark.timeout(900)
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VLLM = ["rollout=vllm", "+model.overrides.head_dim=32"]
 KEYS = ["actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "timing_s/gen",
         "timing_s/update_weights", "rollout/logprob_diff_max", "rollout/model_tokens/mean"]
@@ -67,20 +63,11 @@ def test_grpo_tiny_on_vllm_learns(tmp_path, ray_session, cfg_for):
 
 
 @pytest.fixture(scope="module")
-def sft_model_hd32(tmp_path_factory):
+def sft_model_hd32(tmp_path_factory, train_retool_sft):
     """The tiny ReTool SFT model (stage 1 of the pipeline) with head_dim 32, and its data files."""
-    from rltrain.data.retool_synthetic import write_splits
-
-    d = tmp_path_factory.mktemp("retool_vllm")
-    paths = write_splits(str(d / "data"), sft_size=512, train_size=64, val_size=16, max_operand=20, seed=0)
-    out = d / "sft_hf"
-    cmd = [sys.executable, "-m", "rltrain.sft", "--config-name", "retool_tiny_sft", f"data.train_files=[{paths['sft']}]",
-           "trainer.total_steps=120", f"trainer.output_dir={out}", "trainer.progress_bar=false",
-           "trainer.logger=[jsonl]", f"hydra.run.dir={d / 'sft_run'}", "+model.overrides.head_dim=32"]
-    res = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "RLTRAIN_TORCH_THREADS": "1"}, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return paths, str(out)
+    paths, out, _ = train_retool_sft(tmp_path_factory.mktemp("retool_vllm"), "+model.overrides.head_dim=32",
+                                  timeout=600)
+    return paths, out
 
 
 def test_retool_multi_turn_on_vllm_matches_hf_tokens_and_loss_masks(sft_model_hd32):
