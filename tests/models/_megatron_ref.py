@@ -43,7 +43,7 @@ def hf_logprobs(model, ids, mask, temperature: float = 1.0):
     lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1)
     m = mask[:, 1:]
-    zero = torch.zeros(ids.shape[0], 1, dtype=lp.dtype)
+    zero = torch.zeros(ids.shape[0], 1, dtype=lp.dtype, device=lp.device)
     lp = torch.cat([zero, torch.where(m, lp, 0.0)], 1)
     ent = torch.cat([zero, torch.where(m, ent, 0.0)], 1)
     return lp, ent
