@@ -121,7 +121,9 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
     export). Returns {"mode": "gpu"|"cpu", "steps", "step_ms", "rows": [{category, ms, share, count}],
     "top": [...], "host_syncs_per_step"}; ms and counts are per step."""
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
-    steps = [e for e in evs if e.get("name") == STEP_RANGE]
+    # the host's ranges only: on CUDA the profiler also records each range on the GPU stream
+    # ("gpu_user_annotation"), which would count every step twice
+    steps = [e for e in evs if e.get("name") == STEP_RANGE and e.get("cat") != "gpu_user_annotation"]
     if not steps:
         raise ValueError(f"no '{STEP_RANGE}' range in the trace: profile the step inside record_function")
     windows = sorted((s["ts"], s["ts"] + s["dur"]) for s in steps)

@@ -29,6 +29,8 @@ def _kernel(name, ts, dur, corr, cat="kernel"):
 def test_gpu_trace_kernels_are_charged_by_stack_then_name_then_op():
     ev = [
         _x("rltrain::step", "user_annotation", 0, 1000),
+        # torch's GPU-stream copy of the same range (measured on an H100: counted, it halved every per-step number)
+        _x("rltrain::step", "gpu_user_annotation", 100, 820, pid=0, tid=7),
         _x("aten::mm", "cpu_op", 10, 20), _launch(1, 12), _kernel("nvjet_tst_128x256_64x4", 100, 200, 1),
         _x("aten::rms_norm", "cpu_op", 40, 10), _x("aten::_fused_rms_norm", "cpu_op", 41, 8), _launch(2, 42),
         _kernel("vectorized_layer_norm_kernel", 300, 50, 2),
