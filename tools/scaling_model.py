@@ -13,7 +13,8 @@ How a phase is modelled (docs/scaling.md lists every input with its source):
   measured rate (MFU of a measured update step; the forward phases at the measured forward/update rate ratio
   of the GRPO run), split over TP x PP ranks at a TP efficiency, plus a 1F1B pipeline bubble, plus the bytes of
   the TP all-reduces, the PP activations and the data-parallel gradient all-reduce at NCCL bus bandwidth
-  (the engine all-reduces bf16 grads per parameter after the backward: nothing overlaps).
+  (the engine all-reduces bf16 grads in 64 MiB buckets started during the last micro-batch's backward: what
+  that backward does not hide is exposed; under pipeline parallelism the buckets start after it).
 - generation (vLLM): per decode step a fixed overhead + max(weight bytes / HBM bandwidth, GEMM FLOPs / GEMM
   rate) + KV-cache bytes / HBM bandwidth + 2 all-reduces per layer at TP > 1; per generate call a fixed cost;
   the overheads fitted to the measured vLLM points (issue 21), the HBM bandwidth an assumption.
@@ -40,6 +41,7 @@ from rltrain.utils.flops import matmul_params, num_params, train_flops  # noqa: 
 GB = 1e9
 GPU_RESULTS = os.path.join(REPO, "docs", "gpu_results")
 SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B, "qwen3-8b": QWEN3_8B}
+DP_BUCKET_BYTES = 64 * 2**20  # actor.grad_reduce_bucket_mb default (rltrain/config/schema.py)
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 
@@ -374,11 +376,12 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
     # PP: one [tokens, hidden] bf16 activation forward and its grad backward per micro-batch per stage boundary
     pp_bytes = mb_tok * cfg.hidden_size * 2
     pp_bw = inp["p2p_inter"].value if tp * pp > gpn else inp["busbw_intra"].value
-    # DP: bf16 grads of this rank's parameters, one all-reduce per parameter tensor after the backward
+    # DP: bf16 grads of this rank's parameters in DP_BUCKET_BYTES buckets (models/megatron/grad_reduce.py), one
+    # all-reduce each, started as the last micro-batch's backward completes them (not under PP)
     grad_bytes = 2 * num_params(cfg) / (tp * pp)
-    n_tensors = 9 * layers + 3
+    n_buckets = max(1, math.ceil(grad_bytes / DP_BUCKET_BYTES))
     bw_dp, lat_dp = _net(inp, layout.train_gpus)
-    dp_s = _collective_s(grad_bytes, dp, bw_dp, 0.0) + (n_tensors * lat_dp if dp > 1 else 0.0)
+    dp_s = _collective_s(grad_bytes, dp, bw_dp, 0.0) + (n_buckets * lat_dp if dp > 1 else 0.0)
 
     def phase(compute_s: float, n_ar_per_layer: int, backward: bool, m: int) -> dict:
         bubble = compute_s * (pp - 1) / m if pp > 1 else 0.0
@@ -391,8 +394,15 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
     fwd = flops / 3 / (peak * eff.mfu_update * tp_eff)
     out = {"old_log_prob": phase(fwd / eff.ratio_old, 2, False, n_mb)}
     out["ref"] = phase(fwd / eff.ratio_ref, 2, False, n_mb) if recipe.kl_ref else None
-    upd = phase(flops / (peak * eff.mfu_update * tp_eff), 4, True, max(1, n_mb // recipe.minibatches))
-    upd["dp_comm_s"] = recipe.minibatches * dp_s
+    m_upd = max(1, n_mb // recipe.minibatches)
+    upd = phase(flops / (peak * eff.mfu_update * tp_eff), 4, True, m_upd)
+    if pp == 1:  # hidden behind the last micro-batch's backward (2/3 of its compute), except the last bucket
+        last_bwd_s = upd["compute_s"] / recipe.minibatches / m_upd * 2 / 3
+        dp_exposed = max(dp_s / n_buckets, dp_s - last_bwd_s)
+    else:
+        dp_exposed = dp_s
+    upd["dp_comm_s"] = recipe.minibatches * dp_exposed
+    upd["dp_comm_total_s"] = recipe.minibatches * dp_s
     upd["dp_bytes"] = recipe.minibatches * grad_bytes * (2 * (dp - 1) / dp if dp > 1 else 0.0)
     out["update_actor"] = upd
     for v in out.values():
@@ -643,7 +653,7 @@ def to_markdown(res: dict, command: str) -> str:
         lines.append(f"| {w['shape']} | {n} | {w['describe']} | {_f(w['step_s'], 1)} | {w['tok_s_per_gpu']:,.0f} | "
                      f"{eff} | {meas} | {w['limits']} |")
     lines += ["", "### Bytes moved per step, per GPU (prediction rows)", "",
-              "| shape | GPUs | placement | DP grad all-reduce GB (s) | TP all-reduce GB (s) | PP activations GB (s) | "
+              "| shape | GPUs | placement | DP grad all-reduce GB (exposed s) | TP all-reduce GB (s) | PP activations GB (s) | "
               "weight sync GB per replica / all replicas (s) | KV + weights read per decode step GB |",
               "|---|---:|---|---|---|---|---|---|"]
     for p in res["predictions"]:

@@ -120,6 +120,10 @@ class ActorConfig:
     recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
     # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
     elementwise_fusion: str = "none"
+    # data parallel > 1: grads averaged in buckets of this many MiB (one all-reduce each), started during the
+    # last micro-batch's backward when overlap_grad_reduce (models/megatron/grad_reduce.py)
+    grad_reduce_bucket_mb: float = 64.0
+    overlap_grad_reduce: bool = True
     tis: TISConfig = field(default_factory=TISConfig)
 
 

@@ -127,6 +127,7 @@ def validate_config(cfg: DictConfig) -> None:
     for m in a.recompute_modules:
         _choice(e, "actor.recompute_modules[]", m, RECOMPUTE_MODULES)
     _choice(e, "actor.elementwise_fusion", a.elementwise_fusion, ELEMENTWISE_FUSIONS)
+    _positive(e, "actor.grad_reduce_bucket_mb", a.grad_reduce_bucket_mb)
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
     _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)

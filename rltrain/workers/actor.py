@@ -40,6 +40,8 @@ def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> di
         recompute_granularity=actor_cfg.get("recompute_granularity", "full"),
         recompute_modules=tuple(actor_cfg.get("recompute_modules", ("mlp",))),
         elementwise_fusion=actor_cfg.get("elementwise_fusion", "none"),
+        grad_reduce_bucket_mb=actor_cfg.get("grad_reduce_bucket_mb", 64.0),
+        overlap_grad_reduce=actor_cfg.get("overlap_grad_reduce", True),
     )
 
 

@@ -41,6 +41,9 @@ class CriticRole:
             lr=critic_cfg["lr"], weight_decay=critic_cfg["weight_decay"], grad_clip=critic_cfg["grad_clip"],
             warmup_steps=critic_cfg["lr_warmup_steps"], total_steps=total_steps,
             max_tokens_per_micro_batch=critic_cfg["max_tokens_per_micro_batch"], make_vocab_size_divisible_by=1,
+            # the critic shares the actor's parallel layout, its data-parallel grad reduction included
+            grad_reduce_bucket_mb=actor_cfg.get("grad_reduce_bucket_mb", 64.0),
+            overlap_grad_reduce=actor_cfg.get("overlap_grad_reduce", True),
         )
         if hf_state_dict is not None:
             self.engine.load_hf_weights(hf_state_dict)

@@ -47,3 +47,17 @@ def hf_logprobs(model, ids, mask, temperature: float = 1.0):
     lp = torch.cat([zero, torch.where(m, lp, 0.0)], 1)
     ent = torch.cat([zero, torch.where(m, ent, 0.0)], 1)
     return lp, ent
+
+
+def ppo_loss_with_entropy(outputs, mb):
+    """The engine's loss_fn in the multi-process engine tests: PPO clip loss minus 0.01 x mean entropy (so the
+    entropy's gradient path is exercised too)."""
+    from rltrain.algorithms import policy_loss
+
+    loss, metrics = policy_loss(outputs["logprobs"], mb["old_logprobs"], mb["advantages"], mb["label_mask"],
+                                mode="ppo", clip_low=0.2, clip_high=0.2)
+    m = mb["label_mask"]
+    return loss - 0.01 * (outputs["entropy"] * m).sum() / m.sum(), metrics
+
+
+ppo_loss_with_entropy.needs_entropy_grad = True

@@ -12,7 +12,7 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from _megatron_ref import hf_logprobs, random_batch, random_hf_model
+from _megatron_ref import hf_logprobs, ppo_loss_with_entropy as _ppo_loss, random_batch, random_hf_model
 
 V = 301
 LAYERS = 4
@@ -21,18 +21,6 @@ STEP_LENS = [9, 6, 5, 3]  # budget 20 -> micro-batches [2, 9] and [2, 5]: one pa
 STEP_BUDGET = 20
 # forward: budget 24 -> micro-batches [2, 10], [3, 7], [1, 2]; the last two share one padded call
 FWD_LENS = [10, 4, 7, 2, 5, 8]
-
-
-def _ppo_loss(outputs, mb):
-    from rltrain.algorithms import policy_loss
-
-    loss, metrics = policy_loss(outputs["logprobs"], mb["old_logprobs"], mb["advantages"], mb["label_mask"],
-                                mode="ppo", clip_low=0.2, clip_high=0.2)
-    m = mb["label_mask"]
-    return loss - 0.01 * (outputs["entropy"] * m).sum() / m.sum(), metrics
-
-
-_ppo_loss.needs_entropy_grad = True
 
 
 def _value_loss(outputs, mb):

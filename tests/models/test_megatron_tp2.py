@@ -11,21 +11,9 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from _megatron_ref import hf_logprobs, random_batch, random_hf_model
+from _megatron_ref import hf_logprobs, ppo_loss_with_entropy as _ppo_loss, random_batch, random_hf_model
 
 V = 301  # padded to 512 at TP=2: rank 0 holds 256 real rows, rank 1 holds 45 real + 211 padded
-
-
-def _ppo_loss(outputs, mb):
-    from rltrain.algorithms import policy_loss
-
-    loss, metrics = policy_loss(outputs["logprobs"], mb["old_logprobs"], mb["advantages"], mb["label_mask"],
-                                mode="ppo", clip_low=0.2, clip_high=0.2)
-    m = mb["label_mask"]
-    return loss - 0.01 * (outputs["entropy"] * m).sum() / m.sum(), metrics
-
-
-_ppo_loss.needs_entropy_grad = True
 
 
 def _hf_step(hf, batch, lr, clip):

@@ -18,7 +18,8 @@ copies and the params are refreshed from them after each step. On CPU use fp32.
 
 Speed (docs/kernel_notes.md, "Actor update step"): the train step syncs with the device once, after the
 backward (metrics, losses and the grad norm come back in one copy); grad norm, clipping and the master -> param
-copy are multi-tensor (`torch._foreach_*`) ops; AdamW is the fused CUDA kernel on GPU. `elementwise_fusion`
+copy are multi-tensor (`torch._foreach_*`) ops; AdamW is the fused CUDA kernel on GPU; data-parallel grads are
+averaged in buckets started during the last backward (grad_reduce.py). `elementwise_fusion`
 picks how the layers' elementwise work runs (ELEMENTWISE_FUSIONS), `recompute_granularity` what activation
 recomputation keeps.
 """
@@ -39,6 +40,7 @@ from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
 from rltrain.models.megatron.compat import host_to_device, quiet_tp_group_default, resolve_device, setup_parallel
+from rltrain.models.megatron.grad_reduce import DataParallelGradReducer
 
 ROLES = ("actor", "ref", "critic")
 
@@ -123,6 +125,8 @@ class MegatronEngine:
         recompute_granularity: str = "full",
         recompute_modules: tuple[str, ...] = ("mlp",),
         elementwise_fusion: str = "none",
+        grad_reduce_bucket_mb: float = 64.0,
+        overlap_grad_reduce: bool = True,
     ):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -133,6 +137,8 @@ class MegatronEngine:
         if elementwise_fusion not in ELEMENTWISE_FUSIONS:
             raise ValueError(f"elementwise_fusion must be one of {tuple(ELEMENTWISE_FUSIONS)}, "
                              f"got {elementwise_fusion!r}")
+        if not grad_reduce_bucket_mb > 0:
+            raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {grad_reduce_bucket_mb}")
         setup_parallel(tp_size, pp_size, seed)
         self.role = role
         self.device = resolve_device(device)
@@ -174,6 +180,7 @@ class MegatronEngine:
 
         self.optimizer = self.scheduler = None
         self._masters: list[torch.Tensor] | None = None
+        self._dp_reducer: DataParallelGradReducer | None = None
         if role == "ref":
             self.model.requires_grad_(False)
             return
@@ -184,6 +191,13 @@ class MegatronEngine:
         else:
             opt_params = params
         self._params = params
+        dp_group = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(dp_group) > 1:
+            # under pipeline parallelism megatron's schedule runs the backward: no hook knows which is the last
+            # micro-batch's, so the buckets start after it
+            self._dp_reducer = DataParallelGradReducer(params, dp_group,
+                                                       bucket_bytes=int(grad_reduce_bucket_mb * 2**20),
+                                                       overlap=overlap_grad_reduce and pp_size == 1)
         # Replicated params whose grads are per-rank partial sums under TP (megatron's
         # finalize_model_grads sums them): q/k layer norms (each rank sees its own heads) and,
         # with sequence parallelism, the norms marked `sequence_parallel`.
@@ -520,16 +534,6 @@ class MegatronEngine:
             if p.grad is not None:
                 dist.all_reduce(p.grad, group=group)
 
-    def _reduce_data_parallel(self) -> None:
-        group = parallel_state.get_data_parallel_group()
-        world = dist.get_world_size(group)
-        if world == 1:
-            return
-        for p in self._params:
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=group)
-                p.grad.div_(world)
-
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn) -> dict[str, float]:
         """Gradient accumulation over `micro_batches`, then clip + AdamW + scheduler step.
 
@@ -555,7 +559,7 @@ class MegatronEngine:
         losses: list[torch.Tensor] = []  # per micro-batch, checked for NaN/inf after the backward passes
         if self.pp_size > 1:
             sums = self._pp_accumulate(micro_batches, loss_fn, temperature, needs_entropy_grad)
-        for mb in micro_batches if self.pp_size == 1 else ():
+        for i, mb in enumerate(micro_batches if self.pp_size == 1 else ()):
             seq_lens = self._check_rows(mb["input_ids"], mb["seq_lens"])
             if self.role == "critic":
                 mask = mb.get("response_mask", mb.get("label_mask"))
@@ -568,12 +572,15 @@ class MegatronEngine:
             loss, metrics = loss_fn(outputs, mb)
             losses.append(loss.detach().float().reshape(()))
             scale = mb.get("loss_scale", 1.0 / len(micro_batches))
+            if self._dp_reducer is not None and i == len(micro_batches) - 1:
+                self._dp_reducer.arm()  # the last backward: data-parallel buckets start as their grads complete
             (loss * float(scale)).backward()
             for k, v in {"loss": loss, **metrics}.items():
                 v = v.detach().float().reshape(()) if torch.is_tensor(v) else float(v)
                 sums[k] = sums.get(k, 0.0) + v
+        if self._dp_reducer is not None:  # averaged over data-parallel ranks (sums commute with the TP one below)
+            self._dp_reducer.finish()
         self._reduce_tensor_parallel_partial_grads()
-        self._reduce_data_parallel()
         if self.pp_size > 1:
             pipeline_mod.reduce_tied_embedding_grads(self.model)
         if self._masters is not None:
