@@ -115,7 +115,7 @@ def timed_update(engine, mb: dict, reps: int = 2) -> dict:
 
 
 # --------------------------------------------------------------------------- sections
-def section_grpo(out_dir: str, steps: int, engine: str = "hf") -> dict:
+def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str, ...] = ()) -> dict:
     from hydra import compose, initialize_config_dir
 
     from rltrain.config import register_configs, validate_config
@@ -124,7 +124,7 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf") -> dict:
 
     register_configs()
     overrides = ["trainer.use_ray=false", *GRPO_06B_OVERRIDES, f"trainer.total_steps={steps}"] + (
-        ["rollout=vllm"] if engine == "vllm" else [])  # colocated: vLLM sleeps while the actor trains
+        ["rollout=vllm"] if engine == "vllm" else []) + list(extra)  # vllm colocated: sleeps during the update
     with initialize_config_dir(config_dir=os.path.join(REPO, "configs"), version_base=None):
         cfg = compose(config_name="grpo_tiny", overrides=overrides)
     validate_config(cfg)
@@ -323,7 +323,7 @@ def to_markdown(res: dict) -> str:
 
 def run_section(name: str, args) -> object:
     if name == "grpo":
-        return section_grpo(args.out, args.grpo_steps, args.grpo_engine)
+        return section_grpo(args.out, args.grpo_steps, args.grpo_engine, tuple(args.grpo_set))
     if name == "parity":
         return section_parity()
     if name == "step8k":
@@ -343,6 +343,9 @@ def main() -> None:
     ap.add_argument("--grpo-steps", type=int, default=4)
     ap.add_argument("--grpo-engine", choices=["hf", "vllm"], default="hf",
                     help="rollout engine of the grpo section (vllm: colocated, sleeps during the update)")
+    ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more Hydra overrides for the grpo section, e.g. actor.elementwise_fusion=compile "
+                         "(issue 17's update-phase levers; the first steps then compile: use --grpo-steps 6)")
     ap.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -363,7 +366,8 @@ def main() -> None:
     for name in args.only:
         t0 = time.time()
         cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--out", args.out,
-               "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine]
+               "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine,
+               *(["--grpo-set", *args.grpo_set] if args.grpo_set else [])]
         proc = subprocess.run(cmd)
         path = os.path.join(args.out, f"section_{name}.json")
         if os.path.exists(path):
