@@ -396,9 +396,12 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
     out["ref"] = phase(fwd / eff.ratio_ref, 2, False, n_mb) if recipe.kl_ref else None
     m_upd = max(1, n_mb // recipe.minibatches)
     upd = phase(flops / (peak * eff.mfu_update * tp_eff), 4, True, m_upd)
-    if pp == 1:  # hidden behind the last micro-batch's backward (2/3 of its compute), except the last bucket
+    if pp == 1:  # hidden behind the last micro-batch's backward (2/3 of its compute), except the last bucket:
+        # the input embedding's (registered first, its grad completes last), alone or with other tensors
         last_bwd_s = upd["compute_s"] / recipe.minibatches / m_upd * 2 / 3
-        dp_exposed = max(dp_s / n_buckets, dp_s - last_bwd_s)
+        emb_bytes = 2 * cfg.vocab_size * cfg.hidden_size / tp
+        last_s = _collective_s(max(emb_bytes, min(grad_bytes, DP_BUCKET_BYTES)), dp, bw_dp, 0.0) + lat_dp
+        dp_exposed = min(dp_s, max(last_s, dp_s - last_bwd_s))
     else:
         dp_exposed = dp_s
     upd["dp_comm_s"] = recipe.minibatches * dp_exposed
