@@ -1,9 +1,14 @@
-"""Shared helpers of the megatron backend tests: random tiny Qwen3 HF models and HF reference
-log-probs/entropy computed from materialized logits. Not a test module."""
+"""Shared helpers of the megatron backend tests: random tiny Qwen3 HF models, HF reference
+log-probs/entropy computed from materialized logits, and the spawned gloo ranks of the TP/PP/DP tests.
+Not a test module."""
 
 from __future__ import annotations
 
+import os
+import socket
+
 import torch
+import torch.multiprocessing as mp
 from transformers import Qwen3ForCausalLM
 
 from rltrain.models.megatron.tiny import tiny_qwen3_config
@@ -61,3 +66,22 @@ def ppo_loss_with_entropy(outputs, mb):
 
 
 ppo_loss_with_entropy.needs_entropy_grad = True
+
+
+def spawn_gloo_ranks(worker, world: int, out_dir) -> None:
+    """Run worker(rank, world, port, out_dir) in `world` spawned processes (each calls join_gloo_world first);
+    the rendezvous port is a free one on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(world, port, str(out_dir)), nprocs=world, join=True)
+
+
+def join_gloo_world(rank: int, world: int, port: int) -> None:
+    """In a spawned rank: the torchrun variables for a world on 127.0.0.1, one CPU thread, warnings off."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    import warnings
+
+    warnings.filterwarnings("ignore")

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from _megatron_ref import hf_logprobs, ppo_loss_with_entropy as _ppo_loss, random_batch, random_hf_model
+from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
+                           random_hf_model, spawn_gloo_ranks)
 
 V = 211
 SETTINGS = {  # name -> (grad_reduce_bucket_mb, overlap_grad_reduce)
@@ -70,12 +69,7 @@ def _engine(hf, **kw):
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    import warnings
-
-    warnings.filterwarnings("ignore")
+    join_gloo_world(rank, world, port)
     hf = random_hf_model(V, seed=23)
     res = {}
     for name, (bucket_mb, overlap) in SETTINGS.items():
@@ -96,10 +90,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_dp2_grads_equal_one_process_accumulating_both_ranks_batches(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo_ranks(_worker, 2, tmp_path)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
     # reference: this process (data parallel 1) accumulates both ranks' micro-batches, each at half its scale

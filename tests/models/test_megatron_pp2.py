@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 
 import torch
-import torch.multiprocessing as mp
 
-from _megatron_ref import hf_logprobs, ppo_loss_with_entropy as _ppo_loss, random_batch, random_hf_model
+from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
+                           random_hf_model, spawn_gloo_ranks)
 
 V = 301
 LAYERS = 4
@@ -107,10 +106,7 @@ def _pp1_reference() -> dict:
 
 
 def _spawn(fn, world: int, tmp_path) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(fn, args=(world, port, str(tmp_path)), nprocs=world, join=True)
+    spawn_gloo_ranks(fn, world, tmp_path)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -135,12 +131,7 @@ def _check_steps(res: dict, ref: dict) -> None:
 
 
 def _worker_tp2_pp2(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    import warnings
-
-    warnings.filterwarnings("ignore")
+    join_gloo_world(rank, world, port)
     from megatron.core import parallel_state
 
     from rltrain.models.megatron import MegatronEngine
@@ -163,12 +154,7 @@ def _worker_tp2_pp2(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    import warnings
-
-    warnings.filterwarnings("ignore")
+    join_gloo_world(rank, world, port)
     from megatron.core import parallel_state
 
     from rltrain.models.megatron import MegatronEngine

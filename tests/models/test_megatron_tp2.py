@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import torch
-import torch.multiprocessing as mp
 
-from _megatron_ref import hf_logprobs, ppo_loss_with_entropy as _ppo_loss, random_batch, random_hf_model
+from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
+                           random_hf_model, spawn_gloo_ranks)
 
 V = 301  # padded to 512 at TP=2: rank 0 holds 256 real rows, rank 1 holds 45 real + 211 padded
 
@@ -35,12 +34,7 @@ def _hf_step(hf, batch, lr, clip):
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    import warnings
-
-    warnings.filterwarnings("ignore")
+    join_gloo_world(rank, world, port)
     from rltrain.models.megatron import MegatronEngine
 
     res: dict[str, float] = {}
@@ -109,10 +103,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_tp2_weights_logprobs_ppo_step_and_critic_match_transformers(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo_ranks(_worker, 2, tmp_path)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for res in results:
         assert res["roundtrip_exact_tied=False"] == 1.0 and res["roundtrip_exact_tied=True"] == 1.0

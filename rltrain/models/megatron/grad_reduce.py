@@ -63,10 +63,9 @@ class DataParallelGradReducer:
         self._next = 0  # the next bucket to launch (launches go in bucket order on every rank)
         self._inflight: list[tuple[torch.Tensor, object]] = []
         self.launched_by_hooks = 0  # buckets started during the backward in the last step (a test reads it)
-        self._hooks = []
         if overlap and self.world > 1:
             for i, p in enumerate(self.params):
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(i)))
+                p.register_post_accumulate_grad_hook(self._hook(i))
 
     def _hook(self, i: int):
         def on_grad(_p: torch.Tensor) -> None:
@@ -113,8 +112,3 @@ class DataParallelGradReducer:
             work.wait()
             flat.div_(self.world)
         self._reset()  # ready for the next step, armed or not (pipeline parallel never arms)
-
-    def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
