@@ -35,13 +35,14 @@ from types import SimpleNamespace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from rltrain.config.schema import ActorConfig  # noqa: E402
 from rltrain.models.presets import QWEN3_0_6B, QWEN3_4B, QWEN3_8B  # noqa: E402
 from rltrain.utils.flops import matmul_params, num_params, train_flops  # noqa: E402
 
 GB = 1e9
 GPU_RESULTS = os.path.join(REPO, "docs", "gpu_results")
 SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B, "qwen3-8b": QWEN3_8B}
-DP_BUCKET_BYTES = 64 * 2**20  # actor.grad_reduce_bucket_mb default (rltrain/config/schema.py)
+DP_BUCKET_BYTES = int(ActorConfig.grad_reduce_bucket_mb * 2**20)  # the engine's default bucket
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 
