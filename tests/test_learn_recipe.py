@@ -142,3 +142,37 @@ def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path, monkeypatch):
     # A deadline too short to start a GRPO run: nothing starts, exit 3 (run again), the finished run stays.
     assert learn.main(["grpo", "--runs", "fused:2", "--scale", "cpu", "--out", str(out), "--deadline", "1"]) == 3
     assert set(json.loads((out / "summary.json").read_text())["grpo"]["runs"]) == {"fused_seed1"}
+
+
+def test_run_specs_pick_engines_and_the_comparison_tests_engines_against_seed_noise(capsys):
+    """A worked example: three finished runs from one SFT model, hf seed 1 and vllm seeds 1 and 2, on 64 held-out
+    prompts (2 SE = 2 * sqrt(0.5 / 64) = 0.177)."""
+    learn = _tool("learn_gpu")
+    specs = [learn.RunSpec.parse(t) for t in ("fused:1", "fused:1:vllm", "unfused:2:hf")]
+    assert [s.name for s in specs] == ["fused_seed1", "fused_seed1_vllm", "unfused_seed2_hf"]
+    assert [s.engine for s in specs] == [None, "vllm", "hf"]
+    for bad in ("fused", "fused:x", "fused:1:sglang", "fused:1:vllm:2", "mixed:1"):
+        with pytest.raises(learn.UsageError, match="fused:SEED"):
+            learn.RunSpec.parse(bad)
+
+    def run(*acc):
+        return {"after": {}, "curve": {"val/accuracy": [[10 * i, a] for i, a in enumerate(acc)]}}
+
+    runs = {"fused_seed1": run(0.1, 0.5, 0.9), "fused_seed1_vllm": run(0.1, 0.3, 0.8),
+            "fused_seed2_vllm": run(0.1, 0.6, 1.0), "fused_seed3_vllm": {"curve": {}}}  # unfinished: left out
+    c = learn.compare_runs(runs, 64, default_engine="hf")
+    assert "gap_fused_unfused" not in c  # no materialized-logits run
+    e = c["engines"]
+    assert (e["reference"], e["engine"], e["seed_a"], e["seed_b"]) == (
+        "fused_seed1", "fused_seed1_vllm", "fused_seed1_vllm", "fused_seed2_vllm")
+    # steps 10 and 20 (step 0 left out): |0.5-0.3|, |0.9-0.8| -> 0.15; seeds |0.3-0.6|, |0.8-1.0| -> 0.25
+    assert e["gap_engines"] == pytest.approx(0.15) and e["gap_seeds"] == pytest.approx(0.25)
+    assert e["two_se"] == pytest.approx(2 * (0.5 / 64) ** 0.5) and e["within_noise"]
+    # two hf seeds: the noise is the reference engine's; a vLLM run that never learns is outside it
+    runs = {"fused_seed1": run(0.1, 0.5, 0.9), "fused_seed2": run(0.1, 0.6, 1.0), "fused_seed1_vllm": run(0.1, 0.1, 0.1),
+            "unfused_seed1": run(0.1, 0.5, 0.8)}
+    c = learn.compare_runs(runs, 64)
+    assert (c["engines"]["seed_a"], c["engines"]["seed_b"]) == ("fused_seed1", "fused_seed2")
+    assert c["engines"]["gap_engines"] == pytest.approx(0.6) and not c["engines"]["within_noise"]
+    # and fused vs unfused is compared within the hf runs: |0.8-0.9| / 2 = 0.05
+    assert c["unfused"] == "unfused_seed1" and c["gap_fused_unfused"] == pytest.approx(0.05) and c["within_noise"]

@@ -81,7 +81,30 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
         _, res["sleep_s"] = timed(lambda: engine.sleep(level=1), args.device)
         res["sleep_freed_gib"] = (torch.cuda.mem_get_info()[0] - free0) / 2**30
         _, res["wake_s"] = timed(engine.wake_up, args.device)
+    res.update(colocated_cycle(engine, model, rows, args))  # on CPU vLLM's sleep/wake only change its state
     return res
+
+
+def colocated_cycle(engine, model, rows, args) -> dict:
+    """What a colocated GRPO step costs the engine: sleep at level 2 (weights dropped), wake, then a full weight
+    update from device tensors (workers/rollout.py). Greedy tokens and their log-probs before and after, with
+    the same weights, must agree: the reloaded weights are the ones the engine had."""
+    from rltrain.rollout import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    probe = rows[:8]
+    before = engine.generate(probe, greedy)
+    state = {k: v.detach().to(args.device, copy=True) for k, v in model.named_parameters()}
+    _, sleep2 = timed(lambda: engine.sleep(level=2), args.device)
+    _, wake2 = timed(engine.wake_up, args.device)
+    _, sync2 = timed(lambda: engine.update_weights(iter(state.items())), args.device)
+    del state
+    after = engine.generate(probe, greedy)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(before, after)) / len(probe)
+    diff = max((abs(x - y) for a, b in zip(before, after) if a.token_ids == b.token_ids
+                for x, y in zip(a.logprobs, b.logprobs)), default=float("nan"))
+    return {"level2_sleep_s": sleep2, "level2_wake_s": wake2, "level2_sync_s": sync2,
+            "level2_cycle_s": sleep2 + wake2 + sync2, "level2_same_greedy": same, "level2_logprob_max_diff": diff}
 
 
 def main() -> None:
@@ -154,13 +177,17 @@ def to_markdown(res: dict) -> str:
     lines = [f"`{res['command']}` ({res['date']}, {res['device']}, torch {res['torch']}"
              + (f", vLLM {res['vllm']}" if "vllm" in res else "") + f"), {res['shape']} shapes ({res['params_m']:.1f}M params), "
              f"prompt {res['prompt_len']} + response {res['response_len']} tokens:", "",
-             "| engine | sequences | generate s | tokens/s | start s | weight sync s/GB (GB) | sleep s / wake s |",
-             "|---|---|---|---|---|---|---|"]
+             "| engine | sequences | generate s | tokens/s | start s | weight sync s/GB (GB) | sleep s / wake s | "
+             "colocated cycle: sleep(2) + wake + sync s | greedy same after it |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in res["results"]:
         sleep = f"{r['sleep_s']:.2f} / {r['wake_s']:.2f} ({r['sleep_freed_gib']:.1f} GiB freed)" if "sleep_s" in r \
             else "n/a on CPU"
+        cycle = (f"{r['level2_sleep_s']:.2f} + {r['level2_wake_s']:.2f} + {r['level2_sync_s']:.2f} = "
+                 f"{r['level2_cycle_s']:.2f}")
+        same = f"{100 * r['level2_same_greedy']:.0f}% (log-prob max diff {r['level2_logprob_max_diff']:.1e})"
         lines.append(f"| {r['engine']} | {r['batch']} | {r['gen_s']:.2f} | {r['gen_tokens_per_s']:,.0f} | "
-                     f"{r['start_s']:.1f} | {r['sync_s_per_gb']:.2f} ({r['sync_gb']:.3f}) | {sleep} |")
+                     f"{r['start_s']:.1f} | {r['sync_s_per_gb']:.2f} ({r['sync_gb']:.3f}) | {sleep} | {cycle} | {same} |")
     return "\n".join(lines) + "\n"
 
 

@@ -133,9 +133,12 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     run_from_config(cfg, run_dir)
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     steady = rows[1:] or rows  # the first step compiles kernels
-    keys = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
-            "timing_s/update_weights", "timing_s/step", "perf/throughput", "perf/max_memory_allocated_gb"]
-    mean = {k: sum(r[k] for r in steady) / len(steady) for k in keys}
+    keys = ["timing_s/gen", "timing_s/rollout_sleep", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
+            "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step", "perf/throughput",
+            "perf/max_memory_allocated_gb", "response_length/mean"]
+    mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in keys}
+    # generation phase: response tokens sampled per second (32 prompts x 8 samples per step)
+    mean["gen_response_tokens_per_s"] = mean["response_length/mean"] * 32 * 8 / max(mean["timing_s/gen"], 1e-9)
     finite = all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
                  for r in rows for v in r.values() if isinstance(v, (int, float)))
     assert finite, "non-finite metric in the GPU GRPO run"
@@ -282,7 +285,8 @@ def to_markdown(res: dict) -> str:
                   "1 GPU", "",
                   "| phase | mean s/step |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in mean.items() if k.startswith("timing_s/")]
-        lines += ["", f"tokens/step {g['tokens_per_step']:.0f}; throughput {mean['perf/throughput']:.0f} tok/s; "
+        lines += ["", f"generation {mean.get('gen_response_tokens_per_s', 0):.0f} response tokens/s; "
+                  f"tokens/step {g['tokens_per_step']:.0f}; throughput {mean['perf/throughput']:.0f} tok/s; "
                   f"update-phase MFU {100 * g['update_mfu']:.1f}%; peak GPU memory "
                   f"{mean['perf/max_memory_allocated_gb']:.1f} GiB; all metrics finite: {g['all_finite']}", ""]
     if "parity" in res and "error" not in res["parity"]:

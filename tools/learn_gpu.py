@@ -180,21 +180,26 @@ def write_json(path: str, obj) -> None:
 # ---------------------------------------------------------------------------- runs and overrides
 @dataclass(frozen=True)
 class RunSpec:
-    """One GRPO run: `fused:1` (fused LM head, seed 1) or `unfused:2` (materialized logits, seed 2)."""
+    """One GRPO run: `fused:1` (fused LM head, seed 1), `unfused:2` (materialized logits, seed 2); a third field
+    picks the rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`; default: --engine), so runs of
+    both engines from the same SFT model go side by side in one command."""
 
     fused: bool
     seed: int
+    engine: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{'fused' if self.fused else 'unfused'}_seed{self.seed}"
+        return f"{'fused' if self.fused else 'unfused'}_seed{self.seed}" + (f"_{self.engine}" if self.engine else "")
 
     @classmethod
     def parse(cls, text: str) -> "RunSpec":
-        head, sep, seed = text.partition(":")
-        if head not in ("fused", "unfused") or not sep or not seed.isdigit():
-            raise UsageError(f"--runs entry {text!r}: expected fused:SEED or unfused:SEED, e.g. fused:1")
-        return cls(fused=head == "fused", seed=int(seed))
+        parts = text.split(":")
+        head, seed, engine = (parts + [None])[:3] if len(parts) in (2, 3) else ("", "", None)
+        if head not in ("fused", "unfused") or not seed.isdigit() or engine not in (None, "hf", "vllm"):
+            raise UsageError(f"--runs entry {text!r}: expected fused:SEED or unfused:SEED, optionally :hf or :vllm "
+                             "(the run's rollout engine), e.g. fused:1 or fused:2:vllm")
+        return cls(fused=head == "fused", seed=int(seed), engine=engine)
 
     def overrides(self) -> list[str]:
         return [f"trainer.fused_linear_logprob={str(self.fused).lower()}", f"trainer.seed={self.seed}"]
@@ -222,9 +227,11 @@ def stage_overrides(stage: str, lay: Layout, args, run: RunSpec | None = None) -
         ov = [f"model.path={lay.sft_model(SFT_OF[stage])}", f"data.train_files=[{lay.task_file(task, 'train')}]",
               f"data.val_files=[{lay.task_file(task, 'val')}]", f"trainer.ckpt_dir={run_dir}/checkpoints",
               f"trainer.experiment_name={CONFIG_OF[stage]}_{run.name}", *run.overrides()]
-        if args.engine == "vllm":
-            runs = len(args.runs if stage == "grpo" else args.retool_runs)
+        if (run.engine or args.engine) == "vllm":
+            runs = len(args.runs if stage == "grpo" else args.retool_runs)  # every run shares the one GPU
             ov += ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={min(0.5, 0.7 / runs):.2f}"]
+            if runs > 1:  # engines start while other runs change their GPU memory: no profiling, a fixed KV cache
+                ov.append("rollout.kv_cache_memory_gb=2")  # ~150k tokens of the ~55M model; a step needs ~53k
         if args.allow_unisolated and stage == "retool_grpo":
             ov.append("sandbox.allow_unisolated=true")
     ov += SCALES[args.scale].overrides.get(stage, [])
@@ -698,10 +705,14 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
                 "run the same command again to resume from its last checkpoint")
             args.unfinished.append(f"{stage}/{name}")
         runs[name] = info
-    out = {"before": before, "runs": runs, "comparison": compare_runs(runs, before["n"])}
+    out = {"before": before, "runs": runs, "comparison": compare_runs(runs, before["n"], args.engine)}
     if isolation:
         out["sandbox_isolation"] = isolation
-    if out["comparison"]:
+    if out["comparison"].get("engines"):
+        e = out["comparison"]["engines"]
+        log(f"{stage}: {e['reference']} vs {e['engine']}: mean |gap| {e['gap_engines']:.3f} vs seed noise "
+            f"{e['gap_seeds']:.3f} (+2 SE {e['two_se']:.3f}) -> within noise: {e['within_noise']}")
+    if out["comparison"].get("gap_fused_unfused") is not None:
         c = out["comparison"]
         log(f"{stage}: fused vs unfused: mean |gap| {c['gap_fused_unfused']:.3f} vs seed noise "
             f"{c['gap_seeds']:.3f} (+2 SE {c['two_se']:.3f}) -> within noise: {c['within_noise']}")
@@ -735,33 +746,61 @@ def phase_timing(rows: list[dict], cfg: dict) -> dict:
     return out
 
 
-def compare_runs(runs: dict, n_val: int) -> dict:
+def _run_key(name: str, default_engine: str) -> tuple[bool, int, str]:
+    """(fused, seed, engine) of a run name written by RunSpec.name."""
+    head, seed, *engine = name.split("_")
+    return head == "fused", int(seed.removeprefix("seed")), engine[0] if engine else default_engine
+
+
+def _accuracy_gap(runs: dict, a: str, b: str) -> float:
+    """Mean |held-out accuracy difference| of two runs over their shared eval steps > 0."""
+    ca, cb = (dict((s, v) for s, v in runs[n]["curve"].get("val/accuracy", [])) for n in (a, b))
+    steps = sorted(set(ca) & set(cb) - {0})
+    return sum(abs(ca[s] - cb[s]) for s in steps) / max(len(steps), 1)
+
+
+def compare_runs(runs: dict, n_val: int, default_engine: str = "hf") -> dict:
     """Fused vs materialized logits against seed noise, on the held-out accuracy curves (same eval steps):
     gap(a, b) = mean over eval steps of |acc_a - acc_b|. Within noise when gap(fused s, unfused s) <=
     gap(fused s, fused s') + 2 SE, SE = sqrt(2 * 0.25 / n_val) (the largest standard error of a difference
-    of two accuracies on n_val prompts)."""
+    of two accuracies on n_val prompts). Runs of one engine are compared with each other; with runs of two
+    engines the same test compares the engines ("engines": hf seed s vs vllm seed s against two seeds of the
+    reference engine, hf, or of the other engine where hf has one seed)."""
     done = [n for n in runs if "after" in runs[n]]  # finished runs only: a stopped run's curve is partial
-    fused = sorted(n for n in done if n.startswith("fused_"))
-    unfused = sorted(n for n in done if n.startswith("unfused_"))
-    if len(fused) < 2 or not unfused:
-        return {}
-    def acc(name):
-        return dict((s, v) for s, v in runs[name]["curve"].get("val/accuracy", []))
-
-    def gap(a, b):
-        ca, cb = acc(a), acc(b)
-        steps = sorted(set(ca) & set(cb) - {0})
-        return sum(abs(ca[s] - cb[s]) for s in steps) / max(len(steps), 1)
-
-    u = unfused[0]
-    same_seed = next((f for f in fused if f.split("_")[1] == u.split("_")[1]), fused[0])
-    other = next(f for f in fused if f != same_seed)
+    key = {n: _run_key(n, default_engine) for n in done}
     two_se = 2 * (2 * 0.25 / n_val) ** 0.5
-    g_fu, g_ss = gap(same_seed, u), gap(same_seed, other)
-    return {"fused": same_seed, "unfused": u, "other_seed": other, "gap_fused_unfused": g_fu, "gap_seeds": g_ss,
-            "two_se": two_se, "within_noise": g_fu <= g_ss + two_se,
-            "definition": "mean |val accuracy gap| over shared eval steps > 0; within noise iff "
-                          "gap(fused, unfused) <= gap(fused seed a, fused seed b) + 2*sqrt(0.5/n_val)"}
+    out: dict = {}
+    for engine in sorted({k[2] for k in key.values()}):
+        fused = sorted(n for n in done if key[n][0] and key[n][2] == engine)
+        unfused = sorted(n for n in done if not key[n][0] and key[n][2] == engine)
+        if len(fused) < 2 or not unfused:
+            continue
+        u = unfused[0]
+        same_seed = next((f for f in fused if key[f][1] == key[u][1]), fused[0])
+        other = next(f for f in fused if f != same_seed)
+        g_fu, g_ss = _accuracy_gap(runs, same_seed, u), _accuracy_gap(runs, same_seed, other)
+        out.update({"fused": same_seed, "unfused": u, "other_seed": other, "gap_fused_unfused": g_fu,
+                    "gap_seeds": g_ss, "two_se": two_se, "within_noise": g_fu <= g_ss + two_se,
+                    "definition": "mean |val accuracy gap| over shared eval steps > 0; within noise iff "
+                                  "gap(fused, unfused) <= gap(fused seed a, fused seed b) + 2*sqrt(0.5/n_val)"})
+        break
+    fused_done = [n for n in done if key[n][0]]
+    engines = sorted({key[n][2] for n in fused_done})
+    if len(engines) == 2:
+        ref, new = ("hf", "vllm") if engines == ["hf", "vllm"] else tuple(engines)
+        by_engine = {eng: sorted((n for n in fused_done if key[n][2] == eng), key=lambda n: key[n][1])
+                     for eng in (ref, new)}
+        pairs = [(r, n) for r in by_engine[ref] for n in by_engine[new] if key[r][1] == key[n][1]]
+        # noise: two seeds of the reference engine, else of the other engine
+        seeds = [tuple(by_engine[eng][:2]) for eng in (ref, new) if len(by_engine[eng]) >= 2]
+        if pairs and seeds:
+            (a, b), (s1, s2) = pairs[0], seeds[0]
+            g_e, g_s = _accuracy_gap(runs, a, b), _accuracy_gap(runs, s1, s2)
+            out["engines"] = {"reference": a, "engine": b, "seed_a": s1, "seed_b": s2, "gap_engines": g_e,
+                              "gap_seeds": g_s, "two_se": two_se, "within_noise": g_e <= g_s + two_se,
+                              "definition": "within noise iff gap(ref engine seed s, engine seed s) <= "
+                                            "gap(seed a, seed b of one engine) + 2*sqrt(0.5/n_val)"}
+    return out
 
 
 def stage_eval(lay: Layout, args, scale: Scale) -> dict:
@@ -912,7 +951,12 @@ def report(summary: dict) -> str:
                                  f"{t['step_s']:.2f} | {t['gen_response_tokens_per_s']:.0f} | "
                                  f"{t['old_log_prob_tokens_per_s']:.0f} | {t['update_actor_tokens_per_s']:.0f} | "
                                  f"{t['tokens_per_s_end_to_end']:.0f} |")
-            if s.get("comparison"):
+            e = (s.get("comparison") or {}).get("engines")
+            if e:
+                lines += ["", f"Rollout engines: mean |held-out accuracy gap| {e['gap_engines']:.3f} ({e['reference']} "
+                          f"vs {e['engine']}); seed noise {e['gap_seeds']:.3f} ({e['seed_a']} vs {e['seed_b']}); "
+                          f"2 SE {e['two_se']:.3f}; within noise: {e['within_noise']}"]
+            if (s.get("comparison") or {}).get("gap_fused_unfused") is not None:
                 c = s["comparison"]
                 lines += ["", f"Fused vs materialized logits: mean |held-out accuracy gap| {c['gap_fused_unfused']:.3f} "
                           f"({c['fused']} vs {c['unfused']}); seed noise {c['gap_seeds']:.3f} ({c['fused']} vs "

@@ -12,6 +12,8 @@
 #     grpo_seed2    fused head, seed 2: the run-to-run noise the fused/unfused gap is compared with (~5 min)
 #     retool        ReTool SFT + GRPO with the multi-turn tool loop and the real sandbox (~8 min)
 #     grpo_all      the three GRPO runs at once, one device command instead of three (~7.5 min estimated)
+#     grpo_engines  hf and vLLM rollout side by side from one SFT model: fused head, seeds 1 and 2 with each
+#                   engine (four runs at once; vLLM colocated, sleeping during the update; needs vLLM staged)
 #     all           every step above, one after another (default; each with its own deadline)
 #   RUN_DIR         models, checkpoints and run logs (default outputs/learn; git-ignored, kept while the machine is)
 #   EXPORT          where the small results go (default $OUT, else $RUN_DIR/export): at most 8 flat files
@@ -38,10 +40,12 @@ case "$STEP" in
   grpo_unfused) driver data sft grpo --runs unfused:1 "$@" ;;
   grpo_seed2)   driver data sft grpo --runs fused:2 "$@" ;;
   grpo_all)     driver data sft grpo --runs fused:1 unfused:1 fused:2 "$@" ;;
+  grpo_engines) driver data sft grpo --runs fused:1 fused:2 fused:1:vllm fused:2:vllm "$@" ;;
   retool)       driver data retool_sft retool_grpo --retool-runs fused:1 "$@" ;;
   all)
     for s in sft grpo_fused grpo_unfused grpo_seed2 retool; do
       DEVICE_T0=$(date +%s) bash "$0" "$s" "$@"
     done ;;
-  *) echo "gpu.sh: unknown STEP '$STEP' (sft | grpo_fused | grpo_unfused | grpo_seed2 | grpo_all | retool | all)" >&2; exit 2 ;;
+  *) echo "gpu.sh: unknown STEP '$STEP' (sft | grpo_fused | grpo_unfused | grpo_seed2 | grpo_all | grpo_engines |" \
+          "retool | all)" >&2; exit 2 ;;
 esac

@@ -62,6 +62,9 @@ class RolloutConfig:
     stop: List[str] = field(default_factory=list)
     # vLLM-only knobs
     gpu_memory_utilization: float = 0.5
+    # GPU: a fixed KV cache (GiB) instead of vLLM's memory profiling, which assumes no other process on the GPU
+    # changes its memory while the engine starts (several runs sharing one GPU); null: sized by the fraction above
+    kv_cache_memory_gb: Optional[float] = None
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     # HF engine: max sequences decoded together

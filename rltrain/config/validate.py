@@ -91,6 +91,9 @@ def validate_config(cfg: DictConfig) -> None:
     if r.top_k != -1 and r.top_k <= 0:
         e.append(f"rollout.top_k={r.top_k} is impossible; use -1 (off) or a positive integer")
     _range(e, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, 0.01, 1.0)
+    if r.kv_cache_memory_gb is not None and not r.kv_cache_memory_gb > 0:
+        e.append(f"rollout.kv_cache_memory_gb={r.kv_cache_memory_gb} must be a positive number of GiB, or null "
+                 "(sized by rollout.gpu_memory_utilization)")
     _positive(e, "rollout.tensor_parallel_size", r.tensor_parallel_size)
     mt = r.multi_turn
     if mt.enable:

@@ -118,13 +118,15 @@ def world_launcher_env(device: str = "cuda"):
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
                   data_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
                   max_model_len: int | None = None, cpu_kv_cache_bytes: int = 256 << 20,
+                  gpu_kv_cache_bytes: int | None = None,
                   weight_transfer_backend: str | None = None, external_launcher: bool = False,
                   **extra: Any) -> dict[str, Any]:
     """The keyword arguments of vllm.LLM for one rollout engine (the one place they are decided).
 
     device "cuda": KV cache sized by `gpu_memory_utilization` (the fraction of the GPU vLLM may take; the actor
-    gets the rest), sleep mode on, CUDA graphs unless enforce_eager. device "cpu": eager, KV cache of
-    `cpu_kv_cache_bytes`, no sleep mode (vLLM's CPU build has none).
+    gets the rest), or of `gpu_kv_cache_bytes` when given (vLLM then skips its memory profiling, which other
+    processes changing their GPU memory during the start would upset), sleep mode on, CUDA graphs unless
+    enforce_eager. device "cpu": eager, KV cache of `cpu_kv_cache_bytes`, no sleep mode (vLLM's CPU build has none).
     """
     kw: dict[str, Any] = dict(
         model=model, skip_tokenizer_init=True, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
@@ -135,6 +137,8 @@ def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_para
     )
     if device == "cuda":
         kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True, enforce_eager=enforce_eager)
+        if gpu_kv_cache_bytes is not None:
+            kw["kv_cache_memory_bytes"] = int(gpu_kv_cache_bytes)
     else:
         kw.update(enforce_eager=True, kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
     if external_launcher:
@@ -388,10 +392,13 @@ def _start_error(version: str, kwargs: dict, err: Exception, memory_key: str) ->
             f"(tp={kwargs['tensor_parallel_size']}, dtype={kwargs['dtype']}): {text[-1500:]}.")
     if any(w in text.lower() for w in _MEMORY_WORDS):
         if "gpu_memory_utilization" in kwargs:
+            kv = (f" A fixed KV cache of {kwargs['kv_cache_memory_bytes'] / 2**30:g} GiB was asked for "
+                  "(rollout.kv_cache_memory_gb): lower it, or null to size it by the fraction."
+                  if kwargs.get("kv_cache_memory_bytes") else "")
             return (f"{head} The engine does not fit: {memory_key}={kwargs['gpu_memory_utilization']} is the "
                     "fraction of each GPU vLLM may take (weights + KV cache); raise it if the KV cache is too "
                     "small, lower it if the GPU is out of memory (the actor gets the rest), or lower "
-                    "rollout.max_response_length / data.max_prompt_length.")
+                    f"rollout.max_response_length / data.max_prompt_length.{kv}")
         return (f"{head} The engine does not fit in host memory: free memory or lower "
                 "rollout.max_response_length / data.max_prompt_length.")
     return f"{head} rltrain's vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}."

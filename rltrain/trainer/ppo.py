@@ -121,7 +121,8 @@ class PPOTrainer:
                 batch, gen_metrics = self._rollout_with_rewards(step, m)
             m.update(gen_metrics)
             if self.colocated:
-                self.train_group.run("rollout_sleep")
+                with timer("rollout_sleep", m):
+                    self.train_group.run("rollout_sleep")
 
             with timer("old_log_prob", m):
                 old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
@@ -152,8 +153,8 @@ class PPOTrainer:
             m.update(mean_metrics(res))
 
             if self.async_rollout is None:  # async: pushed at the next step's boundary
-                with timer("update_weights", m):
-                    self._sync_weights()
+                with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too)
+                    self._sync_weights(m)
 
         n_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         m["perf/total_num_tokens"] = n_tokens
@@ -298,10 +299,11 @@ class PPOTrainer:
             m.update(_stats("critic/values", batch.values, batch.response_mask))
         return batch
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self, metrics: dict | None = None) -> None:
         bucket = int(self.cfg["rollout"]["weight_sync_bucket_mb"]) << 20
         if self.colocated:
-            self.train_group.run("rollout_wake_up")
+            with timer("rollout_wake", {} if metrics is None else metrics):
+                self.train_group.run("rollout_wake_up")
             self.train_group.run("sync_weights_local", bucket)
         else:  # split: train rank 0 streams buckets to the rollout group (rollout/weight_sync.py)
             if not self._sync_ready:

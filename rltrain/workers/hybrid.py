@@ -136,6 +136,8 @@ class HybridWorker(Worker):
 
     def rollout_wake_up(self) -> None:
         if self.rollout is not None:
+            if self.device == "cuda":  # the update's cached blocks go back to the driver before vLLM maps its memory
+                torch.cuda.empty_cache()
             self.rollout.wake_up()
 
     # ------------------------------------------------------------------ forward-only

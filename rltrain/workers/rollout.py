@@ -116,10 +116,13 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
         tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")
         _write_checkpoint(model, tmp)
         source = tmp
+    kv_gb = c.get("kv_cache_memory_gb")
+    kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)
     try:
         return VLLMEngine(source, tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."),
                           seed=seed, tensor_parallel_size=tp, gpu_memory_utilization=c["gpu_memory_utilization"],
-                          enforce_eager=c["enforce_eager"], eos_token_id=getattr(tokenizer, "eos_token_id", None),
+                          enforce_eager=c["enforce_eager"], gpu_kv_cache_bytes=kv_bytes,
+                          eos_token_id=getattr(tokenizer, "eos_token_id", None),
                           weight_transfer_backend=transfer_backend(sync), external_launcher=world > 1 or None)
     finally:
         if tmp is not None:

@@ -55,6 +55,7 @@ def test_required_keys_exist_with_their_defaults():
         ("trainer.logger=[console,tensorboard]", "trainer.logger"),
         ("actor.dual_clip=0.5", "actor.dual_clip"),
         ("rollout.top_p=0", "rollout.top_p"),
+        ("rollout.kv_cache_memory_gb=0", "rollout.kv_cache_memory_gb"),
         ("trainer.logprobs_chunk_size=0", "trainer.logprobs_chunk_size"),
         ("reward.fn=nope", "reward.fn"),
         ("data.source=file", "data.train_files"),

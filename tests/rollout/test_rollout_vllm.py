@@ -226,6 +226,9 @@ def test_engine_arguments_and_spawned_environment_carry_the_multi_gpu_safety(eng
         assert kw["skip_tokenizer_init"] is True and kw["logprobs_mode"] == "processed_logprobs"
     gpu = engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, gpu_memory_utilization=0.3)
     assert gpu["gpu_memory_utilization"] == 0.3 and gpu["enable_sleep_mode"] and gpu["enforce_eager"] is False
+    assert "kv_cache_memory_bytes" not in gpu  # sized by the fraction unless a fixed KV cache is asked for
+    fixed = engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, gpu_kv_cache_bytes=3 << 30)
+    assert fixed["kv_cache_memory_bytes"] == 3 << 30
     assert engine.kwargs["enforce_eager"] and "enable_sleep_mode" not in engine.kwargs  # CPU: no sleep mode
     # what vLLM's worker processes (and any other child) inherit from the engine's process
     child = subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
@@ -273,6 +276,10 @@ def test_vllm_errors_name_the_version_and_the_fix(engine, tmp_path):
                                                gpu_memory_utilization=0.4),
                        ValueError("No available memory for the cache blocks."), "rollout.gpu_memory_utilization")
     assert "vLLM 0.26.0" in oom and "rollout.gpu_memory_utilization=0.4" in oom
+    assert "kv_cache_memory_gb" not in oom
+    oom = _start_error("0.26.0", engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, gpu_kv_cache_bytes=3 << 29),
+                       ValueError("CUDA out of memory."), "rollout.gpu_memory_utilization")
+    assert "KV cache of 1.5 GiB" in oom and "rollout.kv_cache_memory_gb" in oom
     small_heads = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(get_head_size=lambda: 16)))
     with pytest.raises(ValueError, match="model.overrides.head_dim"):
         _check_cpu_head_size(small_heads)
