@@ -232,6 +232,10 @@ class HFEngine(Engine):
             self.model.to(self.device)
         elif self._asleep_level == 2:
             self.model.to_empty(device=self.device)
+            # to("meta") / to_empty give each module a new Parameter: tied weights (lm_head = embeddings) come
+            # back as two; tie them again, so one update of the shared name fills both
+            if callable(getattr(self.model, "tie_weights", None)):
+                self.model.tie_weights()
             with torch.no_grad():
                 for name, buffer in self.model.named_buffers():
                     buffer.copy_(self._buffers_backup[name])

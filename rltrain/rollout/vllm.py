@@ -312,7 +312,21 @@ class VLLMEngine(Engine):
         if self._asleep:
             return
         if self.kwargs.get("enable_sleep_mode"):
-            self._call("sleep", self.llm.sleep, level=level)
+            for attempt in range(SLEEP_RETRIES + 1):
+                try:
+                    self.llm.sleep(level=level)
+                    break
+                except AssertionError as err:
+                    if SLEEP_RACE not in str(err) or attempt == SLEEP_RETRIES:
+                        self._call("sleep", _raise, err)
+                    # vLLM's worker released its memory, then compared the GPU's free memory before and after,
+                    # which another process on the same GPU changed meanwhile (several runs sharing a GPU): the
+                    # worker sleeps but the engine does not know it. Wake the worker (one consistent state
+                    # again) and sleep once more.
+                    log.warning("vLLM sleep: another process changed the GPU's memory while the engine released "
+                                "its own (%s); waking the worker and sleeping again (%d/%d)", err, attempt + 1,
+                                SLEEP_RETRIES)
+                    self._call("wake_up", self.llm.collective_rpc, "wake_up")
         self._asleep = True
 
     def wake_up(self) -> None:
@@ -349,6 +363,14 @@ class VLLMEngine(Engine):
         except Exception as err:
             raise RuntimeError(f"vLLM {self.version} failed in {what}: {type(err).__name__}: {err}. rltrain's "
                                f"vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}") from err
+
+
+SLEEP_RETRIES = 3
+SLEEP_RACE = "Memory usage increased after sleeping"  # vLLM's worker assertion (0.26 .. 0.32)
+
+
+def _raise(err: Exception):
+    raise err
 
 
 class _Counter:

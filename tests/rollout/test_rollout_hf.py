@@ -245,6 +245,27 @@ def test_sleep_and_wake_up_keep_results(prompts):
         engine.sleep(level=3)
 
 
+def test_level2_wake_keeps_tied_embeddings_tied(prompts):
+    """Qwen3-0.6B ties lm_head to the embeddings: after sleep(level=2) + wake_up the two must again be one
+    tensor, so an update naming the shared weight once (as named_parameters() does) fills both. Found on an
+    H100 (tools/bench_rollout.py's colocated cycle); the same happens on CPU."""
+    torch.manual_seed(3)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    engine = HFEngine(Qwen3ForCausalLM(cfg), eos_token_id=[])
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    before = engine.generate(prompts, greedy)
+    shared = {k: v.detach().clone() for k, v in engine.model.named_parameters()}
+    assert "lm_head.weight" not in shared  # named once, under the embeddings' name
+    engine.sleep(level=2)
+    engine.wake_up()
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+    engine.update_weights(shared.items())
+    after = engine.generate(prompts, greedy)
+    assert [r.token_ids for r in after] == [r.token_ids for r in before]
+    assert [r.logprobs for r in after] == [r.logprobs for r in before]
+
+
 def test_engine_registry_builds_hf_and_rejects_unknown(model, prompts):
     assert engine_class("hf") is HFEngine
     engine = build_engine("hf", model=model, eos_token_id=[])

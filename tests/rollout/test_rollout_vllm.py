@@ -269,6 +269,48 @@ def test_engine_joins_a_world_made_without_torchrun_variables(models):
     assert got == [f"TOKENS {want[0].token_ids}"]
 
 
+class _RacingLLM:
+    """Stands in for vllm.LLM where the GPU is shared: the worker's memory check after it released its memory
+    fails `fails` times (another process allocated meanwhile), as it did with four learning runs on one H100.
+    Tracks the worker's real state: asleep after any sleep call, awake after a wake_up."""
+
+    def __init__(self, fails: int, message: str = "Memory usage increased after sleeping."):
+        self.fails, self.message, self.calls, self.worker_asleep = fails, message, [], False
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+        self.worker_asleep = True  # vLLM suspends first, then checks
+        if self.fails:
+            self.fails -= 1
+            raise AssertionError(self.message)
+
+    def collective_rpc(self, method, *args, **kwargs):
+        self.calls.append(("rpc", method))
+        if method == "wake_up":
+            self.worker_asleep = False
+
+
+def _sleepy_engine(llm) -> VLLMEngine:
+    eng = VLLMEngine.__new__(VLLMEngine)  # no vLLM start: the sleep logic alone
+    eng.llm, eng.kwargs, eng._asleep, eng._vllm = llm, {"enable_sleep_mode": True}, False, SimpleNamespace(__version__="0.26.0")
+    return eng
+
+
+def test_sleep_recovers_when_another_process_changes_gpu_memory_meanwhile():
+    llm = _RacingLLM(fails=2)
+    eng = _sleepy_engine(llm)
+    eng.sleep(level=2)
+    assert llm.calls == [("sleep", 2), ("rpc", "wake_up"), ("sleep", 2), ("rpc", "wake_up"), ("sleep", 2)]
+    assert eng._asleep and llm.worker_asleep
+    # a race that does not end, or any other assertion, is an error naming vLLM's version
+    with pytest.raises(RuntimeError, match=r"vLLM 0\.26\.0 failed in sleep: AssertionError: Memory usage"):
+        _sleepy_engine(_RacingLLM(fails=9)).sleep(level=1)
+    other = _RacingLLM(fails=1, message="something else")
+    with pytest.raises(RuntimeError, match="something else"):
+        _sleepy_engine(other).sleep(level=1)
+    assert other.calls == [("sleep", 1)]
+
+
 def test_vllm_errors_name_the_version_and_the_fix(engine, tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)vLLM 0\.\d+.*could not start.*supports 0\.26 <= vllm < 0\.33"):
         VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32")
