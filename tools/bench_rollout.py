@@ -70,6 +70,16 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
         times.append(dt)
     gen_s = min(times)
     res = {"engine": name, "batch": len(rows), "gen_s": gen_s, "gen_tokens_per_s": len(rows) * args.response_len / gen_s}
+    if args.variants:  # what the per-request seeds and the sampler log-probs cost (the trainer asks for both)
+        res["variants"] = {}
+        for seeded in (True, False):
+            for logprobs in (True, False):
+                params = SamplingParams(temperature=1.0, max_tokens=args.response_len, seed=0 if seeded else None,
+                                        logprobs=logprobs)
+                best = min(timed(lambda: engine.generate(rows, params), args.device)[1] for _ in range(args.reps))
+                key = f"{'seeded' if seeded else 'unseeded'}, {'log-probs' if logprobs else 'no log-probs'}"
+                res["variants"][key] = {"gen_s": best, "ms_per_decode_step": 1e3 * best / args.response_len,
+                                        "gen_tokens_per_s": len(rows) * args.response_len / best}
     # a copy of the weights (tied ones once), as an actor's export would hand them over
     state = {k: v.detach().to(args.device, copy=True) for k, v in model.named_parameters()}
     gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
@@ -113,7 +123,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=["tiny", "qwen3-0.6b"], default="tiny")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=INT",
-                    help="HF config overrides, e.g. num_hidden_layers=2 (integers)")
+                    help="HF config overrides, e.g. num_hidden_layers=2 (integers, or true/false)")
     ap.add_argument("--engines", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"])
     ap.add_argument("--batch", type=int, default=64, help="sequences per generate call (vllm)")
     ap.add_argument("--hf-batch", type=int, default=None, help="sequences for the hf engine (default --batch)")
@@ -122,11 +132,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time generation with and without per-request seeds and sampler log-probs")
     args = ap.parse_args()
     args.hf_batch = args.hf_batch or args.batch
     os.makedirs(args.out, exist_ok=True)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-    extra = {k: int(v) for k, v in (o.split("=", 1) for o in args.overrides)}
+    extra = {k: v.lower() == "true" if v.lower() in ("true", "false") else int(v)
+             for k, v in (o.split("=", 1) for o in args.overrides)}
     model = build_model(args.shape, dtype, seed=0, extra=extra)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
@@ -188,6 +201,11 @@ def to_markdown(res: dict) -> str:
         same = f"{100 * r['level2_same_greedy']:.0f}% (log-prob max diff {r['level2_logprob_max_diff']:.1e})"
         lines.append(f"| {r['engine']} | {r['batch']} | {r['gen_s']:.2f} | {r['gen_tokens_per_s']:,.0f} | "
                      f"{r['start_s']:.1f} | {r['sync_s_per_gb']:.2f} ({r['sync_gb']:.3f}) | {sleep} | {cycle} | {same} |")
+    variants = [(r["engine"], k, v) for r in res["results"] for k, v in r.get("variants", {}).items()]
+    if variants:
+        lines += ["", "| engine | sampling | generate s | ms per decode step | tokens/s |", "|---|---|---|---|---|"]
+        lines += [f"| {e} | {k} | {v['gen_s']:.2f} | {v['ms_per_decode_step']:.1f} | {v['gen_tokens_per_s']:,.0f} |"
+                  for e, k, v in variants]
     return "\n".join(lines) + "\n"
 
 
