@@ -63,6 +63,16 @@ class Row:
     recompute: str = "none"
     tp: int = 1
     profile: bool = False
+    # rows of this many tokens, tokens // seq_len of them in one right-padded micro-batch (the GRPO update's
+    # shape: 128 rows of ~69 tokens); None: one sequence of `tokens`
+    seq_len: int | None = None
+
+    @property
+    def rows_and_len(self) -> tuple[int, int]:
+        length = self.seq_len or self.tokens
+        if not 1 <= length <= self.tokens:
+            raise ValueError(f"row {self.name}: seq_len={self.seq_len} must be in [1, tokens={self.tokens}]")
+        return self.tokens // length, length
 
 
 # named lever combinations
@@ -137,9 +147,10 @@ def predicted_step_s(row: Row) -> float:
 
     levers = "mcore" if row.tp > 1 and _levers_of(row) == "all" else _levers_of(row)
     key = (row.preset, row.tokens, levers, row.recompute, row.head)
-    step = PREDICTED_STEP_S.get(key)
+    step = PREDICTED_STEP_S.get(key) if row.seq_len is None else None
     if step is None:
-        step = train_flops(hf_config(row.preset), row.tokens, row.tokens) / (0.30 * 989e12)
+        rows, length = row.rows_and_len
+        step = train_flops(hf_config(row.preset), rows * length, length) / (0.30 * 989e12)
     return step * (0.6 if row.tp > 1 and row.preset == "qwen3-4b" else 1.0)
 
 
@@ -204,7 +215,7 @@ def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
         eng.optimizer = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                                           foreach=True)
         eng.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: 1.0)
-    ids = torch.randint(0, cfg.vocab_size, (1, row.tokens), generator=torch.Generator().manual_seed(tp_rank_seed))
+    ids = torch.randint(0, cfg.vocab_size, row.rows_and_len, generator=torch.Generator().manual_seed(tp_rank_seed))
     return eng, [policy_micro_batch(ids)], policy_loss_fn()
 
 
@@ -235,9 +246,10 @@ def run_row(row: Row, reps: int, out_dir: str) -> dict:
         times.append(time.perf_counter() - t0)
     step = statistics.median(times)
     cfg = hf_config(row.preset)
-    flops = train_flops(cfg, row.tokens, row.tokens)
+    rows, length = row.rows_and_len
+    flops = train_flops(cfg, rows * length, length)
     res.update(status="ok", step_s=step, step_min_s=min(times), step_max_s=max(times), reps=reps,
-               tokens_per_s=row.tokens / step, mfu=flops / step / 989e12, model_tflop=flops / 1e12,
+               tokens_per_s=rows * length / step, mfu=flops / step / 989e12, model_tflop=flops / 1e12,
                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None)
     if row.profile:

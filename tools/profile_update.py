@@ -5,6 +5,7 @@ head, idle), written as markdown + json (+ the gzipped chrome trace) under --out
     python tools/profile_update.py --out $OUT                                 # Qwen3-0.6B shape, 8k tokens
     python tools/profile_update.py --out $OUT --preset qwen3-4b --tokens 8192 --levers legacy
     python tools/profile_update.py --out $OUT --preset tiny --tokens 256      # CPU: op self-times, no idle
+    python tools/profile_update.py --out $OUT --tokens 8832 --seq-len 69 --levers all   # the GRPO update's shape
 
 How a GPU trace is read (`summarize_trace`): every kernel is charged to a category from (1) the stack of CPU
 ranges open on the launching thread when it was launched (the autograd node of the backward pass, the
@@ -274,6 +275,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--levers", nargs="*", default=["legacy", "all"], choices=sorted(LEVER_SETS),
                     help="profile each of these lever sets (bench_update.py LEVER_SETS)")
+    ap.add_argument("--seq-len", type=int, default=None,
+                    help="rows of this many tokens in one micro-batch (the GRPO update: --tokens 8832 --seq-len 69); "
+                         "default: one sequence of --tokens")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--summarize", help="only summarize this chrome trace (.json or .json.gz) and print the table")
     args = ap.parse_args()
@@ -284,8 +288,8 @@ def main() -> None:
         return
     md = []
     for levers in args.levers:
-        row = Row(name=f"{args.preset}-{args.tokens}-{levers}", preset=args.preset, tokens=args.tokens,
-                  **LEVER_SETS[levers])
+        name = f"{args.preset}-{args.tokens}" + (f"x{args.seq_len}" if args.seq_len else "") + f"-{levers}"
+        row = Row(name=name, preset=args.preset, tokens=args.tokens, seq_len=args.seq_len, **LEVER_SETS[levers])
         t0 = time.time()
         engine, mbs, loss_fn = build_for_row(row)
         s = profile_train_step(engine, mbs, loss_fn, out_dir=args.out, name=row.name, steps=args.steps)

@@ -80,3 +80,17 @@ def test_cpu_profile_of_the_tiny_update_gives_a_sane_table(tmp_path):
     md = (tmp_path / "profile_tiny.md").read_text()
     assert "| GEMM |" in md and "| idle |" in md and md == to_markdown(s | {"name": "tiny"}, "Profile: tiny")
     assert (tmp_path / "trace_tiny.json.gz").stat().st_size > 0 and (tmp_path / "profile_tiny.json").exists()
+
+
+def test_rows_of_short_sequences_build_one_padded_micro_batch_like_the_grpo_update(tmp_path):
+    from bench_update import Row, build_for_row
+    from profile_update import profile_train_step
+
+    row = Row(name="tiny-rows", preset="tiny", tokens=130, seq_len=16)  # 8 rows of 16 (130 // 16), 2 left over
+    assert row.rows_and_len == (8, 16)
+    engine, mbs, loss_fn = build_for_row(row)
+    assert [tuple(mb["input_ids"].shape) for mb in mbs] == [(8, 16)] and mbs[0]["seq_lens"].tolist() == [16] * 8
+    s = profile_train_step(engine, mbs, loss_fn, out_dir=str(tmp_path), name="rows", steps=1, warmup=1)
+    assert s["step_ms"] > 0 and {r["category"] for r in s["rows"] if r["ms"] > 0} >= {"GEMM", "attention"}
+    with pytest.raises(ValueError, match="seq_len=200"):
+        Row(name="bad", preset="tiny", tokens=130, seq_len=200).rows_and_len
