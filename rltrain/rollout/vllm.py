@@ -316,9 +316,9 @@ class VLLMEngine(Engine):
                 try:
                     self.llm.sleep(level=level)
                     break
-                except AssertionError as err:
-                    if SLEEP_RACE not in str(err) or attempt == SLEEP_RETRIES:
-                        self._call("sleep", _raise, err)
+                except Exception as err:
+                    if not (isinstance(err, AssertionError) and SLEEP_RACE in str(err)) or attempt == SLEEP_RETRIES:
+                        raise self._error("sleep", err) from err
                     # vLLM's worker released its memory, then compared the GPU's free memory before and after,
                     # which another process on the same GPU changed meanwhile (several runs sharing a GPU): the
                     # worker sleeps but the engine does not know it. Wake the worker (one consistent state
@@ -361,16 +361,15 @@ class VLLMEngine(Engine):
         try:
             return fn(*args, **kwargs)
         except Exception as err:
-            raise RuntimeError(f"vLLM {self.version} failed in {what}: {type(err).__name__}: {err}. rltrain's "
-                               f"vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}") from err
+            raise self._error(what, err) from err
+
+    def _error(self, what: str, err: Exception) -> RuntimeError:
+        return RuntimeError(f"vLLM {self.version} failed in {what}: {type(err).__name__}: {err}. rltrain's "
+                            f"vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}")
 
 
 SLEEP_RETRIES = 3
 SLEEP_RACE = "Memory usage increased after sleeping"  # vLLM's worker assertion (0.26 .. 0.32)
-
-
-def _raise(err: Exception):
-    raise err
 
 
 class _Counter:
