@@ -5,6 +5,8 @@ after every run (a timeout still leaves the rows done so far), progress on stdou
   python tools/gpu_placements.py --out $OUT --only nccl learn               # a subset
   python tools/gpu_placements.py --out $OUT --only nccl qwen06b --nccl-ranks 4 --placements colocated_tp2dp2 \
       --model qwen3-4b --overrides rollout=vllm rollout.tensor_parallel_size=2     # 4 GPUs (issue 22)
+  python tools/gpu_placements.py --out $OUT --only learn qwen06b --placements split_1p1 colocated_tp2 --engine vllm
+      # issue 21's two-GPU runs: split 1+1 (NCCL weight transfer) and colocated vLLM TP=2 with the actor at TP=2
 
 Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU):
   colocated_dp2   trainer.n_gpus_per_node=2                                  actor DP=2, 2 rollout replicas
@@ -23,6 +25,9 @@ Sections:
            Triton head; as tools/gpu_smoke.py builds it) per placement: phase times, peak memory per GPU.
   roles    tiny PPO (GAE critic + KL reference + actor + rollout), one step per placement: every role runs.
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
+--engine vllm: rollout=vllm in every run; colocated, vLLM's tensor parallel size is the group's GPU count (its TP
+group is the trainer's ranks), split, one GPU per engine. Every run's log is checked: a line naming `mnnvl`
+(NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
 """
 
 from __future__ import annotations
@@ -59,6 +64,23 @@ QWEN06B = ["model=qwen3_0.6b_random", "trainer.fused_linear_logprob_backend=trit
 ROLES = ["algorithm=gae", "actor.use_kl_loss=true", "trainer.test_freq=-1", "trainer.val_before_train=false",
          "rollout.n=1", "data.train_batch_size=16", "actor.ppo_mini_batch_size=8", "critic.lr=1e-3"]
 PHASES = ["gen", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights", "step"]
+
+
+def engine_overrides(engine: str, placement: str) -> list[str]:
+    """The rollout overrides of one run: vLLM colocated takes the group's GPUs as its TP group; split, one each."""
+    if engine == "hf":
+        return []
+    over = PLACEMENTS[placement]
+    gpus = next(int(o.split("=")[1]) for o in over if o.startswith("trainer.n_gpus_per_node="))
+    tp = 1 if "trainer.colocate=false" in over else gpus
+    return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}"]
+
+
+def log_checks(text: str) -> dict:
+    """What a run's log says about multi-GPU safety: NVLink multicast must never appear (hosts are shared)."""
+    lines = text.splitlines()
+    return {"mnnvl_lines": [ln[:200] for ln in lines if "mnnvl" in ln.lower()][:5],
+            "pynccl_all_reduce": any("Using ['PYNCCL'] all-reduce backends" in ln for ln in lines)}
 
 
 def log(msg: str) -> None:
@@ -146,9 +168,17 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
                 proc.wait()
                 break
     rows = _rows(run_dir)
-    tail = open(os.path.join(run_dir, "run.log")).read()[-1500:]
-    return {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "rows": rows, "log_tail": tail,
-            "command": " ".join(cmd[1:])}
+    with open(os.path.join(run_dir, "run.log"), errors="replace") as f:
+        text = f.read()
+    checks = log_checks(text)
+    if checks["mnnvl_lines"]:
+        log(f"{name}: NVLink multicast (mnnvl) in the log: {checks['mnnvl_lines'][0]}")
+    return {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "rows": rows, "log_tail": text[-1500:],
+            "command": " ".join(cmd[1:]), "log_checks": checks}
+
+
+def _multicast(run: dict) -> bool:
+    return bool(run.get("log_checks", {}).get("mnnvl_lines"))
 
 
 def _rows(run_dir: str) -> list[dict]:
@@ -161,10 +191,10 @@ def _rows(run_dir: str) -> list[dict]:
 
 def learn_summary(run: dict) -> dict:
     acc = [(r["step"], r["val/accuracy"]) for r in run["rows"] if "val/accuracy" in r]
-    out = {k: run[k] for k in ("rc", "seconds", "command")}
+    out = {k: run[k] for k in ("rc", "seconds", "command", "log_checks") if k in run}
     if acc:
         out.update(acc_before=acc[0][1], acc_after=acc[-1][1], curve=acc, gain=acc[-1][1] - acc[0][1],
-                   learned=acc[-1][1] - acc[0][1] >= 0.3 and acc[0][0] == 0)
+                   learned=acc[-1][1] - acc[0][1] >= 0.3 and acc[0][0] == 0 and not _multicast(run))
     if run["rc"] != 0:
         out["log_tail"] = run["log_tail"]
     return out
@@ -173,7 +203,9 @@ def learn_summary(run: dict) -> dict:
 def step_summary(run: dict) -> dict:
     rows = [r for r in run["rows"] if r.get("step", 0) >= 1]
     steady = rows[1:] or rows  # the first step compiles kernels and allocates optimizer state
-    out = {k: run[k] for k in ("rc", "seconds", "command")}
+    out = {k: run[k] for k in ("rc", "seconds", "command", "log_checks") if k in run}
+    if _multicast(run):
+        out["error"] = "NVLink multicast (mnnvl) in the log"
     out["steps"] = len(rows)
     if steady:
         out["timing_s"] = {p: sum(r.get(f"timing_s/{p}", 0.0) for r in steady) / len(steady) for p in PHASES
@@ -229,6 +261,12 @@ def to_markdown(res: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(f"{v['timing_s'].get(p, 0.0):.2f}" for p in phases)
                          + f" | {v['throughput_tok_s']:.0f} | {mem} | {v['logprob_diff_max']:.2g} |")
         lines.append("")
+    checked = [(f"{sec}/{name}", v["log_checks"]) for sec in ("learn", "qwen06b", "roles")
+               for name, v in (res.get(sec) or {}).items() if "log_checks" in v]
+    if checked:
+        lines += ["Multi-GPU safety, from each run's log: "
+                  + "; ".join(f"{run}: {'MNNVL FOUND' if c['mnnvl_lines'] else 'no mnnvl'}"
+                              + (", PYNCCL all-reduce" if c["pynccl_all_reduce"] else "") for run, c in checked), ""]
     for k, v in res.get("errors", {}).items():
         lines.append(f"- {k} failed: {v[:300]}")
     return "\n".join(lines) + "\n"
@@ -251,6 +289,8 @@ def main() -> None:
                     choices=["nccl", "learn", "qwen06b", "roles"])
     ap.add_argument("--placements", nargs="*", default=TWO_GPUS, choices=list(PLACEMENTS))
     ap.add_argument("--nccl-ranks", type=int, default=2, help="GPUs in the nccl section's group")
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                    help="rollout engine of every trainer run (vllm: TP = the colocated group's GPUs, 1 when split)")
     ap.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "qwen3-4b", "qwen3-8b"],
                     help="model.builtin of the qwen06b section (the shape; random init)")
     ap.add_argument("--overrides", nargs="*", default=[],
@@ -301,6 +341,7 @@ def main() -> None:
                             f"trainer.total_steps={args.qwen_steps}"]
                 else:
                     over = [*ROLES, *PLACEMENTS[name], "trainer.total_steps=1"]
+                over += engine_overrides(args.engine, name)
                 keys = {o.split("=", 1)[0] for o in args.overrides}
                 over = [o for o in over if o.split("=", 1)[0] not in keys] + list(args.overrides)
                 left = args.deadline - (time.time() - t_all)
