@@ -168,11 +168,17 @@ def test_run_specs_pick_engines_and_the_comparison_tests_engines_against_seed_no
     # steps 10 and 20 (step 0 left out): |0.5-0.3|, |0.9-0.8| -> 0.15; seeds |0.3-0.6|, |0.8-1.0| -> 0.25
     assert e["gap_engines"] == pytest.approx(0.15) and e["gap_seeds"] == pytest.approx(0.25)
     assert e["two_se"] == pytest.approx(2 * (0.5 / 64) ** 0.5) and e["within_noise"]
+    assert e["gaps_by_seed"] == {"fused_seed1 vs fused_seed1_vllm": pytest.approx(0.15)}
     # two hf seeds: the noise is the reference engine's; a vLLM run that never learns is outside it
     runs = {"fused_seed1": run(0.1, 0.5, 0.9), "fused_seed2": run(0.1, 0.6, 1.0), "fused_seed1_vllm": run(0.1, 0.1, 0.1),
             "unfused_seed1": run(0.1, 0.5, 0.8)}
     c = learn.compare_runs(runs, 64)
     assert (c["engines"]["seed_a"], c["engines"]["seed_b"]) == ("fused_seed1", "fused_seed2")
     assert c["engines"]["gap_engines"] == pytest.approx(0.6) and not c["engines"]["within_noise"]
+    # with both seeds run on both engines, the worse seed decides: seed 2's vLLM run is the one off
+    runs.update(fused_seed1_vllm=run(0.1, 0.5, 0.9), fused_seed2_vllm=run(0.1, 0.0, 0.2))
+    e = learn.compare_runs(runs, 64)["engines"]
+    assert (e["reference"], e["engine"]) == ("fused_seed2", "fused_seed2_vllm") and e["gap_engines"] == pytest.approx(0.7)
+    assert e["gaps_by_seed"]["fused_seed1 vs fused_seed1_vllm"] == 0 and not e["within_noise"]
     # and fused vs unfused is compared within the hf runs: |0.8-0.9| / 2 = 0.05
     assert c["unfused"] == "unfused_seed1" and c["gap_fused_unfused"] == pytest.approx(0.05) and c["within_noise"]
