@@ -151,6 +151,7 @@ def test_run_specs_pick_engines_and_the_comparison_tests_engines_against_seed_no
     specs = [learn.RunSpec.parse(t) for t in ("fused:1", "fused:1:vllm", "unfused:2:hf")]
     assert [s.name for s in specs] == ["fused_seed1", "fused_seed1_vllm", "unfused_seed2_hf"]
     assert [s.engine for s in specs] == [None, "vllm", "hf"]
+    assert [learn.RunSpec.from_name(s.name) for s in specs] == specs  # run directories name their spec
     for bad in ("fused", "fused:x", "fused:1:sglang", "fused:1:vllm:2", "mixed:1"):
         with pytest.raises(learn.UsageError, match="fused:SEED"):
             learn.RunSpec.parse(bad)

@@ -56,6 +56,11 @@ def timed(fn, device: str):
     return out, time.perf_counter() - t
 
 
+def device_copy(model, device: str) -> dict:
+    """A copy of the weights on `device` (tied ones once), as an actor's export would hand them over."""
+    return {k: v.detach().to(device, copy=True) for k, v in model.named_parameters()}
+
+
 def bench_engine(name: str, engine, prompts, args, model) -> dict:
     from rltrain.rollout import SamplingParams
 
@@ -80,8 +85,7 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
                 key = f"{'seeded' if seeded else 'unseeded'}, {'log-probs' if logprobs else 'no log-probs'}"
                 res["variants"][key] = {"gen_s": best, "ms_per_decode_step": 1e3 * best / args.response_len,
                                         "gen_tokens_per_s": len(rows) * args.response_len / best}
-    # a copy of the weights (tied ones once), as an actor's export would hand them over
-    state = {k: v.detach().to(args.device, copy=True) for k, v in model.named_parameters()}
+    state = device_copy(model, args.device)
     gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
     _, sync_s = timed(lambda: engine.update_weights(iter(state.items())), args.device)
     res.update(sync_s=sync_s, sync_gb=gb, sync_s_per_gb=sync_s / gb)
@@ -104,7 +108,7 @@ def colocated_cycle(engine, model, rows, args) -> dict:
     greedy = SamplingParams(temperature=0.0, max_tokens=16)
     probe = rows[:8]
     before = engine.generate(probe, greedy)
-    state = {k: v.detach().to(args.device, copy=True) for k, v in model.named_parameters()}
+    state = device_copy(model, args.device)
     _, sleep2 = timed(lambda: engine.sleep(level=2), args.device)
     _, wake2 = timed(engine.wake_up, args.device)
     _, sync2 = timed(lambda: engine.update_weights(iter(state.items())), args.device)

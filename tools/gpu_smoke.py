@@ -137,15 +137,16 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
             "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step", "perf/throughput",
             "perf/max_memory_allocated_gb", "response_length/mean"]
     mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in keys}
-    # generation phase: response tokens sampled per second (32 prompts x 8 samples per step)
-    mean["gen_response_tokens_per_s"] = mean["response_length/mean"] * 32 * 8 / max(mean["timing_s/gen"], 1e-9)
+    samples = cfg.data.train_batch_size * cfg.rollout.n  # sequences per step
+    # generation phase: response tokens sampled per second
+    mean["gen_response_tokens_per_s"] = mean["response_length/mean"] * samples / max(mean["timing_s/gen"], 1e-9)
     finite = all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
                  for r in rows for v in r.values() if isinstance(v, (int, float)))
     assert finite, "non-finite metric in the GPU GRPO run"
     hf_cfg = qwen3_06b_config()
     # update phase: actor forward+backward over every token of the batch (prompt + response)
     tok = sum(r["perf/total_num_tokens"] for r in steady) / len(steady)
-    seq = tok / (32 * 8)
+    seq = tok / samples
     flops = train_flops(hf_cfg, tok, seq)
     mfu = flops / mean["timing_s/update_actor"] / (peak_tflops() * 1e12)
     return {"engine": engine, "steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,

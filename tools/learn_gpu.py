@@ -193,6 +193,12 @@ class RunSpec:
         return f"{'fused' if self.fused else 'unfused'}_seed{self.seed}" + (f"_{self.engine}" if self.engine else "")
 
     @classmethod
+    def from_name(cls, name: str) -> "RunSpec":
+        """The spec a run directory's name (`name` above) was written from."""
+        head, seed, *engine = name.split("_")
+        return cls(fused=head == "fused", seed=int(seed.removeprefix("seed")), engine=engine[0] if engine else None)
+
+    @classmethod
     def parse(cls, text: str) -> "RunSpec":
         parts = text.split(":")
         head, seed, engine = (parts + [None])[:3] if len(parts) in (2, 3) else ("", "", None)
@@ -746,12 +752,6 @@ def phase_timing(rows: list[dict], cfg: dict) -> dict:
     return out
 
 
-def _run_key(name: str, default_engine: str) -> tuple[bool, int, str]:
-    """(fused, seed, engine) of a run name written by RunSpec.name."""
-    head, seed, *engine = name.split("_")
-    return head == "fused", int(seed.removeprefix("seed")), engine[0] if engine else default_engine
-
-
 def _accuracy_gap(runs: dict, a: str, b: str) -> float:
     """Mean |held-out accuracy difference| of two runs over their shared eval steps > 0."""
     ca, cb = (dict((s, v) for s, v in runs[n]["curve"].get("val/accuracy", [])) for n in (a, b))
@@ -767,7 +767,8 @@ def compare_runs(runs: dict, n_val: int, default_engine: str = "hf") -> dict:
     engines the same test compares the engines ("engines": hf seed s vs vllm seed s against two seeds of the
     reference engine, hf, or of the other engine where hf has one seed)."""
     done = [n for n in runs if "after" in runs[n]]  # finished runs only: a stopped run's curve is partial
-    key = {n: _run_key(n, default_engine) for n in done}
+    specs = {n: RunSpec.from_name(n) for n in done}
+    key = {n: (s.fused, s.seed, s.engine or default_engine) for n, s in specs.items()}
     two_se = 2 * (2 * 0.25 / n_val) ** 0.5
     out: dict = {}
     for engine in sorted({k[2] for k in key.values()}):

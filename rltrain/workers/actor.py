@@ -15,11 +15,20 @@ from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss, truncate
 from rltrain.data.batch import Batch
 
 
-def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> dict:
-    """MegatronEngine keyword arguments from the actor and trainer sub-configs (plain dicts)."""
+def parallel_kwargs(actor_cfg: dict) -> dict:
+    """The parallel layout every trained engine shares (actor and critic): TP, PP, the data-parallel grad buckets."""
     return dict(
         tp_size=actor_cfg["tensor_parallel_size"],
         pp_size=actor_cfg["pipeline_parallel_size"],
+        grad_reduce_bucket_mb=actor_cfg.get("grad_reduce_bucket_mb", 64.0),
+        overlap_grad_reduce=actor_cfg.get("overlap_grad_reduce", True),
+    )
+
+
+def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> dict:
+    """MegatronEngine keyword arguments from the actor and trainer sub-configs (plain dicts)."""
+    return dict(
+        **parallel_kwargs(actor_cfg),
         fused_linear_logprob=trainer_cfg["fused_linear_logprob"],
         fused_linear_logprob_backend=trainer_cfg["fused_linear_logprob_backend"],
         logprobs_chunk_size=trainer_cfg["logprobs_chunk_size"],
@@ -40,8 +49,6 @@ def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> di
         recompute_granularity=actor_cfg.get("recompute_granularity", "full"),
         recompute_modules=tuple(actor_cfg.get("recompute_modules", ("mlp",))),
         elementwise_fusion=actor_cfg.get("elementwise_fusion", "none"),
-        grad_reduce_bucket_mb=actor_cfg.get("grad_reduce_bucket_mb", 64.0),
-        overlap_grad_reduce=actor_cfg.get("overlap_grad_reduce", True),
     )
 
 

@@ -10,7 +10,7 @@ import torch
 
 from rltrain.algorithms import value_loss
 from rltrain.data.batch import Batch
-from rltrain.workers.actor import label_masks, on_device, ppo_updates, to_full
+from rltrain.workers.actor import label_masks, on_device, parallel_kwargs, ppo_updates, to_full
 
 
 class ValueLoss:
@@ -36,14 +36,10 @@ class CriticRole:
 
         self.cfg, self.trainer_cfg = critic_cfg, trainer_cfg
         self.engine = MegatronEngine(
-            hf_config, role="critic", tp_size=actor_cfg["tensor_parallel_size"],
-            pp_size=actor_cfg["pipeline_parallel_size"], params_dtype=dtype, device=device, seed=seed,
+            hf_config, role="critic", **parallel_kwargs(actor_cfg), params_dtype=dtype, device=device, seed=seed,
             lr=critic_cfg["lr"], weight_decay=critic_cfg["weight_decay"], grad_clip=critic_cfg["grad_clip"],
             warmup_steps=critic_cfg["lr_warmup_steps"], total_steps=total_steps,
             max_tokens_per_micro_batch=critic_cfg["max_tokens_per_micro_batch"], make_vocab_size_divisible_by=1,
-            # the critic shares the actor's parallel layout, its data-parallel grad reduction included
-            grad_reduce_bucket_mb=actor_cfg.get("grad_reduce_bucket_mb", 64.0),
-            overlap_grad_reduce=actor_cfg.get("overlap_grad_reduce", True),
         )
         if hf_state_dict is not None:
             self.engine.load_hf_weights(hf_state_dict)
