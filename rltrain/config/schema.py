@@ -63,7 +63,8 @@ class RolloutConfig:
     # vLLM-only knobs
     gpu_memory_utilization: float = 0.5
     # GPU: a fixed KV cache (GiB) instead of vLLM's memory profiling, which assumes no other process on the GPU
-    # changes its memory while the engine starts (several runs sharing one GPU); null: sized by the fraction above
+    # changes its memory while the engine starts (several runs sharing one GPU); null: what the engine can ever use
+    # when that is under half its share (small models; rollout/vllm.py auto_kv_cache_bytes), else by the fraction
     kv_cache_memory_gb: Optional[float] = None
     tensor_parallel_size: int = 1
     enforce_eager: bool = False

@@ -115,6 +115,35 @@ def world_launcher_env(device: str = "cuda"):
             os.environ.pop(k, None)
 
 
+# The most sequences vLLM's offline LLM schedules at once (its default max_num_seqs on a large GPU; 256 on others).
+MAX_NUM_SEQS = 1024
+
+
+def kv_cache_need_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: int,
+                        max_num_seqs: int = MAX_NUM_SEQS) -> int:
+    """KV-cache bytes one rank needs to hold `max_num_seqs` sequences of the model's full length
+    (max_position_embeddings, vLLM's default max_model_len): K and V of every layer, the rank's share of the KV
+    heads (at least one: vLLM replicates KV heads when TP exceeds them)."""
+    heads = int(hf_config.num_attention_heads)
+    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    per_token = 2 * int(hf_config.num_hidden_layers) * max(1, kv_heads // tensor_parallel_size) * head_dim * dtype_bytes
+    return per_token * int(hf_config.max_position_embeddings) * max_num_seqs
+
+
+def auto_kv_cache_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: int, gpu_memory_utilization: float,
+                        gpu_total_bytes: int) -> int | None:
+    """The KV cache to fix when rollout.kv_cache_memory_gb is unset: what the engine can ever use
+    (kv_cache_need_bytes, at least 256 MiB) when that is under half of the GPU share vLLM may take, else None (vLLM
+    sizes it from gpu_memory_utilization). A small model (the tiny default: 0.1 GiB needed) otherwise gets tens of
+    GiB of cache, hundreds of millions of token slots, and vLLM then sized other tables by them: on one H200 it asked
+    for a second 70 GiB allocation and ran out of memory at start. A fixed cache also skips vLLM's start-up memory
+    profiling, which other processes changing their GPU memory meanwhile upset."""
+    need = max(256 << 20, kv_cache_need_bytes(hf_config, tensor_parallel_size=tensor_parallel_size,
+                                              dtype_bytes=dtype_bytes))
+    return need if need <= gpu_memory_utilization * gpu_total_bytes / 2 else None
+
+
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
                   data_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
                   max_model_len: int | None = None, cpu_kv_cache_bytes: int = 256 << 20,
@@ -136,6 +165,13 @@ def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_para
         compilation_config={"pass_config": {"fuse_allreduce_rms": False}},
     )
     if device == "cuda":
+        if dtype == "float32" and tensor_parallel_size > 1 and not enforce_eager:
+            # fp32 leaves vLLM one attention backend (FLEX_ATTENTION); with TP=2 on two H200s its second rank never
+            # finished CUDA-graph capture, twice (the bf16 engine, FLASH_ATTN, captured and ran): run eager instead
+            log.warning("vLLM in float32 with tensor_parallel_size=%d runs eager (no CUDA graphs): its CUDA-graph "
+                        "capture hung on GPUs; a bf16 model (model.dtype=bfloat16) keeps CUDA graphs",
+                        tensor_parallel_size)
+            enforce_eager = True
         kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True, enforce_eager=enforce_eager)
         if gpu_kv_cache_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(gpu_kv_cache_bytes)

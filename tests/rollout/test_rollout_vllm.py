@@ -19,7 +19,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams, build_engine
 from rltrain.rollout.hf import HFEngine
-from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, _start_error, engine_kwargs,
+from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, _start_error, auto_kv_cache_bytes,
+                                  engine_kwargs, kv_cache_need_bytes,
                                   response_from_completion, vllm_sampling_kwargs)
 from rltrain.utils.distenv import NO_MULTICAST_ENV
 
@@ -221,6 +222,34 @@ def test_sync_method_is_chosen_by_placement_and_device_and_buckets_stay_bounded(
     first = next(it)
     assert [n for n, _ in first] == ["w0", "w1"] and taken == ["w0", "w1", "w2"]  # lazy: one tensor ahead
     assert [[n for n, _ in b] for b in it] == [["w2"], ["w3", "w4", "w5"], ["w6"]]
+
+
+def test_kv_cache_is_fixed_at_what_a_small_model_can_use_and_left_to_vllm_for_a_large_one():
+    from rltrain.models.presets import hf_config_for
+
+    tiny = hf_config_for(path=None, builtin="tiny", vocab_size=64)
+    # worked by hand: K and V x layers x the rank's KV heads x head dim x 4 bytes (fp32) per token, x the model's
+    # length x 1024 sequences; TP=4 leaves each rank one KV head at least (vLLM replicates them)
+    per_token = 2 * tiny.num_hidden_layers * tiny.num_key_value_heads * tiny.head_dim * 4
+    assert kv_cache_need_bytes(tiny, tensor_parallel_size=1, dtype_bytes=4) == \
+        per_token * tiny.max_position_embeddings * 1024
+    one_head = 2 * tiny.num_hidden_layers * 1 * tiny.head_dim * 4 * tiny.max_position_embeddings * 1024
+    assert kv_cache_need_bytes(tiny, tensor_parallel_size=tiny.num_key_value_heads * 2, dtype_bytes=4) == one_head
+    h200 = 143_771 << 20
+    fixed = auto_kv_cache_bytes(tiny, tensor_parallel_size=1, dtype_bytes=4, gpu_memory_utilization=0.5,
+                                gpu_total_bytes=h200)
+    assert fixed == max(256 << 20, per_token * tiny.max_position_embeddings * 1024) and fixed < 1 << 30
+    qwen = hf_config_for(path=None, builtin="qwen3-0.6b")  # 40,960 tokens x 1024 sequences: terabytes
+    assert auto_kv_cache_bytes(qwen, tensor_parallel_size=1, dtype_bytes=2, gpu_memory_utilization=0.5,
+                               gpu_total_bytes=h200) is None
+
+
+def test_fp32_tensor_parallel_engine_runs_eager_on_gpu():
+    fp32 = engine_kwargs("m", device="cuda", dtype="float32", seed=0, tensor_parallel_size=2)
+    assert fp32["enforce_eager"] is True  # its CUDA-graph capture hung on two H200s (FLEX_ATTENTION)
+    for kw in (engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, tensor_parallel_size=2),
+               engine_kwargs("m", device="cuda", dtype="float32", seed=0, tensor_parallel_size=1)):
+        assert kw["enforce_eager"] is False
 
 
 def test_engine_arguments_and_spawned_environment_carry_the_multi_gpu_safety(engine):
