@@ -75,20 +75,8 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
         times.append(dt)
     gen_s = min(times)
     res = {"engine": name, "batch": len(rows), "gen_s": gen_s, "gen_tokens_per_s": len(rows) * args.response_len / gen_s}
-    if args.variants:  # what seeds and the sampler log-probs cost (the trainer asks for both)
+    if args.variants:  # what the per-request seeds and the sampler log-probs cost (the trainer asks for both)
         res["variants"] = {}
-        if name == "vllm":  # the path before the engine seeded the batch: one torch.Generator per request
-            from rltrain.rollout.vllm import vllm_sampling_kwargs
-            from vllm.inputs import TokensPrompt
-
-            kw = vllm_sampling_kwargs(SamplingParams(temperature=1.0, max_tokens=args.response_len), engine.eos_token_ids)
-            per_request = [engine._vllm.SamplingParams(**{**kw, "seed": j}) for j in range(len(rows))]
-            prompts = [TokensPrompt(prompt_token_ids=list(r)) for r in rows]
-            best = min(timed(lambda: engine.llm.generate(prompts, per_request, use_tqdm=False), args.device)[1]
-                       for _ in range(args.reps))
-            res["variants"]["per-request seeds, log-probs"] = {
-                "gen_s": best, "ms_per_decode_step": 1e3 * best / args.response_len,
-                "gen_tokens_per_s": len(rows) * args.response_len / best}
         for seeded in (True, False):
             for logprobs in (True, False):
                 params = SamplingParams(temperature=1.0, max_tokens=args.response_len, seed=0 if seeded else None,
@@ -149,7 +137,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs")
     ap.add_argument("--variants", action="store_true",
-                    help="also time generation seeded/unseeded x with/without sampler log-probs (vllm: and with the per-request seeds it used before)")
+                    help="also time generation with and without per-request seeds and sampler log-probs")
     args = ap.parse_args()
     args.hf_batch = args.hf_batch or args.batch
     os.makedirs(args.out, exist_ok=True)

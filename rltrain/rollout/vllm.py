@@ -199,6 +199,7 @@ def vllm_sampling_kwargs(sampling: SamplingParams, eos_token_ids: tuple[int, ...
         "max_tokens": sampling.max_tokens,
         "stop_token_ids": stop_ids,
         "ignore_eos": True,
+        "seed": sampling.seed,
         "logprobs": 0 if sampling.logprobs else None,
     }
 
@@ -297,12 +298,11 @@ class VLLMEngine(Engine):
         repeat = sampling.n if sampling.greedy else 1
         rows = [i for i in range(len(prompts_token_ids)) for _ in range(repeat)]
         prompts = [TokensPrompt(prompt_token_ids=list(prompts_token_ids[i])) for i in rows]
-        # A seed seeds the batch's one random stream, as in the hf engine: vLLM draws the whole batch's noise
-        # from the device's default generator in one kernel. Per-request seeds (SamplingParams.seed) would give
-        # every request its own torch.Generator and cost one kernel launch per request per decode step.
-        params = self._vllm.SamplingParams(**kw)
-        with self._seeded(sampling.seed):
-            outputs = self._call("generate", self.llm.generate, prompts, params, use_tqdm=False)
+        if sampling.seed is None:
+            params = self._vllm.SamplingParams(**kw)
+        else:  # one seed per request: requests of a batch must not share one random stream
+            params = [self._vllm.SamplingParams(**{**kw, "seed": sampling.seed + j}) for j in range(len(rows))]
+        outputs = self._call("generate", self.llm.generate, prompts, params, use_tqdm=False)
         decode = (lambda ids: self.tokenizer.decode(ids)) if sampling.stop else None
         user_ids = set(sampling.stop_token_ids)
         eos_only = tuple(e for e in self._eos if e not in user_ids)
@@ -312,21 +312,6 @@ class VLLMEngine(Engine):
                 responses.append(response_from_completion(prompt_index, completion, stop=sampling.stop,
                                                           decode=decode, eos_token_ids=eos_only))
         return responses
-
-    @contextlib.contextmanager
-    def _seeded(self, seed: int | None):
-        """Seed the default generator vLLM samples from (this process's current CUDA device, or the CPU's) for
-        one call and restore the caller's state after it: the trainer sharing the process keeps its own stream.
-        Every rank of an external-launcher TP group seeds alike, so their samplers agree."""
-        if seed is None:
-            yield
-            return
-        cuda = self.device == "cuda"
-        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else [], device_type="cuda"):
-            torch.random.default_generator.manual_seed(seed)
-            if cuda:
-                torch.cuda.manual_seed(seed)
-            yield
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
