@@ -108,6 +108,8 @@ def test_sampled_logprobs_equal_a_teacher_forced_megatron_forward(engine, models
     assert len({tuple(r.token_ids) for r in sampled[:3]}) > 1  # n samples differ
     again = engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_tokens=10, seed=7))
     assert _fields(again) == _fields(sampled)  # the seed makes sampling reproducible
+    other = engine.generate(PROMPTS, SamplingParams(n=3, temperature=temperature, max_tokens=10, seed=8))
+    assert _fields(other) != _fields(sampled)  # another seed, other samples
     # requests of one batch draw from different streams (a shared stream made GRPO groups of different
     # prompts sample alike and slowed learning): the same prompt four times gives different samples
     same = engine.generate([PROMPTS[0]] * 4, SamplingParams(temperature=1.0, max_tokens=10, seed=7))
@@ -411,3 +413,33 @@ def test_gpu_sleep_frees_memory_and_wake_restores_outputs(models):
     eng.wake_up()
     assert _fields(eng.generate(PROMPTS, greedy)) == _fields(before)
     eng.close()
+
+
+def test_gpu_rollout_worker_passes_a_small_models_kv_cache_and_a_large_ones_fraction(monkeypatch, tmp_path):
+    """workers/rollout.py's vLLM construction on a GPU (faked: no CUDA here): the tiny model gets a fixed KV cache
+    of what it can use, the Qwen3-0.6B shape none (vLLM sizes it from gpu_memory_utilization); a set key wins."""
+    from rltrain.models.presets import hf_config_for
+    from rltrain.rollout import vllm as vllm_mod
+    from rltrain.workers import rollout as rollout_mod
+
+    seen = {}
+
+    class FakeEngine:
+        def __init__(self, source, **kw):
+            seen.update(kw)
+
+    monkeypatch.setattr(vllm_mod, "VLLMEngine", FakeEngine)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 << 30))
+    cfg = {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_gb": None}
+    for builtin, capped in (("tiny", True), ("qwen3-0.6b", False)):
+        model = SimpleNamespace(config=hf_config_for(path=None, builtin=builtin, vocab_size=64))
+        (tmp_path / "model.safetensors").write_bytes(b"")  # an existing checkpoint: none is written
+        model.config._name_or_path = str(tmp_path)
+        rollout_mod._build_vllm(model, TOK, cfg, device="cuda", dtype=torch.float32, sync="nccl", seed=0)
+        expect = auto_kv_cache_bytes(model.config, tensor_parallel_size=1, dtype_bytes=4, gpu_memory_utilization=0.5,
+                                     gpu_total_bytes=80 << 30)
+        assert seen["gpu_kv_cache_bytes"] == expect and (expect is not None) == capped
+    rollout_mod._build_vllm(model, TOK, {**cfg, "kv_cache_memory_gb": 3.0}, device="cuda", dtype=torch.float32,
+                            sync="nccl", seed=0)
+    assert seen["gpu_kv_cache_bytes"] == 3 << 30
