@@ -201,6 +201,8 @@ def vllm_sampling_kwargs(sampling: SamplingParams, eos_token_ids: tuple[int, ...
         "ignore_eos": True,
         "seed": sampling.seed,
         "logprobs": 0 if sampling.logprobs else None,
+        # log-probs in flat lists (vLLM's FlatLogprobs) instead of a dict and a Logprob object per token
+        "flat_logprobs": bool(sampling.logprobs),
     }
 
 
@@ -210,7 +212,14 @@ def response_from_completion(prompt_index: int, completion, *, stop: tuple[str, 
     as a RolloutResponse, cut at the first stop string (`decode`: ids -> text). A stop on one of
     `eos_token_ids` reads as EOS (stop_reason None). Unknown finish reasons -> "abort"."""
     token_ids = [int(t) for t in completion.token_ids]
-    if completion.logprobs:
+    flat = completion.logprobs
+    if flat is not None and hasattr(flat, "start_indices"):  # FlatLogprobs: the sampled token's entry per position
+        logprobs = []
+        for k, tok in enumerate(token_ids):
+            lo, hi = flat.start_indices[k], flat.end_indices[k]
+            j = lo if flat.token_ids[lo] == tok else flat.token_ids.index(tok, lo, hi)
+            logprobs.append(float(flat.logprobs[j]))
+    elif completion.logprobs:
         logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids)]
     else:
         logprobs = [0.0] * len(token_ids)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from typing import Iterable
 
 import torch
@@ -61,10 +62,12 @@ class RolloutRole:
         samples per prompt (group id = group_offset + prompt index) and rollout metrics."""
         sampling = self.sampling(validate=validate, seed=seed)
         ids = [list(p["prompt_ids"]) for p in prompts]
+        start = time.perf_counter()
         if self.multi_turn is not None:
             responses = self.multi_turn.generate(ids, sampling)
         else:
             responses = self.engine.generate(ids, sampling)
+        engine_s = time.perf_counter() - start
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         out = RolloutOutput.from_responses(responses, pad_token_id=pad_id)
         rows = out.prompt_index.tolist()
@@ -81,7 +84,8 @@ class RolloutRole:
                       response_mask=out.response_mask, loss_mask=out.loss_mask,
                       sampler_logprobs=out.sampler_logprobs,
                       group_ids=out.prompt_index + group_offset, non_tensor=non_tensor)
-        return batch, out.metrics()
+        # the engine's own time: timing_s/gen minus this is the trainer's side (dispatch, batching, rewards)
+        return batch, {**out.metrics(), "timing_s/gen_engine": engine_s}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         return self.engine.update_weights(named_tensors)

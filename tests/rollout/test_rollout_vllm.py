@@ -376,7 +376,7 @@ def test_sampling_params_translate_to_vllm_names():
                         stop_token_ids=[7], seed=9)
     assert vllm_sampling_kwargs(sp, (2, 7)) == {
         "n": 4, "temperature": 0.8, "top_p": 0.95, "top_k": -1, "max_tokens": 33, "stop_token_ids": [7, 2],
-        "ignore_eos": True, "seed": 9, "logprobs": 0}
+        "ignore_eos": True, "seed": 9, "logprobs": 0, "flat_logprobs": True}
     assert vllm_sampling_kwargs(SamplingParams(n=3, temperature=0.0))["n"] == 1  # greedy: prompts repeated
     assert vllm_sampling_kwargs(SamplingParams(logprobs=False))["logprobs"] is None
 
@@ -392,6 +392,14 @@ def test_completion_output_becomes_a_rollout_response():
     decode = lambda ids: "".join({5: "a", 9: "b", 2: ""}[i] for i in ids)  # noqa: E731
     r = response_from_completion(0, completion, stop=("ab",), decode=decode, eos_token_ids=(2,))
     assert (r.token_ids, r.finish_reason, r.stop_reason) == ([5, 9], "stop", "ab")
+    # vLLM's flat container (what the engine asks for), built by vLLM itself from the same positions
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    flat = FlatLogprobs()
+    for position in ({5: Logprob(-0.5)}, {3: Logprob(-0.1), 9: Logprob(-1.25)}, {2: Logprob(-2.0)}):
+        flat.append(position)
+    r = response_from_completion(3, SimpleNamespace(**{**vars(completion), "logprobs": flat}), eos_token_ids=(2,))
+    assert (r.token_ids, r.logprobs) == ([5, 9, 2], [-0.5, -1.25, -2.0])
     aborted = SimpleNamespace(index=1, token_ids=[4], finish_reason=None, stop_reason=None, logprobs=None)
     r = response_from_completion(0, aborted)
     assert r.finish_reason == "abort" and r.logprobs == [0.0]

@@ -15,7 +15,8 @@ COMMON_KEYS = [
     "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/lr",
     "critic/score/mean", "critic/score/max", "critic/score/min", "critic/rewards/mean", "critic/advantages/mean",
     "response_length/mean", "response_length/max", "response_length/clip_ratio", "prompt_length/mean",
-    "timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/update_weights",
+    "timing_s/gen", "timing_s/gen_engine", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
+    "timing_s/update_weights",
     "timing_s/step", "perf/throughput", "perf/max_rss_gb", "training/global_step",
 ]
 
