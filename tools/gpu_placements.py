@@ -63,7 +63,8 @@ QWEN06B = ["model=qwen3_0.6b_random", "trainer.fused_linear_logprob_backend=trit
            "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256"]
 ROLES = ["algorithm=gae", "actor.use_kl_loss=true", "trainer.test_freq=-1", "trainer.val_before_train=false",
          "rollout.n=1", "data.train_batch_size=16", "actor.ppo_mini_batch_size=8", "critic.lr=1e-3"]
-PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights", "step"]
+PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights",
+          "step"]
 
 
 def engine_overrides(engine: str, placement: str) -> list[str]:

@@ -133,9 +133,9 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     run_from_config(cfg, run_dir)
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     steady = rows[1:] or rows  # the first step compiles kernels
-    keys = ["timing_s/gen", "timing_s/gen_engine", "timing_s/reward", "timing_s/rollout_sleep", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
-            "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step", "perf/throughput",
-            "perf/max_memory_allocated_gb", "response_length/mean"]
+    keys = ["timing_s/gen", "timing_s/gen_engine", "timing_s/reward", "timing_s/rollout_sleep", "timing_s/old_log_prob",
+            "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step",
+            "perf/throughput", "perf/max_memory_allocated_gb", "response_length/mean"]
     mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in keys}
     samples = cfg.data.train_batch_size * cfg.rollout.n  # sequences per step
     # generation phase: response tokens sampled per second

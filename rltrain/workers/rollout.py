@@ -84,7 +84,8 @@ class RolloutRole:
                       response_mask=out.response_mask, loss_mask=out.loss_mask,
                       sampler_logprobs=out.sampler_logprobs,
                       group_ids=out.prompt_index + group_offset, non_tensor=non_tensor)
-        # the engine's own time: timing_s/gen minus this is the trainer's side (dispatch, batching, rewards)
+        # the engine's own time (multi-turn: with its tool calls); timing_s/gen minus this is the trainer's side
+        # (dispatch, batching, rewards)
         return batch, {**out.metrics(), "timing_s/gen_engine": engine_s}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
