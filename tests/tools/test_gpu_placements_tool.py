@@ -31,3 +31,19 @@ def test_a_log_naming_mnnvl_fails_the_row_and_pynccl_is_recorded():
     assert gp.learn_summary({**run, "log_checks": gp.log_checks(log)})["learned"] is True
     res = {"date": "d", "device": "x", "torch": "t", "command": "c", "learn": {"colocated_tp2": gp.learn_summary(run)}}
     assert "learn/colocated_tp2: MNNVL FOUND, PYNCCL all-reduce" in gp.to_markdown(res)
+
+
+def test_step_means_leave_out_the_warm_up_steps():
+    """Worked example: steps 1 and 2 are warm-up when four or more ran (colocated TP=2's second step was 2.4x its
+    third on two H200s), step 1 alone when fewer; peak memory is the max over every step."""
+    def row(step, gen, mem):
+        return {"step": step, "timing_s/gen": gen, "timing_s/step": 2 * gen, "perf/throughput": 100.0 * step,
+                "perf/max_memory_allocated_gb/hybrid_rank0": mem, "rollout/logprob_diff_max": 0.01}
+
+    run = {"rc": 0, "seconds": 1.0, "command": "c", "log_checks": gp.log_checks(""), "log_tail": "",
+           "rows": [row(0, 0.0, 0.0), row(1, 9.0, 5.0), row(2, 4.0, 7.0), row(3, 1.0, 6.0), row(4, 2.0, 6.0)]}
+    out = gp.step_summary(run)
+    assert out["timing_s"]["gen"] == 1.5 and out["timing_s"]["step"] == 3.0 and out["throughput_tok_s"] == 350.0
+    assert out["peak_gib_per_gpu"] == {"hybrid_rank0": 7.0} and out["steps"] == 4
+    three = gp.step_summary({**run, "rows": run["rows"][:4]})  # steps 1-3: only step 1 is left out
+    assert three["timing_s"]["gen"] == 2.5
