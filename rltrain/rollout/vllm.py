@@ -139,8 +139,11 @@ def auto_kv_cache_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: in
     GiB of cache, hundreds of millions of token slots, and vLLM then sized other tables by them: on one H200 it asked
     for a second 70 GiB allocation and ran out of memory at start. A fixed cache also skips vLLM's start-up memory
     profiling, which other processes changing their GPU memory meanwhile upset."""
-    need = max(256 << 20, kv_cache_need_bytes(hf_config, tensor_parallel_size=tensor_parallel_size,
-                                              dtype_bytes=dtype_bytes))
+    try:
+        need = max(256 << 20, kv_cache_need_bytes(hf_config, tensor_parallel_size=tensor_parallel_size,
+                                                  dtype_bytes=dtype_bytes))
+    except (AttributeError, TypeError):  # a config without these fields (not a plain decoder): vLLM sizes it
+        return None
     return need if need <= gpu_memory_utilization * gpu_total_bytes / 2 else None
 
 

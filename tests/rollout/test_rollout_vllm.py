@@ -237,6 +237,9 @@ def test_kv_cache_is_fixed_at_what_a_small_model_can_use_and_left_to_vllm_for_a_
     fixed = auto_kv_cache_bytes(tiny, tensor_parallel_size=1, dtype_bytes=4, gpu_memory_utilization=0.5,
                                 gpu_total_bytes=h200)
     assert fixed == max(256 << 20, per_token * tiny.max_position_embeddings * 1024) and fixed < 1 << 30
+    odd = SimpleNamespace(num_attention_heads=4, hidden_size=64)  # no layer count / length: left to vLLM
+    assert auto_kv_cache_bytes(odd, tensor_parallel_size=1, dtype_bytes=2, gpu_memory_utilization=0.5,
+                               gpu_total_bytes=h200) is None
     qwen = hf_config_for(path=None, builtin="qwen3-0.6b")  # 40,960 tokens x 1024 sequences: terabytes
     assert auto_kv_cache_bytes(qwen, tensor_parallel_size=1, dtype_bytes=2, gpu_memory_utilization=0.5,
                                gpu_total_bytes=h200) is None
