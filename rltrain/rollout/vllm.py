@@ -215,15 +215,15 @@ def response_from_completion(prompt_index: int, completion, *, stop: tuple[str, 
     as a RolloutResponse, cut at the first stop string (`decode`: ids -> text). A stop on one of
     `eos_token_ids` reads as EOS (stop_reason None). Unknown finish reasons -> "abort"."""
     token_ids = [int(t) for t in completion.token_ids]
-    flat = completion.logprobs
-    if flat is not None and hasattr(flat, "start_indices"):  # FlatLogprobs: the sampled token's entry per position
+    lps = completion.logprobs
+    if lps is not None and hasattr(lps, "start_indices"):  # FlatLogprobs: the sampled token's entry per position
         logprobs = []
         for k, tok in enumerate(token_ids):
-            lo, hi = flat.start_indices[k], flat.end_indices[k]
-            j = lo if flat.token_ids[lo] == tok else flat.token_ids.index(tok, lo, hi)
-            logprobs.append(float(flat.logprobs[j]))
-    elif completion.logprobs:
-        logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, token_ids)]
+            lo, hi = lps.start_indices[k], lps.end_indices[k]
+            j = lo if lps.token_ids[lo] == tok else lps.token_ids.index(tok, lo, hi)
+            logprobs.append(float(lps.logprobs[j]))
+    elif lps:
+        logprobs = [float(step[tok].logprob) for step, tok in zip(lps, token_ids)]
     else:
         logprobs = [0.0] * len(token_ids)
     finish = completion.finish_reason if completion.finish_reason in FINISH_REASONS else "abort"

@@ -125,7 +125,7 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
     kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)
     if kv_bytes is None and device == "cuda":
         kv_bytes = auto_kv_cache_bytes(
-            model.config, tensor_parallel_size=tp, dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+            model.config, tensor_parallel_size=tp, dtype_bytes=dtype.itemsize,
             gpu_memory_utilization=c["gpu_memory_utilization"],
             gpu_total_bytes=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         if kv_bytes is not None:
