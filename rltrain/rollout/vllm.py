@@ -85,15 +85,16 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts) + (0,) * (3 - len(parts))
 
 
-def apply_engine_env(env: dict | None = None) -> dict[str, str]:
+def apply_engine_env(env: dict | None = None, *, in_process: bool = True) -> dict[str, str]:
     """Set ENGINE_ENV and NO_MULTICAST_ENV in `env` (default: this process); returns what a vLLM engine and
-    every process it spawns will carry."""
+    every process it spawns will carry. in_process=False: vLLM's engine core runs in a process of its own."""
     from rltrain.utils.distenv import apply_no_multicast
 
     env = os.environ if env is None else env
-    env.update(ENGINE_ENV)
+    engine_env = {**ENGINE_ENV, **({} if in_process else {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})}
+    env.update(engine_env)
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")  # vLLM's own rendezvous stays on this machine (engines are 1 node)
-    return {**ENGINE_ENV, **apply_no_multicast(env)}
+    return {**engine_env, **apply_no_multicast(env)}
 
 
 @contextlib.contextmanager
@@ -158,7 +159,8 @@ def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_para
     device "cuda": KV cache sized by `gpu_memory_utilization` (the fraction of the GPU vLLM may take; the actor
     gets the rest), or of `gpu_kv_cache_bytes` when given (vLLM then skips its memory profiling, which other
     processes changing their GPU memory during the start would upset), sleep mode on, CUDA graphs unless
-    enforce_eager. device "cpu": eager, KV cache of `cpu_kv_cache_bytes`, no sleep mode (vLLM's CPU build has none).
+    enforce_eager. device "cpu": eager, KV cache of `cpu_kv_cache_bytes`, no sleep mode (vLLM's CPU build has none),
+    no chunked prefill (seeded requests need it off on CPU: see below).
     """
     kw: dict[str, Any] = dict(
         model=model, skip_tokenizer_init=True, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
@@ -179,7 +181,10 @@ def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_para
         if gpu_kv_cache_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(gpu_kv_cache_bytes)
     else:
-        kw.update(enforce_eager=True, kv_cache_memory_bytes=int(cpu_kv_cache_bytes))
+        # chunked prefill off: a prompt split over steps has its sampled token discarded, and vLLM then rewinds the
+        # request's seeded generator, which a CPU generator cannot do ("CPU Generator does not use offset"); a seeded
+        # batch of more prompt tokens than one step takes crashed. Whole prompts per step instead.
+        kw.update(enforce_eager=True, kv_cache_memory_bytes=int(cpu_kv_cache_bytes), enable_chunked_prefill=False)
     if external_launcher:
         kw["distributed_executor_backend"] = "external_launcher"
         if data_parallel_size > 1:
@@ -248,23 +253,30 @@ class VLLMEngine(Engine):
 
     model: HF directory or hub name. tokenizer: anything with decode(list[int]) -> str; used only for stop
     strings. device: "cuda" or "cpu". eos_token_id: int / list (default: the checkpoint's config).
+    in_process=False: vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1; the main module
+    must be import-safe, vLLM spawns): its output processing then overlaps the engine's steps, but weights reach
+    it only through a weight-transfer engine (NCCL), not update_weights; the trainer keeps True.
     Other keyword arguments go to engine_kwargs (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
     def __init__(self, model: str, *, tokenizer=None, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
                  eos_token_id: int | list[int] | None = None, memory_key: str = "rollout.gpu_memory_utilization",
-                 **kwargs: Any) -> None:
+                 in_process: bool = True, **kwargs: Any) -> None:
         vllm = import_vllm()
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"VLLMEngine needs an HF checkpoint directory or hub name, got {type(model).__name__}; "
                             "save the model with save_pretrained first (workers/rollout.py does)")
         self._vllm, self.tokenizer, self.device = vllm, tokenizer, device
-        self.env = apply_engine_env()
         had_world = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._owns_world = not had_world  # vLLM creates the process group itself: close() destroys it
         external = kwargs.pop("external_launcher", None)
         if external is None:  # join the trainer's world when this process has one (colocated)
             external = had_world
+        if external and not in_process:
+            raise ValueError("VLLMEngine(in_process=False) cannot join the trainer's world (external_launcher): vLLM's "
+                             "external launcher runs its worker in this process")
+        self.in_process = in_process
+        self.env = apply_engine_env(in_process=in_process)
         self.kwargs = engine_kwargs(str(model), device=device, dtype=dtype, seed=seed, external_launcher=external,
                                     **kwargs)
         start = time.perf_counter()
@@ -330,6 +342,10 @@ class VLLMEngine(Engine):
         """In-place reload from (HF name, tensor) pairs on any device, consumed lazily in one pass (vLLM's
         layerwise reload fuses q/k/v and gate/up and shards for TP). Needs the vLLM worker in this process
         (in-process engine: uni-process or external_launcher), which is how rltrain builds it."""
+        if not self.in_process:
+            raise RuntimeError("VLLMEngine.update_weights reloads from this process's tensors and needs the engine "
+                               "in this process (in_process=True); an engine in its own process takes weights "
+                               "through a weight-transfer engine (init_weight_transfer / receive_weight_bucket)")
         counted = _Counter(named_tensors)
         self._call("reload_weights", self.llm.collective_rpc, "reload_weights",
                    kwargs={"weights_iterator": iter(counted)})

@@ -6,6 +6,7 @@ One engine serves the whole module (start-up is the expensive part); tests that 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -133,6 +134,52 @@ def test_sampled_logprobs_equal_a_teacher_forced_megatron_forward(engine, models
         start = len(PROMPTS[r.prompt_index])
         got[b, start:start + len(r.token_ids)] = torch.tensor(r.logprobs)
     torch.testing.assert_close(got[mask], ref[mask], atol=1e-4, rtol=0)
+
+
+def test_a_seeded_batch_larger_than_one_step_generates_as_its_parts_do(engine):
+    """More prompt tokens than vLLM's default step budget (4,096): with chunked prefill a prompt split over steps
+    made vLLM rewind its seeded CPU generator and crash; each request's samples depend on its seed alone, so the
+    batch equals its chunks generated apart with the same per-request seeds."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    prompts = [[1] + torch.randint(3, 64, (99,), generator=g).tolist() for _ in range(48)]  # 4,800 prompt tokens
+    sampling = SamplingParams(temperature=1.0, max_tokens=5, seed=1234, stop_token_ids=(), logprobs=True)
+    whole = engine.generate(prompts, sampling)
+    parts = [r for k in range(0, 48, 16)
+             for r in engine.generate(prompts[k:k + 16], dataclasses.replace(sampling, seed=1234 + k))]
+    assert [r.token_ids for r in whole] == [r.token_ids for r in parts]
+    assert len({tuple(r.token_ids) for r in whole}) > 40  # sampled, not one repeated answer
+    torch.testing.assert_close(torch.tensor([r.logprobs for r in whole if len(r.logprobs) == 5]),
+                               torch.tensor([r.logprobs for r in parts if len(r.logprobs) == 5]), atol=1e-5, rtol=0)
+    assert engine.kwargs["enable_chunked_prefill"] is False
+
+
+OWN_PROCESS = """
+import sys
+from rltrain.data.tokenizer import CharTokenizer
+from rltrain.rollout import SamplingParams
+from rltrain.rollout.vllm import VLLMEngine
+if __name__ == "__main__":
+    eng = VLLMEngine(sys.argv[1], tokenizer=CharTokenizer(), device="cpu", dtype="float32", seed=0, eos_token_id=2,
+                     in_process=False)
+    out = eng.generate([[1, 5, 20, 31, 12], [9, 10]], SamplingParams(temperature=0.0, max_tokens=8))
+    print("TOKENS", [r.token_ids for r in out], flush=True)
+    try:
+        eng.update_weights([])
+    except RuntimeError as err:
+        print("REFUSED", "weight-transfer engine" in str(err), flush=True)
+    eng.close()
+"""
+
+
+def test_engine_in_its_own_process_generates_as_in_process_and_refuses_in_place_reload(engine, models):
+    res = subprocess.run([sys.executable, "-c", OWN_PROCESS, models[0]], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("TOKENS", "REFUSED")))
+    want = engine.generate([[1, 5, 20, 31, 12], [9, 10]], SamplingParams(temperature=0.0, max_tokens=8))
+    assert lines["TOKENS"] == str([r.token_ids for r in want])
+    assert lines["REFUSED"] == "True"
+    with pytest.raises(ValueError, match="external launcher"):
+        VLLMEngine(models[0], device="cpu", dtype="float32", in_process=False, external_launcher=True)
 
 
 def test_sleep_and_wake_leave_outputs_unchanged(engine):
