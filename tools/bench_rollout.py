@@ -11,6 +11,7 @@ Generation samples at temperature 1 with no EOS, so every response is exactly --
 tokens/s counts generated tokens. Weight sync streams the model's HF state dict (on the engine's device) through
 `engine.update_weights` (vLLM: in-place reload, no host round trip). vLLM's CPU build has no sleep mode, so
 sleep/wake are reported only on GPU. The first generate of each engine is a warm-up and not timed.
+--profile adds one more generate per engine under cProfile (tools/host_profile.py): where the host time goes.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
         times.append(dt)
     gen_s = min(times)
     res = {"engine": name, "batch": len(rows), "gen_s": gen_s, "gen_tokens_per_s": len(rows) * args.response_len / gen_s}
+    if args.profile:  # where the host time of one generate goes (cProfile; tools/host_profile.py)
+        from host_profile import profile_call
+        from host_profile import to_markdown as profile_markdown
+
+        _, res["host_profile"] = profile_call(engine.generate, rows, sampling)
+        with open(os.path.join(args.out, f"profile_{name}.md"), "w") as f:
+            f.write(profile_markdown(res["host_profile"], f"{name}: one generate of {len(rows)} x "
+                                                          f"{args.response_len} tokens under cProfile"))
     if args.variants:  # what the per-request seeds and the sampler log-probs cost (the trainer asks for both)
         res["variants"] = {}
         for seeded in (True, False):
@@ -85,6 +94,8 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
                 key = f"{'seeded' if seeded else 'unseeded'}, {'log-probs' if logprobs else 'no log-probs'}"
                 res["variants"][key] = {"gen_s": best, "ms_per_decode_step": 1e3 * best / args.response_len,
                                         "gen_tokens_per_s": len(rows) * args.response_len / best}
+    if not getattr(engine, "in_process", True):  # weights reach it only through a transfer engine: no sync rows
+        return res
     state = device_copy(model, args.device)
     gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
     _, sync_s = timed(lambda: engine.update_weights(iter(state.items())), args.device)
@@ -138,6 +149,12 @@ def main() -> None:
     ap.add_argument("--enforce-eager", action="store_true", help="vllm: no CUDA graphs")
     ap.add_argument("--variants", action="store_true",
                     help="also time generation with and without per-request seeds and sampler log-probs")
+    ap.add_argument("--engine-process", choices=["this", "own"], default="this",
+                    help="vllm: engine core in this process (the trainer's way) or in its own process (vLLM's "
+                         "default: output processing overlaps the steps); 'own' times generation only")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one generate per engine (cProfile: host time by function and package area; "
+                         "profile_<engine>.md)")
     args = ap.parse_args()
     args.hf_batch = args.hf_batch or args.batch
     os.makedirs(args.out, exist_ok=True)
@@ -172,7 +189,8 @@ def main() -> None:
                 engine, start_s = timed(lambda: VLLMEngine(
                     path, device=args.device, dtype=str(dtype).removeprefix("torch."), eos_token_id=[],
                     gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                    max_model_len=args.prompt_len + args.response_len + 8), args.device)
+                    max_model_len=args.prompt_len + args.response_len + 8,
+                    in_process=args.engine_process == "this"), args.device)
         r = bench_engine(name, engine, prompts, args, model)
         r["start_s"] = start_s
         res["results"].append(r)
@@ -198,6 +216,10 @@ def to_markdown(res: dict) -> str:
              "colocated cycle: sleep(2) + wake + sync s | greedy same after it |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["results"]:
+        if "sync_s" not in r:  # engine in its own process: generation only
+            lines.append(f"| {r['engine']} (own process) | {r['batch']} | {r['gen_s']:.2f} | "
+                         f"{r['gen_tokens_per_s']:,.0f} | {r['start_s']:.1f} | n/a | n/a | n/a | n/a |")
+            continue
         sleep = f"{r['sleep_s']:.2f} / {r['wake_s']:.2f} ({r['sleep_freed_gib']:.1f} GiB freed)" if "sleep_s" in r \
             else "n/a on CPU"
         cycle = (f"{r['level2_sleep_s']:.2f} + {r['level2_wake_s']:.2f} + {r['level2_sync_s']:.2f} = "

@@ -14,6 +14,7 @@ result), `tp2` (2 GPUs: TP=2 log-probs vs TP=1 on the same weights, and the TP=2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -26,6 +27,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tools"))
 
 from rltrain.utils.flops import train_flops  # noqa: E402
 
@@ -115,7 +117,10 @@ def timed_update(engine, mb: dict, reps: int = 2) -> dict:
 
 
 # --------------------------------------------------------------------------- sections
-def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str, ...] = ()) -> dict:
+def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str, ...] = (),
+                 profile_gen: bool = False) -> dict:
+    """profile_gen: the last step's generation runs under cProfile (tools/host_profile.py; written to
+    profile_gen_<engine>.md) and that step is left out of the means."""
     from hydra import compose, initialize_config_dir
 
     from rltrain.config import register_configs, validate_config
@@ -130,9 +135,13 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     validate_config(cfg)
     run_dir = os.path.join(out_dir, f"grpo_run_{engine}")
     torch.cuda.reset_peak_memory_stats()
-    run_from_config(cfg, run_dir)
+    profiled: dict = {}
+    with _profiled_generation(steps, profiled) if profile_gen else _nothing():
+        run_from_config(cfg, run_dir)
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     steady = rows[1:] or rows  # the first step compiles kernels
+    if profiled and len(steady) > 1:
+        steady = steady[:-1]  # the profiled step's times are cProfile's
     keys = ["timing_s/gen", "timing_s/gen_engine", "timing_s/reward", "timing_s/rollout_sleep", "timing_s/old_log_prob",
             "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step",
             "perf/throughput", "perf/max_memory_allocated_gb", "response_length/mean"]
@@ -149,11 +158,45 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     seq = tok / samples
     flops = train_flops(hf_cfg, tok, seq)
     mfu = flops / mean["timing_s/update_actor"] / (peak_tflops() * 1e12)
+    if profiled:
+        from host_profile import to_markdown as profile_markdown
+
+        with open(os.path.join(out_dir, f"profile_gen_{engine}.md"), "w") as f:
+            f.write(profile_markdown(profiled["summary"], f"GRPO step {steps}: generation ({engine} engine, "
+                                                          "RolloutRole.generate) under cProfile"))
     return {"engine": engine, "steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
-            "update_mfu": mfu, "all_finite": finite,
+            "update_mfu": mfu, "all_finite": finite, **({"gen_profile": profiled["summary"]} if profiled else {}),
             "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
                                               "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max",
                                               "rollout/mismatch_abs_mean", "rollout/mismatch_kl")}}
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+@contextlib.contextmanager
+def _profiled_generation(call: int, into: dict):
+    """Profile the `call`-th RolloutRole.generate of this process (cProfile); its summary lands in into["summary"]."""
+    from host_profile import profile_call
+
+    from rltrain.workers.rollout import RolloutRole
+
+    original, calls = RolloutRole.generate, [0]
+
+    def generate(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] != call:
+            return original(self, *args, **kwargs)
+        out, into["summary"] = profile_call(original, self, *args, **kwargs)
+        return out
+
+    RolloutRole.generate = generate
+    try:
+        yield
+    finally:
+        RolloutRole.generate = original
 
 
 def section_parity() -> dict:
@@ -328,7 +371,7 @@ def to_markdown(res: dict) -> str:
 
 def run_section(name: str, args) -> object:
     if name == "grpo":
-        return section_grpo(args.out, args.grpo_steps, args.grpo_engine, tuple(args.grpo_set))
+        return section_grpo(args.out, args.grpo_steps, args.grpo_engine, tuple(args.grpo_set), args.profile_gen)
     if name == "parity":
         return section_parity()
     if name == "step8k":
@@ -351,6 +394,9 @@ def main() -> None:
     ap.add_argument("--grpo-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more Hydra overrides for the grpo section, e.g. actor.elementwise_fusion=compile "
                          "(issue 17's update-phase levers; the first steps then compile: use --grpo-steps 6)")
+    ap.add_argument("--profile-gen", action="store_true",
+                    help="grpo: run the last step's generation under cProfile (host time by function; "
+                         "profile_gen_<engine>.md) and leave that step out of the means")
     ap.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -372,7 +418,8 @@ def main() -> None:
         t0 = time.time()
         cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--out", args.out,
                "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine,
-               *(["--grpo-set", *args.grpo_set] if args.grpo_set else [])]
+               *(["--grpo-set", *args.grpo_set] if args.grpo_set else []),
+               *(["--profile-gen"] if args.profile_gen else [])]
         proc = subprocess.run(cmd)
         path = os.path.join(args.out, f"section_{name}.json")
         if os.path.exists(path):
