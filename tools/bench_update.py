@@ -13,7 +13,8 @@ Each row: one sequence of `tokens` tokens (one micro-batch), PPO loss, AdamW ste
 params; one warm-up step (compiles kernels; its loss and grad norm are recorded: rows of one shape must agree
 to bf16 rounding, which checks that a lever changes speed and not math), then --reps timed steps (median,
 min, max). MFU = model FLOPs (tools/gpu_smoke.py `train_flops`: 6 per weight per token incl. the LM head,
-plus causal attention; recomputation not counted) / step time / 989 TFLOP/s dense bf16. Peak = max allocated.
+plus causal attention; recomputation not counted) / step time / (989 TFLOP/s dense bf16 x the row's GPUs: a TP=2
+row's MFU is per GPU). Peak = max allocated (rank 0's GPU).
 
 Levers (a row's fields; LEVER_SETS names the combinations):
 - norms: "bf16" (build.py casts the norms to the params dtype, torch.rms_norm runs fused) or "fp32" (the
@@ -49,6 +50,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 
 PRESETS = {"qwen3-0.6b": "qwen3-0.6b", "qwen3-4b": "qwen3-4b", "tiny": "tiny"}
 SHORT = {"qwen3-0.6b": "06b", "qwen3-4b": "4b", "tiny": "tiny"}
+PEAK_FLOPS = 989e12  # H100/H200 dense bf16, per GPU
 
 
 @dataclasses.dataclass
@@ -141,6 +143,11 @@ def _levers_of(row: Row) -> str:
     return next((k for k, v in LEVER_SETS.items() if all(getattr(row, f) == x for f, x in v.items())), "custom")
 
 
+def mfu_per_gpu(flops: float, step_s: float, gpus: int) -> float:
+    """Model FLOPs per second over the peak of the GPUs the step ran on (989 TFLOP/s dense bf16 each)."""
+    return flops / step_s / (PEAK_FLOPS * gpus)
+
+
 def predicted_step_s(row: Row) -> float:
     """PREDICTED_STEP_S, else 30% MFU; TP=2: the same at 0.6B (issue 17: 0.237 vs 0.231 s), 0.6x at 4B."""
     from rltrain.utils.flops import train_flops
@@ -150,7 +157,7 @@ def predicted_step_s(row: Row) -> float:
     step = PREDICTED_STEP_S.get(key) if row.seq_len is None else None
     if step is None:
         rows, length = row.rows_and_len
-        step = train_flops(hf_config(row.preset), rows * length, length) / (0.30 * 989e12)
+        step = train_flops(hf_config(row.preset), rows * length, length) / (0.30 * PEAK_FLOPS)
     return step * (0.6 if row.tp > 1 and row.preset == "qwen3-4b" else 1.0)
 
 
@@ -249,7 +256,7 @@ def run_row(row: Row, reps: int, out_dir: str) -> dict:
     rows, length = row.rows_and_len
     flops = train_flops(cfg, rows * length, length)
     res.update(status="ok", step_s=step, step_min_s=min(times), step_max_s=max(times), reps=reps,
-               tokens_per_s=rows * length / step, mfu=flops / step / 989e12, model_tflop=flops / 1e12,
+               tokens_per_s=rows * length / step, mfu=mfu_per_gpu(flops, step, row.tp), model_tflop=flops / 1e12,
                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None)
     if row.profile:
@@ -354,7 +361,7 @@ def attention_probe(shapes=((16, 8, 8192), (16, 8, 32768), (32, 8, 8192), (32, 8
 def to_markdown(res: dict) -> str:
     lines = [f"# Actor update step ({res['date']}, {res['device']}, torch {res['torch']})", "",
              f"Command: `{res['command']}`; measured bf16 GEMM ceiling {res.get('gemm_tflops', 0):.0f} TFLOP/s; "
-             "MFU against 989 TFLOP/s.", "",
+             "MFU against 989 TFLOP/s per GPU (a TP=2 row: the FLOPs over two GPUs' peak).", "",
              "| row | tokens | levers | recompute | head | TP | status | s/step (min-max) | pred s | MFU | "
              "peak GiB | warm-up loss / grad norm |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

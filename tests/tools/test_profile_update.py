@@ -94,3 +94,11 @@ def test_rows_of_short_sequences_build_one_padded_micro_batch_like_the_grpo_upda
     assert s["step_ms"] > 0 and {r["category"] for r in s["rows"] if r["ms"] > 0} >= {"GEMM", "attention"}
     with pytest.raises(ValueError, match="seq_len=200"):
         Row(name="bad", preset="tiny", tokens=130, seq_len=200).rows_and_len
+
+
+def test_mfu_is_per_gpu_so_a_tp2_row_counts_both_gpus():
+    from bench_update import mfu_per_gpu
+
+    # the 4b-8k-mcore-tp2 row of the two-H200 run: 257.08 model TFLOP in 0.3403 s on two GPUs -> 38.2% each
+    assert abs(mfu_per_gpu(257.08e12, 0.3403, 2) - 0.3819) < 1e-3
+    assert mfu_per_gpu(1e12, 1.0, 1) == 2 * mfu_per_gpu(1e12, 1.0, 2)
