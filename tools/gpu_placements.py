@@ -38,6 +38,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -167,6 +168,9 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
                 acc = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
                 log(f"{name}: step {step} after {time.time() - t0:.0f} s" + (f", val acc {acc[-1]:.3f}" if acc else ""))
             if time.time() - t0 > timeout_s:
+                dumped = dump_stacks([proc.pid, *ray_worker_pids()])
+                log(f"{name}: over {timeout_s:.0f} s: Python stacks of {dumped} processes asked for, then killed")
+                time.sleep(5)  # the dumps reach the log through Ray's log streaming
                 proc.kill()
                 proc.wait()
                 break
@@ -177,7 +181,49 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
     if checks["mnnvl_lines"]:
         log(f"{name}: NVLink multicast (mnnvl) in the log: {checks['mnnvl_lines'][0]}")
     return {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "rows": rows, "log_tail": text[-1500:],
+            "process_tails": process_tails(text) if proc.returncode != 0 else {},
             "command": " ".join(cmd[1:]), "log_checks": checks}
+
+
+def ray_worker_pids() -> list[int]:
+    """This machine's rltrain Ray workers (Ray names an actor's process `ray::<class>`)."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::HybridWorker"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def dump_stacks(pids: list[int]) -> int:
+    """Ask each process for its Python stacks (rltrain/utils/stacks.py: SIGUSR1); returns how many were asked."""
+    from rltrain.utils.stacks import STACK_DUMP_SIGNAL
+
+    asked = 0
+    for pid in pids:
+        try:
+            os.kill(pid, STACK_DUMP_SIGNAL)
+            asked += 1
+        except (OSError, TypeError):
+            continue
+    return asked
+
+
+_PROCESS_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\((\w+) pid=(\d+)\)")
+
+
+def process_tails(text: str, lines: int = 40) -> dict[str, str]:
+    """The last `lines` lines of the driver and of each Ray process (Ray prefixes a worker's lines with
+    `(Class pid=N)`) of a failed run: which rank stopped where, even when another rank's output fills the tail."""
+    per: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _PROCESS_PREFIX.match(line)
+        per.setdefault(f"{m.group(1)} pid={m.group(2)}" if m else "driver", []).append(line)
+    return {k: "\n".join(v[-lines:]) for k, v in per.items()}
 
 
 def _multicast(run: dict) -> bool:
@@ -199,7 +245,7 @@ def learn_summary(run: dict) -> dict:
         out.update(acc_before=acc[0][1], acc_after=acc[-1][1], curve=acc, gain=acc[-1][1] - acc[0][1],
                    learned=acc[-1][1] - acc[0][1] >= 0.3 and acc[0][0] == 0 and not _multicast(run))
     if run["rc"] != 0:
-        out["log_tail"] = run["log_tail"]
+        out["log_tail"], out["process_tails"] = run["log_tail"], run.get("process_tails", {})
     return out
 
 
@@ -220,7 +266,7 @@ def step_summary(run: dict) -> dict:
         out["logprob_diff_max"] = max(r["rollout/logprob_diff_max"] for r in rows)
         out["finite"] = all(v == v and abs(v) != float("inf") for r in rows for v in r.values() if isinstance(v, float))
     if run["rc"] != 0:
-        out["log_tail"] = run["log_tail"]
+        out["log_tail"], out["process_tails"] = run["log_tail"], run.get("process_tails", {})
     return out
 
 

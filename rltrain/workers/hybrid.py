@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rltrain.data.batch import Batch
+from rltrain.utils.stacks import enable_stack_dumps
 from rltrain.workers.base import Worker, publish_dist_env
 
 ROLES = ("actor", "ref", "critic", "rollout")
@@ -55,6 +56,7 @@ class HybridWorker(Worker):
         unknown = set(roles) - set(ROLES)
         assert not unknown, unknown
         super().__init__(rank=rank, world_size=world_size)
+        enable_stack_dumps()  # a Ray worker that hangs prints where on `kill -USR1 <pid>` (utils/stacks.py)
         self.cfg, self.roles = cfg, list(roles)
         self.actor = self.ref = self.critic = self.rollout = None
 

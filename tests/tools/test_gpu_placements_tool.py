@@ -47,3 +47,46 @@ def test_step_means_leave_out_the_warm_up_steps():
     assert out["peak_gib_per_gpu"] == {"hybrid_rank0": 7.0} and out["steps"] == 4
     three = gp.step_summary({**run, "rows": run["rows"][:4]})  # steps 1-3: only step 1 is left out
     assert three["timing_s"]["gen"] == 2.5
+
+
+def test_per_process_tails_keep_each_ray_workers_last_lines():
+    text = "\n".join(["driver line 1",
+                      "\x1b[36m(HybridWorker pid=11)\x1b[0m INFO rank0 a",
+                      "(HybridWorker pid=12) INFO rank1 a",
+                      *[f"\x1b[36m(HybridWorker pid=11)\x1b[0m capture {i}" for i in range(50)],
+                      "driver line 2"])
+    tails = gp.process_tails(text, lines=3)
+    assert set(tails) == {"driver", "HybridWorker pid=11", "HybridWorker pid=12"}
+    assert tails["HybridWorker pid=12"] == "(HybridWorker pid=12) INFO rank1 a"  # not crowded out by rank 0
+    assert tails["HybridWorker pid=11"].splitlines()[-1].endswith("capture 49")
+    assert tails["driver"] == "driver line 1\ndriver line 2"
+
+
+HANGS = """
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from rltrain.utils.stacks import enable_stack_dumps
+enable_stack_dumps()
+def wait_for_a_peer_that_never_comes():
+    time.sleep(60)
+threading.Thread(target=wait_for_a_peer_that_never_comes, daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_hung_process_prints_every_threads_stack_on_the_dump_signal_and_keeps_running():
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", HANGS, ROOT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert gp.dump_stacks([proc.pid, 2**22 + 12345]) == 1  # a pid that does not exist is skipped
+        time.sleep(1.0)
+        assert proc.poll() is None  # still running after the dump
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert "in wait_for_a_peer_that_never_comes" in err and "Current thread" in err  # both threads
