@@ -170,13 +170,6 @@ def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_para
         compilation_config={"pass_config": {"fuse_allreduce_rms": False}},
     )
     if device == "cuda":
-        if dtype == "float32" and tensor_parallel_size > 1 and not enforce_eager:
-            # fp32 leaves vLLM one attention backend (FLEX_ATTENTION); with TP=2 on two H200s its second rank never
-            # finished CUDA-graph capture, twice (the bf16 engine, FLASH_ATTN, captured and ran): run eager instead
-            log.warning("vLLM in float32 with tensor_parallel_size=%d runs eager (no CUDA graphs): its CUDA-graph "
-                        "capture hung on GPUs; a bf16 model (model.dtype=bfloat16) keeps CUDA graphs",
-                        tensor_parallel_size)
-            enforce_eager = True
         kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True, enforce_eager=enforce_eager)
         if gpu_kv_cache_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(gpu_kv_cache_bytes)

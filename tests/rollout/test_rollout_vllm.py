@@ -292,14 +292,6 @@ def test_kv_cache_is_fixed_at_what_a_small_model_can_use_and_left_to_vllm_for_a_
                                gpu_total_bytes=h200) is None
 
 
-def test_fp32_tensor_parallel_engine_runs_eager_on_gpu():
-    fp32 = engine_kwargs("m", device="cuda", dtype="float32", seed=0, tensor_parallel_size=2)
-    assert fp32["enforce_eager"] is True  # its CUDA-graph capture hung on two H200s (FLEX_ATTENTION)
-    for kw in (engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, tensor_parallel_size=2),
-               engine_kwargs("m", device="cuda", dtype="float32", seed=0, tensor_parallel_size=1)):
-        assert kw["enforce_eager"] is False
-
-
 def test_engine_arguments_and_spawned_environment_carry_the_multi_gpu_safety(engine):
     for kw in (engine.kwargs, engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, tensor_parallel_size=2)):
         assert kw["disable_custom_all_reduce"] is True
