@@ -6,14 +6,21 @@ the signal to a run's driver and Ray workers before killing a run that outlived 
 from __future__ import annotations
 
 import faulthandler
+import io
 import signal
+import sys
 
 STACK_DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
 
 
 def enable_stack_dumps() -> bool:
-    """Register the dump on STACK_DUMP_SIGNAL for this process (idempotent); False where there is no such signal."""
+    """Register the dump on STACK_DUMP_SIGNAL for this process (idempotent), written to the process's own stderr
+    (file descriptor 2, also where sys.stderr was replaced by one without a descriptor, as under pytest's
+    capture). A debugging aid: False, and nothing else, where it cannot be set up."""
     if STACK_DUMP_SIGNAL is None:
         return False
-    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)
+    try:
+        faulthandler.register(STACK_DUMP_SIGNAL, file=sys.__stderr__ or sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, RuntimeError, io.UnsupportedOperation):
+        return False
     return True

@@ -90,3 +90,14 @@ def test_a_hung_process_prints_every_threads_stack_on_the_dump_signal_and_keeps_
         proc.kill()
         _, err = proc.communicate(timeout=30)
     assert "in wait_for_a_peer_that_never_comes" in err and "Current thread" in err  # both threads
+
+
+def test_stack_dumps_set_up_when_stderr_has_no_file_descriptor(monkeypatch):
+    import io
+
+    from rltrain.utils.stacks import enable_stack_dumps
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # as pytest's capture and some notebooks replace it
+    assert enable_stack_dumps() is True
+    monkeypatch.setattr(sys, "__stderr__", None)  # pythonw-like: no stderr at all
+    assert enable_stack_dumps() is False
