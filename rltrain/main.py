@@ -26,7 +26,8 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Callable[[DictConfig], object]) -> None:
     """Validate and run `cfg` for an entry point (this one and rltrain.sft). A user's mistake (a
     UserError, raised here or in a Ray worker) is printed as `rltrain: <message>` and exits with code 2,
-    never as a traceback; anything else propagates. `kill -USR1 <pid>` prints the process's stacks (utils/stacks.py)."""
+    never as a traceback; anything else propagates. `kill -USR1 <pid>` prints the process's stacks
+    (utils/stacks.py)."""
     enable_stack_dumps()
     try:
         validate(cfg)

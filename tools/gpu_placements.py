@@ -30,6 +30,9 @@ One local Ray cluster (127.0.0.1) is started here and every run joins it (traine
 --engine vllm: rollout=vllm in every run; colocated, vLLM's tensor parallel size is the group's GPU count (its TP
 group is the trainer's ranks), split, one GPU per engine. Every run's log is checked: a line naming `mnnvl`
 (NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
+A run over --run-timeout is first asked for every process's Python stacks (SIGUSR1 to the driver and the Ray
+workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each process's last 40 log lines
+(`process_tails`): where each rank waited.
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ def timed_update(engine, mb: dict, reps: int = 2) -> dict:
 # --------------------------------------------------------------------------- sections
 def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str, ...] = (),
                  profile_gen: bool = False) -> dict:
-    """profile_gen: the last step's generation runs under cProfile (tools/host_profile.py; written to
-    profile_gen_<engine>.md) and that step is left out of the means."""
+    """profile_gen: the last step's generation (the steps-th generate call: one per step here, no validation,
+    no dynamic sampling) runs under cProfile (tools/host_profile.py; written to profile_gen_<engine>.md) and that
+    step is left out of the means."""
     from hydra import compose, initialize_config_dir
 
     from rltrain.config import register_configs, validate_config
@@ -136,7 +137,7 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     run_dir = os.path.join(out_dir, f"grpo_run_{engine}")
     torch.cuda.reset_peak_memory_stats()
     profiled: dict = {}
-    with _profiled_generation(steps, profiled) if profile_gen else _nothing():
+    with _profiled_generation(steps, profiled) if profile_gen else contextlib.nullcontext():
         run_from_config(cfg, run_dir)
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     steady = rows[1:] or rows  # the first step compiles kernels
@@ -169,11 +170,6 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
             "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
                                               "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max",
                                               "rollout/mismatch_abs_mean", "rollout/mismatch_kl")}}
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
 
 
 @contextlib.contextmanager
