@@ -148,8 +148,27 @@ def auto_kv_cache_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: in
     return need if need <= gpu_memory_utilization * gpu_total_bytes / 2 else None
 
 
+def checkpoint_kv_cache_bytes(model: str, *, dtype: str, tensor_parallel_size: int, gpu_memory_utilization: float,
+                              device_index: int | None = None) -> int | None:
+    """auto_kv_cache_bytes for a local HF checkpoint directory on this process's GPU (None for a hub name or a
+    directory without config.json: vLLM sizes the cache from gpu_memory_utilization)."""
+    if not os.path.isfile(os.path.join(str(model), "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(str(model))
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return auto_kv_cache_bytes(hf_config, tensor_parallel_size=tensor_parallel_size,
+                               dtype_bytes=getattr(torch, dtype).itemsize, gpu_memory_utilization=gpu_memory_utilization,
+                               gpu_total_bytes=torch.cuda.get_device_properties(index).total_memory)
+
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.5  # rollout.gpu_memory_utilization's default too
+
+
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
-                  data_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, enforce_eager: bool = False,
+                  data_parallel_size: int = 1, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                  enforce_eager: bool = False,
                   max_model_len: int | None = None, cpu_kv_cache_bytes: int = 256 << 20,
                   gpu_kv_cache_bytes: int | None = None,
                   weight_transfer_backend: str | None = None, external_launcher: bool = False,
@@ -270,6 +289,14 @@ class VLLMEngine(Engine):
                              "external launcher runs its worker in this process")
         self.in_process = in_process
         self.env = apply_engine_env(in_process=in_process)
+        if device == "cuda" and kwargs.get("gpu_kv_cache_bytes") is None:
+            kv = checkpoint_kv_cache_bytes(
+                str(model), dtype=dtype, tensor_parallel_size=int(kwargs.get("tensor_parallel_size", 1)),
+                gpu_memory_utilization=float(kwargs.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)))
+            if kv is not None:
+                kwargs["gpu_kv_cache_bytes"] = kv
+                print(f"rltrain: vLLM KV cache fixed at {kv / 2**30:.2f} GiB, what {MAX_NUM_SEQS} sequences of the "
+                      f"model's length need (rollout.kv_cache_memory_gb sets it)", flush=True)
         self.kwargs = engine_kwargs(str(model), device=device, dtype=dtype, seed=seed, external_launcher=external,
                                     **kwargs)
         start = time.perf_counter()

@@ -106,7 +106,7 @@ class RolloutRole:
 def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, sync: str, seed: int):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
-    from rltrain.rollout.vllm import MAX_NUM_SEQS, VLLMEngine, auto_kv_cache_bytes
+    from rltrain.rollout.vllm import VLLMEngine
     from rltrain.rollout.weight_sync import transfer_backend
 
     tp = int(c["tensor_parallel_size"])
@@ -122,16 +122,7 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
         _write_checkpoint(model, tmp)
         source = tmp
     kv_gb = c.get("kv_cache_memory_gb")
-    kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)
-    if kv_bytes is None and device == "cuda":
-        kv_bytes = auto_kv_cache_bytes(
-            model.config, tensor_parallel_size=tp, dtype_bytes=dtype.itemsize,
-            gpu_memory_utilization=c["gpu_memory_utilization"],
-            gpu_total_bytes=torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-        if kv_bytes is not None:
-            print(f"rltrain: vLLM KV cache fixed at {kv_bytes / 2**30:.2f} GiB, what {MAX_NUM_SEQS} sequences of the "
-                  f"model's {model.config.max_position_embeddings} tokens need (rollout.kv_cache_memory_gb sets it)",
-                  flush=True)
+    kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)  # unset: the engine fixes a small model's (vllm.py)
     try:
         return VLLMEngine(source, tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."),
                           seed=seed, tensor_parallel_size=tp, gpu_memory_utilization=c["gpu_memory_utilization"],

@@ -465,12 +465,37 @@ def test_gpu_sleep_frees_memory_and_wake_restores_outputs(models):
     eng.close()
 
 
-def test_gpu_rollout_worker_passes_a_small_models_kv_cache_and_a_large_ones_fraction(monkeypatch, tmp_path):
-    """workers/rollout.py's vLLM construction on a GPU (faked: no CUDA here): the tiny model gets a fixed KV cache
-    of what it can use, the Qwen3-0.6B shape none (vLLM sizes it from gpu_memory_utilization); a set key wins."""
+def test_gpu_engine_fixes_a_small_models_kv_cache_and_leaves_a_large_ones_to_the_fraction(monkeypatch, tmp_path):
+    """VLLMEngine on a GPU (faked: no CUDA here, vLLM's LLM replaced): the tiny checkpoint gets a fixed KV cache of
+    what it can use, the Qwen3-0.6B shape none (vLLM sizes it from gpu_memory_utilization); a given size wins, and
+    the rollout worker passes rollout.kv_cache_memory_gb through (None when unset: the engine decides)."""
+    import vllm
+
     from rltrain.models.presets import hf_config_for
     from rltrain.rollout import vllm as vllm_mod
     from rltrain.workers import rollout as rollout_mod
+
+    class FakeLLM:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 << 30))
+    for builtin, capped in (("tiny", True), ("qwen3-0.6b", False)):
+        hf_config = hf_config_for(path=None, builtin=builtin, vocab_size=64)
+        path = tmp_path / builtin
+        hf_config.save_pretrained(path)
+        eng = VLLMEngine(str(path), device="cuda", dtype="bfloat16", eos_token_id=2, gpu_memory_utilization=0.5)
+        expect = auto_kv_cache_bytes(hf_config, tensor_parallel_size=1, dtype_bytes=2, gpu_memory_utilization=0.5,
+                                     gpu_total_bytes=80 << 30)
+        assert (expect is not None) == capped
+        assert eng.llm.kw.get("kv_cache_memory_bytes") == expect
+    given = VLLMEngine(str(tmp_path / "tiny"), device="cuda", dtype="bfloat16", eos_token_id=2,
+                       gpu_kv_cache_bytes=3 << 30)
+    assert given.llm.kw["kv_cache_memory_bytes"] == 3 << 30
+    assert vllm_mod.checkpoint_kv_cache_bytes("Qwen/Qwen3-0.6B", dtype="bfloat16", tensor_parallel_size=1,
+                                              gpu_memory_utilization=0.5) is None  # a hub name: vLLM decides
 
     seen = {}
 
@@ -479,17 +504,12 @@ def test_gpu_rollout_worker_passes_a_small_models_kv_cache_and_a_large_ones_frac
             seen.update(kw)
 
     monkeypatch.setattr(vllm_mod, "VLLMEngine", FakeEngine)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 << 30))
     cfg = {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_gb": None}
-    for builtin, capped in (("tiny", True), ("qwen3-0.6b", False)):
-        model = SimpleNamespace(config=hf_config_for(path=None, builtin=builtin, vocab_size=64))
-        (tmp_path / "model.safetensors").write_bytes(b"")  # an existing checkpoint: none is written
-        model.config._name_or_path = str(tmp_path)
-        rollout_mod._build_vllm(model, TOK, cfg, device="cuda", dtype=torch.float32, sync="nccl", seed=0)
-        expect = auto_kv_cache_bytes(model.config, tensor_parallel_size=1, dtype_bytes=4, gpu_memory_utilization=0.5,
-                                     gpu_total_bytes=80 << 30)
-        assert seen["gpu_kv_cache_bytes"] == expect and (expect is not None) == capped
+    model = SimpleNamespace(config=hf_config_for(path=None, builtin="tiny", vocab_size=64))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # an existing checkpoint: none is written
+    model.config._name_or_path = str(tmp_path)
+    rollout_mod._build_vllm(model, TOK, cfg, device="cuda", dtype=torch.float32, sync="nccl", seed=0)
+    assert seen["gpu_kv_cache_bytes"] is None
     rollout_mod._build_vllm(model, TOK, {**cfg, "kv_cache_memory_gb": 3.0}, device="cuda", dtype=torch.float32,
                             sync="nccl", seed=0)
     assert seen["gpu_kv_cache_bytes"] == 3 << 30
