@@ -68,6 +68,10 @@ class RolloutConfig:
     kv_cache_memory_gb: Optional[float] = None
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
+    # colocated vLLM on one GPU (tensor_parallel_size 1): engines sharing the GPU, each in its own process with
+    # 1/k of gpu_memory_utilization and 1/k of the batch, weights by CUDA IPC (rollout/pool.py: vLLM's host work
+    # per request bounds one engine at small models); 1: one engine in the trainer's process
+    engines_per_gpu: int = 1
     # HF engine: max sequences decoded together
     max_batch_size: int = 256
     # split placement (trainer.colocate=false): rollout replicas of tensor_parallel_size devices each;

@@ -95,6 +95,12 @@ def validate_config(cfg: DictConfig) -> None:
         e.append(f"rollout.kv_cache_memory_gb={r.kv_cache_memory_gb} must be a positive number of GiB, or null "
                  "(sized by rollout.gpu_memory_utilization)")
     _positive(e, "rollout.tensor_parallel_size", r.tensor_parallel_size)
+    _positive(e, "rollout.engines_per_gpu", r.engines_per_gpu)
+    if r.engines_per_gpu > 1 and (r.engine != "vllm" or r.tensor_parallel_size != 1 or not t.colocate
+                                  or t.device == "cpu"):
+        e.append(f"rollout.engines_per_gpu={r.engines_per_gpu} runs several vLLM engines on each GPU of a colocated "
+                 "run (rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device: "
+                 "weights reach them by CUDA IPC); set rollout.engines_per_gpu=1")
     mt = r.multi_turn
     if mt.enable:
         _positive(e, "rollout.multi_turn.max_turns", mt.max_turns)

@@ -116,6 +116,8 @@ def world_launcher_env(device: str = "cuda"):
             os.environ.pop(k, None)
 
 
+IPC_BUCKET_BYTES = 256 << 20  # one CUDA-IPC weight bucket (weight_transfer_backend="ipc")
+
 # The most sequences vLLM's offline LLM schedules at once (its default max_num_seqs on a large GPU; 256 on others).
 MAX_NUM_SEQS = 1024
 
@@ -159,7 +161,8 @@ def checkpoint_kv_cache_bytes(model: str, *, dtype: str, tensor_parallel_size: i
     hf_config = AutoConfig.from_pretrained(str(model))
     index = torch.cuda.current_device() if device_index is None else device_index
     return auto_kv_cache_bytes(hf_config, tensor_parallel_size=tensor_parallel_size,
-                               dtype_bytes=getattr(torch, dtype).itemsize, gpu_memory_utilization=gpu_memory_utilization,
+                               dtype_bytes=getattr(torch, dtype).itemsize,
+                               gpu_memory_utilization=gpu_memory_utilization,
                                gpu_total_bytes=torch.cuda.get_device_properties(index).total_memory)
 
 
@@ -287,8 +290,17 @@ class VLLMEngine(Engine):
         if external and not in_process:
             raise ValueError("VLLMEngine(in_process=False) cannot join the trainer's world (external_launcher): vLLM's "
                              "external launcher runs its worker in this process")
+        ipc = kwargs.get("weight_transfer_backend") == "ipc"
+        if ipc and (in_process or device != "cuda"):
+            raise ValueError("weight_transfer_backend='ipc' is for an engine in its own process on a GPU "
+                             "(in_process=False, device='cuda'); an engine in this process reloads in place")
         self.in_process = in_process
         self.env = apply_engine_env(in_process=in_process)
+        if ipc:
+            # the engine core decodes the buckets' pickled CUDA-IPC handles (vLLM refuses pickle without this);
+            # its sockets are local to this machine and its peer is this process
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+            self.env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         if device == "cuda" and kwargs.get("gpu_kv_cache_bytes") is None:
             kv = checkpoint_kv_cache_bytes(
                 str(model), dtype=dtype, tensor_parallel_size=int(kwargs.get("tensor_parallel_size", 1)),
@@ -320,6 +332,8 @@ class VLLMEngine(Engine):
         self._eos = () if eos_token_id is None else (
             (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
         self._asleep = False
+        if self._transfer_backend() == "ipc":
+            self.init_weight_transfer({})  # nothing to connect for CUDA IPC; vLLM's session starts here
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -363,9 +377,21 @@ class VLLMEngine(Engine):
         layerwise reload fuses q/k/v and gate/up and shards for TP). Needs the vLLM worker in this process
         (in-process engine: uni-process or external_launcher), which is how rltrain builds it."""
         if not self.in_process:
-            raise RuntimeError("VLLMEngine.update_weights reloads from this process's tensors and needs the engine "
-                               "in this process (in_process=True); an engine in its own process takes weights "
-                               "through a weight-transfer engine (init_weight_transfer / receive_weight_bucket)")
+            if self._transfer_backend() != "ipc":
+                raise RuntimeError("VLLMEngine.update_weights reloads from this process's tensors and needs the engine "
+                                   "in this process (in_process=True), or, in its own process on the same GPU, "
+                                   "weight_transfer_backend='ipc'; otherwise weights go through a weight-transfer "
+                                   "engine (init_weight_transfer / receive_weight_bucket)")
+            from rltrain.rollout.weight_sync import buckets
+
+            n = 0
+            self.start_weight_update()
+            for bucket in buckets(named_tensors, IPC_BUCKET_BYTES):
+                self.send_ipc_bucket(bucket)
+                n += len(bucket)
+            self.finish_weight_update()
+            torch.cuda.ipc_collect()
+            return n
         counted = _Counter(named_tensors)
         self._call("reload_weights", self.llm.collective_rpc, "reload_weights",
                    kwargs={"weights_iterator": iter(counted)})
@@ -382,6 +408,32 @@ class VLLMEngine(Engine):
     def receive_weight_bucket(self, update_info: dict[str, Any]) -> None:
         """One bucket through the weight-transfer engine: {"names", "dtype_names", "shapes"} (+ backend fields)."""
         self._call("update_weights", self.llm.update_weights, {"update_info": update_info})
+
+    def send_ipc_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """One bucket of this process's CUDA tensors into an engine in its own process on the same GPU, through
+        vLLM's CUDA-IPC weight-transfer engine (weight_transfer_backend="ipc"), between start_weight_update and
+        finish_weight_update: the engine maps the tensors' memory and loads from it (no copy through the host).
+        The tensors are held until vLLM returns, which it does after synchronizing its GPU work."""
+        import base64
+        import pickle
+
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        held = [(name, t.detach().contiguous()) for name, t in bucket]
+        for name, t in held:
+            if not t.is_cuda:
+                raise ValueError(f"send_ipc_bucket needs CUDA tensors; {name} is on {t.device}")
+        torch.cuda.current_stream().synchronize()  # what this process wrote is complete before the engine reads it
+        handles = [{uuid: reduce_tensor(t)[1]} for _, t in held]
+        self.receive_weight_bucket({
+            "names": [name for name, _ in held], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in held],
+            "shapes": [list(t.shape) for _, t in held],
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("ascii")})
+        del held
+
+    def _transfer_backend(self) -> str | None:
+        return (self.kwargs.get("weight_transfer_config") or {}).get("backend")
 
     def finish_weight_update(self) -> None:
         self._call("finish_weight_update", self.llm.finish_weight_update)

@@ -123,12 +123,31 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
         source = tmp
     kv_gb = c.get("kv_cache_memory_gb")
     kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)  # unset: the engine fixes a small model's (vllm.py)
+    common = dict(tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."), seed=seed,
+                  tensor_parallel_size=tp, enforce_eager=c["enforce_eager"],
+                  eos_token_id=getattr(tokenizer, "eos_token_id", None))
+    k = int(c.get("engines_per_gpu", 1))
     try:
-        return VLLMEngine(source, tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."),
-                          seed=seed, tensor_parallel_size=tp, gpu_memory_utilization=c["gpu_memory_utilization"],
-                          enforce_eager=c["enforce_eager"], gpu_kv_cache_bytes=kv_bytes,
-                          eos_token_id=getattr(tokenizer, "eos_token_id", None),
-                          weight_transfer_backend=transfer_backend(sync), external_launcher=world > 1 or None)
+        if k > 1:  # several engines in their own processes share this GPU; weights by CUDA IPC (rollout/pool.py)
+            if device != "cuda" or world > 1 or sync != "local":
+                raise ValueError(f"rollout.engines_per_gpu={k} needs a colocated run with one GPU per trainer process "
+                                 f"on CUDA (device {device}, {world} processes, weight sync {sync!r}): set it to 1")
+            from rltrain.rollout.pool import EnginePool
+
+            engines = []
+            try:
+                for _ in range(k):
+                    engines.append(VLLMEngine(source, **common, gpu_memory_utilization=c["gpu_memory_utilization"] / k,
+                                              gpu_kv_cache_bytes=None if kv_bytes is None else kv_bytes // k,
+                                              in_process=False, weight_transfer_backend="ipc", external_launcher=False))
+            except BaseException:
+                for engine in engines:  # the ones already started are processes of their own
+                    engine.close()
+                raise
+            return EnginePool(engines, bucket_bytes=int(c["weight_sync_bucket_mb"]) << 20)
+        return VLLMEngine(source, **common, gpu_memory_utilization=c["gpu_memory_utilization"],
+                          gpu_kv_cache_bytes=kv_bytes, weight_transfer_backend=transfer_backend(sync),
+                          external_launcher=world > 1 or None)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -56,6 +56,8 @@ def test_required_keys_exist_with_their_defaults():
         ("actor.dual_clip=0.5", "actor.dual_clip"),
         ("rollout.top_p=0", "rollout.top_p"),
         ("rollout.kv_cache_memory_gb=0", "rollout.kv_cache_memory_gb"),
+        ("rollout.engines_per_gpu=0", "rollout.engines_per_gpu"),
+        ("rollout.engines_per_gpu=2", "rollout.engines_per_gpu"),  # hf engine (and CPU): not for it
         ("trainer.logprobs_chunk_size=0", "trainer.logprobs_chunk_size"),
         ("reward.fn=nope", "reward.fn"),
         ("data.source=file", "data.train_files"),
@@ -109,3 +111,12 @@ def test_cli_cfg_job_prints_the_keys():
                 "logprobs_response_only:", "logprobs_loss_mask_only:", "adv_estimator:", "entropy_coef:"):
         assert key in res.stdout
     assert _run_main("--help").returncode == 0
+
+
+def test_engines_per_gpu_is_accepted_for_colocated_vllm_on_cuda_only():
+    ok = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda"])
+    validate_config(ok)
+    for bad in (["trainer.colocate=false"], ["rollout.tensor_parallel_size=2"], ["trainer.device=cpu"]):
+        cfg = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda", *bad])
+        with pytest.raises(ConfigError, match="rollout.engines_per_gpu=2"):
+            validate_config(cfg)

@@ -154,32 +154,51 @@ def test_a_seeded_batch_larger_than_one_step_generates_as_its_parts_do(engine):
 
 
 OWN_PROCESS = """
-import sys
+import json, sys
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams
+from rltrain.rollout.pool import EnginePool
 from rltrain.rollout.vllm import VLLMEngine
 if __name__ == "__main__":
-    eng = VLLMEngine(sys.argv[1], tokenizer=CharTokenizer(), device="cpu", dtype="float32", seed=0, eos_token_id=2,
-                     in_process=False)
-    out = eng.generate([[1, 5, 20, 31, 12], [9, 10]], SamplingParams(temperature=0.0, max_tokens=8))
-    print("TOKENS", [r.token_ids for r in out], flush=True)
+    tok = CharTokenizer()
+    engines = [VLLMEngine(sys.argv[1], tokenizer=tok, device="cpu", dtype="float32", seed=0,
+                          eos_token_id=tok.eos_token_id, in_process=False) for _ in range(2)]
+    pool = EnginePool(engines)
+    prompts = json.loads(sys.argv[2])
+    for name, sampling in (("GREEDY", SamplingParams(temperature=0.0, max_tokens=8)),
+                           ("SEEDED", SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=77))):
+        print(name, json.dumps([(r.prompt_index, r.token_ids, r.logprobs) for r in pool.generate(prompts, sampling)]),
+              flush=True)
     try:
-        eng.update_weights([])
+        engines[0].update_weights([])
     except RuntimeError as err:
-        print("REFUSED", "weight-transfer engine" in str(err), flush=True)
-    eng.close()
+        print("REFUSED", json.dumps("weight_transfer_backend='ipc'" in str(err)), flush=True)
+    pool.close()
 """
 
 
-def test_engine_in_its_own_process_generates_as_in_process_and_refuses_in_place_reload(engine, models):
-    res = subprocess.run([sys.executable, "-c", OWN_PROCESS, models[0]], capture_output=True, text=True, timeout=240)
+def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_does(engine, models):
+    """EnginePool over two vLLM engines in their own processes (vLLM's CPU build; no CUDA IPC here, so generation
+    only): greedy and per-request-seeded sampling equal the in-process engine's, prompt by prompt."""
+    prompts = [[1, 5, 20, 31, 12], [9, 10], [1, 6, 40, 41], [7], [3, 3, 3]]
+    res = subprocess.run([sys.executable, "-c", OWN_PROCESS, models[0], json.dumps(prompts)], capture_output=True,
+                         text=True, timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("TOKENS", "REFUSED")))
-    want = engine.generate([[1, 5, 20, 31, 12], [9, 10]], SamplingParams(temperature=0.0, max_tokens=8))
-    assert lines["TOKENS"] == str([r.token_ids for r in want])
-    assert lines["REFUSED"] == "True"
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("GREEDY", "SEEDED",
+                                                                                           "REFUSED")))
+    for name, sampling in (("GREEDY", SamplingParams(temperature=0.0, max_tokens=8)),
+                           ("SEEDED", SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=77))):
+        got = json.loads(lines[name])
+        want = engine.generate(prompts, sampling)
+        assert [(i, t) for i, t, _ in got] == [(r.prompt_index, r.token_ids) for r in want], name
+        torch.testing.assert_close(torch.tensor([x for _, _, lp in got for x in lp]),
+                                   torch.tensor([x for r in want for x in r.logprobs]), atol=1e-4, rtol=0)
+    assert json.loads(lines["REFUSED"]) is True  # in its own process without IPC: no in-place reload
     with pytest.raises(ValueError, match="external launcher"):
         VLLMEngine(models[0], device="cpu", dtype="float32", in_process=False, external_launcher=True)
+    with pytest.raises(ValueError, match="own process on a GPU"):
+        VLLMEngine(models[0], device="cpu", dtype="float32", in_process=False, weight_transfer_backend="ipc",
+                   external_launcher=False)
 
 
 def test_sleep_and_wake_leave_outputs_unchanged(engine):
@@ -465,6 +484,51 @@ def test_gpu_sleep_frees_memory_and_wake_restores_outputs(models):
     eng.close()
 
 
+IPC_POOL = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+from rltrain.data.tokenizer import CharTokenizer
+from rltrain.rollout import SamplingParams
+from rltrain.rollout.hf import HFEngine
+from rltrain.rollout.pool import EnginePool
+from rltrain.rollout.vllm import VLLMEngine
+if __name__ == "__main__":
+    old_path, new_path, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    tok = CharTokenizer()
+    engines = [VLLMEngine(old_path, tokenizer=tok, device="cuda", dtype="float32", eos_token_id=tok.eos_token_id,
+                          gpu_memory_utilization=0.15, in_process=False, weight_transfer_backend="ipc",
+                          external_launcher=False) for _ in range(2)]
+    pool = EnginePool(engines, bucket_bytes=1 << 16)
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=12)
+    new = AutoModelForCausalLM.from_pretrained(new_path, dtype=torch.float32).cuda().eval()
+    want = HFEngine(new, tokenizer=tok, eos_token_id=tok.eos_token_id, device="cuda").generate(prompts, greedy)
+    pool.sleep(level=2)
+    pool.wake_up()
+    n = pool.update_weights((k, v.detach().clone()) for k, v in new.state_dict().items())
+    got = pool.generate(prompts, greedy)
+    print("SAME", json.dumps([r.token_ids for r in got] == [r.token_ids for r in want]), n, flush=True)
+    pool.close()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_pool_of_two_engines_takes_new_weights_by_cuda_ipc(models, tmp_path):
+    """rollout.engines_per_gpu=2's engines: two vLLM engines in their own processes on one GPU, put to sleep at
+    level 2 (weights dropped) and given another model's weights through CUDA IPC, generate that model's greedy
+    tokens (the hf engine on the new weights is the reference)."""
+    path, _, new = models
+    new_path = tmp_path / "new"
+    new.save_pretrained(new_path)
+    prompts = PROMPTS + [[1, 2, 3, 4, 5, 6, 7]]
+    res = subprocess.run([sys.executable, "-c", IPC_POOL, path, str(new_path), json.dumps(prompts)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    line = next(line for line in res.stdout.splitlines() if line.startswith("SAME"))
+    assert line.split()[1] == "true" and int(line.split()[2]) > 0, res.stdout[-2000:]
+
+
 def test_gpu_engine_fixes_a_small_models_kv_cache_and_leaves_a_large_ones_to_the_fraction(monkeypatch, tmp_path):
     """VLLMEngine on a GPU (faked: no CUDA here, vLLM's LLM replaced): the tiny checkpoint gets a fixed KV cache of
     what it can use, the Qwen3-0.6B shape none (vLLM sizes it from gpu_memory_utilization); a given size wins, and
@@ -513,3 +577,35 @@ def test_gpu_engine_fixes_a_small_models_kv_cache_and_leaves_a_large_ones_to_the
     rollout_mod._build_vllm(model, TOK, {**cfg, "kv_cache_memory_gb": 3.0}, device="cuda", dtype=torch.float32,
                             sync="nccl", seed=0)
     assert seen["gpu_kv_cache_bytes"] == 3 << 30
+
+
+def test_rollout_worker_builds_a_pool_of_ipc_engines_for_engines_per_gpu(monkeypatch, tmp_path):
+    """rollout.engines_per_gpu=2 (colocated, CUDA faked): two engines in their own processes, each with half the
+    memory share and of a configured KV cache, weights by CUDA IPC, in a pool; elsewhere a clear error."""
+    from rltrain.models.presets import hf_config_for
+    from rltrain.rollout import vllm as vllm_mod
+    from rltrain.rollout.pool import EnginePool
+    from rltrain.workers import rollout as rollout_mod
+
+    built = []
+
+    class FakeEngine:
+        def __init__(self, source, **kw):
+            built.append(kw)
+
+    monkeypatch.setattr(vllm_mod, "VLLMEngine", FakeEngine)
+    cfg = {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.6, "enforce_eager": False, "kv_cache_memory_gb": 3.0,
+           "engines_per_gpu": 2, "weight_sync_bucket_mb": 64}
+    model = SimpleNamespace(config=hf_config_for(path=None, builtin="tiny", vocab_size=64))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    model.config._name_or_path = str(tmp_path)
+    pool = rollout_mod._build_vllm(model, TOK, cfg, device="cuda", dtype=torch.bfloat16, sync="local", seed=3)
+    assert isinstance(pool, EnginePool) and len(pool.engines) == 2 and pool.bucket_bytes == 64 << 20
+    for kw in built:
+        assert kw["gpu_memory_utilization"] == pytest.approx(0.3) and kw["gpu_kv_cache_bytes"] == (3 << 30) // 2
+        assert kw["in_process"] is False and kw["weight_transfer_backend"] == "ipc" and kw["external_launcher"] is False
+        assert kw["seed"] == 3 and kw["dtype"] == "bfloat16"
+    pool.close()
+    for device, sync in (("cpu", "local"), ("cuda", "nccl")):
+        with pytest.raises(ValueError, match="engines_per_gpu=2"):
+            rollout_mod._build_vllm(model, TOK, cfg, device=device, dtype=torch.bfloat16, sync=sync, seed=3)
