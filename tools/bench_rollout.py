@@ -12,6 +12,8 @@ tokens/s counts generated tokens. Weight sync streams the model's HF state dict 
 `engine.update_weights` (vLLM: in-place reload, no host round trip). vLLM's CPU build has no sleep mode, so
 sleep/wake are reported only on GPU. The first generate of each engine is a warm-up and not timed.
 --profile adds one more generate per engine under cProfile (tools/host_profile.py): where the host time goes.
+--engines-per-gpu k: k vLLM engines in their own processes share the device (rollout.engines_per_gpu; on a GPU their
+weights come by CUDA IPC and every row is timed, on CPU generation only; --profile then sees this process only).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def device_copy(model, device: str) -> dict:
     return {k: v.detach().to(device, copy=True) for k, v in model.named_parameters()}
 
 
-def bench_engine(name: str, engine, prompts, args, model) -> dict:
+def bench_engine(name: str, engine, prompts, args, model, *, sync: bool = True) -> dict:
+    """sync=False: generation rows only (an engine that cannot take this process's tensors)."""
     from rltrain.rollout import SamplingParams
 
     sampling = SamplingParams(temperature=1.0, max_tokens=args.response_len, seed=0)
@@ -94,7 +97,7 @@ def bench_engine(name: str, engine, prompts, args, model) -> dict:
                 key = f"{'seeded' if seeded else 'unseeded'}, {'log-probs' if logprobs else 'no log-probs'}"
                 res["variants"][key] = {"gen_s": best, "ms_per_decode_step": 1e3 * best / args.response_len,
                                         "gen_tokens_per_s": len(rows) * args.response_len / best}
-    if not getattr(engine, "in_process", True):  # weights reach it only through a transfer engine: no sync rows
+    if not sync:
         return res
     state = device_copy(model, args.device)
     gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
@@ -152,6 +155,9 @@ def main() -> None:
     ap.add_argument("--engine-process", choices=["this", "own"], default="this",
                     help="vllm: engine core in this process (the trainer's way) or in its own process (vLLM's "
                          "default: output processing overlaps the steps); 'own' times generation only")
+    ap.add_argument("--engines-per-gpu", type=int, default=1,
+                    help="vllm: this many engines in their own processes share the device (rollout.engines_per_gpu: "
+                         "the batch split between them, weights by CUDA IPC)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one generate per engine (cProfile: host time by function and package area; "
                          "profile_<engine>.md)")
@@ -184,14 +190,27 @@ def main() -> None:
             from rltrain.rollout.vllm import VLLMEngine
 
             res["vllm"] = vllm.__version__
+            k = args.engines_per_gpu
+            common = dict(device=args.device, dtype=str(dtype).removeprefix("torch."), eos_token_id=[],
+                          gpu_memory_utilization=args.gpu_memory_utilization / k, enforce_eager=args.enforce_eager,
+                          max_model_len=args.prompt_len + args.response_len + 8)
             with tempfile.TemporaryDirectory() as path:
                 model.save_pretrained(path)
-                engine, start_s = timed(lambda: VLLMEngine(
-                    path, device=args.device, dtype=str(dtype).removeprefix("torch."), eos_token_id=[],
-                    gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-                    max_model_len=args.prompt_len + args.response_len + 8,
-                    in_process=args.engine_process == "this"), args.device)
-        r = bench_engine(name, engine, prompts, args, model)
+                if k == 1:
+                    engine, start_s = timed(lambda: VLLMEngine(path, **common,
+                                                               in_process=args.engine_process == "this"), args.device)
+                else:  # rollout.engines_per_gpu: engines in their own processes, weights by CUDA IPC (GPU)
+                    from rltrain.rollout.pool import EnginePool
+
+                    ipc = "ipc" if args.device == "cuda" else None
+                    engine, start_s = timed(lambda: EnginePool([VLLMEngine(
+                        path, **common, in_process=False, weight_transfer_backend=ipc, external_launcher=False)
+                        for _ in range(k)]), args.device)
+                    name = f"vllm-x{k}"
+        # an engine in its own process takes this process's tensors only by CUDA IPC (a pool of them on a GPU)
+        sync = name == "hf" or (args.engine_process == "this" and args.engines_per_gpu == 1) or (
+            args.engines_per_gpu > 1 and args.device == "cuda")
+        r = bench_engine(name, engine, prompts, args, model, sync=sync)
         r["start_s"] = start_s
         res["results"].append(r)
         print(json.dumps(r), flush=True)
