@@ -12,7 +12,9 @@ vLLM calls used:
       process already belongs to a torch.distributed world (the trainer's, colocated), vLLM joins it with
       distributed_executor_backend="external_launcher": every rank hosts one vLLM worker in process and the
       world's ranks form vLLM's tensor-parallel (x data-parallel) groups, so actor TP=2 + vLLM TP=2 needs no
-      extra processes and weights move without IPC or a host round trip.
+      extra processes and weights move without IPC or a host round trip. VLLMEngine(in_process=False): the engine
+      core in its own process (rollout.engines_per_gpu > 1, rollout/pool.py); weights then by CUDA IPC
+      (weight_transfer_backend="ipc", send_ipc_bucket).
   LLM.generate([TokensPrompt(prompt_token_ids=ids)], vllm.SamplingParams(..., logprobs=0))
   LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": it})   in-place reload (layerwise)
   LLM.init_weight_transfer_engine / start_weight_update / update_weights / finish_weight_update
