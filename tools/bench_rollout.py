@@ -192,7 +192,7 @@ def main() -> None:
             res["vllm"] = vllm.__version__
             k = args.engines_per_gpu
             common = dict(device=args.device, dtype=str(dtype).removeprefix("torch."), eos_token_id=[],
-                          gpu_memory_utilization=args.gpu_memory_utilization / k, enforce_eager=args.enforce_eager,
+                          gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
                           max_model_len=args.prompt_len + args.response_len + 8)
             with tempfile.TemporaryDirectory() as path:
                 model.save_pretrained(path)
@@ -200,12 +200,9 @@ def main() -> None:
                     engine, start_s = timed(lambda: VLLMEngine(path, **common,
                                                                in_process=args.engine_process == "this"), args.device)
                 else:  # rollout.engines_per_gpu: engines in their own processes, weights by CUDA IPC (GPU)
-                    from rltrain.rollout.pool import EnginePool
+                    from rltrain.rollout.vllm import start_engine_pool
 
-                    ipc = "ipc" if args.device == "cuda" else None
-                    engine, start_s = timed(lambda: EnginePool([VLLMEngine(
-                        path, **common, in_process=False, weight_transfer_backend=ipc, external_launcher=False)
-                        for _ in range(k)]), args.device)
+                    engine, start_s = timed(lambda: start_engine_pool(path, k, **common), args.device)
                     name = f"vllm-x{k}"
         # an engine in its own process takes this process's tensors only by CUDA IPC (a pool of them on a GPU)
         sync = name == "hf" or (args.engine_process == "this" and args.engines_per_gpu == 1) or (

@@ -51,10 +51,6 @@ class EnginePool(Engine):
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.engines[0].eos_token_ids
 
-    @property
-    def version(self) -> str:
-        return getattr(self.engines[0], "version", "")
-
     def generate(self, prompts_token_ids: list[list[int]], sampling: SamplingParams) -> list[RolloutResponse]:
         check_prompts(prompts_token_ids)
         parts = shares(len(prompts_token_ids), len(self.engines))
@@ -68,20 +64,9 @@ class EnginePool(Engine):
         return responses
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        from rltrain.rollout.weight_sync import buckets
+        from rltrain.rollout.weight_sync import send_ipc_buckets
 
-        for engine in self.engines:
-            engine.start_weight_update()
-        n = 0
-        for bucket in buckets(named_tensors, self.bucket_bytes):
-            for engine in self.engines:
-                engine.send_ipc_bucket(bucket)
-            n += len(bucket)
-        for engine in self.engines:
-            engine.finish_weight_update()
-        if torch.cuda.is_available():
-            torch.cuda.ipc_collect()
-        return n
+        return send_ipc_buckets(self.engines, named_tensors, self.bucket_bytes)
 
     def sleep(self, level: int = 1) -> None:
         for engine in self.engines:

@@ -271,8 +271,8 @@ class VLLMEngine(Engine):
     model: HF directory or hub name. tokenizer: anything with decode(list[int]) -> str; used only for stop
     strings. device: "cuda" or "cpu". eos_token_id: int / list (default: the checkpoint's config).
     in_process=False: vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1; the main module
-    must be import-safe, vLLM spawns): its output processing then overlaps the engine's steps, but weights reach
-    it only through a weight-transfer engine (NCCL), not update_weights; the trainer keeps True.
+    must be import-safe, vLLM spawns): weights then reach it through a weight-transfer engine, update_weights only
+    with weight_transfer_backend="ipc" (CUDA IPC on the same GPU); start_engine_pool builds several.
     Other keyword arguments go to engine_kwargs (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
@@ -376,24 +376,18 @@ class VLLMEngine(Engine):
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """In-place reload from (HF name, tensor) pairs on any device, consumed lazily in one pass (vLLM's
-        layerwise reload fuses q/k/v and gate/up and shards for TP). Needs the vLLM worker in this process
-        (in-process engine: uni-process or external_launcher), which is how rltrain builds it."""
+        layerwise reload fuses q/k/v and gate/up and shards for TP) when the vLLM worker is in this process
+        (uni-process or external_launcher); an engine in its own process takes the same stream by CUDA IPC
+        (weight_transfer_backend="ipc", weight_sync.send_ipc_buckets)."""
         if not self.in_process:
             if self._transfer_backend() != "ipc":
                 raise RuntimeError("VLLMEngine.update_weights reloads from this process's tensors and needs the engine "
                                    "in this process (in_process=True), or, in its own process on the same GPU, "
                                    "weight_transfer_backend='ipc'; otherwise weights go through a weight-transfer "
                                    "engine (init_weight_transfer / receive_weight_bucket)")
-            from rltrain.rollout.weight_sync import buckets
+            from rltrain.rollout.weight_sync import send_ipc_buckets
 
-            n = 0
-            self.start_weight_update()
-            for bucket in buckets(named_tensors, IPC_BUCKET_BYTES):
-                self.send_ipc_bucket(bucket)
-                n += len(bucket)
-            self.finish_weight_update()
-            torch.cuda.ipc_collect()
-            return n
+            return send_ipc_buckets([self], named_tensors, IPC_BUCKET_BYTES)
         counted = _Counter(named_tensors)
         self._call("reload_weights", self.llm.collective_rpc, "reload_weights",
                    kwargs={"weights_iterator": iter(counted)})
@@ -520,6 +514,27 @@ class _Counter:
         for item in self.items:
             self.n += 1
             yield item
+
+
+def start_engine_pool(model: str, k: int, *, device: str, gpu_memory_utilization: float,
+                      gpu_kv_cache_bytes: int | None = None, bucket_bytes: int = IPC_BUCKET_BYTES, **kwargs: Any):
+    """rollout.engines_per_gpu: k VLLMEngines in their own processes sharing this device, each with 1/k of the
+    memory share (and of a given KV cache), in an EnginePool (rollout/pool.py). On CUDA their weights come by CUDA
+    IPC; on CPU (no IPC) the pool only generates. Engines started before a failing one are shut down."""
+    from rltrain.rollout.pool import EnginePool
+
+    engines: list[VLLMEngine] = []
+    try:
+        for _ in range(k):
+            engines.append(VLLMEngine(
+                model, device=device, gpu_memory_utilization=gpu_memory_utilization / k,
+                gpu_kv_cache_bytes=None if gpu_kv_cache_bytes is None else gpu_kv_cache_bytes // k, in_process=False,
+                weight_transfer_backend="ipc" if device == "cuda" else None, external_launcher=False, **kwargs))
+    except BaseException:
+        for engine in engines:  # the ones already started are processes of their own
+            engine.close()
+        raise
+    return EnginePool(engines, bucket_bytes=bucket_bytes)
 
 
 def _checkpoint_eos(llm) -> int | list[int] | None:

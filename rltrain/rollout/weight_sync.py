@@ -8,6 +8,8 @@ Streams HF-named full tensors bucket by bucket (never a second full copy of the 
     "nccl"   split, cuda, vllm               vLLM's NCCL weight-transfer engine      NCCL broadcast GPU -> GPUs
     "gloo"   split, cpu (either engine);     gloo broadcast, then the engine's       gloo (host memory, one
              split, cuda, hf                 update_weights on the received stream   bucket at a time)
+    Colocated vLLM engines in their own processes (rollout.engines_per_gpu > 1) take the "local" stream through
+    send_ipc_buckets: each bucket's CUDA-IPC handles to every engine (vLLM's IPC weight-transfer engine).
 
 Split mode builds a SyncGroup: rank 0 is the train rank that exports (train rank 0; every train rank still
 iterates the export because its TP gathers are collective), ranks 1..R are the rollout engines. Per bucket
@@ -58,6 +60,24 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
         size += nbytes
     if bucket:
         yield bucket
+
+
+def send_ipc_buckets(engines, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> int:
+    """Stream (HF name, CUDA tensor) pairs to vLLM engines in their own processes on this GPU: one weight-update
+    session per engine, each bucket sent to every engine by CUDA IPC (VLLMEngine.send_ipc_bucket), so the stream
+    is read once and at most one bucket is held. Returns the number of tensors."""
+    for engine in engines:
+        engine.start_weight_update()
+    n = 0
+    for bucket in buckets(named_tensors, bucket_bytes):
+        for engine in engines:
+            engine.send_ipc_bucket(bucket)
+        n += len(bucket)
+    for engine in engines:
+        engine.finish_weight_update()
+    if torch.cuda.is_available():
+        torch.cuda.ipc_collect()  # the engines have closed their mappings: let the memory go
+    return n
 
 
 class SyncGroup:

@@ -132,19 +132,10 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
             if device != "cuda" or world > 1 or sync != "local":
                 raise ValueError(f"rollout.engines_per_gpu={k} needs a colocated run with one GPU per trainer process "
                                  f"on CUDA (device {device}, {world} processes, weight sync {sync!r}): set it to 1")
-            from rltrain.rollout.pool import EnginePool
+            from rltrain.rollout.vllm import start_engine_pool
 
-            engines = []
-            try:
-                for _ in range(k):
-                    engines.append(VLLMEngine(source, **common, gpu_memory_utilization=c["gpu_memory_utilization"] / k,
-                                              gpu_kv_cache_bytes=None if kv_bytes is None else kv_bytes // k,
-                                              in_process=False, weight_transfer_backend="ipc", external_launcher=False))
-            except BaseException:
-                for engine in engines:  # the ones already started are processes of their own
-                    engine.close()
-                raise
-            return EnginePool(engines, bucket_bytes=int(c["weight_sync_bucket_mb"]) << 20)
+            return start_engine_pool(source, k, **common, gpu_memory_utilization=c["gpu_memory_utilization"],
+                                     gpu_kv_cache_bytes=kv_bytes, bucket_bytes=int(c["weight_sync_bucket_mb"]) << 20)
         return VLLMEngine(source, **common, gpu_memory_utilization=c["gpu_memory_utilization"],
                           gpu_kv_cache_bytes=kv_bytes, weight_transfer_backend=transfer_backend(sync),
                           external_launcher=world > 1 or None)

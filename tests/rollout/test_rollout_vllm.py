@@ -157,13 +157,12 @@ OWN_PROCESS = """
 import json, sys
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams
-from rltrain.rollout.pool import EnginePool
-from rltrain.rollout.vllm import VLLMEngine
+from rltrain.rollout.vllm import start_engine_pool
 if __name__ == "__main__":
     tok = CharTokenizer()
-    engines = [VLLMEngine(sys.argv[1], tokenizer=tok, device="cpu", dtype="float32", seed=0,
-                          eos_token_id=tok.eos_token_id, in_process=False) for _ in range(2)]
-    pool = EnginePool(engines)
+    pool = start_engine_pool(sys.argv[1], 2, tokenizer=tok, device="cpu", dtype="float32", seed=0,
+                             eos_token_id=tok.eos_token_id, gpu_memory_utilization=0.5)
+    engines = pool.engines
     prompts = json.loads(sys.argv[2])
     for name, sampling in (("GREEDY", SamplingParams(temperature=0.0, max_tokens=8)),
                            ("SEEDED", SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=77))):
@@ -178,7 +177,7 @@ if __name__ == "__main__":
 
 
 def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_does(engine, models):
-    """EnginePool over two vLLM engines in their own processes (vLLM's CPU build; no CUDA IPC here, so generation
+    """start_engine_pool: two vLLM engines in their own processes (vLLM's CPU build; no CUDA IPC here, so generation
     only): greedy and per-request-seeded sampling equal the in-process engine's, prompt by prompt."""
     prompts = [[1, 5, 20, 31, 12], [9, 10], [1, 6, 40, 41], [7], [3, 3, 3]]
     res = subprocess.run([sys.executable, "-c", OWN_PROCESS, models[0], json.dumps(prompts)], capture_output=True,
@@ -491,15 +490,12 @@ from transformers import AutoModelForCausalLM
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams
 from rltrain.rollout.hf import HFEngine
-from rltrain.rollout.pool import EnginePool
-from rltrain.rollout.vllm import VLLMEngine
+from rltrain.rollout.vllm import start_engine_pool
 if __name__ == "__main__":
     old_path, new_path, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     tok = CharTokenizer()
-    engines = [VLLMEngine(old_path, tokenizer=tok, device="cuda", dtype="float32", eos_token_id=tok.eos_token_id,
-                          gpu_memory_utilization=0.15, in_process=False, weight_transfer_backend="ipc",
-                          external_launcher=False) for _ in range(2)]
-    pool = EnginePool(engines, bucket_bytes=1 << 16)
+    pool = start_engine_pool(old_path, 2, tokenizer=tok, device="cuda", dtype="float32", eos_token_id=tok.eos_token_id,
+                             gpu_memory_utilization=0.3, bucket_bytes=1 << 16)
     greedy = SamplingParams(n=2, temperature=0.0, max_tokens=12)
     new = AutoModelForCausalLM.from_pretrained(new_path, dtype=torch.float32).cuda().eval()
     want = HFEngine(new, tokenizer=tok, eos_token_id=tok.eos_token_id, device="cuda").generate(prompts, greedy)
