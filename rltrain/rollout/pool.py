@@ -1,6 +1,7 @@
 """Several rollout engines serving one batch at once: EnginePool splits the prompts into contiguous shares, runs
 the engines' generate calls concurrently (one thread each; the engines are other processes, so their host work
-runs in parallel) and joins the responses in prompt order. Weight updates stream each bucket to every engine once.
+runs in parallel) and joins the responses in prompt order. Weight updates stream each bucket to every engine once,
+the engines taking it at once; sleep and wake run on every engine at once too.
 
 Why: vLLM's engine core spends ~43 us of host time per running request per decode step (docs/benchmarks.md,
 section 5: an H100 profile of the GRPO step's generation), so one engine at 256 sequences of a 0.6B model is
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
+from rltrain.rollout.weight_sync import on_every, send_ipc_buckets
 
 
 def shares(n: int, k: int) -> list[tuple[int, int]]:
@@ -64,17 +66,13 @@ class EnginePool(Engine):
         return responses
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        from rltrain.rollout.weight_sync import send_ipc_buckets
-
         return send_ipc_buckets(self.engines, named_tensors, self.bucket_bytes)
 
     def sleep(self, level: int = 1) -> None:
-        for engine in self.engines:
-            engine.sleep(level=level)
+        on_every(self.engines, lambda engine: engine.sleep(level=level), self._threads)
 
     def wake_up(self) -> None:
-        for engine in self.engines:
-            engine.wake_up()
+        on_every(self.engines, lambda engine: engine.wake_up(), self._threads)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)

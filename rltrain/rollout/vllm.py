@@ -42,6 +42,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -415,13 +416,16 @@ class VLLMEngine(Engine):
 
         from torch.multiprocessing.reductions import reduce_tensor
 
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
         held = [(name, t.detach().contiguous()) for name, t in bucket]
         for name, t in held:
             if not t.is_cuda:
                 raise ValueError(f"send_ipc_bucket needs CUDA tensors; {name} is on {t.device}")
-        torch.cuda.current_stream().synchronize()  # what this process wrote is complete before the engine reads it
-        handles = [{uuid: reduce_tensor(t)[1]} for _, t in held]
+        uuids = {}
+        for _, t in held:  # the tensors' GPU (a thread's current device need not be it)
+            if t.device not in uuids:
+                uuids[t.device] = str(torch.cuda.get_device_properties(t.device).uuid)
+                torch.cuda.current_stream(t.device).synchronize()  # written before the engine reads it
+        handles = [{uuids[t.device]: reduce_tensor(t)[1]} for _, t in held]
         self.receive_weight_bucket({
             "names": [name for name, _ in held], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in held],
             "shapes": [list(t.shape) for _, t in held],
@@ -520,20 +524,49 @@ def start_engine_pool(model: str, k: int, *, device: str, gpu_memory_utilization
                       gpu_kv_cache_bytes: int | None = None, bucket_bytes: int = IPC_BUCKET_BYTES, **kwargs: Any):
     """rollout.engines_per_gpu: k VLLMEngines in their own processes sharing this device, each with 1/k of the
     memory share (and of a given KV cache), in an EnginePool (rollout/pool.py). On CUDA their weights come by CUDA
-    IPC; on CPU (no IPC) the pool only generates. Engines started before a failing one are shut down."""
+    IPC; on CPU (no IPC) the pool only generates.
+
+    The engines start at once (one thread each; the start is their own processes' work: load, compile, CUDA
+    graphs) when their KV cache is fixed: given, or what a small model ever needs (checkpoint_kv_cache_bytes). A
+    cache vLLM sizes itself comes from a profile of the GPU's free memory, which another engine starting beside it
+    would change: those start one after another. Engines started beside a failing one are shut down."""
     from rltrain.rollout.pool import EnginePool
 
+    share = gpu_memory_utilization / k
+    kv_each = None if gpu_kv_cache_bytes is None else gpu_kv_cache_bytes // k
+    if device == "cuda" and kv_each is None:
+        kv_each = checkpoint_kv_cache_bytes(str(model), dtype=str(kwargs.get("dtype", "bfloat16")),
+                                            tensor_parallel_size=int(kwargs.get("tensor_parallel_size", 1)),
+                                            gpu_memory_utilization=share)
+    at_once = device != "cuda" or kv_each is not None
+
+    def start_one() -> VLLMEngine:
+        return VLLMEngine(
+            model, device=device, gpu_memory_utilization=share, gpu_kv_cache_bytes=kv_each, in_process=False,
+            weight_transfer_backend="ipc" if device == "cuda" else None, external_launcher=False, **kwargs)
+
+    started = time.perf_counter()
     engines: list[VLLMEngine] = []
-    try:
-        for _ in range(k):
-            engines.append(VLLMEngine(
-                model, device=device, gpu_memory_utilization=gpu_memory_utilization / k,
-                gpu_kv_cache_bytes=None if gpu_kv_cache_bytes is None else gpu_kv_cache_bytes // k, in_process=False,
-                weight_transfer_backend="ipc" if device == "cuda" else None, external_launcher=False, **kwargs))
-    except BaseException:
-        for engine in engines:  # the ones already started are processes of their own
-            engine.close()
-        raise
+    if at_once:
+        with ThreadPoolExecutor(max_workers=k, thread_name_prefix="rltrain-engine-start") as threads:
+            futures = [threads.submit(start_one) for _ in range(k)]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        engines = [f.result() for f in futures if f.exception() is None]
+        if errors:
+            for engine in engines:  # the ones that started are processes of their own
+                engine.close()
+            raise errors[0]
+    else:
+        try:
+            for _ in range(k):
+                engines.append(start_one())
+        except BaseException:
+            for engine in engines:
+                engine.close()
+            raise
+    how = "at once" if at_once else "one after another: KV cache sized by vLLM (rollout.kv_cache_memory_gb fixes it)"
+    print(f"rltrain: {k} vLLM engines on this {device} started in {time.perf_counter() - started:.1f} s ({how})",
+          flush=True)
     return EnginePool(engines, bucket_bytes=bucket_bytes)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -65,19 +66,33 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
 def send_ipc_buckets(engines, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> int:
     """Stream (HF name, CUDA tensor) pairs to vLLM engines in their own processes on this GPU: one weight-update
     session per engine, each bucket sent to every engine by CUDA IPC (VLLMEngine.send_ipc_bucket), so the stream
-    is read once and at most one bucket is held. Returns the number of tensors."""
-    for engine in engines:
-        engine.start_weight_update()
-    n = 0
-    for bucket in buckets(named_tensors, bucket_bytes):
-        for engine in engines:
-            engine.send_ipc_bucket(bucket)
-        n += len(bucket)
-    for engine in engines:
-        engine.finish_weight_update()
+    is read once and at most one bucket is held. Several engines take each bucket at once (one thread each: they
+    load in their own processes), so k engines cost about what one does. Returns the number of tensors."""
+    with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="rltrain-ipc") as threads:
+        on_every(engines, lambda engine: engine.start_weight_update(), threads)
+        n = 0
+        for bucket in buckets(named_tensors, bucket_bytes):
+            for device in {t.device for _, t in bucket if t.is_cuda}:
+                # what this thread's stream wrote is complete before the engines (and the sending threads) read it
+                torch.cuda.current_stream(device).synchronize()
+            on_every(engines, lambda engine, part=bucket: engine.send_ipc_bucket(part), threads)
+            n += len(bucket)
+        on_every(engines, lambda engine: engine.finish_weight_update(), threads)
     if torch.cuda.is_available():
         torch.cuda.ipc_collect()  # the engines have closed their mappings: let the memory go
     return n
+
+
+def on_every(engines, call, threads: ThreadPoolExecutor | None) -> None:
+    """call(engine) for every engine, at once on `threads` when there are several; returns when all are done,
+    raising the first error."""
+    if threads is None or len(engines) == 1:
+        for engine in engines:
+            call(engine)
+        return
+    futures = [threads.submit(call, engine) for engine in engines]
+    for future in futures:
+        future.result()
 
 
 class SyncGroup:

@@ -97,6 +97,31 @@ def test_pool_streams_each_bucket_once_to_every_engine_and_fans_out_sleep():
     pool.close()
 
 
+def test_engines_take_each_bucket_and_sleep_at_once():
+    """The engines load a bucket in their own processes: the pool hands it to all of them before any returns (a
+    barrier every engine must reach within the call times out if they are served one after another)."""
+    import threading
+
+    barrier = threading.Barrier(3, timeout=10)
+
+    class Waiting(SeededEngine):
+        def send_ipc_bucket(self, bucket):
+            barrier.wait()
+            super().send_ipc_bucket(bucket)
+
+        def sleep(self, level=1):
+            barrier.wait()
+            super().sleep(level)
+
+    engines = [Waiting() for _ in range(3)]
+    pool = EnginePool(engines, bucket_bytes=2 * 4 * 5)
+    assert pool.update_weights((f"w{i}", torch.ones(5)) for i in range(5)) == 5
+    assert all(e.buckets == [["w0", "w1"], ["w2", "w3"], ["w4"]] for e in engines)
+    pool.sleep(level=1)
+    assert all(e.state == ["start", "finish", "sleep1"] for e in engines)
+    pool.close()
+
+
 def test_an_engines_error_reaches_the_caller():
     class Broken(SeededEngine):
         def generate(self, prompts, sampling):

@@ -200,6 +200,51 @@ def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_
                    external_launcher=False)
 
 
+def test_pool_engines_start_at_once_only_with_a_fixed_kv_cache(monkeypatch):
+    """start_engine_pool: engines whose KV cache is fixed start at once (each with 1/k of it); a cache vLLM would
+    size from the GPU's free memory starts them one after another; a failed start closes the ones that started."""
+    import threading
+    import time
+
+    import rltrain.rollout.vllm as vllm_mod
+
+    state = {"now": 0, "most": 0, "made": [], "fail": False}
+    lock = threading.Lock()
+
+    class Fake:
+        def __init__(self, model, **kw):
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.3)
+            with lock:
+                state["now"] -= 1
+                self.kw, self.closed = kw, False
+                state["made"].append(self)
+                if state["fail"] and len(state["made"]) == 2:
+                    raise RuntimeError("engine 2 did not fit")
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(vllm_mod, "VLLMEngine", Fake)
+    monkeypatch.setattr(vllm_mod, "checkpoint_kv_cache_bytes", lambda *a, **kw: None)  # a large model's cache
+    pool = vllm_mod.start_engine_pool("m", 3, device="cuda", gpu_memory_utilization=0.6)
+    assert state["most"] == 1 and len(pool.engines) == 3
+    assert all(e.kw["gpu_kv_cache_bytes"] is None and e.kw["gpu_memory_utilization"] == pytest.approx(0.2)
+               for e in pool.engines)
+    pool.close()
+    state.update(most=0, made=[])
+    pool = vllm_mod.start_engine_pool("m", 3, device="cuda", gpu_memory_utilization=0.6, gpu_kv_cache_bytes=9 << 30)
+    assert state["most"] == 3 and all(e.kw["gpu_kv_cache_bytes"] == 3 << 30 for e in pool.engines)
+    assert all(e.kw["weight_transfer_backend"] == "ipc" and e.kw["in_process"] is False for e in pool.engines)
+    pool.close()
+    state.update(most=0, made=[], fail=True)
+    with pytest.raises(RuntimeError, match="did not fit"):
+        vllm_mod.start_engine_pool("m", 3, device="cuda", gpu_memory_utilization=0.6, gpu_kv_cache_bytes=9 << 30)
+    assert len(state["made"]) == 3 and sum(e.closed for e in state["made"]) == 2  # the two that started
+
+
 def test_sleep_and_wake_leave_outputs_unchanged(engine):
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     before = engine.generate(PROMPTS, greedy)
