@@ -66,7 +66,7 @@ class EnginePool(Engine):
         return responses
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        return send_ipc_buckets(self.engines, named_tensors, self.bucket_bytes)
+        return send_ipc_buckets(self.engines, named_tensors, self.bucket_bytes, self._threads)
 
     def sleep(self, level: int = 1) -> None:
         on_every(self.engines, lambda engine: engine.sleep(level=level), self._threads)

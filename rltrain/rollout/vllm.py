@@ -410,7 +410,8 @@ class VLLMEngine(Engine):
         """One bucket of this process's CUDA tensors into an engine in its own process on the same GPU, through
         vLLM's CUDA-IPC weight-transfer engine (weight_transfer_backend="ipc"), between start_weight_update and
         finish_weight_update: the engine maps the tensors' memory and loads from it (no copy through the host).
-        The tensors are held until vLLM returns, which it does after synchronizing its GPU work."""
+        The tensors must be complete (weight_sync.send_ipc_buckets synchronizes the stream that wrote them); they
+        are held until vLLM returns, which it does after synchronizing its GPU work."""
         import base64
         import pickle
 
@@ -420,11 +421,8 @@ class VLLMEngine(Engine):
         for name, t in held:
             if not t.is_cuda:
                 raise ValueError(f"send_ipc_bucket needs CUDA tensors; {name} is on {t.device}")
-        uuids = {}
-        for _, t in held:  # the tensors' GPU (a thread's current device need not be it)
-            if t.device not in uuids:
-                uuids[t.device] = str(torch.cuda.get_device_properties(t.device).uuid)
-                torch.cuda.current_stream(t.device).synchronize()  # written before the engine reads it
+        # the tensors' GPU (a sending thread's current device need not be it)
+        uuids = {d: str(torch.cuda.get_device_properties(d).uuid) for d in {t.device for _, t in held}}
         handles = [{uuids[t.device]: reduce_tensor(t)[1]} for _, t in held]
         self.receive_weight_bucket({
             "names": [name for name, _ in held], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in held],

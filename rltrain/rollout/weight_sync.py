@@ -63,21 +63,23 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
         yield bucket
 
 
-def send_ipc_buckets(engines, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> int:
+def send_ipc_buckets(engines, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                     threads: ThreadPoolExecutor | None = None) -> int:
     """Stream (HF name, CUDA tensor) pairs to vLLM engines in their own processes on this GPU: one weight-update
     session per engine, each bucket sent to every engine by CUDA IPC (VLLMEngine.send_ipc_bucket), so the stream
-    is read once and at most one bucket is held. Several engines take each bucket at once (one thread each: they
-    load in their own processes), so k engines cost about what one does. Returns the number of tensors."""
-    with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="rltrain-ipc") as threads:
-        on_every(engines, lambda engine: engine.start_weight_update(), threads)
-        n = 0
-        for bucket in buckets(named_tensors, bucket_bytes):
-            for device in {t.device for _, t in bucket if t.is_cuda}:
-                # what this thread's stream wrote is complete before the engines (and the sending threads) read it
-                torch.cuda.current_stream(device).synchronize()
-            on_every(engines, lambda engine, part=bucket: engine.send_ipc_bucket(part), threads)
-            n += len(bucket)
-        on_every(engines, lambda engine: engine.finish_weight_update(), threads)
+    is read once and at most one bucket is held. Given `threads` (the pool's), several engines take each bucket at
+    once (they load in their own processes), so k engines cost about what one does. Returns the number of tensors."""
+    on_every(engines, lambda engine: engine.start_weight_update(), threads)
+    n = 0
+    for bucket in buckets(named_tensors, bucket_bytes):
+        bucket = [(name, t.detach().contiguous()) for name, t in bucket]  # any copy made here, on this stream
+        for device in {t.device for _, t in bucket if t.is_cuda}:
+            # what this thread's stream wrote is complete before the engines read it (the one sync per bucket: the
+            # sending threads' current streams are not the one that wrote it)
+            torch.cuda.current_stream(device).synchronize()
+        on_every(engines, lambda engine, part=bucket: engine.send_ipc_bucket(part), threads)
+        n += len(bucket)
+    on_every(engines, lambda engine: engine.finish_weight_update(), threads)
     if torch.cuda.is_available():
         torch.cuda.ipc_collect()  # the engines have closed their mappings: let the memory go
     return n
