@@ -67,7 +67,10 @@ def attack():
     pid = _posixsubprocess.fork_exec([b"/bin/sh", b"-c", b"echo pwned > {victim}/thread.txt"], [b"/bin/sh"], True,
         (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, True, False, 0, None, None, None, -1, None, False)
     os.close(w)
-    print("error pipe:", os.read(r, 200), "child exit", os.waitpid(pid, 0)[1] >> 8, flush=True)
+    err = b""
+    while chunk := os.read(r, 200):  # to EOF: the child writes its error report in more than one write
+        err += chunk
+    print("error pipe:", err, "child exit", os.waitpid(pid, 0)[1] >> 8, flush=True)
 t = threading.Thread(target=attack)
 t.start()
 t.join()
