@@ -12,23 +12,34 @@ Interface (the contract shared with `logprob_torch.py`):
 
 Algorithm.
 Forward: one kernel, grid = (token blocks of BLOCK_M) x (vocab splits). Each program walks its range of
-vocab tiles of BLOCK_N; per tile it runs the K-loop GEMM `z = hidden @ weight.T` in fp32 registers, scales
-by `inv_temp`, sets columns >= V_local to -inf (the last tile of an odd vocab never leaks into the
-log-sum-exp), and updates an online max / sum-exp / sum(p * z) / label logit. Partial statistics of the
-splits ([S, N] each, O(N)) are merged with a log-sum-exp combine. The split index is the fastest grid
-dimension, so the ~132 programs that run together share a few hidden blocks and a few weight tiles in L2.
-On Hopper with bf16/fp16 inputs the GEMM tiles are loaded through TMA tensor descriptors (-14% forward
-time vs pointer loads on an H100); fp32 inputs use exact fp32 dots (input_precision="ieee").
+vocab tiles of BLOCK_N (`tl.range(flatten=True)`: the K-loops of consecutive tiles are pipelined as one
+loop, so the copy engine keeps loading across tile boundaries); per tile it runs the K-loop GEMM
+`a = hidden @ weight.T` in fp32 registers and updates an online max / sum-exp / sum(p * a) in units of the
+unscaled product (z = a * inv_temp): per element one max, one FFMA + exp2 (`2^(a * inv_temp * log2 e - c)`),
+one add, and with entropy one FMA. Only the last tile of an odd vocab is masked (columns >= V_local set
+to -1e30: finite, so p = 0 and p * a = 0 there, where -inf would give 0 * -inf = NaN); the label logit is
+a separate O(N * H) gather (`_label_logit_kernel`), not a compare-and-select over every tile. Both keep
+the epilogue in registers (an H100 build of the earlier -inf mask + label select spilled at 255
+registers). The host scales the statistics by inv_temp and merges the splits' partials ([S, N] each,
+O(N)) with a log-sum-exp combine. The split index is the fastest grid dimension, so the ~132 programs that
+run together share a few hidden blocks and a few weight tiles in L2; the split count (`_fwd_splits`) is
+the one, between half and all of ~4 programs per multiprocessor, whose last wave leaves the fewest
+multiprocessors idle. On Hopper with bf16/fp16 inputs the GEMM tiles are loaded through TMA tensor
+descriptors (-14% forward time vs pointer loads on an H100); fp32 inputs use exact fp32 dots
+(input_precision="ieee").
 
 Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight): for a
 chunk of tokens x a slice of the vocab, a Triton kernel recomputes the logit tiles and writes
 `dlogits = inv_temp * (grad_lp * (1[j == label] - p_j) + grad_ent * p_j * (mean_z - z_j))` in the input
-dtype ([Tc, Vs], bounded by a memory budget); cuBLAS then does `dH += dlogits @ W[slice]` and
-`dW[slice] += dlogits.T @ h[chunk]` into fp32 accumulators (`out_dtype=float32`). Loop order: token
-super-chunks (fp32 dHidden accumulator [Ts, H]) > vocab slices (fp32 dWeight accumulator [Vs, H]) > token
-chunks. dHidden is therefore rounded once; dWeight once per token super-chunk (once when N <= Ts).
+dtype ([Tc, Vs], bounded by a memory budget), as `p * (A - B * a)` with per-row A, B, adding the label
+term only in the tiles that hold a label; cuBLAS then does `dH += dlogits @ W[slice]` and
+`dW[slice] += dlogits.T @ h[chunk]` into fp32 accumulators (`out_dtype=float32`; the first product into
+an accumulator overwrites it, so there is no zero-fill pass). Loop order: token super-chunks (fp32
+dHidden accumulator [Ts, H]) > vocab slices (fp32 dWeight accumulator [Vs, H]) > token chunks. dHidden is
+therefore rounded once; dWeight once per token super-chunk (once when N <= Ts).
 Peak extra memory is the sum of the three buffers, `_BWD_BUDGET_BYTES` (384 MiB), independent of N and V.
 When `grad_ent` is None no entropy-gradient arithmetic is compiled into the kernel.
+Measured split of the time that remains above the floor: docs/kernel_notes.md ("The fused head's last 5%").
 """
 
 from __future__ import annotations
@@ -64,6 +75,8 @@ _CONFIGS = {
     "bwd_fp32": (64, 64, 32, 4, 2),
 }
 _FWD_MIN_SPLITS = 8  # see the L2 note in the module docstring
+_FWD_FLATTEN = True  # pipeline the K-loops of consecutive vocab tiles as one loop (tl.range(flatten=True))
+_LOG2E = 1.4426950408889634
 _USE_DESC = True  # load GEMM tiles with TMA descriptors where possible (Hopper); False: pointer loads
 
 
@@ -75,11 +88,11 @@ def is_available() -> bool:
 if _HAVE_TRITON:
 
     @triton.jit
-    def _logit_tile(h_ptr, w_ptr, rows, cols, H, stride_h, stride_w, inv_temp,
+    def _logit_tile(h_ptr, w_ptr, rows, cols, H, stride_h, stride_w,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     EVEN_K: tl.constexpr, IEEE: tl.constexpr):
-        """fp32 [BLOCK_M, BLOCK_N] tile of (h[rows] @ w[cols].T) * inv_temp; rows/cols already clamped
-        in range (the caller masks the clamped ones out)."""
+        """fp32 [BLOCK_M, BLOCK_N] tile of h[rows] @ w[cols].T (not yet scaled by 1/temperature); rows/cols
+        already clamped in range (the caller masks the clamped ones out)."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         ks = tl.arange(0, BLOCK_K)
         a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + ks[None, :]
@@ -98,10 +111,10 @@ if _HAVE_TRITON:
                 acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        return acc * inv_temp
+        return acc
 
     @triton.jit
-    def _logit_tile_desc(h_desc, w_desc, row0, col0, H, inv_temp,
+    def _logit_tile_desc(h_desc, w_desc, row0, col0, H,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """Same tile through Hopper's bulk tensor copies (TMA descriptors); rows/cols past the tensor are
         zero-filled by the copy engine, so no clamping is needed."""
@@ -110,53 +123,73 @@ if _HAVE_TRITON:
             a = h_desc.load([row0, k * BLOCK_K])
             b = w_desc.load([col0, k * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
-        return acc * inv_temp
+        return acc
 
     @triton.jit
-    def _fwd_stats_kernel(h_ptr, w_ptr, h_desc, w_desc, lab_ptr, m_ptr, s_ptr, t_ptr, zl_ptr,
-                          N, V, H, stride_h, stride_w, inv_temp, tiles_per_split, num_splits,
+    def _fwd_stats_kernel(h_ptr, w_ptr, h_desc, w_desc, m_ptr, s_ptr, t_ptr,
+                          N, V, H, stride_h, stride_w, scale2, tiles_per_split, num_splits,
                           WITH_ENT: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-                          USE_DESC: tl.constexpr,
+                          USE_DESC: tl.constexpr, FLATTEN: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Partial statistics of token block pid // num_splits over vocab split pid % num_splits.
-        Writes m, s, t, z_label at [split, row] of the [num_splits, N] outputs."""
+        """Partial statistics of token block pid // num_splits over vocab split pid % num_splits, in units
+        of the unscaled product a = h @ w.T (z = a * inv_temp, scale2 = inv_temp * log2(e) > 0): writes
+        max a, sum 2^((a - max a) * scale2) and sum 2^(...) * a at [split, row] of the [num_splits, N] outputs.
+        Per element: one max, one FFMA + exp2, one add (and one FMA-add pair with entropy); the label logit
+        is a separate gather (`_label_logit_kernel`) and only the last, partial vocab tile is masked."""
         pid = tl.program_id(0)
         split = pid % num_splits
         pid_m = pid // num_splits
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < N
         rows_c = tl.minimum(rows, N - 1)
-        labels = tl.load(lab_ptr + rows_c)
 
         m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         s = tl.zeros((BLOCK_M,), dtype=tl.float32)
         t = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        zl = tl.zeros((BLOCK_M,), dtype=tl.float32)
         tile_lo = split * tiles_per_split
         tile_hi = tl.minimum(tile_lo + tiles_per_split, tl.cdiv(V, BLOCK_N))
-        for tile in range(tile_lo, tile_hi):
-            cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_ok = cols < V
+        for tile in tl.range(tile_lo, tile_hi, flatten=FLATTEN):
             if USE_DESC:
-                z = _logit_tile_desc(h_desc, w_desc, pid_m * BLOCK_M, tile * BLOCK_N, H, inv_temp,
-                                     BLOCK_M, BLOCK_N, BLOCK_K)
+                a = _logit_tile_desc(h_desc, w_desc, pid_m * BLOCK_M, tile * BLOCK_N, H, BLOCK_M, BLOCK_N, BLOCK_K)
             else:
-                z = _logit_tile(h_ptr, w_ptr, rows_c, tl.minimum(cols, V - 1), H, stride_h, stride_w,
-                                inv_temp, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
-            z = tl.where(col_ok[None, :], z, float("-inf"))  # out-of-range vocab never enters the sum
-            m_new = tl.maximum(m, tl.max(z, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(z - m_new[:, None])  # exactly 0 on masked columns
+                cols_c = tl.minimum(tile * BLOCK_N + tl.arange(0, BLOCK_N), V - 1)
+                a = _logit_tile(h_ptr, w_ptr, rows_c, cols_c, H, stride_h, stride_w, BLOCK_M, BLOCK_N, BLOCK_K,
+                                EVEN_K, IEEE)
+            if (tile + 1) * BLOCK_N > V:  # the last tile of an odd vocab: its columns >= V never count
+                cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                # finite, not -inf: 2^(...) is still exactly 0 there and p * a stays 0 (0 * -inf would be NaN)
+                a = tl.where((cols < V)[None, :], a, -1.0e30)
+            m_new = tl.maximum(m, tl.max(a, axis=1))
+            alpha = tl.exp2((m - m_new) * scale2)
+            p = tl.exp2(a * scale2 - (m_new * scale2)[:, None])
             s = s * alpha + tl.sum(p, axis=1)
             if WITH_ENT:
-                t = t * alpha + tl.sum(tl.where(col_ok[None, :], p * z, 0.0), axis=1)
-            zl += tl.sum(tl.where(cols[None, :] == labels[:, None], z, 0.0), axis=1)
+                t = t * alpha + tl.sum(p * a, axis=1)
             m = m_new
         out = split * N + rows
         tl.store(m_ptr + out, m, mask=row_ok)
         tl.store(s_ptr + out, s, mask=row_ok)
         tl.store(t_ptr + out, t, mask=row_ok)
-        tl.store(zl_ptr + out, zl, mask=row_ok)
+
+    @triton.jit
+    def _label_logit_kernel(h_ptr, w_ptr, lab_ptr, out_ptr, N, V, H, stride_h, stride_w, inv_temp,
+                            BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+        """out[i] = (h[i] . w[label_i]) * inv_temp in fp32 (exact products of the inputs), 0 where label_i is
+        not in [0, V) (-1: the label is in another vocab shard); never reads outside w."""
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        row_ok = rows < N
+        lab = tl.load(lab_ptr + rows, mask=row_ok, other=-1)
+        ok = row_ok & (lab >= 0) & (lab < V)
+        lab_c = tl.where(ok, lab, 0)
+        ks = tl.arange(0, BLOCK_H)
+        acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_H):
+            k_ok = (ks + k0) < H
+            msk = ok[:, None] & k_ok[None, :]
+            a = tl.load(h_ptr + rows[:, None].to(tl.int64) * stride_h + (ks + k0)[None, :], mask=msk, other=0.0)
+            b = tl.load(w_ptr + lab_c[:, None].to(tl.int64) * stride_w + (ks + k0)[None, :], mask=msk, other=0.0)
+            acc += tl.sum(a.to(tl.float32) * b.to(tl.float32), axis=1)
+        tl.store(out_ptr + rows, acc * inv_temp, mask=row_ok)
 
     @triton.jit
     def _dlogits_kernel(h_ptr, w_ptr, h_desc, w_desc, lab_ptr, lse_ptr, mz_ptr, glp_ptr, gent_ptr, dz_ptr,
@@ -166,7 +199,12 @@ if _HAVE_TRITON:
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr):
         """dz[N, V] (V = this vocab slice, global column = col + col_offset) for one [BLOCK_M, BLOCK_N]
-        tile, tiles ordered in groups of GROUP_M token blocks for L2 reuse of the weight tiles."""
+        tile, tiles ordered in groups of GROUP_M token blocks for L2 reuse of the weight tiles.
+
+        With a = h @ w.T (unscaled), z = a * inv_temp, p = exp(z - lse):
+        dz = inv_temp * (glp * (1[label] - p) + gent * p * (mz - z)) = p * (A - B * a) + 1[label] * glp * inv_temp,
+        A = inv_temp * (gent * mz - glp), B = gent * inv_temp^2 (per row): an FFMA, an exp2 and two multiplies
+        per element; the label term is added only in tiles that hold a row's label (~1 in 5 at 128 x 256)."""
         pid = tl.program_id(0)
         n_m = tl.cdiv(N, BLOCK_M)
         n_n = tl.cdiv(V, BLOCK_N)
@@ -182,24 +220,28 @@ if _HAVE_TRITON:
         row_ok = rows < N
         col_ok = cols < V
         rows_c = tl.minimum(rows, N - 1)
-        cols_c = tl.minimum(cols, V - 1)
         if USE_DESC:
-            z = _logit_tile_desc(h_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, H, inv_temp,
-                                 BLOCK_M, BLOCK_N, BLOCK_K)
+            a = _logit_tile_desc(h_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, H, BLOCK_M, BLOCK_N, BLOCK_K)
         else:
-            z = _logit_tile(h_ptr, w_ptr, rows_c, cols_c, H, stride_h, stride_w, inv_temp,
-                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, IEEE)
+            a = _logit_tile(h_ptr, w_ptr, rows_c, tl.minimum(cols, V - 1), H, stride_h, stride_w, BLOCK_M,
+                            BLOCK_N, BLOCK_K, EVEN_K, IEEE)
         lse = tl.load(lse_ptr + rows_c)
         glp = tl.load(glp_ptr + rows_c)
         labels = tl.load(lab_ptr + rows_c)
-        p = tl.exp(z - lse[:, None])
-        is_label = (cols[None, :] + col_offset) == labels[:, None]
-        dz = tl.where(is_label, glp[:, None], 0.0) - glp[:, None] * p
+        p = tl.exp2(a * (inv_temp * 1.4426950408889634) - (lse * 1.4426950408889634)[:, None])
         if HAS_ENT:
             mz = tl.load(mz_ptr + rows_c)
             gent = tl.load(gent_ptr + rows_c)
-            dz += gent[:, None] * p * (mz[:, None] - z)
-        dz = dz * inv_temp
+            coef_a = inv_temp * (gent * mz - glp)
+            coef_b = gent * (inv_temp * inv_temp)
+            dz = p * (coef_a[:, None] - coef_b[:, None] * a)
+        else:
+            dz = p * (-glp * inv_temp)[:, None]
+        lab_col = labels - col_offset - pid_n * BLOCK_N  # the label's column in this tile, per row
+        hit = row_ok & (lab_col >= 0) & (lab_col < BLOCK_N)
+        if tl.max(hit.to(tl.int32), axis=0) > 0:
+            is_label = tl.arange(0, BLOCK_N)[None, :] == tl.where(hit, lab_col, -1)[:, None]
+            dz = tl.where(is_label, dz + (glp * inv_temp)[:, None], dz)
         ptrs = dz_ptr + rows[:, None].to(tl.int64) * stride_dz + cols[None, :]
         tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -256,28 +298,53 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     labels_local = labels_local.to(torch.int64).contiguous()
+    if not inv_temp > 0:
+        raise ValueError(f"inv_temp must be > 0, got {inv_temp}")
     bm, bn, bk, warps, stages = _config("fwd", hidden.dtype)
     n_m = triton.cdiv(n, bm)
     n_tiles = triton.cdiv(v, bn)
     if num_splits is None:
-        want = max(_FWD_MIN_SPLITS, triton.cdiv(4 * _num_sms(dev), n_m))
-        num_splits = max(1, min(want, n_tiles // 4 if n_tiles >= 4 else 1))
+        num_splits = _fwd_splits(n_m, n_tiles, _num_sms(dev))
     num_splits = min(num_splits, n_tiles)
     tiles_per_split = triton.cdiv(n_tiles, num_splits)
     num_splits = triton.cdiv(n_tiles, tiles_per_split)  # no empty split
-    part = torch.empty((4, num_splits, n), device=dev, dtype=torch.float32)
+    part = torch.empty((3, num_splits, n), device=dev, dtype=torch.float32)
     h_desc, w_desc, use_desc = _descs(hidden, weight, bm, bn, bk)
     _fwd_stats_kernel[(n_m * num_splits,)](
-        hidden, weight, h_desc, w_desc, labels_local, part[0], part[1], part[2], part[3],
-        n, v, h, hidden.stride(0), weight.stride(0), float(inv_temp), tiles_per_split, num_splits,
+        hidden, weight, h_desc, w_desc, part[0], part[1], part[2],
+        n, v, h, hidden.stride(0), weight.stride(0), float(inv_temp) * _LOG2E, tiles_per_split, num_splits,
         WITH_ENT=bool(with_entropy), EVEN_K=(h % bk == 0), IEEE=(hidden.dtype == torch.float32),
-        USE_DESC=use_desc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
-    m_p, s_p, t_p, zl_p = part
+        USE_DESC=use_desc, FLATTEN=_FWD_FLATTEN, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        num_stages=stages)
+    z_label = torch.empty(n, device=dev, dtype=torch.float32)
+    _label_logit_kernel[(triton.cdiv(n, 32),)](hidden, weight, labels_local, z_label, n, v, h, hidden.stride(0),
+                                               weight.stride(0), float(inv_temp), BLOCK_R=32, BLOCK_H=128,
+                                               num_warps=4)
+    m_p, s_p, t_p = part  # in units of the unscaled product (see the kernel)
     if num_splits == 1:
-        return m_p[0], s_p[0], t_p[0], zl_p[0]
-    m = m_p.max(dim=0).values
-    scale = torch.exp(m_p - m)  # [S, N]; every split has >= 1 in-range column, so m_p is finite
-    return m, (s_p * scale).sum(0), (t_p * scale).sum(0), zl_p.sum(0)
+        m, s, t = m_p[0], s_p[0], t_p[0]
+    else:
+        m = m_p.max(dim=0).values
+        scale = torch.exp((m_p - m) * inv_temp)  # [S, N]; every split has >= 1 in-range column: m_p is finite
+        s, t = (s_p * scale).sum(0), (t_p * scale).sum(0)
+    return m * inv_temp, s, t * inv_temp, z_label
+
+
+def _fwd_splits(n_m: int, n_tiles: int, sms: int) -> int:
+    """Vocab splits of the forward grid: at least `_FWD_MIN_SPLITS` (L2 reuse of the weight tiles) and
+    enough for ~4 programs per multiprocessor; among half that count up to it, the one whose last wave of
+    programs leaves the fewest multiprocessors idle (e.g. 8,192 tokens on 132 SMs: 16 splits = 3.9 waves
+    instead of 17 = 4.1, whose fifth wave runs 16 programs on an otherwise idle chip)."""
+    want = max(_FWD_MIN_SPLITS, triton.cdiv(4 * sms, n_m))
+    want = max(1, min(want, n_tiles // 4 if n_tiles >= 4 else 1))
+
+    def busy(splits: int) -> float:
+        programs = n_m * splits
+        return programs / (triton.cdiv(programs, sms) * sms)
+
+    # splits as the grid gets them: no empty split (tiles_per_split = cdiv(n_tiles, splits))
+    options = {triton.cdiv(n_tiles, triton.cdiv(n_tiles, sp)) for sp in range(max(1, (want + 1) // 2), want + 1)}
+    return max(options, key=lambda sp: (round(busy(sp), 3), sp))
 
 
 def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int | None,
@@ -296,14 +363,18 @@ def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int |
     return ts, vs, tc
 
 
-def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc (fp32) += a @ b with fp32 accumulation and no rounding of a low-precision product."""
+def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> None:
+    """acc (fp32) += a @ b (or acc = a @ b when `overwrite`: no zero-fill pass) with fp32 accumulation and no
+    rounding of a low-precision product."""
     if a.dtype == torch.float32:
-        acc.addmm_(a, b)
+        torch.mm(a, b, out=acc) if overwrite else acc.addmm_(a, b)
     elif acc.is_cuda:
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        if overwrite:
+            torch.mm(a, b, out_dtype=torch.float32, out=acc)
+        else:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:  # CPU (interpreter tests): upcast; CPU GEMMs have no fp32-output mode for bf16 operands
-        acc.addmm_(a.float(), b.float())
+        torch.mm(a.float(), b.float(), out=acc) if overwrite else acc.addmm_(a.float(), b.float())
 
 
 def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, lse: torch.Tensor,
@@ -339,13 +410,9 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if need_weight_grad else None
     for s0 in range(0, n, ts):  # token super-chunk: one fp32 dHidden accumulator
         s1 = min(n, s0 + ts)
-        if dh_acc is not None:
-            dh_acc.zero_()
         for v0 in range(0, v, vs):  # vocab slice: one fp32 dWeight accumulator
             v1 = min(v, v0 + vs)
             w_sl = weight[v0:v1]
-            if dw_acc is not None:
-                dw_acc.zero_()
             for c0 in range(s0, s1, tc):  # token chunk: one dlogits buffer [c, v1 - v0]
                 c1 = min(s1, c0 + tc)
                 rows, cols = c1 - c0, v1 - v0
@@ -358,10 +425,11 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
                     float(inv_temp), HAS_ENT=has_ent, EVEN_K=(h % bk == 0), IEEE=(dtype == torch.float32),
                     USE_DESC=use_desc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
                     num_stages=stages)
+                # the first product into each accumulator overwrites it (no zero-fill pass over it)
                 if dh_acc is not None:
-                    _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl)
+                    _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl, overwrite=(v0 == 0))
                 if dw_acc is not None:
-                    _mm_acc(dw_acc[:cols], dz.t(), hidden[c0:c1])
+                    _mm_acc(dw_acc[:cols], dz.t(), hidden[c0:c1], overwrite=(c0 == s0))
             if dw_acc is not None:
                 if s0 == 0:
                     grad_w[v0:v1].copy_(dw_acc[: v1 - v0])

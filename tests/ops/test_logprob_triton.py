@@ -91,7 +91,18 @@ for seed, (n, h, v, dtype, temp, chunk, ent) in enumerate([
                     gh=rel(gh, r_gh), gw=rel(gw, r_gw), t_without_entropy=float(t.abs().max()),
                     lp_without_entropy=rel(zl - m - torch.log(s), r_lp),
                     gh_dtype=str(gh.dtype), finite=bool(torch.isfinite(gh).all() and torch.isfinite(gw).all())))
-print("RESULT" + json.dumps(out))
+# several vocab splits merged by log-sum-exp (what real vocab sizes get on a GPU; the shapes above fit one split)
+g = torch.Generator().manual_seed(77)
+n, v = 37, 700  # 11 fp32 vocab tiles of 64, the last partial; 4 splits of 3 tiles, the last of 2
+hid, w = torch.randn(n, 40, generator=g), torch.randn(v, 40, generator=g) * 0.5
+lab = torch.randint(0, v, (n,), generator=g)
+lab[:3] = -1  # the label is on another tensor-parallel rank
+lab[3] = v + 5  # outside this shard (the backend's caller never passes one): no read of w past its end, z_label 0
+m, s, t, zl = K.forward_stats(hid, w, lab, 1.0 / 1.3, True, None, num_splits=4)
+r_lp, r_en, _, _ = fp64_reference(hid, w, torch.where(lab >= v, -1, lab), 1.0 / 1.3, torch.zeros(n), None)
+lse = m + torch.log(s)
+split = dict(lp=rel(zl - lse, r_lp), ent=rel(lse - t / s, r_en), zl_off_shard=float(zl[:4].abs().max()))
+print("RESULT" + json.dumps(dict(cases=out, split=split)))
 """
 
 
@@ -102,7 +113,10 @@ def test_interpreter_kernels_match_fp64_on_cpu():
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    results = json.loads(line[len("RESULT"):])
+    got = json.loads(line[len("RESULT"):])
+    results = got["cases"]
+    assert got["split"]["lp"] <= 1e-5 and got["split"]["ent"] <= 1e-5, got["split"]
+    assert got["split"]["zl_off_shard"] == 0.0, got["split"]
     assert len(results) == 5
     for r in results:
         low = "float16" in r["dtype"]
@@ -111,6 +125,19 @@ def test_interpreter_kernels_match_fp64_on_cpu():
         assert r["lp_without_entropy"] <= 1e-5 and r["t_without_entropy"] == 0.0, r
         assert r["gh"] <= (5e-3 if low else 1e-5) and r["gw"] <= (5e-3 if low else 1e-5), r
         assert r["gh_dtype"] == r["dtype"], r
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed in this environment")
+@pytest.mark.parametrize("n_m,n_tiles,sms,expected", [
+    (32, 1187, 132, 16),   # 8,192 tokens / 256: 17 splits = 544 programs = 4.12 waves; 16 = 512 = 3.88 waves
+    (128, 1187, 132, 8),   # 32,768 tokens: 8 splits = 1,024 programs = 7.76 waves (no fuller count in 4..8)
+    (1, 1187, 132, 132),   # one token block: 132 splits of 9 tiles = one full wave (not 238 of 5: 1.8 waves)
+    (1, 3, 132, 1),        # fewer than 4 vocab tiles: one split
+])
+def test_forward_split_count_fills_the_last_wave(n_m, n_tiles, sms, expected):
+    from rltrain.ops import logprob_triton as K
+
+    assert K._fwd_splits(n_m, n_tiles, sms) == expected
 
 
 def test_is_available_needs_cuda():
