@@ -49,6 +49,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # noqa: E402  (the head_dim rule of vLLM TP > 1 on GPUs)
 
 PLACEMENTS = {
     "colocated_dp2": ["trainer.n_gpus_per_node=2"],
@@ -73,14 +74,17 @@ PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_c
           "step"]
 
 
-def engine_overrides(engine: str, placement: str) -> list[str]:
-    """The rollout overrides of one run: vLLM colocated takes the group's GPUs as its TP group; split, one each."""
+def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[str]:
+    """The rollout overrides of one run: vLLM colocated takes the group's GPUs as its TP group; split, one each.
+    `tiny` (grpo_tiny's model, head_dim 16): with vLLM TP > 1 the model gets the smallest head_dim such an engine
+    starts with on GPUs (rollout/vllm.py: TP_MIN_HEAD_DIM; the config refuses 16)."""
     if engine == "hf":
         return []
     over = PLACEMENTS[placement]
     gpus = next(int(o.split("=")[1]) for o in over if o.startswith("trainer.n_gpus_per_node="))
     tp = 1 if "trainer.colocate=false" in over else gpus
-    return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}"]
+    extra = [f"+model.overrides.head_dim={TP_MIN_HEAD_DIM}"] if tiny and tp > 1 else []
+    return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}", *extra]
 
 
 def log_checks(text: str) -> dict:
@@ -397,7 +401,7 @@ def main() -> None:
                             f"trainer.total_steps={args.qwen_steps}"]
                 else:
                     over = [*ROLES, *PLACEMENTS[name], "trainer.total_steps=1"]
-                over += engine_overrides(args.engine, name)
+                over += engine_overrides(args.engine, name, tiny=(sec != "qwen06b"))
                 keys = {o.split("=", 1)[0] for o in args.overrides}
                 over = [o for o in over if o.split("=", 1)[0] not in keys] + list(args.overrides)
                 left = args.deadline - (time.time() - t_all)

@@ -62,6 +62,15 @@ def _range(errors: list, key: str, value: float, lo: float, hi: float) -> None:
         errors.append(f"{key}={value} is out of range; it must be in [{lo}, {hi}]")
 
 
+def _on_gpu(device: str) -> bool:
+    """trainer.device as the run will resolve it (auto: CUDA when this machine has it)."""
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise ConfigError listing every problem found in `cfg` (a composed RLConfig)."""
     # Lazy: the registries are the single source of allowed names.
@@ -101,6 +110,14 @@ def validate_config(cfg: DictConfig) -> None:
         e.append(f"rollout.engines_per_gpu={r.engines_per_gpu} runs several vLLM engines on each GPU of a colocated "
                  "run (rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device: "
                  "weights reach them by CUDA IPC); set rollout.engines_per_gpu=1")
+    if r.engine == "vllm" and r.tensor_parallel_size > 1 and m.builtin in BUILTINS and _on_gpu(t.device):
+        from rltrain.rollout.vllm import tp_head_dim_error  # the rule and its measurement live with the engine
+
+        preset = {**BUILTINS[m.builtin], **(m.overrides or {})}
+        head_dim = preset.get("head_dim") or preset["hidden_size"] // preset["num_attention_heads"]
+        why = tp_head_dim_error(int(head_dim), int(r.tensor_parallel_size))
+        if why:
+            e.append(f"model.builtin={m.builtin} has head_dim {head_dim}: {why}")
     mt = r.multi_turn
     if mt.enable:
         _positive(e, "rollout.multi_turn.max_turns", mt.max_turns)

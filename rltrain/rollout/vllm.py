@@ -171,6 +171,35 @@ def checkpoint_kv_cache_bytes(model: str, *, dtype: str, tensor_parallel_size: i
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5  # rollout.gpu_memory_utilization's default too
 
+# vLLM 0.26 with tensor parallel > 1 on GPUs never finishes its start at head_dim 16: on two H100s (2026-11-25) the
+# engine alone (two processes of one NCCL world, external launcher, eager, no trainer, no Ray) passed its warm-up and
+# then hung, while the same engine at head_dim 64 started in 54 s and generated; the trainer's colocated TP=2 run of
+# the tiny preset hung likewise (FLEX_ATTENTION or FLASH_ATTN, CUDA graphs or eager) and learned at head_dim 64.
+# Qwen3-0.6B (128) runs at TP=2. Head dims between 16 and 64 were not measured: refused, with the fix named.
+TP_MIN_HEAD_DIM = 64
+
+
+def tp_head_dim_error(head_dim: int, tensor_parallel_size: int) -> str | None:
+    """Why a GPU engine of `tensor_parallel_size` cannot serve a model of `head_dim` (None: it can)."""
+    if tensor_parallel_size <= 1 or head_dim >= TP_MIN_HEAD_DIM:
+        return None
+    return (f"vLLM with rollout.tensor_parallel_size={tensor_parallel_size} on GPUs hangs in its start for head_dim "
+            f"{head_dim} (measured at 16; {TP_MIN_HEAD_DIM} and 128 run): give the model head_dim >= "
+            f"{TP_MIN_HEAD_DIM} (the tiny preset: +model.overrides.head_dim={TP_MIN_HEAD_DIM}), or use "
+            "rollout.engine=hf")
+
+
+def checkpoint_head_dim(model: str) -> int | None:
+    """head_dim of a local HF checkpoint directory (hidden_size / num_attention_heads where unset); None for a hub
+    name or a directory without config.json."""
+    if not os.path.isfile(os.path.join(str(model), "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(model))
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+
+
 
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
                   data_parallel_size: int = 1, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -297,6 +326,11 @@ class VLLMEngine(Engine):
         if ipc and (in_process or device != "cuda"):
             raise ValueError("weight_transfer_backend='ipc' is for an engine in its own process on a GPU "
                              "(in_process=False, device='cuda'); an engine in this process reloads in place")
+        if device == "cuda" and int(kwargs.get("tensor_parallel_size", 1)) > 1:
+            head_dim = checkpoint_head_dim(str(model))
+            why = None if head_dim is None else tp_head_dim_error(head_dim, int(kwargs["tensor_parallel_size"]))
+            if why:
+                raise ValueError(why)
         self.in_process = in_process
         self.env = apply_engine_env(in_process=in_process)
         if ipc:
@@ -583,8 +617,8 @@ def _check_cpu_head_size(llm) -> None:
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head not in sizes:
         raise ValueError(f"vLLM's CPU build has no attention kernel for head_dim={head} (it takes {sizes}); "
-                         "set model.overrides.head_dim to one of them (the tiny preset: "
-                         "model.overrides.head_dim=32) or use rollout.engine=hf")
+                         "give the model one of them (the tiny preset: +model.overrides.head_dim=32) or use "
+                         "rollout.engine=hf")
 
 
 _MEMORY_WORDS = ("out of memory", "no available memory", "less than requested memory", "not enough memory",

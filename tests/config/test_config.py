@@ -120,3 +120,15 @@ def test_engines_per_gpu_is_accepted_for_colocated_vllm_on_cuda_only():
         cfg = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda", *bad])
         with pytest.raises(ConfigError, match="rollout.engines_per_gpu=2"):
             validate_config(cfg)
+
+
+def test_vllm_tensor_parallel_on_gpus_refuses_the_head_dim_it_hangs_on():
+    """vLLM TP > 1 on GPUs hung in its start at head_dim 16 (the tiny preset; rollout/vllm.py says what was
+    measured): the config says how to fix it before anything starts; CPU runs (vLLM's CPU build) are not affected."""
+    tp2 = ["rollout=vllm", "rollout.tensor_parallel_size=2", "actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2",
+           "trainer.use_ray=true"]
+    with pytest.raises(ConfigError, match=r"model.builtin=tiny has head_dim 16: .*\+model.overrides.head_dim=64"):
+        validate_config(_compose("grpo_tiny", [*tp2, "trainer.device=cuda"]))
+    validate_config(_compose("grpo_tiny", [*tp2, "trainer.device=cuda", "+model.overrides.head_dim=64"]))
+    validate_config(_compose("grpo_tiny", [*tp2, "trainer.device=cpu", "+model.overrides.head_dim=32"]))
+    validate_config(_compose("grpo_tiny", ["rollout=vllm", "trainer.device=cuda"]))  # TP=1 runs at 16

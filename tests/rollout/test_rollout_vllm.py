@@ -23,6 +23,7 @@ from rltrain.rollout.hf import HFEngine
 from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, _start_error, auto_kv_cache_bytes,
                                   engine_kwargs, kv_cache_need_bytes,
                                   response_from_completion, vllm_sampling_kwargs)
+from rltrain.rollout import vllm as vllm_mod
 from rltrain.utils.distenv import NO_MULTICAST_ENV
 
 pytestmark = pytest.mark.timeout(300)
@@ -463,6 +464,15 @@ def test_vllm_errors_name_the_version_and_the_fix(engine, tmp_path):
         _check_cpu_head_size(small_heads)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         VLLMEngine.generate(SimpleNamespace(_asleep=False, tokenizer=None), [[1]], SamplingParams(stop=["x"]))
+
+
+def test_gpu_engine_with_tensor_parallel_refuses_a_small_head_dim_before_starting(models):
+    """The tiny test model has head_dim 32, under the smallest that vLLM TP > 1 was seen to start with on GPUs
+    (rollout/vllm.py: TP_MIN_HEAD_DIM); the engine says so before vLLM starts (no GPU is touched here)."""
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 on GPUs hangs .* head_dim 32"):
+        VLLMEngine(models[0], tokenizer=TOK, device="cuda", dtype="bfloat16", tensor_parallel_size=2)
+    assert vllm_mod.tp_head_dim_error(32, 1) is None and vllm_mod.tp_head_dim_error(128, 2) is None
+    assert vllm_mod.checkpoint_head_dim(models[0]) == 32 and vllm_mod.checkpoint_head_dim("Qwen/Qwen3-0.6B") is None
 
 
 def test_unsupported_vllm_version_and_missing_vllm_say_how_to_install(monkeypatch):

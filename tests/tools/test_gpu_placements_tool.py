@@ -13,6 +13,9 @@ import gpu_placements as gp  # noqa: E402
 def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     assert gp.engine_overrides("hf", "colocated_tp2") == []
     assert gp.engine_overrides("vllm", "colocated_tp2") == ["rollout=vllm", "rollout.tensor_parallel_size=2"]
+    # grpo_tiny's model (head_dim 16) gets the head_dim vLLM TP > 1 starts with on GPUs; TP=1 keeps its own
+    assert gp.engine_overrides("vllm", "colocated_tp2", tiny=True)[-1] == "+model.overrides.head_dim=64"
+    assert gp.engine_overrides("vllm", "split_1p1", tiny=True) == ["rollout=vllm", "rollout.tensor_parallel_size=1"]
     assert gp.engine_overrides("vllm", "colocated_dp2")[-1] == "rollout.tensor_parallel_size=2"
     assert gp.engine_overrides("vllm", "split_1p1")[-1] == "rollout.tensor_parallel_size=1"
     assert gp.engine_overrides("vllm", "colocated_tp2pp2dp2")[-1] == "rollout.tensor_parallel_size=8"
