@@ -200,7 +200,6 @@ def checkpoint_head_dim(model: str) -> int | None:
     return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
-
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,
                   data_parallel_size: int = 1, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
                   enforce_eager: bool = False,
