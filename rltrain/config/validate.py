@@ -111,11 +111,13 @@ def validate_config(cfg: DictConfig) -> None:
                  "run (rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device: "
                  "weights reach them by CUDA IPC); set rollout.engines_per_gpu=1")
     if r.engine == "vllm" and r.tensor_parallel_size > 1 and m.builtin in BUILTINS and _on_gpu(t.device):
-        from rltrain.rollout.vllm import tp_head_dim_error  # the rule and its measurement live with the engine
+        from types import SimpleNamespace
 
-        preset = {**BUILTINS[m.builtin], **(m.overrides or {})}
-        head_dim = preset.get("head_dim") or preset["hidden_size"] // preset["num_attention_heads"]
-        why = tp_head_dim_error(int(head_dim), int(r.tensor_parallel_size))
+        from rltrain.rollout.vllm import tp_head_dim_error  # the rule and its measurement live with the engine
+        from rltrain.utils import flops
+
+        head_dim = flops.head_dim(SimpleNamespace(**{**BUILTINS[m.builtin], **(m.overrides or {})}))
+        why = tp_head_dim_error(head_dim, int(r.tensor_parallel_size))
         if why:
             e.append(f"model.builtin={m.builtin} has head_dim {head_dim}: {why}")
     mt = r.multi_turn

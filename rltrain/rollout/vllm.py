@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from rltrain.rollout.base import FINISH_REASONS, Engine, RolloutResponse, SamplingParams, check_prompts
+from rltrain.utils import flops
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,16 @@ IPC_BUCKET_BYTES = 256 << 20  # one CUDA-IPC weight bucket (weight_transfer_back
 MAX_NUM_SEQS = 1024
 
 
+def _checkpoint_config(model: str):
+    """The transformers config of a local HF checkpoint directory; None for a hub name or a directory without
+    config.json."""
+    if not os.path.isfile(os.path.join(str(model), "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(model))
+
+
 def kv_cache_need_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: int,
                         max_num_seqs: int = MAX_NUM_SEQS) -> int:
     """KV-cache bytes one rank needs to hold `max_num_seqs` sequences of the model's full length
@@ -132,7 +143,7 @@ def kv_cache_need_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: in
     heads (at least one: vLLM replicates KV heads when TP exceeds them)."""
     heads = int(hf_config.num_attention_heads)
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    head_dim = flops.head_dim(hf_config)
     per_token = 2 * int(hf_config.num_hidden_layers) * max(1, kv_heads // tensor_parallel_size) * head_dim * dtype_bytes
     return per_token * int(hf_config.max_position_embeddings) * max_num_seqs
 
@@ -157,11 +168,9 @@ def checkpoint_kv_cache_bytes(model: str, *, dtype: str, tensor_parallel_size: i
                               device_index: int | None = None) -> int | None:
     """auto_kv_cache_bytes for a local HF checkpoint directory on this process's GPU (None for a hub name or a
     directory without config.json: vLLM sizes the cache from gpu_memory_utilization)."""
-    if not os.path.isfile(os.path.join(str(model), "config.json")):
+    hf_config = _checkpoint_config(model)
+    if hf_config is None:
         return None
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(str(model))
     index = torch.cuda.current_device() if device_index is None else device_index
     return auto_kv_cache_bytes(hf_config, tensor_parallel_size=tensor_parallel_size,
                                dtype_bytes=getattr(torch, dtype).itemsize,
@@ -192,12 +201,8 @@ def tp_head_dim_error(head_dim: int, tensor_parallel_size: int) -> str | None:
 def checkpoint_head_dim(model: str) -> int | None:
     """head_dim of a local HF checkpoint directory (hidden_size / num_attention_heads where unset); None for a hub
     name or a directory without config.json."""
-    if not os.path.isfile(os.path.join(str(model), "config.json")):
-        return None
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(str(model))
-    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    hf_config = _checkpoint_config(model)
+    return None if hf_config is None else flops.head_dim(hf_config)
 
 
 def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_parallel_size: int = 1,

@@ -10,13 +10,14 @@ context seq_len / 2), backward = 2x forward; norms, RoPE and softmax are not cou
 from __future__ import annotations
 
 
-def _head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+def head_dim(cfg) -> int:
+    """Width of one attention head: the config's head_dim, else hidden_size / num_attention_heads."""
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
 def layer_matmul_params(cfg) -> int:
     """Weights of one decoder layer's matrices: q, k, v, o projections and the SwiGLU MLP (gate, up, down)."""
-    h, hd = cfg.hidden_size, _head_dim(cfg)
+    h, hd = cfg.hidden_size, head_dim(cfg)
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     return h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
 
@@ -29,7 +30,7 @@ def matmul_params(cfg) -> int:
 def num_params(cfg) -> int:
     """Every parameter of the HF checkpoint: matrices, the input embedding (shared with the LM head when
     `tie_word_embeddings`), the RMSNorm weights (two per layer, the q/k norms of Qwen3, the final norm)."""
-    h, hd, L = cfg.hidden_size, _head_dim(cfg), cfg.num_hidden_layers
+    h, hd, L = cfg.hidden_size, head_dim(cfg), cfg.num_hidden_layers
     embed = 0 if getattr(cfg, "tie_word_embeddings", False) else cfg.vocab_size * h
     qk_norm = 2 * hd if getattr(cfg, "model_type", "qwen3") == "qwen3" else 0
     return matmul_params(cfg) + embed + L * (2 * h + qk_norm) + h
@@ -38,6 +39,6 @@ def num_params(cfg) -> int:
 def train_flops(cfg, tokens: float, seq_len: float) -> float:
     """Model FLOPs of forward+backward (3x forward) for `tokens` tokens in sequences of `seq_len`:
     2 FLOPs per multiply-add over every weight matrix (incl. the LM head) + causal attention (QK^T and PV)."""
-    q = cfg.num_attention_heads * _head_dim(cfg)
+    q = cfg.num_attention_heads * head_dim(cfg)
     attn = 2 * 2 * cfg.num_hidden_layers * q * (seq_len / 2)  # per token, causal average context
     return 3 * tokens * (2 * matmul_params(cfg) + attn)
