@@ -1,0 +1,61 @@
+"""The refactor guard: grpo_tiny's 40 steps at the default seed reproduce a golden metrics.jsonl exactly.
+
+tests/golden/grpo_tiny_40.jsonl was written at main eabe934, before any commit of the "one shape" refactor, by
+`python -m rltrain.main --config-name grpo_tiny trainer.total_steps=40` (two runs agreed to the last bit on every
+non-timing metric). Every metric but the timings (`timing_s/*`) and the machine's own (`perf/*`) must match
+exactly: a change of structure changes no number; a difference nobody can explain is a bug.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(ROOT, "tests", "golden", "grpo_tiny_40.jsonl")
+VOLATILE = ("timing_s/", "perf/")
+
+
+def _rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(VOLATILE)} for line in f if line.strip()]
+
+
+def _differences(golden, got):
+    out = []
+    if len(golden) != len(got):
+        out.append(f"{len(got)} rows, golden has {len(golden)}")
+    for g, r in zip(golden, got):
+        for key in sorted(set(g) | set(r)):
+            a, b = g.get(key, "<missing>"), r.get(key, "<missing>")
+            same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+            if not same:
+                out.append(f"step {g.get('step')}: {key}: golden {a!r}, now {b!r}")
+    return out
+
+
+def test_differences_finds_a_changed_metric():
+    golden = _rows(GOLDEN)
+    changed = [dict(r) for r in golden]
+    changed[3]["actor/grad_norm"] = changed[3].get("actor/grad_norm", 0.0) + 1e-12
+    del changed[5]["step"]
+    diffs = _differences(golden, changed)
+    assert len(diffs) == 2 and "actor/grad_norm" in diffs[0] and "<missing>" in diffs[1]
+    assert _differences(golden, golden) == []
+
+
+@pytest.mark.slow
+def test_grpo_tiny_40_steps_reproduce_the_golden_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", "trainer.total_steps=40",
+         "trainer.logger=[jsonl]", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    golden, got = _rows(GOLDEN), _rows(run_dir / "metrics.jsonl")
+    assert len(golden) == 41 and any("actor/grad_norm" in r for r in golden)
+    diffs = _differences(golden, got)
+    assert not diffs, f"{len(diffs)} metric(s) differ from the golden run:\n" + "\n".join(diffs[:40])
