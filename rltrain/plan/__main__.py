@@ -1,0 +1,82 @@
+"""python -m rltrain.plan --config-name NAME [Hydra overrides] [--gpu-memory-gib G] [--device h100|h200] [--json]
+
+Composes the config from configs/ with Hydra's compose API as rltrain.main does, validates it (a bad key or value:
+`rltrain: <message>`, exit 2), and prints the plan: each GPU's peak memory by phase and part, the seconds per step
+by phase, and whether it fits. A GPU that will not fit: exit 2 with the GPU, the phase, the parts and the cheapest
+keys to change (each re-planned). Imports no GPU library and starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def compose(config_name: str, overrides: list[str]):
+    """The composed config, as rltrain.main's @hydra.main builds it from configs/."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rltrain.config import register_configs
+
+    register_configs()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rltrain.plan", description=__doc__.split("\n\n")[1])
+    ap.add_argument("--config-name", "-cn", default="grpo_tiny")
+    ap.add_argument("--gpu-memory-gib", type=float, default=None,
+                    help="memory of each GPU in GiB (default: the device kind's, 79.18 for h100, 139.8 for h200)")
+    ap.add_argument("--device", choices=["h100", "h200"], default=None,
+                    help="whose measured rates to use (default h100; h200 when --gpu-memory-gib > 100)")
+    ap.add_argument("--prompt-tokens", type=int, default=None,
+                    help="prompt length to plan for (default data.max_prompt_length: the worst case)")
+    ap.add_argument("--response-tokens", type=int, default=None,
+                    help="response length to plan for (default rollout.max_response_length: the worst case)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. actor.recompute_activations=true")
+    args = ap.parse_args(argv)
+
+    from rltrain.config import validate_config
+    from rltrain.plan.planner import make_plan
+    from rltrain.plan.report import table, to_json
+    from rltrain.utils.errors import find_user_error
+
+    try:
+        try:
+            cfg = compose(args.config_name, args.overrides)
+        except Exception as err:  # hydra's composition errors: a bad key or value, a missing config
+            if find_user_error(err) is not None:
+                raise
+            print(f"rltrain: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            return 2
+        validate_config(cfg)
+        plan = make_plan(cfg, gpu_memory_gib=args.gpu_memory_gib, device=args.device,
+                         prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens)
+    except Exception as err:
+        user_error = find_user_error(err)
+        if user_error is None:
+            raise
+        print(f"rltrain: {user_error}", file=sys.stderr, flush=True)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(plan), indent=1))
+    else:
+        print(table(plan))
+    if not plan.fits:
+        print(f"rltrain: the plan does not fit the GPUs: {plan.refusal()}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

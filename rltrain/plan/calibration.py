@@ -1,0 +1,142 @@
+"""Every measured constant of the planner, in one place, each with the run it comes from (file, date, device).
+
+The memory and time models (memory.py, timing.py) are formulas over the model's shape and the config; the numbers
+below are what those formulas cannot know: how many bytes the layers keep per token, how fast the GPU runs each
+phase, what vLLM and CUDA take beside the tensors. Each FITTED constant is solved from ONE measured run (the "fit"
+rows of fit.py; `python -m rltrain.plan.fit` recomputes them from tools/results/ and prints them, and
+tests/plan/test_calibration.py checks these values equal that refit); every other measured run in the repository is
+held out and compared in docs/plan.md ("Predicted vs measured"). ASSUMED constants are datasheet or code values,
+not measurements.
+
+Paths are under tools/results/ (the raw GPU results; docs/gpu_results/ before 2026-11-25).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = float(2**30)
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+    unit: str
+    source: str  # file, date, device, and which row
+    kind: str = "fitted"  # fitted | measured (read directly off a run) | assumed (datasheet / code)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    total_gib: float  # what torch reports as the GPU's total memory
+    hbm_bytes_per_s: float
+    source: str
+
+
+DEVICES: dict[str, Device] = {
+    "h100": Device("H100 80GB HBM3", 79.18, 3.35e12,
+                   "total: OOM message in gpu_smoke_h100.json (2026-11-22, H100: 'total capacity of 79.18 GiB'); "
+                   "HBM: datasheet 3.35 TB/s"),
+    "h200": Device("H200", 139.80, 4.8e12,
+                   "total: OOM message in vllm_x2/placements_qwen06b_split_1p1.json (2026-11-23, H200: 'total capacity "
+                   "of 139.80 GiB'); HBM: datasheet 4.8 TB/s"),
+}
+
+# ------------------------------------------------------------------------------------------------ memory
+# Activation bytes per token per layer per unit of "width" W = h + (q + kv + ffn) / TP (memory.py): the tensors a
+# Qwen3 layer keeps for its backward are a few per width; one constant per elementwise-fusion mode absorbs how many.
+MEMORY: dict[str, Const] = {
+    "act_none_fusion_none": Const(
+        7.2087, "B/token/layer/W",
+        "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim (0.6B, 8,192 tokens, no recompute, "
+        "fusion none, engine defaults) peak 21.78 GiB"),
+    "act_none_fusion_compile": Const(
+        5.6932, "B/token/layer/W",
+        "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all (0.6B, 8,192 tokens, no recompute, "
+        "torch.compile of each layer) peak 18.93 GiB"),
+    "act_none_fusion_mcore": Const(
+        5.5018, "B/token/layer/W",
+        "update/bench_update_h200_tp2.json, 2026-11-23, H200: row 06b-8k-mcore-tp2 (0.6B, TP=2, 8,192 tokens, "
+        "megatron's fused SwiGLU) peak 10.73 GiB"),
+    "act_selective": Const(
+        12.0157, "B/token/layer/W_attn",
+        "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective (0.6B, 32,768 tokens, the MLP "
+        "recomputed) peak 35.60 GiB; W_attn = h + (q + kv) / TP"),
+    "act_full_working": Const(
+        2.1458, "B/token/W",
+        "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full (0.6B, 65,536 tokens, full "
+        "recompute) peak 15.56 GiB; the one layer being recomputed (the kept layer inputs are h x dtype bytes, exact)"),
+    "logits_bytes_per_element": Const(
+        3.5676, "B/(token x vocab/TP)",
+        "gpu_smoke_h100_steps.json, 2026-11-22, H100: 32,768 tokens with full recompute, unfused head 30.87 GiB vs "
+        "fused 13.40 GiB (trainer.fused_linear_logprob=false keeps the logits and their gradient)"),
+    "fused_head_triton_gib": Const(
+        0.376, "GiB", "kernel/ab_h100_2026-11-25.json, 2026-11-25, H100: peak extra of the fused head v3 at "
+                      "32,768 x 4,096 x 151,936 (0.31-0.38 GiB over the three shapes)", "measured"),
+    "allocator_slack": Const(
+        0.0482, "fraction of the peak",
+        "update/bench_update*.json, 2026-11-23/25, H100/H200: mean of reserved_gib / peak_gib - 1 over the fit rows "
+        "(torch's caching allocator holds this much more than the tensors)"),
+    "cuda_context_gib": Const(
+        0.60, "GiB per process", "gpu_smoke_h100.json, 2026-11-22, H100: OOM message 'Process 405 has 618.00 MiB "
+                                 "memory in use' (a CUDA context with cuBLAS/NCCL workspaces)", "measured"),
+    "vllm_non_torch_gib": Const(
+        1.4341, "GiB", "vllm_x2/bench_rollout_variants_h200.json, 2026-11-23, H200: sleep(level 1) freed 71.33 GiB "
+                       "at gpu_memory_utilization 0.5 = 69.90 GiB counted by torch + this (CUDA graphs, workspaces)"),
+    "vllm_profile_gib": Const(
+        1.0, "GiB", "vLLM's peak activation of its profiling run, subtracted from its share before the KV cache "
+                    "(an allowance; not measured separately here)", "assumed"),
+}
+
+# ------------------------------------------------------------------------------------------------ time
+TIME: dict[str, Const] = {
+    # achieved model TFLOP/s (utils/flops.train_flops) of one update micro-batch, by (fusion, recompute)
+    "update_tflops_none_none": Const(
+        276.3, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 52.38 "
+                          "model TFLOP (0.6B, 8,192 tokens)"),
+    "update_tflops_compile_none": Const(
+        361.7, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s"),
+    "update_tflops_compile_full": Const(
+        365.4, "TFLOP/s", "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full 4.685 s"),
+    "update_tflops_compile_selective": Const(
+        434.0, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s"),
+    "tp2_efficiency": Const(
+        0.6999, "fraction", "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: "
+                            "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2))"),
+    # short-sequence GRPO phases: a fixed cost per micro-batch on top of the FLOPs at the rates above
+    "update_mb_overhead_s": Const(
+        0.1614, "s per micro-batch", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the "
+                                     "Qwen3-0.6B GRPO step (2 mini-batches of one 8,832-token micro-batch)"),
+    "fwd_mb_overhead_s": Const(
+        0.1434, "s per forward pass", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s "
+                                      "(17,664 tokens in 2 micro-batches, forward only)"),
+    "vllm_step_overhead_s": Const(
+        0.0093, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
+                                     "steps of 256 sequences (host-bound engine in the trainer's process)"),
+    "hf_step_s": Const(
+        0.0381, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
+                                     "steps of 256 sequences (rltrain's own decoder, one Python loop per token)"),
+    "vllm_wake_s": Const(
+        0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),
+    "vllm_sleep_s": Const(
+        0.041, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
+    "hf_sleep_wake_s": Const(
+        0.402, "s", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: rollout_sleep 0.134 + rollout_wake 0.268 "
+                    "(level 1: to host and back)", "measured"),
+    "reload_s_per_gb": Const(
+        0.1357, "s/GB", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 - wake 0.127 s "
+                        "for 1.19 GB of bf16 weights (colocated in-place reload)"),
+    "split_sync_s_per_gb": Const(
+        0.1615, "s/GB", "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s for "
+                        "1.19 GB (NCCL broadcast into vLLM's weight-transfer engine)"),
+}
+
+
+def value(name: str) -> float:
+    """A constant by name (MEMORY or TIME)."""
+    return (MEMORY.get(name) or TIME[name]).value
+
+
+def all_constants() -> dict[str, Const]:
+    return {**MEMORY, **TIME}

@@ -1,0 +1,347 @@
+"""Peak memory per GPU and phase, by part. Pure arithmetic on the shape and the config (no torch).
+
+Parts, per GPU (bytes; P = this rank's parameters of a role: its pipeline stage's layers with the matrices split
+over TP, the embedding / LM head split over TP on the first / last stage, norms whole):
+
+  weights            P x dtype bytes (2 for bf16)
+  fp32 master        P x 4 when the params are bf16 (models/megatron/engine.py: AdamW steps fp32 copies)
+  optimizer          P x 8 (AdamW's two fp32 moments; NOT sharded over data-parallel ranks: plain torch AdamW per
+                     rank, no distributed optimizer; sharded over TP and PP only, like the weights)
+  gradients          backward: P x dtype bytes (.grad in the params' dtype; with more than one micro-batch the
+                     whole set is there while the next micro-batch's activations are); optimizer step: P x 4 (the
+                     fp32 grads of the masters, each bf16 grad dropped as it is cast)
+  activations        per token of the micro-batch (max(actor.max_tokens_per_micro_batch, the longest sequence),
+                     at most the mini-batch's tokens on this DP rank), per layer of the stage, per pipeline
+                     micro-batch in flight (1F1B: pp - stage):
+                       no recompute    act_none_<fusion> x W,          W = h + (q + kv + ffn) / TP
+                       selective (mlp) act_selective x W_attn,         W_attn = h + (q + kv) / TP
+                       full            h x dtype bytes (each layer's input) + one layer's act_full_working x W
+  LM head            fused: the fp32 [V/TP, h] weight-grad accumulator + the kernel's working memory (Triton:
+                     fused_head_triton_gib; torch: its chunk budget, ops/chunking.py) + the fp32 grad of the
+                     hidden [T, h]; unfused: logits_bytes_per_element x T x V/TP
+  forward passes     (old log-probs, reference, critic values) one layer's working memory + the head's
+  reference          weights only (P x dtype bytes) when actor.use_kl_loss or algorithm.use_kl_in_reward
+  critic             a second trunk with a value head (algorithm.adv_estimator=gae): weights, master, optimizer,
+                     and its own update at critic.max_tokens_per_micro_batch
+  vLLM               awake: rollout.gpu_memory_utilization x the GPU (weights + KV cache + its activations, what
+                     torch counts) + vllm_non_torch_gib (CUDA graphs, workspaces); a fixed KV cache
+                     (rollout.kv_cache_memory_gb, or a small model's auto size: rollout/vllm.py auto_kv_cache_bytes)
+                     replaces the fraction by weights + KV + vllm_profile_gib; asleep (colocated, during the
+                     training phases): 0 (level 2 drops weights and cache, level 1 moves the weights to the host)
+  hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + their logits; asleep: 0
+  CUDA context       cuda_context_gib per process on the GPU (engines_per_gpu > 1: one more per engine)
+
+The peak of a GPU is the largest phase; a GPU fits when context + (torch peak) x (1 + allocator_slack) + vLLM's
+non-torch part <= its memory, and vLLM's KV cache holds at least one sequence of the model's full length
+(vLLM's max_model_len: max_position_embeddings; it refuses to start otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from rltrain.plan import calibration as cal
+from rltrain.plan.inputs import Inputs, Shape
+from rltrain.utils import flops
+
+GIB = cal.GIB
+# rollout/vllm.py MAX_NUM_SEQS (vLLM's default max_num_seqs on a large GPU) and its auto KV-cache rule
+VLLM_MAX_NUM_SEQS = 1024
+# ops/chunking.py CUDA_CHUNK_BUDGET_BYTES: the torch head's scratch per chunk on CUDA
+TORCH_HEAD_CHUNK_BYTES = 2 * 2**30
+
+
+def ns(shape: Shape) -> SimpleNamespace:
+    return SimpleNamespace(**{k: getattr(shape, k) for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "tie_word_embeddings", "model_type")})
+
+
+def layer_params(shape: Shape, tp: int) -> float:
+    """One decoder layer on one TP rank: matrices / TP, the two RMSNorms and Qwen3's q/k norms whole."""
+    s = ns(shape)
+    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.model_type == "qwen3" else 0)
+    return flops.layer_matmul_params(s) / tp + norms
+
+
+def stage_layers(shape: Shape, pp: int, stage: int) -> int:
+    L = shape.num_hidden_layers
+    base, rem = divmod(L, pp)
+    return base + (1 if stage < rem else 0)
+
+
+def role_params(shape: Shape, tp: int, pp: int, stage: int, *, critic: bool = False) -> float:
+    """Parameters of one rank (TP rank, pipeline stage `stage`) of the actor/reference (critic: value head)."""
+    h, V = shape.hidden_size, shape.vocab_size
+    p = stage_layers(shape, pp, stage) * layer_params(shape, tp)
+    first, last = stage == 0, stage == pp - 1
+    if first:
+        p += V * h / tp  # input embedding
+    if last:
+        p += h  # final norm
+        if critic:
+            p += h + 1  # value head
+        elif not shape.tie_word_embeddings or pp > 1:
+            p += V * h / tp  # LM head (a tied head's copy on the last stage when pp > 1)
+    return p
+
+
+def full_params(shape: Shape) -> float:
+    """Every parameter of the checkpoint (what the rollout engine holds and the weight sync moves)."""
+    return float(flops.num_params(ns(shape)))
+
+
+def widths(shape: Shape, tp: int) -> tuple[float, float]:
+    """(W, W_attn) of one layer on one TP rank (calibration.py's activation constants are per unit of these)."""
+    h, q, kv, ffn = shape.hidden_size, shape.q_dim, shape.kv_dim, shape.intermediate_size
+    return h + (q + kv + ffn) / tp, h + (q + kv) / tp
+
+
+def kv_bytes_per_token(shape: Shape, tp: int, dtype_bytes: int) -> float:
+    """K and V of every layer for one token on one rank (rollout/vllm.py kv_cache_need_bytes's rule: at least one
+    KV head per rank)."""
+    return 2 * shape.num_hidden_layers * max(1, shape.num_key_value_heads // tp) * shape.head_dim * dtype_bytes
+
+
+@dataclass
+class Phase:
+    name: str
+    parts: dict[str, float] = field(default_factory=dict)  # bytes counted by torch's allocator
+    non_torch: dict[str, float] = field(default_factory=dict)  # bytes outside it (context, vLLM graphs)
+    detail: str = ""
+
+    @property
+    def torch_bytes(self) -> float:
+        return sum(self.parts.values())
+
+    def device_bytes(self, slack: float) -> float:
+        return self.torch_bytes * (1 + slack) + sum(self.non_torch.values())
+
+
+@dataclass
+class GPU:
+    index: int
+    roles: tuple[str, ...]
+    stage: int | None  # pipeline stage of the training roles on it
+    phases: list[Phase]
+    total_bytes: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def slack(self) -> float:
+        return cal.value("allocator_slack")
+
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.device_bytes(self.slack))
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.peak().device_bytes(self.slack)
+
+    @property
+    def allocator_peak_bytes(self) -> float:
+        """What torch.cuda.max_memory_allocated reports on this GPU's process: the largest training phase plus, with
+        vLLM in the process, its whole share (sleep frees it outside torch's counters, measured: 63.6 = 39.6 + 23.8
+        GiB on one H100), or the largest phase otherwise."""
+        vllm = max((p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
+        train = max((p.torch_bytes - p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
+        if vllm and self.roles != ("rollout",):
+            return vllm + train
+        return max(p.torch_bytes for p in self.phases)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.total_bytes and not self.refusals
+
+    @property
+    def refusals(self) -> list[str]:
+        return [n for n in self.notes if n.startswith("REFUSE:")]
+
+
+def micro_batch_tokens(x: Inputs, budget: int, seq_len: int) -> int:
+    """Tokens of the largest update micro-batch on one DP rank: the budget (a longer sequence gets a micro-batch of
+    its own), at most the mini-batch's tokens there (every sequence at full length)."""
+    per_rank = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) * seq_len
+    return max(seq_len, min(budget, per_rank))
+
+
+def n_micro_batches(x: Inputs, budget: int, seq_len: int) -> int:
+    per_rank = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) * seq_len
+    return max(1, math.ceil(per_rank / max(budget, seq_len)))
+
+
+def activation_bytes(x: Inputs, T: int, stage: int) -> tuple[float, str]:
+    """Activations one update micro-batch of T tokens keeps on a rank of `stage` (all layers of the stage)."""
+    shape = x.shape
+    W, W_attn = widths(shape, x.tp)
+    L = stage_layers(shape, x.pp, stage)
+    if not x.recompute:
+        k = cal.value(f"act_none_fusion_{x.fusion}")
+        return k * W * T * L, f"no recompute ({x.fusion} fusion)"
+    if x.recompute_granularity == "selective":
+        if "mlp" in x.recompute_modules:
+            return cal.value("act_selective") * W_attn * T * L, "selective recompute"
+        k = cal.value(f"act_none_fusion_{x.fusion}")
+        return k * W * T * L, "selective recompute of core_attn only (counted as none)"
+    return (x.dtype_bytes * shape.hidden_size * T * L + cal.value("act_full_working") * W * T,
+            "full recompute")
+
+
+def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
+    """The LM head's memory for T tokens on the last stage (update: with its weight-grad accumulator)."""
+    V_local, h = x.shape.vocab_size / x.tp, x.shape.hidden_size
+    if not x.fused_head:
+        return cal.value("logits_bytes_per_element") * T * V_local * (1.0 if backward else 0.5)
+    if x.logprob_backend == "torch":
+        row = V_local * (8 + x.dtype_bytes)
+        rows = x.chunk_size or max(1, TORCH_HEAD_CHUNK_BYTES // row)
+        working = min(T, rows) * row
+    else:
+        working = cal.value("fused_head_triton_gib") * GIB
+    return working + ((4 * V_local * h + 4 * T * h) if backward else 0.0)
+
+
+def forward_bytes(x: Inputs, T: int) -> float:
+    """A forward-only pass (old log-probs, reference, values): one layer's working memory and the head's."""
+    W, _ = widths(x.shape, x.tp)
+    return cal.value("act_full_working") * W * T + x.dtype_bytes * x.shape.hidden_size * T
+
+
+def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[str, float], list[str], float]:
+    """(torch-counted parts, non-torch parts, notes, KV-cache bytes) of the awake vLLM engine(s) on one GPU."""
+    shape, rtp = x.shape, x.rollout_tp
+    weights = full_params(shape) * x.dtype_bytes / rtp
+    kv_tok = kv_bytes_per_token(shape, rtp, x.dtype_bytes)
+    u = x.gpu_memory_utilization
+    notes: list[str] = []
+    fixed = None
+    if x.kv_cache_memory_gb is not None:
+        fixed = float(x.kv_cache_memory_gb) * GIB
+    else:  # rollout/vllm.py auto_kv_cache_bytes: a small model's cache fixed at what it can ever use
+        need = max(256 << 20, kv_tok * shape.max_position_embeddings * VLLM_MAX_NUM_SEQS)
+        if need <= u * total_bytes / 2:
+            fixed = float(need)
+            notes.append(f"vLLM KV cache fixed at {need / GIB:.2f} GiB (what {VLLM_MAX_NUM_SEQS} sequences of the "
+                         "model's full length need; rollout/vllm.py)")
+    k = x.engines_per_gpu
+    if fixed is not None:
+        kv = fixed
+        torch_part = weights * k + kv + cal.value("vllm_profile_gib") * GIB * k
+    else:
+        torch_part = u * total_bytes
+        kv = torch_part - weights * k - cal.value("vllm_profile_gib") * GIB * k
+    min_kv = kv_tok * shape.max_position_embeddings * k
+    if kv < min_kv:
+        notes.append(f"REFUSE: vLLM's KV cache ({max(kv, 0) / GIB:.2f} GiB) cannot hold one sequence of the "
+                     f"model's length ({shape.max_position_embeddings} tokens: {min_kv / GIB:.2f} GiB); vLLM will "
+                     "not start")
+    non_torch = {"vllm CUDA graphs + workspaces": cal.value("vllm_non_torch_gib") * GIB * (0.3 if x.enforce_eager else 1)}
+    if k > 1:
+        non_torch["vllm engine processes' CUDA contexts"] = cal.value("cuda_context_gib") * GIB * k
+    return {"vllm (weights + KV cache)": torch_part}, non_torch, notes, kv
+
+
+def hf_engine_bytes(x: Inputs) -> float:
+    shape = x.shape
+    per_worker = math.ceil(x.train_batch_size * x.n / max(1, x.rollout_replicas))
+    batch = min(x.max_batch_size, per_worker)
+    kv = batch * x.seq_len * kv_bytes_per_token(shape, 1, x.dtype_bytes)
+    return full_params(shape) * x.dtype_bytes + kv + batch * shape.vocab_size * 4
+
+
+def train_static(x: Inputs, stage: int) -> dict[str, float]:
+    """Memory the training roles hold through the whole step on a rank of `stage`."""
+    shape, dt = x.shape, x.dtype_bytes
+    P = role_params(shape, x.tp, x.pp, stage)
+    parts = {"actor weights": P * dt, "actor fp32 master": P * 4 if dt == 2 else 0.0, "actor optimizer (AdamW)": P * 8}
+    if x.use_ref:
+        parts["reference weights"] = P * dt
+    if x.use_critic:
+        Pc = role_params(shape, x.tp, x.pp, stage, critic=True)
+        parts.update({"critic weights": Pc * dt, "critic fp32 master": Pc * 4 if dt == 2 else 0.0,
+                      "critic optimizer (AdamW)": Pc * 8})
+    return {k: v for k, v in parts.items() if v}
+
+
+def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: bool) -> Phase:
+    """The update of the actor (or critic) on a rank of `stage`: the larger of its backward and optimizer step."""
+    shape, dt = x.shape, x.dtype_bytes
+    P = role_params(shape, x.tp, x.pp, stage, critic=critic)
+    budget = x.critic_mb_tokens if critic else x.mb_tokens
+    T = micro_batch_tokens(x, budget, x.seq_len)
+    n_mb = n_micro_batches(x, budget, x.seq_len)
+    act, how = activation_bytes(x, T, stage)
+    in_flight = min(x.pp - stage, n_mb) if x.pp > 1 else 1
+    act *= in_flight
+    last = stage == x.pp - 1
+    head = head_bytes(x, T, backward=True) if (last and not critic) else 0.0
+    who = "critic" if critic else "actor"
+    head_grad = (shape.vocab_size * shape.hidden_size / x.tp * dt) if (last and not critic) else 0.0
+    grads_bwd = P * dt if (n_mb > 1 or x.pp > 1) else max(P * dt - act, head_grad)  # grads grow as acts are freed
+    backward = {**static, f"{who} activations": act,
+                f"{who} gradients": grads_bwd}
+    if head:
+        backward["LM head (fused working + fp32 weight grad)" if x.fused_head else "LM head (logits)"] = head
+    if x.dp > 1:
+        backward["data-parallel grad bucket"] = 64 * 2**20
+    step = {**static, f"{who} fp32 gradients at the optimizer step" if dt == 2 else f"{who} gradients": P * 4}
+    b, s = sum(backward.values()), sum(step.values())
+    name = f"update ({who})"
+    detail = (f"{who} update: micro-batches of {T} tokens ({n_mb} per mini-batch on each DP rank), {how}"
+              + (f", {in_flight} in flight (1F1B)" if x.pp > 1 else ""))
+    return Phase(name, backward, detail=detail) if b >= s else Phase(name + ", optimizer step", step, detail=detail)
+
+
+def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
+    """Every GPU of the run with its phases (colocated: one group; split: training GPUs, then rollout GPUs)."""
+    ctx = {"CUDA context": cal.value("cuda_context_gib") * GIB}
+    gpus: list[GPU] = []
+    vllm = x.engine == "vllm" and x.device != "cpu"
+    roles = ("actor",) + (("ref",) if x.use_ref else ()) + (("critic",) if x.use_critic else ())
+    colocated = x.colocate or not x.use_ray
+    per_stage = x.tp * x.dp
+    for r in range(x.world):
+        stage = min(r // per_stage, x.pp - 1)
+        static = train_static(x, stage)
+        T_fwd = x.mb_tokens
+        last = stage == x.pp - 1
+        fwd = forward_bytes(x, T_fwd) + (head_bytes(x, T_fwd, backward=False) if last else 0.0)
+        phases = [Phase("log-probs (forward)", {**static, "forward working memory": fwd}, dict(ctx)),
+                  update_phase(x, stage, static, critic=False)]
+        phases[-1].non_torch = dict(ctx)
+        if x.use_critic:
+            phases.append(update_phase(x, stage, static, critic=True))
+            phases[-1].non_torch = dict(ctx)
+        notes: list[str] = []
+        bucket = {"weight-sync bucket": x.weight_sync_bucket_mb * 2**20}
+        if colocated:
+            if vllm:
+                vparts, vnon, vnotes, _ = vllm_parts(x, total_bytes)
+                notes += vnotes
+                phases.insert(0, Phase("generation", {**static, **vparts}, {**ctx, **vnon}))
+                phases.append(Phase("weight sync", {**static, **vparts, **bucket}, {**ctx, **vnon}))
+            else:
+                eng = {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)}
+                phases.insert(0, Phase("generation", {**static, **eng}, dict(ctx)))
+                phases.append(Phase("weight sync", {**static, **eng, **bucket}, dict(ctx)))
+            gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes))
+        else:
+            phases.append(Phase("weight sync", {**static, **bucket}, dict(ctx)))
+            gpus.append(GPU(r, roles, stage, phases, total_bytes, notes))
+    if not colocated:
+        n_roll = x.rollout_replicas * x.rollout_tp
+        for i in range(n_roll):
+            notes = []
+            if vllm:
+                vparts, vnon, vnotes, _ = vllm_parts(x, total_bytes)
+                notes += vnotes
+                phases = [Phase("generation", dict(vparts), {**ctx, **vnon}),
+                          Phase("weight sync", {**vparts, "weight-sync bucket": x.weight_sync_bucket_mb * 2**20},
+                                {**ctx, **vnon})]
+            else:
+                phases = [Phase("generation", {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)},
+                                dict(ctx))]
+            gpus.append(GPU(x.world + i, ("rollout",), None, phases, total_bytes, notes))
+    return gpus

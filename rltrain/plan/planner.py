@@ -1,0 +1,276 @@
+"""The plan of one config: every GPU's peak by phase and part, seconds per step by phase, fits or not, and, when a
+GPU does not fit, the cheapest config keys to change, each found by re-planning the changed config."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.plan import calibration as cal
+from rltrain.plan.inputs import Inputs, as_dict, read
+from rltrain.plan.memory import GPU, plan_gpus
+from rltrain.plan.timing import phase_seconds
+from rltrain.utils.errors import UserError
+
+GIB = cal.GIB
+
+
+class PlanError(UserError, ValueError):
+    """A GPU will not fit this config (the message names the GPU, the phase, the parts and the keys to change)."""
+
+
+@dataclass
+class Suggestion:
+    overrides: dict[str, Any]
+    peak_gib: float  # the largest GPU peak after the change
+    step_s: float
+    fits: bool
+
+    @property
+    def keys(self) -> str:
+        return " ".join(f"{k}={_fmt(v)}" for k, v in self.overrides.items())
+
+
+@dataclass
+class Plan:
+    inputs: Inputs
+    device: str
+    gpu_memory_gib: float
+    gpus: list[GPU]
+    seconds: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+    suggestions: list[Suggestion] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return all(g.fits for g in self.gpus)
+
+    @property
+    def worst(self) -> GPU:
+        bad = [g for g in self.gpus if not g.fits]
+        return max(bad or self.gpus, key=lambda g: (bool(g.refusals), g.peak_bytes / g.total_bytes))
+
+    @property
+    def peak_gib(self) -> float:
+        return max(g.peak_bytes for g in self.gpus) / GIB
+
+    def refusal(self) -> str:
+        """The message of a plan that does not fit ('' when it fits)."""
+        if self.fits:
+            return ""
+        g = self.worst
+        ph = g.peak()
+        over = g.peak_bytes - g.total_bytes
+        parts = sorted({**ph.parts, **ph.non_torch}.items(), key=lambda kv: -kv[1])
+        top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts[:5] if v > 0)
+        head = (f"GPU {g.index} ({', '.join(g.roles)}) does not fit: its peak, in phase '{ph.name}', is "
+                f"{g.peak_bytes / GIB:.1f} GiB of {g.total_bytes / GIB:.1f} GiB"
+                + (f" ({over / GIB:.1f} GiB over)" if over > 0 else "") + f"; the largest parts (GiB): {top}.")
+        for r in g.refusals:
+            head += " " + r.removeprefix("REFUSE: ") + "."
+        if self.suggestions:
+            lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB, step {self.seconds['step']:.1f} "
+                     f"-> {s.step_s:.1f} s" for s in self.suggestions if s.fits]
+            if lines:
+                return head + "\nChanges that fit (re-planned; cheapest step time first):\n" + "\n".join(lines)
+            lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB" for s in self.suggestions]
+            return head + "\nNo single change or pair of changes fits; the ones that help most:\n" + "\n".join(lines)
+        return head
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _set(cfg: dict, key: str, value: Any) -> dict:
+    out = copy.deepcopy(cfg)
+    node = out
+    *path, last = key.split(".")
+    for p in path:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return out
+
+
+def device_of(device: str | None, gpu_memory_gib: float | None) -> str:
+    if device:
+        if device not in cal.DEVICES:
+            raise PlanError(f"--device {device!r} is unknown; choose one of {', '.join(cal.DEVICES)}")
+        return device
+    if gpu_memory_gib is not None and gpu_memory_gib > 100:
+        return "h200"
+    return "h100"
+
+
+def placement_problems(x: Inputs) -> list[str]:
+    """Why a (re-planned) config's placement or model split is impossible (mirrors workers/placement.py and the
+    megatron/vLLM rules the planner knows)."""
+    e = []
+    s = x.shape
+    if x.world % (x.tp * x.pp):
+        e.append("TP x PP does not divide the GPUs")
+    if x.nnodes > 1 and x.n_gpus_per_node % x.tp:
+        e.append("TP spans nodes")
+    if s.num_attention_heads % x.tp or (s.num_key_value_heads % x.tp and x.tp % s.num_key_value_heads):
+        e.append("TP does not divide the attention heads")
+    if x.pp > s.num_hidden_layers:
+        e.append("more pipeline stages than layers")
+    if (x.colocate or not x.use_ray) and x.n_gpus_per_node % x.rollout_tp:
+        e.append("rollout TP does not divide the GPUs of a node")
+    return e
+
+
+def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
+              prompt_tokens: int | None = None, response_tokens: int | None = None,
+              suggest: bool = True) -> Plan:
+    """Plan `cfg` (a resolved DictConfig or a plain dict). gpu_memory_gib: each GPU's memory (default: the device
+    kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
+    lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case)."""
+    c = as_dict(cfg)
+    dev = device_of(device, gpu_memory_gib)
+    total = (gpu_memory_gib if gpu_memory_gib is not None else cal.DEVICES[dev].total_gib) * GIB
+    x = read(c)
+    if prompt_tokens is not None:
+        x = dataclasses.replace(x, max_prompt_length=int(prompt_tokens))
+    if response_tokens is not None:
+        x = dataclasses.replace(x, max_response_length=int(response_tokens))
+    plan = _plan(x, dev, total)
+    if suggest and not plan.fits:
+        plan.suggestions = suggestions(c, plan, dev, total, prompt_tokens, response_tokens)
+    return plan
+
+
+def _plan(x: Inputs, dev: str, total: float) -> Plan:
+    gpus = plan_gpus(x, total)
+    secs = phase_seconds(x, cal.DEVICES[dev].hbm_bytes_per_s, total)
+    warnings = []
+    if x.engine == "vllm" and (x.colocate or not x.use_ray) and x.world > 1 and x.rollout_tp != x.world:
+        warnings.append(f"colocated vLLM makes the group's {x.world} processes one tensor-parallel engine "
+                        f"(workers/rollout.py): the run needs rollout.tensor_parallel_size={x.world} (now "
+                        f"{x.rollout_tp}); planned as configured")
+    return Plan(x, dev, total / GIB, gpus, secs, warnings)
+
+
+def _candidates(c: dict, x: Inputs) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if not x.recompute:
+        out.append({"actor.recompute_activations": True})
+        out.append({"actor.recompute_activations": True, "actor.recompute_granularity": "selective"})
+    elif x.recompute_granularity == "selective":
+        out.append({"actor.recompute_granularity": "full"})
+    b = x.mb_tokens
+    for div in (2, 4, 8):
+        if b // div >= x.seq_len:
+            out.append({"actor.max_tokens_per_micro_batch": b // div})
+    if x.use_critic:
+        for div in (2, 4):
+            if x.critic_mb_tokens // div >= x.seq_len:
+                out.append({"critic.max_tokens_per_micro_batch": x.critic_mb_tokens // div})
+    for tp in (2, 4, 8):
+        if tp > x.tp:
+            out.append({"actor.tensor_parallel_size": tp})
+    for pp in (2, 4):
+        if pp > x.pp:
+            out.append({"actor.pipeline_parallel_size": pp})
+    if not x.fused_head:
+        out.append({"trainer.fused_linear_logprob": True})
+    if x.engine != "vllm" and x.max_batch_size > 32:
+        out.append({"rollout.max_batch_size": x.max_batch_size // 4})
+    return out
+
+
+def _apply(c: dict, ov: dict[str, Any]) -> dict:
+    for k, v in ov.items():
+        c = _set(c, k, v)
+    return c
+
+
+def _try(c: dict, ov: dict[str, Any], dev: str, total: float, pt, rt) -> tuple[Plan, dict] | None:
+    cc = _apply(c, ov)
+    try:
+        x = read(cc)
+    except UserError:
+        return None
+    if pt is not None:
+        x = dataclasses.replace(x, max_prompt_length=int(pt))
+    if rt is not None:
+        x = dataclasses.replace(x, max_response_length=int(rt))
+    if placement_problems(x):
+        return None
+    return _plan(x, dev, total), cc
+
+
+def _with_best_u(c: dict, ov: dict[str, Any], dev: str, total: float, pt, rt) -> dict[str, Any] | None:
+    """`ov` plus the largest rollout.gpu_memory_utilization (in steps of 0.05 below the current) that fits."""
+    x = read(c)
+    if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not (x.colocate or not x.use_ray):
+        return None
+    u = round(x.gpu_memory_utilization - 0.05, 2)
+    while u >= 0.05:
+        r = _try(c, {**ov, "rollout.gpu_memory_utilization": u}, dev, total, pt, rt)
+        if r is not None and r[0].fits:
+            return {**ov, "rollout.gpu_memory_utilization": u}
+        u = round(u - 0.05, 2)
+    return None
+
+
+def suggestions(c: dict, plan: Plan, dev: str, total: float, pt=None, rt=None, limit: int = 4) -> list[Suggestion]:
+    """The cheapest changes (by predicted step time) that make `c` fit: single keys, then pairs, each with the
+    largest rollout.gpu_memory_utilization that fits where vLLM shares the GPUs; each re-planned."""
+    x = plan.inputs
+    singles = _candidates(c, x)
+    tried: dict[str, Suggestion] = {}
+
+    def consider(ov: dict[str, Any]) -> None:
+        variants = [ov]
+        best_u = _with_best_u(c, ov, dev, total, pt, rt)
+        if best_u is not None:
+            variants.append(best_u)
+        for v in variants:
+            key = repr(sorted(v.items()))
+            if key in tried:
+                continue
+            r = _try(c, v, dev, total, pt, rt)
+            if r is None:
+                continue
+            p = r[0]
+            tried[key] = Suggestion(v, p.peak_gib, p.seconds["step"], p.fits)
+
+    consider({})
+    for ov in singles:
+        consider(ov)
+    if True:  # pairs too: two cheap changes can beat one expensive one
+        for a, b in itertools.combinations(singles, 2):
+            if set(a) & set(b):
+                continue
+            consider({**a, **b})
+    fits = sorted((s for s in tried.values() if s.fits and s.overrides), key=lambda s: (s.step_s, len(s.overrides)))
+    if fits:
+        # keep the cheapest, and drop a suggestion that merely adds keys to a cheaper one already listed
+        out: list[Suggestion] = []
+        for s in fits:
+            if any(set(o.overrides.items()) <= set(s.overrides.items()) for o in out):
+                continue
+            out.append(s)
+            if len(out) == limit:
+                break
+        return out
+    helpful = sorted((s for s in tried.values() if s.overrides), key=lambda s: s.peak_gib)
+    return helpful[:limit]
+
+
+def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None) -> Plan:
+    """Plan `cfg` and raise PlanError (a UserError: the entry points print it and exit 2) when a GPU will not fit,
+    with the GPU, the phase, the overflowing parts and the cheapest keys to change. Returns the Plan when it fits.
+    Imports no GPU library and starts nothing."""
+    plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, device=device)
+    if not plan.fits:
+        raise PlanError("the plan does not fit the GPUs (rltrain.plan): " + plan.refusal())
+    return plan

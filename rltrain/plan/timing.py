@@ -1,0 +1,113 @@
+"""Seconds per step by phase, from FLOPs (utils/flops.py) and bytes at the measured rates of calibration.py.
+
+  generation   per rollout replica, its share of train_batch_size x n sequences in waves of at most vLLM's
+               1,024 (rollout/vllm.py MAX_NUM_SEQS) or as many as its KV cache holds at full length (hf:
+               rollout.max_batch_size); each of max_response_length decode steps costs vllm_step_overhead_s (the
+               engine's host work) + (weights + the wave's KV cache at its mean context) / HBM bandwidth (hf:
+               hf_step_s); prefill at the forward rate.
+  log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops) of the
+               step's tokens on one data-parallel rank at the update rate without recompute, + fwd_mb_overhead_s
+               per micro-batch.
+  update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<fusion>_<recompute> (TP > 1: times
+               tp2_efficiency per doubling; PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_overhead_s
+               per micro-batch.
+  weight sync  colocated vLLM: sleep + wake + bf16 bytes x reload_s_per_gb; hf: its level-1 sleep + wake + the same
+               reload; split: bf16 bytes x split_sync_s_per_gb.
+The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
+"""
+
+from __future__ import annotations
+
+import math
+
+from rltrain.plan import calibration as cal
+from rltrain.plan.inputs import Inputs
+from rltrain.plan.memory import (VLLM_MAX_NUM_SEQS, full_params, kv_bytes_per_token, micro_batch_tokens, n_micro_batches,
+                                 ns, vllm_parts)
+from rltrain.utils import flops
+
+
+def update_rate(x: Inputs, *, recompute: bool | None = None) -> float:
+    """Achieved model FLOP/s of one GPU in the update (a TP group of x.tp GPUs runs x.tp times this)."""
+    rc = x.recompute if recompute is None else recompute
+    fusion = "none" if x.fusion == "none" else "compile"
+    mode = "none" if not rc else ("selective" if x.recompute_granularity == "selective" else "full")
+    key = f"update_tflops_{fusion}_{mode}"
+    if key not in cal.TIME:  # fusion none with recompute: the compiled rate scaled by none/compile at no recompute
+        key_c = f"update_tflops_compile_{mode}"
+        rate = cal.value(key_c) * cal.value("update_tflops_none_none") / cal.value("update_tflops_compile_none")
+    else:
+        rate = cal.value(key)
+    tp_eff = cal.value("tp2_efficiency") ** math.log2(x.tp) if x.tp > 1 else 1.0
+    return rate * 1e12 * tp_eff
+
+
+def step_seqs(x: Inputs) -> int:
+    return x.train_batch_size * x.n
+
+
+def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
+    shape = x.shape
+    replicas = x.rollout_replicas
+    seqs = math.ceil(step_seqs(x) / replicas)
+    prompt, resp = x.max_prompt_length, x.max_response_length
+    if x.engine == "vllm" and x.device != "cpu":
+        _, _, _, kv = vllm_parts(x, total_bytes)
+        kv_tok = kv_bytes_per_token(shape, x.rollout_tp, x.dtype_bytes)
+        fit = max(1, int(max(kv, 0) // (kv_tok * x.seq_len))) if kv > 0 else 1
+        wave = max(1, min(seqs, VLLM_MAX_NUM_SEQS * x.engines_per_gpu, fit))
+        waves = math.ceil(seqs / wave)
+        ctx = prompt + (resp + 1) / 2
+        weights = full_params(shape) * x.dtype_bytes / x.rollout_tp
+        step = cal.value("vllm_step_overhead_s") + (weights + wave * ctx * kv_tok) / hbm
+        prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
+            cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
+        return waves * resp * step + prefill
+    waves = math.ceil(seqs / max(1, x.max_batch_size))
+    return waves * resp * cal.value("hf_step_s")
+
+
+def train_seconds(x: Inputs) -> dict[str, float]:
+    shape = ns(x.shape)
+    seq = x.seq_len
+    tokens_rank = step_seqs(x) * seq / x.dp
+    n_mini = max(1, math.ceil(x.train_batch_size / x.ppo_mini_batch_size))
+    out: dict[str, float] = {}
+    fwd_rate = update_rate(x, recompute=False)
+    n_fwd_mb = max(1, math.ceil(tokens_rank / max(x.mb_tokens, seq)))
+    fwd = flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate) + n_fwd_mb * cal.value("fwd_mb_overhead_s")
+    out["old_log_prob"] = fwd
+    if x.use_ref:
+        out["ref"] = fwd
+    if x.use_critic:
+        out["values"] = fwd
+    n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
+    bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
+    upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
+    out["update_actor"] = x.ppo_epochs * (upd + n_mb * cal.value("update_mb_overhead_s"))
+    if x.use_critic:
+        n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
+        out["update_critic"] = x.critic_ppo_epochs * (upd + n_mbc * cal.value("update_mb_overhead_s"))
+    return out
+
+
+def sync_seconds(x: Inputs) -> float:
+    gb = full_params(x.shape) * x.dtype_bytes / 1e9
+    if not (x.colocate or not x.use_ray):
+        return gb * cal.value("split_sync_s_per_gb")
+    if x.engine == "vllm" and x.device != "cpu":
+        return cal.value("vllm_sleep_s") + cal.value("vllm_wake_s") + gb * cal.value("reload_s_per_gb")
+    return cal.value("hf_sleep_wake_s") + gb * cal.value("reload_s_per_gb")
+
+
+def phase_seconds(x: Inputs, hbm: float, total_bytes: float) -> dict[str, float]:
+    """{generation, log-probs, update, weight sync} seconds of one step, and their detail."""
+    t = train_seconds(x)
+    gen = gen_seconds(x, hbm, total_bytes)
+    logp = sum(v for k, v in t.items() if k in ("old_log_prob", "ref", "values"))
+    upd = sum(v for k, v in t.items() if k.startswith("update"))
+    sync = sync_seconds(x)
+    out = {"generation": gen, "log-probs": logp, "update": upd, "weight sync": sync}
+    out["step"] = (max(gen, logp + upd) + sync) if x.async_rollout else (gen + logp + upd + sync)
+    out.update({f"detail/{k}": v for k, v in t.items()})
+    return out
