@@ -9,6 +9,13 @@ message names the key or file and the fix. `rltrain.main` and `rltrain.sft` prin
 
 from __future__ import annotations
 
+import re
+import sys
+
+# the last line of a Python traceback: `pkg.module.ErrorClass: message` (Ray keeps only this text of an error
+# raised in an actor's constructor: ActorDiedError's message)
+_EXC_LINE = re.compile(r"^(?:ray::\S+ \(pid=\d+[^)]*\) )?([A-Za-z_][\w.]*): (.*)$")
+
 
 class UserError(Exception):
     """A problem the user can fix; the message names the config key or file and how to fix it."""
@@ -16,11 +23,36 @@ class UserError(Exception):
 
 def find_user_error(err: BaseException | None) -> UserError | None:
     """The UserError behind `err`: `err` itself, or the worker's exception that a Ray error carries
-    (`.cause`, possibly wrapped again). None when `err` is not a user's mistake: an error merely raised
-    *from* a UserError (`__cause__`) is a bug elsewhere and keeps its traceback."""
+    (`.cause`, possibly wrapped again), or, for an actor that died raising a UserError in its constructor
+    (ray's ActorDiedError, which keeps only the remote traceback's text), a UserError with that message.
+    None when `err` is not a user's mistake: an error merely raised *from* a UserError (`__cause__`) is a bug
+    elsewhere and keeps its traceback."""
     for _ in range(8):  # wrappers nest shallowly; the bound only guards against cycles
         cause = getattr(err, "cause", None)  # ray.exceptions.RayTaskError: the remote exception
         if not isinstance(cause, BaseException) or cause is err:
             break
         err = cause
-    return err if isinstance(err, UserError) else None
+    if isinstance(err, UserError):
+        return err
+    if getattr(err, "actor_init_failed", False):  # ray.exceptions.ActorDiedError of a failed __init__
+        return _user_error_in_text(str(err))
+    return None
+
+
+def _user_error_in_text(text: str) -> UserError | None:
+    """The UserError whose `module.Class: message` line ends a traceback's text, rebuilt from it (only classes
+    already imported in this process, so nothing is imported on the strength of a message)."""
+    lines = text.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = _EXC_LINE.match(lines[i].strip())
+        if not m:
+            continue
+        module, _, name = m.group(1).rpartition(".")
+        candidates = [sys.modules.get(module)] if module else list(sys.modules.values())
+        for mod in candidates:
+            cls = getattr(mod, name, None) if mod is not None else None
+            if isinstance(cls, type) and issubclass(cls, UserError):
+                message = "\n".join([m.group(2), *lines[i + 1:]]).strip()
+                return UserError(message)
+        return None  # the exception line names something else: not a user's mistake
+    return None

@@ -1,0 +1,194 @@
+"""The run directory's life: one live run per directory (an OS lock), and finding the run a resume continues.
+
+Must not train or read model files: it only locks directories, reads run dirs' config.json and asks
+utils/checkpoint.py which checkpoints are intact.
+
+- `lock_run_dir(dir)`: an exclusive `fcntl.flock` on `<dir>/.rltrain.lock`, held for the process's life (the
+  kernel drops it when the process dies, however it dies). A second run on the same directory gets a
+  `RunDirLocked` (a UserError: exit 2) naming the holder's pid and command.
+- `find_previous_run(...)`: `trainer.resume=auto` in a fresh Hydra run dir (`outputs/<experiment>/<time>`) with
+  no checkpoint of its own continues the newest sibling run dir of the same experiment that has an intact
+  checkpoint; the new run writes into its own directory.
+- `resume_command(run_dir)`: the exact command that continues a stopped run in its own directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+from rltrain.utils.errors import UserError
+
+LOCK_FILE = ".rltrain.lock"
+FINISHED_FILE = ".rltrain_finished"  # written when a run ends normally: a finished run is not resumed by others
+_held: dict[str, int] = {}  # realpath -> fd of the locks this process holds (kept open: the lock lives with it)
+
+
+class RunDirLocked(UserError, RuntimeError):
+    """Another live run holds the directory."""
+
+
+def _holder(lock_path: str) -> str:
+    try:
+        with open(lock_path, encoding="utf-8") as f:
+            info = json.loads(f.read() or "{}")
+    except (OSError, ValueError):
+        return "another process"
+    pid, cmd = info.get("pid"), info.get("command")
+    return f"pid {pid}" + (f" ({cmd})" if cmd else "") if pid else "another process"
+
+
+def lock_run_dir(path: str, what: str = "run directory", key: str = "hydra.run.dir") -> str | None:
+    """Take the exclusive lock of `path` (created if missing) for this process's life; return the lock file,
+    or None where the file system has no locks (a warning says so). RunDirLocked when a live run holds it."""
+    import fcntl
+
+    os.makedirs(path, exist_ok=True)
+    real = os.path.realpath(path)
+    if real in _held:
+        return os.path.join(path, LOCK_FILE)
+    lock_path = os.path.join(path, LOCK_FILE)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        print(f"rltrain: warning: cannot create the lock file {lock_path} ({err.strerror}); two runs on this "
+              f"{what} would not be stopped", file=sys.stderr, flush=True)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirLocked(
+            f"the {what} {path} is in use by a live run, {_holder(lock_path)}; two runs there would interleave "
+            f"their metrics and overwrite each other's checkpoints. Wait for it to end (or stop it), or give this "
+            f"run another directory ({key}=...)") from None
+    except OSError as err:  # e.g. ENOLCK on a network file system without locks
+        os.close(fd)
+        print(f"rltrain: warning: cannot lock {lock_path} ({err.strerror}); two runs on this {what} would not be "
+              "stopped", file=sys.stderr, flush=True)
+        return None
+    info = json.dumps({"pid": os.getpid(), "command": " ".join(shlex.quote(a) for a in _argv())[:500]})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info.encode(), 0)
+    _held[real] = fd
+    try:
+        os.remove(os.path.join(path, FINISHED_FILE))  # running again: not finished until this run is
+    except OSError:
+        pass
+    return lock_path
+
+
+def is_locked(path: str) -> bool:
+    """Whether a live process (other than this one) holds `path`'s run lock."""
+    import fcntl
+
+    if os.path.realpath(path) in _held:
+        return False
+    lock_path = os.path.join(path, LOCK_FILE)
+    if not os.path.isfile(lock_path):
+        return False
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the shared lock taken to probe
+    return False
+
+
+def _argv() -> list[str]:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("rltrain/main.py", "rltrain/sft.py")):
+        argv = [sys.executable, "-m", "rltrain." + os.path.splitext(os.path.basename(argv[0]))[0], *argv[1:]]
+    elif argv and argv[0].endswith(".py"):
+        argv = [sys.executable, *argv]
+    return argv
+
+
+def resume_command(run_dir: str) -> str:
+    """The command line of this process with `hydra.run.dir=<run_dir> trainer.resume=auto` (replacing any
+    earlier values of those keys): rerun as is, it continues the stopped run in its own directory."""
+    args = [a for a in _argv() if not a.lstrip("+").startswith(("hydra.run.dir=", "trainer.resume="))]
+    args += [f"hydra.run.dir={os.path.abspath(run_dir)}", "trainer.resume=auto"]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def mark_finished(run_dir: str) -> None:
+    try:
+        with open(os.path.join(run_dir, FINISHED_FILE), "w", encoding="utf-8") as f:
+            f.write(json.dumps({"pid": os.getpid()}) + "\n")
+    except OSError:
+        pass
+
+
+def _read_config(run_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+_SAME_MODEL_KEYS = ("path", "builtin", "tokenizer", "overrides")
+
+
+def model_differences(saved: dict, cfg: dict) -> list[str]:
+    """`model.<key>` settings (shapes) on which the run config `saved` and `cfg` differ, as `key=old -> new`."""
+    a, b = saved.get("model") or {}, cfg.get("model") or {}
+    return [f"model.{k}={a.get(k)!r} -> {b.get(k)!r}" for k in _SAME_MODEL_KEYS if a.get(k) != b.get(k)]
+
+
+def find_previous_run(run_dir: str, cfg: dict, log=None) -> tuple[str, int, str] | None:
+    """For trainer.resume=auto in a fresh run dir: (run dir, step, checkpoint path) of the newest sibling of
+    `run_dir` (same parent: Hydra's outputs/<experiment>/) whose config.json names the same experiment and
+    model and which has an intact checkpoint under <it>/checkpoints, short of its total_steps; None when
+    there is none, or when a newer run of the experiment finished (FINISHED_FILE): then this is a new run.
+    Runs that are still live (locked) or of another model are skipped, with a line saying so."""
+    from rltrain.utils.checkpoint import find_latest_valid
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    me = os.path.realpath(run_dir)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return None
+    candidates = []
+    for name in names:
+        d = os.path.join(parent, name)
+        if os.path.realpath(d) == me or not os.path.isfile(os.path.join(d, "config.json")):
+            continue
+        try:
+            candidates.append((os.path.getmtime(os.path.join(d, "config.json")), d))  # when it started
+        except OSError:
+            continue
+    experiment = (cfg.get("trainer") or {}).get("experiment_name")
+    for _, d in sorted(candidates, reverse=True):  # newest first
+        saved = _read_config(d)
+        if saved is None or (saved.get("trainer") or {}).get("experiment_name") != experiment:
+            continue
+        if os.path.exists(os.path.join(d, FINISHED_FILE)):
+            return None  # the newest runs before this one finished: nothing to continue
+        if (saved.get("trainer") or {}).get("ckpt_dir"):
+            continue  # its checkpoints live elsewhere; not this directory's
+        diff = model_differences(saved, cfg)
+        if diff:
+            log(f"rltrain: not resuming from {d}: another model ({', '.join(diff)})")
+            continue
+        if is_locked(d):
+            log(f"rltrain: not resuming from {d}: a live run ({_holder(os.path.join(d, LOCK_FILE))}) is using it")
+            continue
+        found = find_latest_valid(os.path.join(d, "checkpoints"), log=log)
+        total = (saved.get("trainer") or {}).get("total_steps")
+        if found is not None and not (isinstance(total, int) and found[0] >= total):
+            return d, found[0], found[1]
+    return None
