@@ -5,6 +5,12 @@ Must not tokenize or truncate: PromptDataset does that, so the length filter see
 
 from __future__ import annotations
 
+from rltrain.utils.errors import UserError
+
+
+class ChatTemplateError(UserError, ValueError):
+    """The tokenizer has no chat template, or its template cannot render a prompt (an unknown role...)."""
+
 
 def to_messages(prompt: str | list[dict], system_prompt: str | None = None) -> list[dict]:
     """A string becomes one user message; a message list is used as is. `system_prompt` is prepended
@@ -22,11 +28,19 @@ def render_prompt(tokenizer, prompt: str | list[dict], *, apply_chat_template: b
     messages = to_messages(prompt, system_prompt)
     if apply_chat_template:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                f"{type(tokenizer).__name__} has no chat template; set data.apply_chat_template=false "
-                "or use a tokenizer that has one"
+            raise ChatTemplateError(
+                f"the tokenizer ({type(tokenizer).__name__}, model.tokenizer / model.path) has no chat template; "
+                "set data.apply_chat_template=false or use a tokenizer that has one"
             )
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as err:  # the template refuses the messages (a role it lacks, roles out of order...)
+            roles = [m.get("role") for m in messages if isinstance(m, dict)]
+            raise ChatTemplateError(
+                f"the chat template of the tokenizer ({type(tokenizer).__name__}) cannot render a prompt with roles "
+                f"{roles}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}; "
+                "change the prompt's messages, use a tokenizer whose template takes them, or set "
+                "data.apply_chat_template=false") from None
     return "\n".join(m["content"] for m in messages)
 
 

@@ -22,12 +22,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from rltrain.data.chat import prompt_token_ids, render_prompt
+from rltrain.data.chat import ChatTemplateError, prompt_token_ids, render_prompt
 from rltrain.utils.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 _MISSING = object()
+MAX_NESTING = 64  # deeper rows are refused: nothing a prompt needs is that deep, and deeper ones break pickling
 
 
 class DataError(UserError, ValueError):
@@ -37,8 +38,41 @@ class DataError(UserError, ValueError):
 def read_rows(path: str | os.PathLike) -> list[tuple[int, dict]]:
     """(line number or 1-based row number, row dict) for every row of a .jsonl/.json lines or .parquet file."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix.lower() in (".jsonl", ".json", ".parquet"))[:3]
+        hint = f" (it holds {', '.join(inside)}{', ...' if len(inside) == 3 else ''})" if inside else ""
+        raise DataError(f"data file {str(path)!r} is a directory, not a file{hint}; list the .jsonl / .parquet "
+                        "files themselves in data.train_files / data.val_files")
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} does not exist; fix the path in data.train_files / data.val_files")
+    try:
+        rows = _read_rows(path)
+    except OSError as e:
+        raise DataError(f"data file {str(path)!r} cannot be read ({e.strerror or e}); fix its permissions or the "
+                        "path in data.train_files / data.val_files") from None
+    for where, row in rows:
+        depth = _nesting(row)
+        if depth > MAX_NESTING:
+            raise DataError(f"{path}:{where}: the row is nested {depth} levels deep (at most {MAX_NESTING}); "
+                            "flatten it")
+    return rows
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists/dicts nest in `value` (without recursion: a hostile row cannot overflow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            if d <= MAX_NESTING:
+                stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+    return deepest
+
+
+def _read_rows(path: Path) -> list[tuple[int, dict]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -52,6 +86,9 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict]]:
                     except json.JSONDecodeError as e:
                         raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON "
                                         "object (JSON lines)") from None
+                    except RecursionError:
+                        raise DataError(f"{path}:{lineno}: the row is nested too deeply to parse (at most "
+                                        f"{MAX_NESTING} levels); flatten it") from None
                     if not isinstance(row, dict):
                         raise DataError(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
                     rows.append((lineno, row))
@@ -65,9 +102,10 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict]]:
 
         try:
             table = pq.read_table(path)
-        except (pa.ArrowException, OSError) as e:
+            rows = table.to_pylist()
+        except (pa.ArrowException, OSError, RecursionError) as e:
             raise DataError(f"{path}: not a readable parquet file ({e})") from None
-        return [(i + 1, row) for i, row in enumerate(table.to_pylist())]
+        return [(i + 1, row) for i, row in enumerate(rows)]
     raise DataError(f"data file {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .json or .parquet")
 
 
@@ -120,7 +158,11 @@ class PromptDataset(torch.utils.data.Dataset):
         self.items: list[dict] = []
         self.num_dropped = 0
         default_source = default_data_source or Path(path).stem
-        for ordinal, (lineno, row) in enumerate(read_rows(path)):
+        rows = read_rows(path)
+        if not rows:
+            raise DataError(f"data file {self.path!r} holds no rows (it is empty); give a file with prompts in "
+                            "data.train_files / data.val_files")
+        for ordinal, (lineno, row) in enumerate(rows):
             where = f"{self.path}:{lineno}"
             prompt = _get(row, prompt_key)
             if prompt is _MISSING:
@@ -142,7 +184,11 @@ class PromptDataset(torch.utils.data.Dataset):
             extra = row.get("extra_info") or {}
             if not isinstance(extra, dict):
                 raise DataError(f"{where}: key 'extra_info' must be an object, got {type(extra).__name__}")
-            text = render_prompt(tokenizer, prompt, apply_chat_template=apply_chat_template, system_prompt=system_prompt)
+            try:
+                text = render_prompt(tokenizer, prompt, apply_chat_template=apply_chat_template,
+                                     system_prompt=system_prompt)
+            except ChatTemplateError as e:
+                raise DataError(f"{where}: key {prompt_key!r}: {e}") from None
             ids = prompt_token_ids(tokenizer, text, apply_chat_template=apply_chat_template)
             if len(ids) > max_prompt_length:
                 self.num_dropped += 1

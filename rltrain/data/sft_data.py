@@ -27,7 +27,7 @@ from typing import Sequence
 
 import torch
 
-from rltrain.data.chat import render_prompt
+from rltrain.data.chat import ChatTemplateError, render_prompt
 from rltrain.data.dataset import DataError, read_rows
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,10 @@ def encode_conversation(tokenizer, messages: list[dict], *, system_prompt: str |
     if "{output}" not in tool_output_template:
         raise ValueError(f"tool_output_template must contain '{{output}}', got {tool_output_template!r}")
     prompt_msgs = [{"role": m["role"], "content": m["content"]} for m in prompt]
-    text = render_prompt(tokenizer, prompt_msgs, apply_chat_template=True, system_prompt=system_prompt)
+    try:
+        text = render_prompt(tokenizer, prompt_msgs, apply_chat_template=True, system_prompt=system_prompt)
+    except ChatTemplateError as e:
+        raise DataError(f"{where}: {e}") from None
     ids = _encode(tokenizer, text)
     mask = [0] * len(ids)
     prompt_length = len(ids)
@@ -86,7 +89,8 @@ def encode_conversation(tokenizer, messages: list[dict], *, system_prompt: str |
         ids += seg
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
-        raise ValueError(f"{type(tokenizer).__name__} has no eos_token_id; the SFT response must end with EOS")
+        raise DataError(f"the tokenizer ({type(tokenizer).__name__}, model.tokenizer) has no eos_token_id; the SFT "
+                        "response must end with EOS: use a tokenizer that has one")
     ids.append(int(eos))
     mask.append(1)
     return ids, mask, prompt_length
@@ -125,6 +129,9 @@ class SFTDataset(torch.utils.data.Dataset):
         if self.num_dropped:
             logger.warning("SFT data: dropped %d of %d rows longer than max_length=%d",
                            self.num_dropped, self.num_dropped + len(self.items), max_length)
+        if not self.items and not self.num_dropped:
+            raise DataError(f"SFT data {[str(s) for s in sources if not isinstance(s, list)]} holds no rows (empty); "
+                            "give files with conversations in data.train_files")
         if not self.items:
             raise DataError(f"SFT data {[str(s) for s in sources if not isinstance(s, list)]}: no rows left "
                             f"({self.num_dropped} longer than data.max_length={max_length})")

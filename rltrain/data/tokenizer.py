@@ -110,11 +110,16 @@ class CharTokenizer:
     def from_pretrained(cls, directory: str | os.PathLike) -> "CharTokenizer":
         path = Path(directory) / _CONFIG_NAME
         if not path.is_file():
-            raise ValueError(f"no {_CONFIG_NAME} in {directory}: not a saved CharTokenizer")
-        saved = json.loads(path.read_text())["vocab"]
+            raise TokenizerNotFoundError(f"no {_CONFIG_NAME} in {directory}: not a saved CharTokenizer")
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))["vocab"]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+            raise TokenizerNotFoundError(f"tokenizer file {path} is corrupt ({type(err).__name__}: {err}); "
+                                         "save the tokenizer again or set model.tokenizer=char") from None
         tok = cls()
         if saved != tok.id_to_token:
-            raise ValueError(f"{path} holds a different character vocabulary than this rltrain version")
+            raise TokenizerNotFoundError(f"{path} holds a different character vocabulary than this rltrain version; "
+                                         "set model.tokenizer=char")
         return tok
 
 
@@ -149,4 +154,13 @@ def load_tokenizer(name_or_path: str):
     try:
         return AutoTokenizer.from_pretrained(expanded)
     except (OSError, ValueError) as e:
-        raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): {e}") from e
+        raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): {_one_line(e)}") from None
+    except Exception as e:  # the tokenizers library's parse errors of a corrupt tokenizer.json are bare Exceptions
+        raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): its files look corrupt "
+                                     f"({type(e).__name__}: {_one_line(e)}); download or save the tokenizer again"
+                                     ) from None
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:400] + ("..." if len(text) > 400 else "")

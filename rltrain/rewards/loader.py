@@ -2,6 +2,11 @@
 
 Must not call the function: it only finds it and checks that it is callable.
 
+The user's module is imported in a helper thread with a time limit (RLTRAIN_REWARD_IMPORT_TIMEOUT_S, default
+120 s; a line every 15 s says it is still importing): a module that blocks at import (input(), a lock, the
+network) is reported by name instead of hanging the trainer, and one that calls sys.exit() while being imported
+is a user error, not the run's end. (Module-level code that needs the main thread, e.g. signal.signal, fails.)
+
 The function's signature: `fn(response_text: str, ground_truth: str, *, data_source: str | None = None,
 extra: dict | None = None) -> float | dict` (a dict holds "score" plus numbers to log).
 """
@@ -13,6 +18,8 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
+import time
 import traceback
 from typing import Callable
 
@@ -36,6 +43,49 @@ def _import_failure(spec: str, target: str, err: BaseException) -> RewardFnError
                          "fix the file or install what it imports")
 
 
+def _import_timeout_s() -> float:
+    try:
+        return float(os.environ.get("RLTRAIN_REWARD_IMPORT_TIMEOUT_S", "120"))
+    except ValueError:
+        return 120.0
+
+
+def _run_import(spec: str, target: str, do_import: Callable[[], object]):
+    """`do_import()` in a daemon thread, waited for at most the import time limit; its exception (SystemExit
+    and KeyboardInterrupt included) is re-raised here, a module that does not finish is a RewardFnError."""
+    result: dict = {}
+
+    def body() -> None:
+        try:
+            result["module"] = do_import()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=body, name="rltrain-reward-import", daemon=True)
+    start, limit = time.monotonic(), _import_timeout_s()
+    thread.start()
+    while True:
+        thread.join(min(15.0, max(0.0, limit - (time.monotonic() - start))))
+        waited = time.monotonic() - start
+        if not thread.is_alive():
+            break
+        if waited >= limit:
+            raise RewardFnError(
+                f"reward.fn={spec!r}: importing {target!r} did not finish in {limit:.0f} s (does it wait for input, "
+                "a lock or the network at import?); move that work into the function, or raise the limit with "
+                "RLTRAIN_REWARD_IMPORT_TIMEOUT_S")
+        print(f"rltrain: still importing the reward module {target!r} ({waited:.0f} s of {limit:.0f} s)",
+              file=sys.stderr, flush=True)
+    if "error" in result:
+        err = result["error"]
+        if isinstance(err, SystemExit):
+            raise RewardFnError(f"reward.fn={spec!r}: importing {target!r} called sys.exit({err.code!r}), which would "
+                                "end the run; a reward module must not exit at import (guard script code with "
+                                "`if __name__ == '__main__':`)") from None
+        raise err
+    return result["module"]
+
+
 def load_function(spec: str) -> Callable:
     """`file.py:function` or `module:function` -> the function (config key `reward.fn`)."""
     target, sep, name = spec.rpartition(":")
@@ -52,16 +102,21 @@ def load_function(spec: str) -> Callable:
             module = importlib.util.module_from_spec(file_spec)
             sys.modules[mod_name] = module  # so the function pickles by reference in this process
             try:
-                file_spec.loader.exec_module(module)
+                _run_import(spec, target, lambda: file_spec.loader.exec_module(module))
+            except RewardFnError:
+                sys.modules.pop(mod_name, None)
+                raise
             except Exception as e:
-                del sys.modules[mod_name]
+                sys.modules.pop(mod_name, None)
                 raise _import_failure(spec, target, e) from e
             except BaseException:
-                del sys.modules[mod_name]
+                sys.modules.pop(mod_name, None)
                 raise
     else:
         try:
-            module = importlib.import_module(target)
+            module = _run_import(spec, target, lambda: importlib.import_module(target))
+        except RewardFnError:
+            raise
         except ImportError as e:
             raise RewardFnError(f"reward.fn={spec!r}: cannot import module {target!r}: {e}") from e
         except Exception as e:
