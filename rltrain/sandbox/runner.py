@@ -7,18 +7,23 @@ Layers, outermost first:
    HOME=TMPDIR=its own temp dir, one-thread BLAS) and that temp dir as cwd; the temp dir is deleted
    afterwards. A wall-clock deadline kills the whole tree; stdout/stderr are read incrementally and
    the tree is killed as soon as either exceeds `max_output_bytes`.
-2. The kernel boundary, inherited by everything the code starts or execs: new user + PID (+ network)
-   namespaces (no network interfaces but a down loopback; the namespace's init dies -> everything
-   in it dies); Landlock (landlockpy): read-only access to the stdlib and the system's shared
-   libraries, read-write to its temp dir only, no TCP unless allowed, no signals out of its domain;
-   seccomp (pyseccomp over libseccomp): no execve unless `allow_exec`, no ptrace, namespaces,
-   mounts or open-by-handle; rlimits (address space, CPU seconds, file size, processes, no cores).
-   Where any of the three is unavailable the child refuses to run the code (status
-   "refused", saying why) unless `allow_unisolated=True` (config `sandbox.allow_unisolated`).
-3. Always: an audit hook (`sys.addaudithook`) in the child that refuses sockets, running other
-   programs, ctypes, reads outside the stdlib and its temp dir (e.g. `/etc/passwd`), writes outside
-   its temp dir, signals to other processes and forks beyond `max_processes`. It gives the code
-   clear messages; it is not the boundary (Python documents audit hooks as no security measure).
+2. The kernel boundary (`_kernel.py`), inherited by everything the code starts or execs: new user,
+   mount, PID, IPC (+ network) namespaces (no network interfaces but a down loopback; the namespace's
+   init dies -> everything in it dies); a private read-only root with only the stdlib, the shared
+   libraries and four /dev nodes, and at the temp dir's path a private tmpfs of `max_disk_bytes`, the
+   only writable place (no host /tmp, sockets, /proc or /sys); no capabilities; Landlock (landlockpy):
+   the same paths again, no TCP unless allowed, no signals or abstract sockets out of its domain;
+   seccomp (pyseccomp over libseccomp): no execve unless `allow_exec`, no ptrace, namespaces
+   (clone with CLONE_NEW* included), mounts or open-by-handle, socket families other than
+   unix/inet/inet6, no raw sockets. Where any of these is unavailable the child refuses to run the
+   code (status "refused", saying why) unless `allow_unisolated=True` (config `sandbox.allow_unisolated`).
+   Limits: rlimits per process (address space, CPU seconds, file size, processes, no cores) and, where
+   the machine offers cgroups, a per-call cgroup bounding the memory and processes of the whole call
+   (`_cgroup.py`; `SandboxResult.isolation` says which holds).
+3. Always: an audit hook (`_audit.py`) in the child that refuses sockets, running other programs,
+   ctypes, sub-interpreters, reads outside the stdlib and its temp dir (e.g. `/etc/passwd`), writes
+   outside its temp dir, signals to other processes and forks beyond `max_processes`. It gives the
+   code clear messages; it is not the boundary (Python documents audit hooks as no security measure).
 
 See `_bootstrap.py` for the child's process tree. `SandboxPool` runs many calls on a thread pool;
 each call is its own process tree, so hostile code cannot break the pool.
@@ -32,9 +37,7 @@ import math
 import os
 import secrets
 import selectors
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -43,9 +46,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rltrain.sandbox import _cgroup
+from rltrain.sandbox._cleanup import rmtree as _rmtree
 from rltrain.sandbox._bootstrap import EXIT_MEMORY, EXIT_REFUSED
 
-_BOOTSTRAP_SOURCE = (Path(__file__).parent / "_bootstrap.py").read_text(encoding="utf-8")
+_SANDBOX_DIR = str(Path(__file__).resolve().parent)
+_BOOTSTRAP_SOURCE = (Path(_SANDBOX_DIR) / "_bootstrap.py").read_text(encoding="utf-8")
 _MARKER = "RLTRAIN_SANDBOX_ID"
 _READ_CHUNK = 65536
 _DRAIN_GRACE_S = 1.0  # after a kill, how long to wait for the pipes to close
@@ -86,7 +92,8 @@ class SandboxResult:
         return "\n".join(lines)
 
 
-def _validate(timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, max_file_bytes):
+def _validate(timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, max_file_bytes,
+              max_disk_bytes=64 * 2**20):
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     if not (isinstance(memory_mb, int) and memory_mb >= 64):
@@ -99,6 +106,8 @@ def _validate(timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, max_
         raise ValueError(f"max_processes must be an int in [1, 4096], got {max_processes!r}")
     if not (isinstance(max_file_bytes, int) and max_file_bytes > 0):
         raise ValueError(f"max_file_bytes must be a positive int, got {max_file_bytes!r}")
+    if not (isinstance(max_disk_bytes, int) and max_disk_bytes >= 2**20):
+        raise ValueError(f"max_disk_bytes must be an int >= 1 MiB, got {max_disk_bytes!r}")
 
 
 def run_code(
@@ -114,13 +123,16 @@ def run_code(
     max_file_bytes: int = 16 * 2**20,
     allow_exec: bool = False,
     allow_unisolated: bool = False,
+    max_disk_bytes: int = 64 * 2**20,
 ) -> SandboxResult:
     """Run `code` as a Python program (like `python main.py`) in a fresh, limited process.
 
-    timeout_s: wall clock for the whole run. memory_mb: address-space limit. cpu_s: CPU-seconds
-    limit (None: ceil(timeout_s) + 1, a backstop). max_output_bytes: per stream; exceeding it kills
-    the run (status "output_limit"). max_processes: processes the program may have at once, itself
-    included. max_file_bytes: largest file it may write (in its temp dir). allow_exec: let it run
+    timeout_s: wall clock for the whole run. memory_mb: memory of the whole call where a cgroup is
+    available (its processes and its temp files together), and the address space of each process.
+    cpu_s: CPU-seconds limit (None: ceil(timeout_s) + 1, a backstop). max_output_bytes: per stream;
+    exceeding it kills the run (status "output_limit"). max_processes: processes the program may have
+    at once, itself included. max_file_bytes: largest file it may write (in its temp dir).
+    max_disk_bytes: size of its temp dir (a private tmpfs). allow_exec: let it run
     the system's programs (still confined to its temp dir). allow_unisolated: run it even where the
     kernel cannot isolate it (else status "refused"). Never raises for anything the code does;
     raises ValueError for bad arguments.
@@ -128,7 +140,7 @@ def run_code(
     return _run(code, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s,
                 max_output_bytes=max_output_bytes, max_processes=max_processes,
                 allow_network=allow_network, stdin=stdin, max_file_bytes=max_file_bytes,
-                allow_exec=allow_exec, allow_unisolated=allow_unisolated)
+                allow_exec=allow_exec, allow_unisolated=allow_unisolated, max_disk_bytes=max_disk_bytes)
 
 
 def probe_isolation(*, allow_network: bool = False, allow_exec: bool = False) -> SandboxResult:
@@ -153,65 +165,87 @@ def _binding_paths() -> tuple[str, ...]:
 
 def _run(code, *, timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, allow_network,
          stdin, max_file_bytes, allow_exec=False, allow_unisolated=False, os_isolation=True,
-         audit=True) -> SandboxResult:
+         audit=True, max_disk_bytes=64 * 2**20) -> SandboxResult:
     """run_code with the two inner layers switchable (tests check each layer on its own)."""
     if not isinstance(code, str):
         raise ValueError(f"code must be a str, got {type(code).__name__}")
-    _validate(timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, max_file_bytes)
+    _validate(timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, max_file_bytes, max_disk_bytes)
     cpu_limit = int(math.ceil(cpu_s if cpu_s is not None else timeout_s + 1))
     sandbox_id = secrets.token_hex(8)
-    workdir = tempfile.mkdtemp(prefix="rltrain-sandbox-")
-    os.chmod(workdir, 0o700)
-    status_r, status_w = os.pipe()
-    proc = None
     start = time.monotonic()
+    workdir, cgroups = None, []
     try:
-        Path(workdir, "main.py").write_text(code, encoding="utf-8")
+        workdir = tempfile.mkdtemp(prefix="rltrain-sandbox-")
+        os.chmod(workdir, 0o700)
+        cgroups, limits = _cgroup.create(sandbox_id, memory_mb, max_processes)
         cfg = {
-            "workdir": workdir, "status_fd": status_w, "parent_pid": os.getpid(),
+            "workdir": workdir, "parent_pid": os.getpid(), "sandbox_dir": _SANDBOX_DIR,
             "memory_mb": memory_mb, "cpu_s": cpu_limit, "max_processes": max_processes,
-            "max_file_bytes": max_file_bytes, "allow_network": bool(allow_network),
-            "allow_exec": bool(allow_exec), "allow_unisolated": bool(allow_unisolated),
-            "os_isolation": bool(os_isolation), "audit": bool(audit), "binding_paths": _binding_paths(),
+            "max_file_bytes": max_file_bytes, "max_disk_bytes": max_disk_bytes,
+            "allow_network": bool(allow_network), "allow_exec": bool(allow_exec),
+            "allow_unisolated": bool(allow_unisolated), "os_isolation": bool(os_isolation), "audit": bool(audit),
+            "binding_paths": _binding_paths(), "cgroups": cgroups, "limits": limits,
         }
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-            "HOME": workdir, "TMPDIR": workdir, _MARKER: sandbox_id,
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-        }
-        stdin_file = None
+        out = _spawn_and_collect(code, cfg, stdin, sandbox_id, deadline=start + timeout_s,
+                                 max_output_bytes=max_output_bytes)
+        oom = _cgroup.oom_killed(cgroups)
+        return _classify(out, time.monotonic() - start, timeout_s=timeout_s, memory_mb=memory_mb,
+                         cpu_limit=cpu_limit, max_output_bytes=max_output_bytes, sandbox_id=sandbox_id, oom=oom)
+    except Exception as e:  # the machine's fault (e.g. no fds, a full /tmp), never the code's: say so
+        return SandboxResult(status="error", stdout="", stderr="", exit_code=None,
+                             duration_s=time.monotonic() - start, sandbox_id=sandbox_id,
+                             message=f"sandbox failure: {type(e).__name__}: {e}")
+    finally:
+        _quietly(kill_sandbox_processes, sandbox_id)
+        _quietly(_cgroup.remove, cgroups)
+        if workdir is not None:
+            _quietly(_rmtree, workdir)
+
+
+def _quietly(fn, *args):
+    """Cleanup must not raise: a failure here leaves a stray, never kills the caller."""
+    try:
+        fn(*args)
+    except Exception:
+        pass
+
+
+def _spawn_and_collect(code, cfg, stdin, sandbox_id, *, deadline, max_output_bytes):
+    workdir = cfg["workdir"]
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        "HOME": workdir, "TMPDIR": workdir, _MARKER: sandbox_id,
+        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    }
+    Path(workdir, "main.py").write_text(code, encoding="utf-8")
+    status_r, status_w = os.pipe()
+    proc = stdin_file = None
+    try:
         if stdin is not None:
             stdin_path = Path(workdir, ".stdin")
             stdin_path.write_text(stdin, encoding="utf-8")
             stdin_file = open(stdin_path, "rb")
             stdin_path.unlink()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP_SOURCE,
-                 json.dumps(cfg)],
-                stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env,
-                pass_fds=(status_w,), start_new_session=True,
-            )
-        finally:
-            if stdin_file is not None:
-                stdin_file.close()
-            os.close(status_w)
-            status_w = -1
-        out = _collect(proc, status_r, deadline=start + timeout_s, max_output_bytes=max_output_bytes)
-        duration = time.monotonic() - start
-        return _classify(out, duration, timeout_s=timeout_s, memory_mb=memory_mb, cpu_limit=cpu_limit,
-                         max_output_bytes=max_output_bytes, sandbox_id=sandbox_id)
+        cfg = dict(cfg, status_fd=status_w)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP_SOURCE, json.dumps(cfg)],
+            stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env,
+            pass_fds=(status_w,), start_new_session=True,
+        )
+        os.close(status_w)
+        status_w = -1
+        return _collect(proc, status_r, deadline=deadline, max_output_bytes=max_output_bytes)
     finally:
-        if status_w >= 0:
-            os.close(status_w)
-        os.close(status_r)
+        for fd in (status_w, status_r):
+            if fd >= 0:
+                _quietly(os.close, fd)
+        if stdin_file is not None:
+            _quietly(stdin_file.close)
         if proc is not None:
-            _kill_tree(proc, None)
-            proc.stdout.close()
-            proc.stderr.close()
-        kill_sandbox_processes(sandbox_id)
-        _rmtree(workdir)
+            _quietly(_kill_tree, proc, None)
+            _quietly(proc.stdout.close)
+            _quietly(proc.stderr.close)
 
 
 @dataclass
@@ -261,7 +295,10 @@ def _collect(proc, status_r, *, deadline, max_output_bytes) -> _Collected:
                     *lines, rest = bufs[fd].split(b"\n")
                     bufs[fd] = bytearray(rest)
                     for line in lines:
-                        status.update(json.loads(line))
+                        try:
+                            status.update(json.loads(line))
+                        except ValueError:
+                            pass
                     continue
                 if killed_for is not None:
                     continue  # draining after a kill: keep nothing more
@@ -317,21 +354,6 @@ def kill_sandbox_processes(sandbox_id: str) -> list[int]:
     return found
 
 
-def _rmtree(path):
-    def make_writable_and_retry(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, stat.S_IRWXU)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=make_writable_and_retry)
-    if os.path.exists(path):
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _decode(data: bytes, dropped: bool, limit: int) -> str:
     text = data.decode("utf-8", errors="replace")
     if dropped:
@@ -339,8 +361,15 @@ def _decode(data: bytes, dropped: bool, limit: int) -> str:
     return text
 
 
+def _signal_name(sig) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # e.g. a real-time signal
+        return f"signal {sig}"
+
+
 def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max_output_bytes,
-              sandbox_id) -> SandboxResult:
+              sandbox_id, oom=False) -> SandboxResult:
     stdout = _decode(out.stdout, out.stdout_dropped, max_output_bytes)
     stderr = _decode(out.stderr, out.stderr_dropped, max_output_bytes)
     exit_code = out.status.get("exit")
@@ -349,11 +378,15 @@ def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max
         status, message, exit_code = "timeout", f"timed out after {timeout_s:g} s (wall clock)", None
     elif out.killed_for == "output_limit":
         status, message, exit_code = "output_limit", f"output exceeded {max_output_bytes} bytes", None
+    elif sig is not None and oom and sig == signal.SIGKILL:
+        status, message = "memory", f"memory limit of {memory_mb} MiB exceeded (the kernel killed the program)"
     elif sig is not None:
         if sig == signal.SIGXCPU:
             status, message = "timeout", f"CPU time limit of {cpu_limit} s exceeded"
         else:
-            status, message = "killed", f"killed by signal {signal.Signals(sig).name}"
+            status, message = "killed", f"killed by signal {_signal_name(sig)}"
+    elif exit_code is None and oom:
+        status, message = "memory", f"memory limit of {memory_mb} MiB exceeded (the kernel killed the sandbox)"
     elif exit_code is None:
         status, message = "killed", "the sandbox process ended without reporting a status"
     elif exit_code == EXIT_REFUSED and out.status.get("isolated") is False:
@@ -363,6 +396,9 @@ def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max
                    f"{ALLOW_UNISOLATED_HINT}")
     elif exit_code == EXIT_MEMORY:
         status, message = "memory", f"memory limit of {memory_mb} MiB exceeded (MemoryError)"
+    elif oom:
+        status, message = "memory", (f"memory limit of {memory_mb} MiB exceeded by the call's processes together "
+                                     "(the kernel killed one)")
     elif exit_code == 0:
         status, message = "ok", ""
     else:
@@ -385,12 +421,12 @@ class SandboxPool:
         if not (isinstance(max_workers, int) and max_workers >= 1):
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
         allowed = {"timeout_s", "memory_mb", "cpu_s", "max_output_bytes", "max_processes",
-                   "allow_network", "stdin", "max_file_bytes", "allow_exec", "allow_unisolated"}
+                   "allow_network", "stdin", "max_file_bytes", "allow_exec", "allow_unisolated", "max_disk_bytes"}
         unknown = set(run_code_kwargs) - allowed
         if unknown:
             raise ValueError(f"unknown run_code arguments {sorted(unknown)}; allowed: {sorted(allowed)}")
         defaults = dict(timeout_s=5.0, memory_mb=512, cpu_s=None, max_output_bytes=8192,
-                        max_processes=32, max_file_bytes=16 * 2**20)
+                        max_processes=32, max_file_bytes=16 * 2**20, max_disk_bytes=64 * 2**20)
         defaults.update({k: v for k, v in run_code_kwargs.items() if k in defaults})
         _validate(**defaults)
         self._kwargs = dict(run_code_kwargs)

@@ -71,7 +71,7 @@ def test_machine_without_user_namespaces_or_landlock_refuses_and_allow_unisolate
     (status, stdout, message, isolation, isolated, _), allowed, audited = got
     assert (status, stdout, isolated) == ("refused", "", False)
     assert not os.path.exists(target)
-    assert "no user,pid,ipc,net namespaces (unshare: Operation not permitted" in message
+    assert "no user,mnt,pid,ipc,net namespaces (unshare: Operation not permitted" in message
     assert "no Landlock in this kernel" in message and "sandbox.allow_unisolated=true" in message
     assert allowed[:2] == ["ok", "42\n"] and allowed[4] is False and "not isolated" in allowed[3]
     assert audited[0] == "error" and "PermissionError: sandbox: reading '/etc/passwd'" in audited[5]
