@@ -48,41 +48,41 @@ DEVICES: dict[str, Device] = {
 # Qwen3 layer keeps for its backward are a few per width; one constant per elementwise-fusion mode absorbs how many.
 MEMORY: dict[str, Const] = {
     "act_none_fusion_none": Const(
-        7.2087, "B/token/layer/W",
+        8.3114, "B/token/layer/W",
         "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim (0.6B, 8,192 tokens, no recompute, "
         "fusion none, engine defaults) peak 21.78 GiB"),
     "act_none_fusion_compile": Const(
-        5.6932, "B/token/layer/W",
+        6.4542, "B/token/layer/W",
         "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all (0.6B, 8,192 tokens, no recompute, "
         "torch.compile of each layer) peak 18.93 GiB"),
     "act_none_fusion_mcore": Const(
-        5.5018, "B/token/layer/W",
+        6.8572, "B/token/layer/W",
         "update/bench_update_h200_tp2.json, 2026-11-23, H200: row 06b-8k-mcore-tp2 (0.6B, TP=2, 8,192 tokens, "
         "megatron's fused SwiGLU) peak 10.73 GiB"),
     "act_selective": Const(
-        12.0157, "B/token/layer/W_attn",
+        7.5604, "B/token/layer/W_attn",
         "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective (0.6B, 32,768 tokens, the MLP "
         "recomputed) peak 35.60 GiB; W_attn = h + (q + kv) / TP"),
     "act_full_working": Const(
-        2.1458, "B/token/W",
+        6.3931, "B/token/W",
         "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full (0.6B, 65,536 tokens, full "
         "recompute) peak 15.56 GiB; the one layer being recomputed (the kept layer inputs are h x dtype bytes, exact)"),
     "logits_bytes_per_element": Const(
-        3.5676, "B/(token x vocab/TP)",
+        3.9996, "B/(token x vocab/TP)",
         "gpu_smoke_h100_steps.json, 2026-11-22, H100: 32,768 tokens with full recompute, unfused head 30.87 GiB vs "
         "fused 13.40 GiB (trainer.fused_linear_logprob=false keeps the logits and their gradient)"),
     "fused_head_triton_gib": Const(
         0.376, "GiB", "kernel/ab_h100_2026-11-25.json, 2026-11-25, H100: peak extra of the fused head v3 at "
                       "32,768 x 4,096 x 151,936 (0.31-0.38 GiB over the three shapes)", "measured"),
     "allocator_slack": Const(
-        0.0482, "fraction of the peak",
+        0.0769, "fraction of the peak",
         "update/bench_update*.json, 2026-11-23/25, H100/H200: mean of reserved_gib / peak_gib - 1 over the fit rows "
         "(torch's caching allocator holds this much more than the tensors)"),
     "cuda_context_gib": Const(
         0.60, "GiB per process", "gpu_smoke_h100.json, 2026-11-22, H100: OOM message 'Process 405 has 618.00 MiB "
                                  "memory in use' (a CUDA context with cuBLAS/NCCL workspaces)", "measured"),
     "vllm_non_torch_gib": Const(
-        1.4341, "GiB", "vllm_x2/bench_rollout_variants_h200.json, 2026-11-23, H200: sleep(level 1) freed 71.33 GiB "
+        1.4340, "GiB", "vllm_x2/bench_rollout_variants_h200.json, 2026-11-23, H200: sleep(level 1) freed 71.33 GiB "
                        "at gpu_memory_utilization 0.5 = 69.90 GiB counted by torch + this (CUDA graphs, workspaces)"),
     "vllm_profile_gib": Const(
         1.0, "GiB", "vLLM's peak activation of its profiling run, subtracted from its share before the KV cache "
@@ -93,29 +93,29 @@ MEMORY: dict[str, Const] = {
 TIME: dict[str, Const] = {
     # achieved model TFLOP/s (utils/flops.train_flops) of one update micro-batch, by (fusion, recompute)
     "update_tflops_none_none": Const(
-        276.3, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 52.38 "
+        276.3066, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 52.38 "
                           "model TFLOP (0.6B, 8,192 tokens)"),
     "update_tflops_compile_none": Const(
-        361.7, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s"),
+        361.6684, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s"),
     "update_tflops_compile_full": Const(
-        365.4, "TFLOP/s", "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full 4.685 s"),
+        365.4437, "TFLOP/s", "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full 4.685 s"),
     "update_tflops_compile_selective": Const(
-        434.0, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s"),
+        433.9659, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s"),
     "tp2_efficiency": Const(
         0.6999, "fraction", "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: "
                             "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2))"),
     # short-sequence GRPO phases: a fixed cost per micro-batch on top of the FLOPs at the rates above
     "update_mb_overhead_s": Const(
-        0.1614, "s per micro-batch", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the "
+        0.1109, "s per micro-batch", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the "
                                      "Qwen3-0.6B GRPO step (2 mini-batches of one 8,832-token micro-batch)"),
     "fwd_mb_overhead_s": Const(
-        0.1434, "s per forward pass", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s "
+        0.0517, "s per forward pass", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s "
                                       "(17,664 tokens in 2 micro-batches, forward only)"),
     "vllm_step_overhead_s": Const(
-        0.0093, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
+        0.0124, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
                                      "steps of 256 sequences (host-bound engine in the trainer's process)"),
     "hf_step_s": Const(
-        0.0381, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
+        0.0386, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
                                      "steps of 256 sequences (rltrain's own decoder, one Python loop per token)"),
     "vllm_wake_s": Const(
         0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),
@@ -125,10 +125,10 @@ TIME: dict[str, Const] = {
         0.402, "s", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: rollout_sleep 0.134 + rollout_wake 0.268 "
                     "(level 1: to host and back)", "measured"),
     "reload_s_per_gb": Const(
-        0.1357, "s/GB", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 - wake 0.127 s "
+        0.1352, "s/GB", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 - wake 0.127 s "
                         "for 1.19 GB of bf16 weights (colocated in-place reload)"),
     "split_sync_s_per_gb": Const(
-        0.1615, "s/GB", "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s for "
+        0.1612, "s/GB", "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s for "
                         "1.19 GB (NCCL broadcast into vLLM's weight-transfer engine)"),
 }
 

@@ -128,6 +128,7 @@ class GPU:
     phases: list[Phase]
     total_bytes: float
     notes: list[str] = field(default_factory=list)
+    vllm_in_process: bool = True  # rollout.engines_per_gpu > 1: the engines live in processes of their own
 
     @property
     def slack(self) -> float:
@@ -147,6 +148,8 @@ class GPU:
         GiB on one H100), or the largest phase otherwise."""
         vllm = max((p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
         train = max((p.torch_bytes - p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
+        if not self.vllm_in_process:
+            return train
         if vllm and self.roles != ("rollout",):
             return vllm + train
         return max(p.torch_bytes for p in self.phases)
@@ -237,7 +240,8 @@ def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[st
         notes.append(f"REFUSE: vLLM's KV cache ({max(kv, 0) / GIB:.2f} GiB) cannot hold one sequence of the "
                      f"model's length ({shape.max_position_embeddings} tokens: {min_kv / GIB:.2f} GiB); vLLM will "
                      "not start")
-    non_torch = {"vllm CUDA graphs + workspaces": cal.value("vllm_non_torch_gib") * GIB * (0.3 if x.enforce_eager else 1)}
+    # measured with CUDA graphs; eager engines are planned the same (not measured apart)
+    non_torch = {"vllm CUDA graphs + workspaces": cal.value("vllm_non_torch_gib") * GIB}
     if k > 1:
         non_torch["vllm engine processes' CUDA contexts"] = cal.value("cuda_context_gib") * GIB * k
     return {"vllm (weights + KV cache)": torch_part}, non_torch, notes, kv
@@ -326,7 +330,8 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
                 eng = {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)}
                 phases.insert(0, Phase("generation", {**static, **eng}, dict(ctx)))
                 phases.append(Phase("weight sync", {**static, **eng, **bucket}, dict(ctx)))
-            gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes))
+            gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes,
+                            vllm_in_process=x.engines_per_gpu == 1))
         else:
             phases.append(Phase("weight sync", {**static, **bucket}, dict(ctx)))
             gpus.append(GPU(r, roles, stage, phases, total_bytes, notes))

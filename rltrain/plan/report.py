@@ -97,8 +97,9 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "phase_seconds_detail": {k.removeprefix("detail/"): round(v, 4) for k, v in plan.seconds.items()
                                  if k.startswith("detail/")},
         "gpus": gpus,
-        "suggestions": [{"overrides": [f"{k}={_v(v)}" for k, v in s.overrides.items()], "peak_gib": round(s.peak_gib, 3),
-                         "step_s": round(s.step_s, 3), "fits": s.fits} for s in plan.suggestions],
+        "suggestions": [{"overrides": [f"{k}={_v(v)}" for k, v in s.overrides.items()],
+                         "peak_gib": round(s.peak_gib, 3), "step_s": round(s.step_s, 3), "fits": s.fits}
+                        for s in plan.suggestions],
         "warnings": plan.warnings,
         "message": plan.refusal(),
     }

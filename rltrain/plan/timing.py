@@ -22,8 +22,7 @@ import math
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import Inputs
-from rltrain.plan.memory import (VLLM_MAX_NUM_SEQS, full_params, kv_bytes_per_token, micro_batch_tokens, n_micro_batches,
-                                 ns, vllm_parts)
+from rltrain.plan.memory import VLLM_MAX_NUM_SEQS, full_params, kv_bytes_per_token, n_micro_batches, ns, vllm_parts
 from rltrain.utils import flops
 
 
@@ -67,7 +66,8 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
     return waves * resp * cal.value("hf_step_s")
 
 
-def train_seconds(x: Inputs) -> dict[str, float]:
+def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
+    """loop_overhead=False: the FLOPs alone (a benchmark's bare step, as the update rates were measured)."""
     shape = ns(x.shape)
     seq = x.seq_len
     tokens_rank = step_seqs(x) * seq / x.dp
@@ -75,7 +75,9 @@ def train_seconds(x: Inputs) -> dict[str, float]:
     out: dict[str, float] = {}
     fwd_rate = update_rate(x, recompute=False)
     n_fwd_mb = max(1, math.ceil(tokens_rank / max(x.mb_tokens, seq)))
-    fwd = flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate) + n_fwd_mb * cal.value("fwd_mb_overhead_s")
+    over = 1.0 if loop_overhead else 0.0
+    fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate)
+           + over * n_fwd_mb * cal.value("fwd_mb_overhead_s"))
     out["old_log_prob"] = fwd
     if x.use_ref:
         out["ref"] = fwd
@@ -84,10 +86,10 @@ def train_seconds(x: Inputs) -> dict[str, float]:
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
-    out["update_actor"] = x.ppo_epochs * (upd + n_mb * cal.value("update_mb_overhead_s"))
+    out["update_actor"] = x.ppo_epochs * (upd + over * n_mb * cal.value("update_mb_overhead_s"))
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
-        out["update_critic"] = x.critic_ppo_epochs * (upd + n_mbc * cal.value("update_mb_overhead_s"))
+        out["update_critic"] = x.critic_ppo_epochs * (upd + over * n_mbc * cal.value("update_mb_overhead_s"))
     return out
 
 

@@ -1,0 +1,399 @@
+"""Refit calibration.py's fitted constants from the measured runs and compare the planner with every measured run.
+
+    python -m rltrain.plan.fit            # the fitted constants (paste into calibration.py) + predicted vs measured
+    python -m rltrain.plan.fit --markdown # the predicted-vs-measured table of docs/plan.md
+
+Each fitted constant is solved from ONE run (role "fit"); every other run is "held out" and only compared. Rows of
+the engine before the 2026-11-23 levers (fp32 norms, foreach AdamW: "legacy") are compared too, but the model
+describes the current engine, so their error is reported apart. The runs are read from tools/results/ (the raw GPU
+results; docs/gpu_results/ in older trees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+import functools
+from typing import Any, Iterator
+
+from rltrain.plan import calibration as cal
+from rltrain.plan.inputs import read
+from rltrain.plan.memory import GIB, ns, plan_gpus
+from rltrain.plan.timing import phase_seconds, train_seconds
+from rltrain.utils import flops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def results_dir() -> str:
+    for rel in ("tools/results", "docs/gpu_results"):
+        if os.path.isdir(os.path.join(ROOT, rel)):
+            return os.path.join(ROOT, rel)
+    raise FileNotFoundError("no tools/results (or docs/gpu_results) directory with the measured GPU runs")
+
+
+def load(rel: str) -> dict:
+    with open(os.path.join(results_dir(), rel)) as f:
+        return json.load(f)
+
+
+# tools/gpu_smoke.py's GRPO run on the Qwen3-0.6B shape (GRPO_06B_OVERRIDES there), one process, no Ray
+GRPO_06B = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+            "trainer.fused_linear_logprob_backend=triton", "data.train_batch_size=32", "rollout.n=8",
+            "rollout.max_response_length=64", "data.max_prompt_length=64", "actor.ppo_mini_batch_size=16",
+            "actor.use_kl_loss=true", "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
+            "trainer.use_ray=false"]
+GRPO_LENGTHS = dict(prompt_tokens=5, response_tokens=64)  # 17,664 tokens per step = 256 x 69
+
+
+def compose(overrides: list[str]) -> dict:
+    """grpo_tiny with `overrides`, resolved to a plain dict (a fresh copy each call)."""
+    import copy
+
+    return copy.deepcopy(_compose(tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=None)
+def _compose(overrides: tuple[str, ...]) -> dict:
+    from omegaconf import OmegaConf
+
+    from rltrain.plan.__main__ import compose as hydra_compose
+
+    return OmegaConf.to_container(hydra_compose("grpo_tiny", list(overrides)), resolve=True)  # type: ignore
+
+
+def bench_overrides(row: dict) -> list[str]:
+    """A tools/bench_update.py row (one sequence of `tokens` in one micro-batch, one AdamW step) as a config."""
+    r = row["row"]
+    T, tp = int(r["tokens"]), int(r.get("tp", 1))
+    fusion = {"none": "none", "compile": "compile", "mcore": "mcore"}[r.get("fusion", "none")]
+    rc = r.get("recompute", "none")
+    ov = ["model=qwen3_0.6b_random", f"model.builtin={r['preset']}", "trainer.device=cuda",
+          f"trainer.n_gpus_per_node={tp}", f"actor.tensor_parallel_size={tp}", "data.train_batch_size=1",
+          "rollout.n=1", "actor.ppo_mini_batch_size=1", f"data.max_prompt_length={T // 2}",
+          f"rollout.max_response_length={T - T // 2}", f"actor.max_tokens_per_micro_batch={T}",
+          "actor.use_kl_loss=false", f"actor.elementwise_fusion={fusion}",
+          f"trainer.fused_linear_logprob={'true' if r.get('head', 'fused') == 'fused' else 'false'}",
+          "trainer.fused_linear_logprob_backend=triton"]
+    if rc != "none":
+        ov += ["actor.recompute_activations=true", f"actor.recompute_granularity={rc}"]
+    return ov
+
+
+def smoke_overrides(fused: bool, recompute: bool, tokens: int) -> dict[str, Any]:
+    """A tools/gpu_smoke.py step8k/longctx row as a bench_update row (legacy engine)."""
+    return {"row": {"tokens": tokens, "tp": 1, "preset": "qwen3-0.6b", "fusion": "none",
+                    "recompute": "full" if recompute else "none", "head": "fused" if fused else "unfused"}}
+
+
+@dataclass
+class Case:
+    name: str
+    source: str  # file, date, device
+    device: str  # h100 | h200
+    overrides: list[str]
+    role: str  # fit | held out | legacy
+    measured: dict[str, float]  # quantity -> value (GiB or s); "fits": 1/0
+    kind: str = "update"  # update (a bench row: the update phase alone) | step (a whole GRPO step)
+    lengths: dict | None = None
+    fits_constant: str = ""
+    fitted: tuple[str, ...] = ()  # role "fit": the quantities a constant was solved from (None: all)
+
+    def role_of(self, quantity: str) -> str:
+        if self.role != "fit" or not self.fitted or quantity in self.fitted:
+            return self.role
+        return "held out"
+
+
+def _dev(device_text: str) -> str:
+    return "h200" if "H200" in device_text else "h100"
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+    fit_rows = {"06b-8k-norms+optim": "act_none_fusion_none", "06b-8k-all": "act_none_fusion_compile",
+                "06b-8k-mcore-tp2": "act_none_fusion_mcore", "06b-32k-all-rc_selective": "act_selective",
+                "06b-64k-all-rc_full": "act_full_working"}
+    for rel in ("update/bench_update.json", "update/bench_update_h100_64k.json", "update/bench_update_h200_4b.json",
+                "update/bench_update_h200_tp2.json"):
+        d = load(rel)
+        for row in d["rows"]:
+            if row.get("status") != "ok":
+                continue
+            name = row["row"]["name"]
+            legacy = row["row"].get("norms") == "fp32"
+            out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), bench_overrides(row),
+                            "fit" if name in fit_rows else ("legacy" if legacy else "held out"),
+                            {"peak_gib": row["peak_gib"], "step_s": row["step_s"],
+                             "reserved_gib": row.get("reserved_gib", 0.0)},
+                            fits_constant=fit_rows.get(name, ""),
+                            fitted=("peak_gib",) if name == "06b-8k-mcore-tp2" else ()))
+    d = load("gpu_smoke_h100_steps.json")
+    for sec in ("step8k", "longctx"):
+        for row in d[sec]:
+            if row.get("status") != "ok":
+                continue
+            name = f"smoke-{row['tokens'] // 1024}k-{'fused' if row['fused'] else 'unfused'}-rc{int(row['recompute'])}"
+            out.append(Case(name, f"gpu_smoke_h100_steps.json, {d['date']}, {d['device']}", "h100",
+                            bench_overrides(smoke_overrides(row["fused"], row["recompute"], row["tokens"])),
+                            "legacy", {"peak_gib": row["peak_gib"], "step_s": row["step_s"]}))
+    d = load("gpu_smoke_h100.json")
+    for row in d.get("longctx", []):
+        if row.get("status") == "OOM":
+            name = f"smoke-{row['tokens'] // 1024}k-{'fused' if row['fused'] else 'unfused'}-rc0 (OOM)"
+            out.append(Case(name, f"gpu_smoke_h100.json, {d['date']}, {d['device']}", "h100",
+                            bench_overrides(smoke_overrides(row["fused"], False, row["tokens"])), "legacy",
+                            {"fits": 0.0}))
+    # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
+    fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
+                "grpo vllm": ("generation_s", "weight_sync_s")}
+    steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
+             ("grpo vllm", "vllm/gpu_smoke_grpo_vllm.json", ["rollout=vllm"], "fit"),
+             ("grpo hf, compile", "update/gpu_smoke_grpo_compile.json", ["actor.elementwise_fusion=compile"],
+              "held out"),
+             ("grpo hf", "vllm_x2/gpu_smoke_grpo_hf_h200.json", [], "held out"),
+             ("grpo vllm", "vllm_x2/gpu_smoke_grpo_vllm_h200.json", ["rollout=vllm"], "held out"),
+             ("grpo hf (rerun)", "vllm/pool_h100_2026-11-25/grpo_hf.json", [], "held out"),
+             ("grpo vllm k1", "vllm/pool_h100_2026-11-25/grpo_vllm_k1.json", ["rollout=vllm"], "held out"),
+             ("grpo vllm k2", "vllm/pool_h100_2026-11-25/grpo_vllm_k2.json",
+              ["rollout=vllm", "rollout.engines_per_gpu=2", "rollout.kv_cache_memory_gb=16"], "held out"),
+             ("grpo vllm k4", "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json",
+              ["rollout=vllm", "rollout.engines_per_gpu=4", "rollout.kv_cache_memory_gb=24"], "held out"),
+             ("grpo hf (issue 17 engine)", "gpu_smoke_h100.json", [], "legacy")]
+    for name, rel, extra, role in steps:
+        d = load(rel)
+        m = d["grpo"]["mean"]
+        meas = {"allocator_peak_gib": m["perf/max_memory_allocated_gb"], "generation_s": m["timing_s/gen"],
+                "old_log_prob_s": m["timing_s/old_log_prob"], "update_s": m["timing_s/update_actor"],
+                "weight_sync_s": m["timing_s/update_weights"] + m.get("timing_s/rollout_sleep", 0.0)}
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), GRPO_06B + extra, role, meas,
+                        "step", GRPO_LENGTHS, fitted=fitted_q.get(name, ()) if role == "fit" else ()))
+    for name, rel, key in (("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1.json", "split_1p1"),
+                           ("placement colocated TP=2", "vllm_x2/placements_qwen06b_colocated_tp2.json",
+                            "colocated_tp2")):
+        d = load(rel)
+        r = d["qwen06b"][key]
+        ov = [o for o in r["command"].split()[4:] if not o.startswith(("trainer.ray_address", "hydra."))]
+        peaks = r["peak_gib_per_gpu"]
+        meas = {"allocator_peak_gib": max(v for k, v in peaks.items() if not k.startswith("rollout")),
+                "old_log_prob_s": r["timing_s"]["old_log_prob"], "update_s": r["timing_s"]["update_actor"],
+                "generation_s": r["timing_s"]["gen"], "weight_sync_s": r["timing_s"]["update_weights"]}
+        if any(k.startswith("rollout") for k in peaks):
+            meas["rollout_allocator_peak_gib"] = max(v for k, v in peaks.items() if k.startswith("rollout"))
+        split = key == "split_1p1"  # split_sync_s_per_gb is solved from its weight sync
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov,
+                        "fit" if split else "held out", meas, "step", GRPO_LENGTHS,
+                        fitted=("weight_sync_s",) if split else ()))
+    for name, rel, role in (("vLLM alone, 256 x (128 + 1024)", "vllm/bench_rollout_1k.json", "held out"),
+                            ("vLLM alone, 256 x (64 + 64)", "vllm_x2/bench_rollout_variants_h200.json", "fit")):
+        d = load(rel)
+        r = d["results"][0]
+        ov = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1", "rollout=vllm",
+              "data.train_batch_size=256", "rollout.n=1", f"data.max_prompt_length={d['prompt_len']}",
+              f"rollout.max_response_length={d['response_len']}", "actor.ppo_mini_batch_size=1",
+              "trainer.use_ray=false"]
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role,
+                        {"generation_s": r["gen_s"], "vllm_freed_gib": r["sleep_freed_gib"]}, "rollout",
+                        fitted=("vllm_freed_gib",) if role == "fit" else ()))
+    return out
+
+
+@contextlib.contextmanager
+def constant(name: str, value: float) -> Iterator[None]:
+    table = cal.MEMORY if name in cal.MEMORY else cal.TIME
+    old = table[name]
+    table[name] = dataclasses.replace(old, value=value)
+    try:
+        yield
+    finally:
+        table[name] = old
+
+
+def predict(case: Case, cfg: dict | None = None) -> dict[str, float]:
+    """The planner's numbers for the quantities `case` measured."""
+    c = cfg if cfg is not None else compose(case.overrides)
+    x = read(c)
+    if case.lengths:
+        x = dataclasses.replace(x, max_prompt_length=case.lengths["prompt_tokens"],
+                                max_response_length=case.lengths["response_tokens"])
+    dev = cal.DEVICES[case.device]
+    total = dev.total_gib * GIB
+    gpus = plan_gpus(x, total)
+    out: dict[str, float] = {}
+    if case.kind == "update":
+        g = gpus[0]
+        upd = next(p for p in g.phases if p.name.startswith("update (actor)"))
+        out["peak_gib"] = upd.torch_bytes / GIB
+        out["reserved_gib"] = upd.torch_bytes * (1 + cal.value("allocator_slack")) / GIB
+        t = train_seconds(x, loop_overhead=False)["update_actor"]
+        out["step_s"] = t
+        out["fits"] = float(upd.device_bytes(cal.value("allocator_slack")) <= total)
+        return out
+    secs = phase_seconds(x, dev.hbm_bytes_per_s, total)
+    out["generation_s"] = secs["generation"]
+    out["old_log_prob_s"] = secs["detail/old_log_prob"]
+    out["update_s"] = secs["update"]
+    out["weight_sync_s"] = secs["weight sync"]
+    train = [g for g in gpus if g.roles != ("rollout",)]
+    out["allocator_peak_gib"] = max(g.allocator_peak_bytes for g in train) / GIB
+    roll = [g for g in gpus if g.roles == ("rollout",)]
+    if roll:
+        out["rollout_allocator_peak_gib"] = max(g.allocator_peak_bytes for g in roll) / GIB
+    if case.kind == "rollout":
+        g = gpus[0]
+        gen = next(p for p in g.phases if p.name == "generation")
+        out["vllm_freed_gib"] = (gen.parts.get("vllm (weights + KV cache)", 0.0)
+                                 + gen.non_torch.get("vllm CUDA graphs + workspaces", 0.0)) / GIB
+    return out
+
+
+def _solve(name: str, case: Case, quantity: str) -> float:
+    """The value of constant `name` at which the planner reproduces `case`'s `quantity`: secant steps from the current
+    value (the model is linear in each constant within one branch of its max() over phases)."""
+    cfg = compose(case.overrides)
+    target = case.measured[quantity]
+
+    def f(v: float) -> float:
+        with constant(name, v):
+            return predict(case, cfg)[quantity] - target
+
+    k0 = cal.value(name) or 1.0
+    k1 = k0 * 1.05
+    f0, f1 = f(k0), f(k1)
+    for _ in range(30):
+        if f1 == f0:
+            break
+        k0, k1, f0 = k1, k1 - f1 * (k1 - k0) / (f1 - f0), f1
+        f1 = f(k1)
+        if abs(f1) < 1e-9:
+            break
+    return k1
+
+
+def fit(verbose: bool = True) -> dict[str, float]:
+    """Solve every fitted constant from its run; the others stay as calibration.py has them while solving."""
+    cs = {c.name + "|" + c.source: c for c in cases()}
+    by = lambda n, src: next(c for c in cs.values() if c.name == n and src in c.source)  # noqa: E731
+    fitted: dict[str, float] = {}
+    stack = contextlib.ExitStack()
+    # memory: activations, one row each
+    for row, const in (("06b-8k-norms+optim", "act_none_fusion_none"), ("06b-8k-all", "act_none_fusion_compile"),
+                       ("06b-8k-mcore-tp2", "act_none_fusion_mcore"), ("06b-32k-all-rc_selective", "act_selective"),
+                       ("06b-64k-all-rc_full", "act_full_working")):
+        fitted[const] = _solve(const, by(row, "update/"), "peak_gib")
+        stack.enter_context(constant(const, fitted[const]))
+    # the unfused head: the difference of the fused/unfused pair at 32k tokens with full recompute
+    un, fu = by("smoke-32k-unfused-rc1", "steps"), by("smoke-32k-fused-rc1", "steps")
+    diff = un.measured["peak_gib"] - fu.measured["peak_gib"]
+    with constant("logits_bytes_per_element", 0.0):
+        d0 = predict(un)["peak_gib"] - predict(fu)["peak_gib"]
+    with constant("logits_bytes_per_element", 1.0):
+        d1 = predict(un)["peak_gib"] - predict(fu)["peak_gib"] - d0
+    fitted["logits_bytes_per_element"] = (diff - d0) / d1
+    stack.enter_context(constant("logits_bytes_per_element", fitted["logits_bytes_per_element"]))
+    fit_rows = [c for c in cs.values() if c.role == "fit" and c.kind == "update"]
+    fitted["allocator_slack"] = sum(c.measured["reserved_gib"] / c.measured["peak_gib"] - 1 for c in fit_rows) / len(
+        fit_rows)
+    v = load("vllm_x2/bench_rollout_variants_h200.json")
+    fitted["vllm_non_torch_gib"] = v["results"][0]["sleep_freed_gib"] - 0.5 * cal.DEVICES["h200"].total_gib
+    stack.enter_context(constant("vllm_non_torch_gib", fitted["vllm_non_torch_gib"]))
+    # time: the update rates (one micro-batch each) and the GRPO step's per-micro-batch costs, solved together
+    rate_rows = {"update_tflops_none_none": "06b-8k-norms+optim", "update_tflops_compile_none": "06b-8k-all",
+                 "update_tflops_compile_full": "06b-64k-all-rc_full",
+                 "update_tflops_compile_selective": "06b-32k-all-rc_selective"}
+    hf, vl = by("grpo hf", "vllm/gpu_smoke_grpo_hf"), by("grpo vllm", "vllm/gpu_smoke_grpo_vllm")
+    for const, row in rate_rows.items():  # a benchmark step: FLOPs at the rate, no trainer loop around it
+        c = by(row, "update/")
+        x = read(compose(c.overrides))
+        T = x.max_prompt_length + x.max_response_length
+        fitted[const] = flops.train_flops(ns(x.shape), T, T) / c.measured["step_s"] / 1e12
+        stack.enter_context(constant(const, fitted[const]))
+    fitted["update_mb_overhead_s"] = _solve("update_mb_overhead_s", hf, "update_s")
+    stack.enter_context(constant("update_mb_overhead_s", fitted["update_mb_overhead_s"]))
+    a, b = by("4b-8k-all", "update/"), by("4b-8k-all-tp2", "update/")
+    fitted["tp2_efficiency"] = a.measured["step_s"] / (2 * b.measured["step_s"])
+    stack.enter_context(constant("tp2_efficiency", fitted["tp2_efficiency"]))
+    fitted["fwd_mb_overhead_s"] = _solve("fwd_mb_overhead_s", hf, "old_log_prob_s")
+    stack.enter_context(constant("fwd_mb_overhead_s", fitted["fwd_mb_overhead_s"]))
+    fitted["hf_step_s"] = _solve("hf_step_s", hf, "generation_s")
+    fitted["vllm_step_overhead_s"] = _solve("vllm_step_overhead_s", vl, "generation_s")
+    vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]
+    gb = 2 * 596.04992e6 / 1e9
+    fitted["reload_s_per_gb"] = (vm["timing_s/update_weights"] - vm["timing_s/rollout_wake"]) / gb
+    sp = load("vllm_x2/placements_qwen06b_split_1p1.json")["qwen06b"]["split_1p1"]["timing_s"]
+    fitted["split_sync_s_per_gb"] = sp["update_weights"] / gb
+    stack.close()
+    if verbose:
+        for k, val in fitted.items():
+            print(f"{k:32s} {val:.4f}   (calibration.py: {cal.value(k):.4f})")
+    return fitted
+
+
+def compare() -> list[dict[str, Any]]:
+    """Predicted vs measured for every case and quantity (with calibration.py's constants)."""
+    rows = []
+    for c in cases():
+        try:
+            p = predict(c)
+        except Exception as err:  # a run the planner cannot express: reported, not hidden
+            rows.append({"case": c.name, "source": c.source, "role": c.role, "quantity": "-", "measured": math.nan,
+                         "predicted": math.nan, "error_pct": math.nan, "note": f"not planned: {err}"})
+            continue
+        for q, m in c.measured.items():
+            if q not in p or q == "reserved_gib":
+                continue
+            err = 100.0 * (p[q] - m) / m if m else (0.0 if p[q] == m else math.inf)
+            rows.append({"case": c.name, "source": c.source, "role": c.role_of(q), "quantity": q, "measured": m,
+                         "predicted": p[q], "error_pct": err})
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| run | source (file, date, device) | role | quantity | measured | predicted | error |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["quantity"] == "fits":
+            meas, pred, err = ("fits" if r["measured"] else "OOM"), ("fits" if r["predicted"] else "OOM"), (
+                "right" if r["measured"] == r["predicted"] else "WRONG")
+        else:
+            meas, pred, err = f"{r['measured']:.3f}", f"{r['predicted']:.3f}", f"{r['error_pct']:+.1f}%"
+        lines.append(f"| {r['case']} | {r['source']} | {r['role']} | {r['quantity']} | {meas} | {pred} | {err} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for role in ("fit", "held out", "legacy"):
+        for kind, test in (("memory", lambda q: q.endswith("gib")), ("time", lambda q: q.endswith("_s"))):
+            errs = [abs(r["error_pct"]) for r in rows if r["role"] == role and test(r["quantity"])
+                    and math.isfinite(r["error_pct"])]
+            if errs:
+                errs.sort()
+                out.append(f"{role}, {kind}: {len(errs)} comparisons, median |error| {errs[len(errs) // 2]:.1f}%, "
+                           f"max {errs[-1]:.1f}%")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rltrain.plan.fit")
+    ap.add_argument("--markdown", action="store_true", help="print the predicted-vs-measured table only")
+    args = ap.parse_args(argv)
+    if not args.markdown:
+        print("fitted constants (each from one run):")
+        fit()
+        print()
+    rows = compare()
+    print(markdown(rows))
+    print()
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
