@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import Deadline, device_name, run_child
+from harness import write_report as write_files
+from harness.cases import GRPO_06B_OVERRIDES
 
-from rltrain.utils.tracking import read_metrics  # noqa: E402
+from rltrain.utils.tracking import read_metrics
 
 ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true"]
 SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false",
@@ -50,23 +49,15 @@ def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: floa
     os.makedirs(run_dir, exist_ok=True)
     env = dict(os.environ, WANDB_MODE="offline", RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")
     cmd = [sys.executable, "-m", "rltrain.main", "--config-name", config, *overrides, f"hydra.run.dir={run_dir}"]
-    t0 = time.time()
-    with open(os.path.join(run_dir, "run.log"), "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=max(1.0, timeout_s))
-        except subprocess.TimeoutExpired:  # the deadline: stop the run and the Ray workers it started
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc = "stopped at the deadline"
-    with open(os.path.join(run_dir, "run.log")) as f:
-        tail = f.read()[-2000:]
+    log_path = os.path.join(run_dir, "run.log")
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    # the deadline stops the run and the Ray workers it started (its process group)
+    r = run_child(cmd, log_path, timeout_s=max(1.0, timeout_s), env=env, poll_s=1.0,
+                  stop=((signal.SIGTERM, 20), (signal.SIGKILL, 10)))
     rows = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
-    return {"rows": rows, "wall_s": time.time() - t0, "returncode": rc, "log_tail": tail, "command": " ".join(cmd)}
+    return {"rows": rows, "wall_s": r["wall_s"], "returncode": "stopped at the deadline" if r["timed_out"] else r["rc"],
+            "log_tail": r["tail"], "command": " ".join(cmd)}
 
 
 def speed_summary(rows: list[dict], skip: int = 2) -> dict:
@@ -186,15 +177,7 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.time() + seconds
-
-    def left(self) -> float:
-        return self.end - time.time()
-
-
-def run_pair(out: str, name: str, config: str, overrides: list[str], est_s: float, budget: Budget,
+def run_pair(out: str, name: str, config: str, overrides: list[str], est_s: float, budget: Deadline,
              skipped: dict) -> dict:
     """The same run synchronous and asynchronous; each only when its estimate fits the budget left."""
     res = {}
@@ -227,14 +210,14 @@ def main() -> None:
                     help="seconds from start by which everything, reports included, is written")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    budget, skipped = Budget(args.deadline - 15.0), {}  # 15 s for plots and reports
+    budget, skipped = Deadline(args.deadline - 15.0), {}  # 15 s for plots and reports
     t0 = time.time()
     import torch
 
     gpu = not args.cpu
     if gpu and torch.cuda.device_count() < 2:
         sys.exit("bench_async: split placement 1+1 needs 2 GPUs (or pass --cpu)")
-    device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if gpu else f"cpu ({os.cpu_count()} cores)"
+    device = f"{torch.cuda.device_count()} x {device_name()}" if gpu else device_name()
     res = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
            "command": "python tools/bench_async.py " + " ".join(sys.argv[1:]), "learning": {}, "skipped": skipped}
     place = ["trainer.device=cuda", "trainer.n_gpus_per_node=1"] if gpu else \
@@ -248,11 +231,9 @@ def main() -> None:
     print(write_report(args.out, res, t0))
 
 
-def run_speed(args, res: dict, place: list[str], gpu: bool, budget: Budget, skipped: dict, t0: float) -> None:
+def run_speed(args, res: dict, place: list[str], gpu: bool, budget: Deadline, skipped: dict, t0: float) -> None:
     """Step time and tokens/s, sync vs async."""
     if gpu:
-        from gpu_smoke import GRPO_06B_OVERRIDES
-
         speed_ov = [*GRPO_06B_OVERRIDES, *SPLIT, *place, f"trainer.total_steps={args.speed_steps}",
                     "trainer.logger=[jsonl]"]
         title, est = "GRPO, Qwen3-0.6B shapes (random init), HF rollout, split 1+1", 150.0
@@ -272,7 +253,7 @@ def run_speed(args, res: dict, place: list[str], gpu: bool, budget: Budget, skip
     write_report(args.out, res, t0)
 
 
-def run_learning(args, res: dict, place: list[str], gpu: bool, budget: Budget, skipped: dict, t0: float) -> None:
+def run_learning(args, res: dict, place: list[str], gpu: bool, budget: Deadline, skipped: dict, t0: float) -> None:
     """Held-out accuracy curves, sync vs async: grpo_tiny and, when given, a learning recipe."""
     learns = [("grpo_tiny", "grpo_tiny", [*TINY_LEARN, *SPLIT, *place, f"trainer.total_steps={args.learn_steps}",
                                           "trainer.test_freq=2"], 150.0 if gpu else 120.0)] if args.learn_steps else []
@@ -296,11 +277,8 @@ def run_learning(args, res: dict, place: list[str], gpu: bool, budget: Budget, s
 def write_report(out: str, res: dict, t0: float) -> str:
     """bench_async.json and bench_async.md with what is measured so far (rewritten after each pair of runs)."""
     res["total_s"] = time.time() - t0
-    with open(os.path.join(out, "bench_async.json"), "w") as f:
-        json.dump(res, f, indent=1, default=str)
     md = to_markdown(res)
-    with open(os.path.join(out, "bench_async.md"), "w") as f:
-        f.write(md)
+    write_files(out, "bench_async", res, md)
     return md
 
 

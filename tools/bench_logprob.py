@@ -1,6 +1,6 @@
 """Benchmark of per-token log-prob + entropy paths side by side: naive materialized logits,
 `logprobs_from_logits`, fused `logprobs_from_hidden` (torch; triton on CUDA when available) and peers
-from an optional `tools/bench_peers.py`, against the GEMM floor. It must not be imported by rltrain
+(below), against the GEMM floor. It must not be imported by rltrain
 (tools only) and does not check correctness (tests/ops does).
 
     python tools/bench_logprob.py --T 4096 --H 256 --V 32000 --dtype fp32 --device cpu --json out.json
@@ -18,33 +18,42 @@ times that for forward+backward (logits, grad of hidden, grad of weight). TFLOP/
 2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
 A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
 
-Peers: `tools/bench_peers.py` may define `PEERS: dict[str, callable]`, each
-`fn(hidden [T, H], weight [V, H], labels [T]) -> (logprobs [T], entropy [T] | None)`; they are added
-to the providers (kept rows are gathered before calling them when a row subset is benchmarked).
+--rows-fraction f keeps a random f of the T rows (the response rows of a packed batch): "naive" still builds
+the logits of all T rows, "naive_rows" gathers the kept rows first, the fused paths take `rows=` (the regime of
+slime issue #1951: --T 205280 --V 76032 --H 2560 --rows-fraction 0.5 on a GPU).
+
+Peers, wrapped to one signature `fn(hidden [T, H], weight [V, H], labels [T] int64) -> (logprob fp32 [T],
+entropy fp32 [T] | None)`, differentiable w.r.t. hidden and weight, added to the providers when their wheels are
+installed (never committed; no peer code is copied here; --list-peers says which import and why not):
+- `liger_flce`: Liger-Kernel `LigerFusedLinearCrossEntropyFunction`, reduction='none' (log-prob only).
+- `cce_exact`, `cce_filtered`: Cut Cross-Entropy `linear_cross_entropy`, reduction='none', with
+  `filter_eps=None` (exact gradient) and the default `filter_eps='high'` (skips small softmax entries in
+  the backward; not exact).
+- `verl`: verl's `linear_cross_entropy` (log-prob and entropy), loaded from the installed wheel's
+  `verl/utils/kernel/` files with a four-name stand-in for `verl.utils.device`, so verl's package
+  `__init__` (ray, tensordict, ...) is never imported.
+Kept rows are gathered before calling a peer when a row subset is benchmarked.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
-import platform
+import importlib.util
+import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
+import types
 from pathlib import Path
+from typing import Callable
 
 import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import device_name, time_ms
 
-_TOOLS = Path(__file__).resolve().parent
-_REPO = _TOOLS.parent
-for _p in (str(_TOOLS), str(_REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from rltrain.ops import logprobs_from_hidden, logprobs_from_logits  # noqa: E402
+from rltrain.ops import logprobs_from_hidden, logprobs_from_logits
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -93,11 +102,7 @@ def providers(device: str) -> dict:
     table = {"naive": naive, "logprobs_from_logits": from_logits, "fused_torch": fused_torch}
     if device == "cuda" and _triton_available():
         table["fused_triton"] = fused_triton
-    try:
-        import bench_peers  # optional, tools/bench_peers.py
-    except ImportError:
-        bench_peers = None
-    for name, fn in getattr(bench_peers, "PEERS", {}).items():
+    for name, fn in load_peers()[0].items():
         table[name] = _peer(fn)
     return table
 
@@ -118,26 +123,73 @@ def _is_oom(exc: BaseException) -> bool:
     )
 
 
-class _Clock:
-    def __init__(self, device: str):
-        self.cuda = device == "cuda"
+# ---------------------------------------------------------------------------- peers
+PeerFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor | None]"]
 
-    def time_ms(self, fn, reps: int) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(reps):
-            if self.cuda:
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                stop.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(stop))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+
+def _liger() -> dict[str, PeerFn]:
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as F
+
+    def liger_flce(hidden, weight, labels):
+        # positional args: input, weight, target, bias, ce_weight, ignore_index, lse_square_scale,
+        # label_smoothing, reduction
+        out = F.apply(hidden, weight, labels, None, None, -100, 0.0, 0.0, "none")
+        loss = out[0] if isinstance(out, tuple) else out
+        return -loss.float(), None
+
+    return {"liger_flce": liger_flce}
+
+
+def _cce() -> dict[str, PeerFn]:
+    from cut_cross_entropy import linear_cross_entropy
+
+    def cce_exact(hidden, weight, labels):
+        return -linear_cross_entropy(hidden, weight, labels, reduction="none", filter_eps=None).float(), None
+
+    def cce_filtered(hidden, weight, labels):
+        return -linear_cross_entropy(hidden, weight, labels, reduction="none").float(), None
+
+    return {"cce_exact": cce_exact, "cce_filtered": cce_filtered}
+
+
+def _verl() -> dict[str, PeerFn]:
+    spec = importlib.util.find_spec("verl")  # locates the wheel without executing verl/__init__.py
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("verl is not installed")
+    root = Path(list(spec.submodule_search_locations)[0])
+    if not (root / "utils" / "kernel" / "linear_cross_entropy.py").exists():
+        raise ImportError(f"{root} has no utils/kernel/linear_cross_entropy.py")
+    if "verl" not in sys.modules or not getattr(sys.modules["verl"], "_rltrain_shim", False):
+        pkg = types.ModuleType("verl")
+        pkg.__path__ = [str(root)]
+        pkg._rltrain_shim = True
+        utils = types.ModuleType("verl.utils")
+        utils.__path__ = [str(root / "utils")]
+        device = types.ModuleType("verl.utils.device")  # the four names kernels.py uses, CUDA only
+        device.is_cuda_available = torch.cuda.is_available()
+        device.get_device_name = lambda: "cuda"
+        device.get_torch_device = lambda: torch.cuda
+        device.get_device_capability = lambda device_id=0: torch.cuda.get_device_capability(device_id)
+        sys.modules.update({"verl": pkg, "verl.utils": utils, "verl.utils.device": device})
+    mod = importlib.import_module("verl.utils.kernel.linear_cross_entropy")
+
+    def verl(hidden, weight, labels):
+        lp, ent = mod.linear_cross_entropy(hidden, weight, labels, 1.0, "none", None)
+        return lp.float(), ent.float()
+
+    return {"verl": verl}
+
+
+def load_peers() -> tuple[dict[str, PeerFn], dict[str, str]]:
+    """(the peers importable here, {peer: why not} for the others): a missing or broken peer is reported, never
+    fatal to the benchmark."""
+    peers, unavailable = {}, {}
+    for name, load in (("liger", _liger), ("cce", _cce), ("verl", _verl)):
+        try:
+            peers.update(load())
+        except Exception as exc:  # noqa: BLE001
+            unavailable[name] = f"{type(exc).__name__}: {exc}"
+    return peers, unavailable
 
 
 def _proc_status_kib(field: str) -> int | None:
@@ -241,10 +293,10 @@ def run_child(spec: dict) -> dict:
         step(hidden, weight, labels, rows, not fwd_only)
         result["peak_extra_mib"] = memory.peak_extra_bytes() / 2**20
         if spec.get("reps", 0) > 0:
-            clock = _Clock(spec["device"])
-            result["fwd_ms"] = clock.time_ms(lambda: step(hidden, weight, labels, rows, False), spec["reps"])
+            cuda = spec["device"] == "cuda"
+            result["fwd_ms"] = time_ms(lambda: step(hidden, weight, labels, rows, False), spec["reps"], cuda=cuda)
             if not fwd_only:
-                result["fwdbwd_ms"] = clock.time_ms(lambda: step(hidden, weight, labels, rows, True), spec["reps"])
+                result["fwdbwd_ms"] = time_ms(lambda: step(hidden, weight, labels, rows, True), spec["reps"], cuda=cuda)
     except Exception as exc:  # noqa: BLE001 - OOM is a result, anything else is reported as an error
         result["status"] = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {exc}"
     return result
@@ -276,21 +328,12 @@ def gemm_floor_ms(spec: dict, reps: int) -> float:
             stop = min(start + block, spec["T"])
             torch.mm(hidden[start:stop], weight.T, out=out[: stop - start])
 
-    return _Clock(spec["device"]).time_ms(gemm, reps)
+    return time_ms(gemm, reps, cuda=spec["device"] == "cuda")
 
 
 def machine_description(device: str) -> str:
-    if device == "cuda":
-        return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    threads = "" if device == "cuda" else f", {torch.get_num_threads()} threads"
+    return f"{device_name()} (torch {torch.__version__}{threads})"
 
 
 def _fmt(value, spec=".1f"):
@@ -308,14 +351,24 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--providers", default=None, help="comma-separated subset (default: all)")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    parser.add_argument("--rows-fraction", type=float, default=None,
+                        help="keep this fraction of the T rows (response rows); adds the naive_rows provider")
+    parser.add_argument("--list-peers", action="store_true", help="say which peers import here, and why not")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.list_peers:
+        peers, unavailable = load_peers()
+        print("available:", ", ".join(peers) or "none")
+        for name, why in unavailable.items():
+            print(f"unavailable {name}: {why}")
+        return
     if args.child is not None:
         print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
         return
 
-    spec = dict(T=args.T, H=args.H, V=args.V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
-    names = list(providers(args.device))
+    spec = dict(T=args.T, H=args.H, V=args.V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps,
+                rows_fraction=args.rows_fraction)
+    names = list(providers(args.device)) + (["naive_rows"] if args.rows_fraction is not None else [])
     if args.providers:
         wanted = args.providers.split(",")
         unknown = sorted(set(wanted) - set(names))

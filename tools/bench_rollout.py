@@ -11,7 +11,7 @@ Generation samples at temperature 1 with no EOS, so every response is exactly --
 tokens/s counts generated tokens. Weight sync streams the model's HF state dict (on the engine's device) through
 `engine.update_weights` (vLLM: in-place reload, no host round trip). vLLM's CPU build has no sleep mode, so
 sleep/wake are reported only on GPU. The first generate of each engine is a warm-up and not timed.
---profile adds one more generate per engine under cProfile (tools/host_profile.py): where the host time goes.
+--profile adds one more generate per engine under cProfile (tools/harness/host_profile.py): where the host time goes.
 --engines-per-gpu k: k vLLM engines in their own processes share the device (rollout.engines_per_gpu; on a GPU their
 weights come by CUDA IPC and every row is timed, on CPU generation only; --profile then sees this process only).
 """
@@ -22,14 +22,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import device_name, write_report
 
 
 def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
@@ -79,9 +78,9 @@ def bench_engine(name: str, engine, prompts, args, model, *, sync: bool = True) 
         times.append(dt)
     gen_s = min(times)
     res = {"engine": name, "batch": len(rows), "gen_s": gen_s, "gen_tokens_per_s": len(rows) * args.response_len / gen_s}
-    if args.profile:  # where the host time of one generate goes (cProfile; tools/host_profile.py)
-        from host_profile import profile_call
-        from host_profile import to_markdown as profile_markdown
+    if args.profile:  # where the host time of one generate goes (cProfile; harness/host_profile.py)
+        from harness.host_profile import profile_call
+        from harness.host_profile import to_markdown as profile_markdown
 
         _, res["host_profile"] = profile_call(engine.generate, rows, sampling)
         with open(os.path.join(args.out, f"profile_{name}.md"), "w") as f:
@@ -172,8 +171,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(4, vocab, (max(args.batch, args.hf_batch), args.prompt_len), generator=g).tolist()
     res = {"date": datetime.date.today().isoformat(), "command": "python tools/bench_rollout.py " + " ".join(sys.argv[1:]),
-           "device": torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} cores)", "torch": torch.__version__, "shape": args.shape + (f" {extra}" if extra else ""),
+           "device": device_name(), "torch": torch.__version__, "shape": args.shape + (f" {extra}" if extra else ""),
            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
            "prompt_len": args.prompt_len, "response_len": args.response_len, "results": []}
     for name in args.engines:
@@ -216,11 +214,8 @@ def main() -> None:
         del engine
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    with open(os.path.join(args.out, "bench_rollout.json"), "w") as f:
-        json.dump(res, f, indent=1)
     md = to_markdown(res)
-    with open(os.path.join(args.out, "bench_rollout.md"), "w") as f:
-        f.write(md)
+    write_report(args.out, "bench_rollout", res, md)
     print(md)
 
 

@@ -12,8 +12,8 @@ results written after every row to --out (bench_update.json + bench_update.md). 
 Each row: one sequence of `tokens` tokens (one micro-batch), PPO loss, AdamW step on fp32 master weights, bf16
 params; one warm-up step (compiles kernels; its loss and grad norm are recorded: rows of one shape must agree
 to bf16 rounding, which checks that a lever changes speed and not math), then --reps timed steps (median,
-min, max). MFU = model FLOPs (tools/gpu_smoke.py `train_flops`: 6 per weight per token incl. the LM head,
-plus causal attention; recomputation not counted) / step time / (989 TFLOP/s dense bf16 x the row's GPUs: a TP=2
+min, max). MFU = model FLOPs (rltrain/utils/flops.py `train_flops`: 6 per weight per token incl. the LM head,
+plus causal attention; recomputation not counted) / step time / (peak_flops: 989 TFLOP/s dense bf16 x the row's GPUs: a TP=2
 row's MFU is per GPU). Peak = max allocated (rank 0's GPU).
 
 Levers (a row's fields; LEVER_SETS names the combinations):
@@ -39,52 +39,18 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import device_name, gemm_tflops, run_child, time_ms, write_report
+from harness.cases import LEVER_SETS, PRESETS, Row, build_for_row, hf_config  # noqa: F401 (tests import them here)
+from harness.update_profile import profile_train_step
 
-PRESETS = {"qwen3-0.6b": "qwen3-0.6b", "qwen3-4b": "qwen3-4b", "tiny": "tiny"}
+from rltrain.utils.flops import peak_flops, train_flops
+
 SHORT = {"qwen3-0.6b": "06b", "qwen3-4b": "4b", "tiny": "tiny"}
-PEAK_FLOPS = 989e12  # H100/H200 dense bf16, per GPU
-
-
-@dataclasses.dataclass
-class Row:
-    name: str
-    preset: str = "qwen3-0.6b"
-    tokens: int = 8192
-    head: str = "fused"
-    norms: str = "bf16"
-    optim: str = "fused"
-    fusion: str = "none"
-    recompute: str = "none"
-    tp: int = 1
-    profile: bool = False
-    # rows of this many tokens, tokens // seq_len of them in one right-padded micro-batch (the GRPO update's
-    # shape: 128 rows of ~69 tokens); None: one sequence of `tokens`
-    seq_len: int | None = None
-
-    @property
-    def rows_and_len(self) -> tuple[int, int]:
-        length = self.seq_len or self.tokens
-        if not 1 <= length <= self.tokens:
-            raise ValueError(f"row {self.name}: seq_len={self.seq_len} must be in [1, tokens={self.tokens}]")
-        return self.tokens // length, length
-
-
-# named lever combinations
-LEVER_SETS = {
-    "legacy": dict(norms="fp32", optim="foreach", fusion="none"),  # the engine as measured in issue 17
-    "norms": dict(norms="bf16", optim="foreach", fusion="none"),
-    "norms+optim": dict(norms="bf16", optim="fused", fusion="none"),
-    "mcore": dict(norms="bf16", optim="fused", fusion="mcore"),
-    "all": dict(norms="bf16", optim="fused", fusion="compile"),
-}
 
 
 def _row(preset: str, tokens: int, levers: str, *, recompute: str = "none", head: str = "fused", tp: int = 1,
@@ -151,21 +117,19 @@ def _levers_of(row: Row) -> str:
     return next((k for k, v in LEVER_SETS.items() if all(getattr(row, f) == x for f, x in v.items())), "custom")
 
 
-def mfu_per_gpu(flops: float, step_s: float, gpus: int) -> float:
-    """Model FLOPs per second over the peak of the GPUs the step ran on (989 TFLOP/s dense bf16 each)."""
-    return flops / step_s / (PEAK_FLOPS * gpus)
+def mfu_per_gpu(flops: float, step_s: float, gpus: int, device: str | None = None) -> float:
+    """Model FLOPs per second over the peak of the GPUs the step ran on (rltrain.utils.flops.peak_flops each)."""
+    return flops / step_s / (peak_flops(device) * gpus)
 
 
 def predicted_step_s(row: Row) -> float:
     """PREDICTED_STEP_S, else 30% MFU; TP=2: the same at 0.6B (issue 17: 0.237 vs 0.231 s), 0.6x at 4B."""
-    from rltrain.utils.flops import train_flops
-
     levers = "mcore" if row.tp > 1 and _levers_of(row) == "all" else _levers_of(row)
     key = (row.preset, row.tokens, levers, row.recompute, row.head)
     step = PREDICTED_STEP_S.get(key) if row.seq_len is None else None
     if step is None:
         rows, length = row.rows_and_len
-        step = train_flops(hf_config(row.preset), rows * length, length) / (0.30 * PEAK_FLOPS)
+        step = train_flops(hf_config(row.preset), rows * length, length) / (0.30 * peak_flops())
     return step * (0.6 if row.tp > 1 and row.preset == "qwen3-4b" else 1.0)
 
 
@@ -179,66 +143,10 @@ def predicted_row_s(row: Row, reps: int, compiled_before: bool) -> float:
     return 12.0 + build + compile_s + (1 + reps) * step + prof + (8.0 if row.tp == 2 else 0.0)
 
 
-# ------------------------------------------------------------------ building one row
-def hf_config(preset: str):
-    from rltrain.models.presets import hf_config_for
-
-    return hf_config_for(path=None, builtin=preset, vocab_size=4096 if preset == "tiny" else None)
-
-
-def _legacy_norms(build):
-    """build_gpt_model as it was before the norm fix: RMSNorm weights left in fp32 (megatron's local spec
-    builds them without a dtype), so torch.rms_norm takes its unfused composite path on bf16 inputs."""
-    import torch
-
-    def wrapped(*a, **kw):
-        model = build(*a, **kw)
-        for m in model.modules():
-            if isinstance(m, torch.nn.RMSNorm):
-                m.float()
-        return model
-
-    return wrapped
-
-
-def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
-    """-> (engine, [micro_batch], loss_fn) for one row on this process's device."""
-    import torch
-
-    from gpu_smoke import policy_loss_fn, policy_micro_batch
-    from rltrain.models.megatron import engine as engine_mod
-
-    cfg = hf_config(row.preset)
-    cuda = torch.cuda.is_available()
-    device = device or ("cuda" if cuda else "cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    orig_build = engine_mod.build_gpt_model
-    if row.norms == "fp32":
-        engine_mod.build_gpt_model = _legacy_norms(orig_build)
-    try:
-        eng = engine_mod.MegatronEngine(
-            cfg, role="actor", tp_size=row.tp, params_dtype=dtype, device=device, seed=0, lr=1e-5,
-            fused_linear_logprob=row.head == "fused", fused_linear_logprob_backend="auto",
-            max_tokens_per_micro_batch=row.tokens, make_vocab_size_divisible_by=1,
-            recompute_activations=row.recompute != "none",
-            recompute_granularity="selective" if row.recompute == "selective" else "full",
-            recompute_modules=("mlp",), elementwise_fusion=row.fusion)
-    finally:
-        engine_mod.build_gpt_model = orig_build
-    if row.optim == "foreach":  # torch's default AdamW on CUDA, as the engine used before
-        params = eng.optimizer.param_groups[0]["params"]
-        eng.optimizer = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                                          foreach=True)
-        eng.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: 1.0)
-    ids = torch.randint(0, cfg.vocab_size, row.rows_and_len, generator=torch.Generator().manual_seed(tp_rank_seed))
-    return eng, [policy_micro_batch(ids)], policy_loss_fn()
-
-
+# ------------------------------------------------------------------ one row
 def run_row(row: Row, reps: int, out_dir: str) -> dict:
     """Build, warm up, time; in this process. Returns the row's result dict."""
     import torch
-
-    from rltrain.utils.flops import train_flops
 
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -264,12 +172,10 @@ def run_row(row: Row, reps: int, out_dir: str) -> dict:
     rows, length = row.rows_and_len
     flops = train_flops(cfg, rows * length, length)
     res.update(status="ok", step_s=step, step_min_s=min(times), step_max_s=max(times), reps=reps,
-               tokens_per_s=rows * length / step, mfu=mfu_per_gpu(flops, step, row.tp), model_tflop=flops / 1e12,
+               tokens_per_s=rows * length / step, mfu=mfu_per_gpu(flops, step, row.tp, device_name()), model_tflop=flops / 1e12,
                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None)
     if row.profile:
-        from profile_update import profile_train_step
-
         s = profile_train_step(eng, mbs, loss_fn, out_dir=out_dir, name=row.name, steps=2, warmup=0)
         res["profile"] = {"step_ms": s["step_ms"], "host_syncs_per_step": s["host_syncs_per_step"],
                           "rows": s["rows"]}
@@ -324,10 +230,8 @@ def attention_probe(shapes=((16, 8, 8192), (16, 8, 32768), (32, 8, 8192), (32, 8
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from gpu_logprob_check import time_ms  # CUDA-event median, the kernel benchmark's clock
-
     def timed(fn):
-        return time_ms(fn, n=reps, warmup=1)
+        return time_ms(fn, reps=reps, warmup=1, cuda=True)
 
     variants = {"default (gqa)": (None, False), "flash (gqa)": (SDPBackend.FLASH_ATTENTION, False),
                 "cudnn (gqa)": (SDPBackend.CUDNN_ATTENTION, False),
@@ -369,7 +273,8 @@ def attention_probe(shapes=((16, 8, 8192), (16, 8, 32768), (32, 8, 8192), (32, 8
 def to_markdown(res: dict) -> str:
     lines = [f"# Actor update step ({res['date']}, {res['device']}, torch {res['torch']})", "",
              f"Command: `{res['command']}`; measured bf16 GEMM ceiling {res.get('gemm_tflops', 0):.0f} TFLOP/s; "
-             "MFU against 989 TFLOP/s per GPU (a TP=2 row: the FLOPs over two GPUs' peak).", "",
+             f"MFU against {peak_flops(res['device']) / 1e12:.0f} TFLOP/s per GPU (a TP=2 row: the FLOPs over two "
+             "GPUs' peak).", "",
              "| row | tokens | levers | recompute | head | TP | status | s/step (min-max) | pred s | MFU | "
              "peak GiB | warm-up loss / grad norm |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -435,11 +340,9 @@ def main() -> None:
     if args.probe:  # in a child, so that the parent never holds a CUDA context next to the rows
         import torch
 
-        from gpu_smoke import device_name, measured_gemm_tflops
-
         cuda = torch.cuda.is_available()
         probe = {"device": device_name(), "torch": torch.__version__,
-                 "gemm_tflops": measured_gemm_tflops() if cuda else 0.0, "attention": []}
+                 "gemm_tflops": gemm_tflops() if cuda else 0.0, "attention": []}
         try:
             if cuda and not args.no_attention_probe:
                 probe["attention"] = attention_probe()
@@ -471,8 +374,9 @@ def main() -> None:
     if args.list:
         return
     start = time.time()
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out]
-                   + (["--no-attention-probe"] if args.no_attention_probe else []), timeout=300)
+    run_child([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out]
+              + (["--no-attention-probe"] if args.no_attention_probe else []), os.path.join(args.out, "probe.log"),
+              timeout_s=300)
     try:
         with open(os.path.join(args.out, "probe.json")) as f:
             probe = json.load(f)
@@ -491,16 +395,13 @@ def main() -> None:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(dataclasses.asdict(r)),
                    "--out", args.out, "--reps", str(args.reps)]
             t0 = time.time()
-            try:
-                proc = subprocess.run(cmd, timeout=max(120.0, 3 * pred))
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+            run = run_child(cmd, os.path.join(args.out, f"row_{r.name}.log"), timeout_s=max(120.0, 3 * pred))
             if os.path.exists(path):
                 with open(path) as f:
                     out = json.load(f)
             else:
-                out = {"row": dataclasses.asdict(r), "status": f"died (exit {rc})"}
+                rc = "timeout" if run["timed_out"] else run["rc"]
+                out = {"row": dataclasses.asdict(r), "status": f"died (exit {rc})", "log_tail": run["tail"][-1000:]}
             out["wall_s"] = time.time() - t0
         out["predicted_step_s"], out["predicted_row_s"] = predicted_step_s(r), pred
         res["rows"].append(out)
@@ -508,10 +409,7 @@ def main() -> None:
         msg = (f"{out['step_s']:.3f} s/step, MFU {100 * out['mfu']:.1f}%, peak {(out['peak_gib'] or 0):.1f} GiB"
                if st == "ok" else st)
         print(f"[bench_update] {r.name}: {msg} ({out.get('wall_s', 0):.0f} s, predicted {pred:.0f} s)", flush=True)
-        with open(os.path.join(args.out, "bench_update.json"), "w") as f:
-            json.dump(res, f, indent=1, default=str)
-        with open(os.path.join(args.out, "bench_update.md"), "w") as f:
-            f.write(to_markdown(res))
+        write_report(args.out, "bench_update", res, to_markdown(res))
     print(to_markdown(res))
 
 

@@ -42,14 +42,16 @@ import datetime
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # noqa: E402  (the head_dim rule of vLLM TP > 1 on GPUs)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import Deadline, device_name, run_child, write_report
+
+from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # the head_dim rule of vLLM TP > 1 on GPUs
 
 PLACEMENTS = {
     "colocated_dp2": ["trainer.n_gpus_per_node=2"],
@@ -162,33 +164,34 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
     os.makedirs(run_dir, exist_ok=True)
     cmd = [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", f"trainer.device={device}", *GPU, *overrides,
            f"trainer.ray_address={ray_address}", f"hydra.run.dir={run_dir}"]
-    t0 = time.time()
-    with open(os.path.join(run_dir, "run.log"), "w") as logf:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, env=dict(os.environ))
-        last_seen = -1
-        while proc.poll() is None:
-            time.sleep(5)
-            rows = _rows(run_dir)
-            step = max((r["step"] for r in rows), default=-1)
-            if step != last_seen:
-                last_seen = step
-                acc = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
-                log(f"{name}: step {step} after {time.time() - t0:.0f} s" + (f", val acc {acc[-1]:.3f}" if acc else ""))
-            if time.time() - t0 > timeout_s:
-                dumped = dump_stacks([proc.pid, *ray_worker_pids()])
-                log(f"{name}: over {timeout_s:.0f} s: Python stacks of {dumped} processes asked for, then killed")
-                time.sleep(5)  # the dumps reach the log through Ray's log streaming
-                proc.kill()
-                proc.wait()
-                break
+    log_path = os.path.join(run_dir, "run.log")
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    last_seen, t0 = [-1], time.time()
+
+    def poll(_name: str) -> None:
+        rows = _rows(run_dir)
+        step = max((r["step"] for r in rows), default=-1)
+        if step != last_seen[0]:
+            last_seen[0] = step
+            acc = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
+            log(f"{name}: step {step} after {time.time() - t0:.0f} s" + (f", val acc {acc[-1]:.3f}" if acc else ""))
+
+    def over(_name: str, proc) -> None:
+        dumped = dump_stacks([proc.pid, *ray_worker_pids()])
+        log(f"{name}: over {timeout_s:.0f} s: Python stacks of {dumped} processes asked for, then killed")
+        time.sleep(5)  # the dumps reach the log through Ray's log streaming
+
+    run = run_child(cmd, log_path, timeout_s=timeout_s, poll_s=5.0, poll_every_s=0.0, on_poll=poll, on_timeout=over,
+                    stop=((signal.SIGKILL, 30),))
     rows = _rows(run_dir)
     with open(os.path.join(run_dir, "run.log"), errors="replace") as f:
         text = f.read()
     checks = log_checks(text)
     if checks["mnnvl_lines"]:
         log(f"{name}: NVLink multicast (mnnvl) in the log: {checks['mnnvl_lines'][0]}")
-    return {"rc": proc.returncode, "seconds": round(time.time() - t0, 1), "rows": rows, "log_tail": text[-1500:],
-            "process_tails": process_tails(text) if proc.returncode != 0 else {},
+    return {"rc": run["rc"], "seconds": run["wall_s"], "rows": rows, "log_tail": text[-1500:],
+            "process_tails": process_tails(text) if run["rc"] != 0 else {},
             "command": " ".join(cmd[1:]), "log_checks": checks}
 
 
@@ -330,10 +333,7 @@ def to_markdown(res: dict) -> str:
 
 
 def save(res: dict, out_dir: str) -> None:
-    with open(os.path.join(out_dir, "gpu_placements.json"), "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    with open(os.path.join(out_dir, "gpu_placements.md"), "w") as f:
-        f.write(to_markdown(res))
+    write_report(out_dir, "gpu_placements", res, to_markdown(res))
 
 
 def main() -> None:
@@ -371,10 +371,10 @@ def main() -> None:
 
     apply_no_multicast()
     res: dict = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                 "device": f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if args.device == "cuda"
+                 "device": f"{torch.cuda.device_count()} x {device_name()}" if args.device == "cuda"
                  else "cpu (dry run)",
                  "command": "python tools/gpu_placements.py " + " ".join(sys.argv[1:]), "seconds": {}, "errors": {}}
-    t_all = time.time()
+    t_all, deadline = time.time(), Deadline(args.deadline)
     if "nccl" in args.only:
         t = time.time()
         try:
@@ -404,7 +404,7 @@ def main() -> None:
                 over += engine_overrides(args.engine, name, tiny=(sec != "qwen06b"))
                 keys = {o.split("=", 1)[0] for o in args.overrides}
                 over = [o for o in over if o.split("=", 1)[0] not in keys] + list(args.overrides)
-                left = args.deadline - (time.time() - t_all)
+                left = deadline.left()
                 if left < 20:
                     res[sec][name] = {"rc": None, "seconds": 0.0, "skipped": f"--deadline {args.deadline:.0f} s reached"}
                     log(f"{sec}/{name}: skipped (deadline)")

@@ -25,24 +25,13 @@ import traceback
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import REPO, device_name, gemm_tflops, run_child, time_ms, write_report
+from harness.cases import GRPO_06B_OVERRIDES, policy_loss_fn, policy_micro_batch  # noqa: F401 (GRPO_06B: docs)
+from harness.host_profile import profile_call
+from harness.host_profile import to_markdown as profile_markdown
 
-from rltrain.utils.flops import train_flops  # noqa: E402
-
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, vendor datasheet (SXM)
-
-
-# The GRPO run on a Qwen3-0.6B-shaped random model (one GPU per worker group); tools/bench_async.py reuses it.
-GRPO_06B_OVERRIDES = [
-    "model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
-    "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
-    "trainer.fused_linear_logprob_backend=triton", "trainer.test_freq=-1",
-    "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64",
-    "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
-    "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
-]
+from rltrain.utils.flops import peak_flops, train_flops
 
 
 def qwen3_06b_config():
@@ -51,27 +40,8 @@ def qwen3_06b_config():
     return hf_config_for(path=None, builtin="qwen3-0.6b")
 
 
-def device_name() -> str:
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
 def peak_tflops() -> float:
-    name = device_name()
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 989.0)
-
-
-def measured_gemm_tflops() -> float:
-    """bf16 8192^3 GEMM rate on this device (the practical ceiling), TFLOP/s."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    torch.cuda.synchronize()
-    return 2 * 8192**3 * 10 / (time.perf_counter() - t) / 1e12
+    return peak_flops(device_name()) / 1e12
 
 
 def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5,
@@ -84,35 +54,14 @@ def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_to
                           recompute_activations=recompute)
 
 
-def policy_micro_batch(input_ids: torch.Tensor, seed: int = 0) -> dict:
-    b, s = input_ids.shape
-    g = torch.Generator().manual_seed(seed)
-    label_mask = torch.ones(b, s, dtype=torch.bool)
-    label_mask[:, 0] = False
-    return {"input_ids": input_ids, "seq_lens": torch.full((b,), s), "label_mask": label_mask,
-            "loss_mask_full": label_mask.float(), "old_logprobs_full": torch.zeros(b, s),
-            "advantages_full": torch.randn(b, s, generator=g), "loss_scale": 1.0}
-
-
-def policy_loss_fn():
-    from rltrain.workers.actor import PolicyLoss
-
-    return PolicyLoss(mode="ppo", clip_low=0.2, clip_high=0.28, dual_clip=None, agg="token-mean",
-                      entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl")
-
-
 def timed_update(engine, mb: dict, reps: int = 2) -> dict:
     loss = policy_loss_fn()
     engine.train_step([dict(mb)], loss)  # warm-up (compiles kernels, allocates optimizer state)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    t = time.perf_counter()
-    for _ in range(reps):
-        engine.train_step([dict(mb)], loss)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t) / reps
-    return {"step_s": dt, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+    step_ms = time_ms(lambda: engine.train_step([dict(mb)], loss), reps=reps, warmup=0, cuda=True)
+    return {"step_s": step_ms / 1e3, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
             "peak_extra_gib": (torch.cuda.max_memory_allocated() - base) / 2**30}
 
 
@@ -120,7 +69,7 @@ def timed_update(engine, mb: dict, reps: int = 2) -> dict:
 def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str, ...] = (),
                  profile_gen: bool = False) -> dict:
     """profile_gen: the last step's generation (the steps-th generate call: one per step here, no validation,
-    no dynamic sampling) runs under cProfile (tools/host_profile.py; written to profile_gen_<engine>.md) and that
+    no dynamic sampling) runs under cProfile (harness/host_profile.py; written to profile_gen_<engine>.md) and that
     step is left out of the means."""
     from hydra import compose, initialize_config_dir
 
@@ -160,8 +109,6 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     flops = train_flops(hf_cfg, tok, seq)
     mfu = flops / mean["timing_s/update_actor"] / (peak_tflops() * 1e12)
     if profiled:
-        from host_profile import to_markdown as profile_markdown
-
         with open(os.path.join(out_dir, f"profile_gen_{engine}.md"), "w") as f:
             f.write(profile_markdown(profiled["summary"], f"GRPO step {steps}: generation ({engine} engine, "
                                                           "RolloutRole.generate) under cProfile"))
@@ -175,8 +122,6 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
 @contextlib.contextmanager
 def _profiled_generation(call: int, into: dict):
     """Profile the `call`-th RolloutRole.generate of this process (cProfile); its summary lands in into["summary"]."""
-    from host_profile import profile_call
-
     from rltrain.workers.rollout import RolloutRole
 
     original, calls = RolloutRole.generate, [0]
@@ -404,11 +349,9 @@ def main() -> None:
         with open(os.path.join(args.out, f"section_{args.section}.json"), "w") as f:
             json.dump(out, f, indent=1, default=str)
         return
-    import subprocess
-
     res = {"date": datetime.date.today().isoformat(), "device": device_name(), "torch": torch.__version__,
            "command": "python tools/gpu_smoke.py " + " ".join(sys.argv[1:])}
-    res["gemm_tflops"] = measured_gemm_tflops()
+    res["gemm_tflops"] = gemm_tflops()
     torch.cuda.empty_cache()
     for name in args.only:
         t0 = time.time()
@@ -416,21 +359,17 @@ def main() -> None:
                "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine,
                *(["--grpo-set", *args.grpo_set] if args.grpo_set else []),
                *(["--profile-gen"] if args.profile_gen else [])]
-        proc = subprocess.run(cmd)
+        run = run_child(cmd, os.path.join(args.out, f"section_{name}.log"))
         path = os.path.join(args.out, f"section_{name}.json")
         if os.path.exists(path):
             with open(path) as f:
                 res[name] = json.load(f)
         else:
-            res[name] = {"error": f"section process exited with {proc.returncode} and wrote nothing"}
+            res[name] = {"error": f"section process exited with {run['rc']} and wrote nothing: {run['tail'][-600:]}"}
         res.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
         print(f"[gpu_smoke] {name}: {time.time() - t0:.0f} s", flush=True)
-        with open(os.path.join(args.out, "gpu_smoke.json"), "w") as f:
-            json.dump(res, f, indent=1, default=str)
-    md = to_markdown(res)
-    with open(os.path.join(args.out, "gpu_smoke.md"), "w") as f:
-        f.write(md)
-    print(md)
+        write_report(args.out, "gpu_smoke", res, to_markdown(res))
+    print(to_markdown(res))
 
 
 if __name__ == "__main__":

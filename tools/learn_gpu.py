@@ -41,13 +41,15 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import REPO, Deadline, device_name, run_child, run_children, write_json
+
+from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
+from rltrain.utils.flops import peak_flops
 
 STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval", "plots")
 TASK_OF = {"sft": "add", "grpo": "add", "retool_sft": "mul_tool", "retool_grpo": "mul_tool"}
@@ -62,7 +64,7 @@ class UsageError(Exception):
 
 def time_left(args) -> float:
     """Seconds until --deadline (inf without one)."""
-    return float("inf") if args.t_end is None else args.t_end - time.time()
+    return args.t_end.left()
 
 
 @dataclass
@@ -169,14 +171,6 @@ def read_json(path: str) -> dict:
         return json.load(f)
 
 
-def write_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------- runs and overrides
 @dataclass(frozen=True)
 class RunSpec:
@@ -195,8 +189,7 @@ class RunSpec:
     @classmethod
     def from_name(cls, name: str) -> "RunSpec":
         """The spec a run directory's name (`name` above) was written from."""
-        head, seed, *engine = name.split("_")
-        return cls(fused=head == "fused", seed=int(seed.removeprefix("seed")), engine=engine[0] if engine else None)
+        return cls(*run_key(name))
 
     @classmethod
     def parse(cls, text: str) -> "RunSpec":
@@ -297,60 +290,27 @@ def run_trainers(jobs: list[tuple[str, list[str], str]], *, timeout_s: float | N
             results[name] = {"rc": 0, "wall_s": round(time.time() - t0, 1), "timed_out": False}
             progress(name)
         return results
-    procs = {}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}
+    children = {}
     for name, ov, run_dir in jobs:
         os.makedirs(run_dir, exist_ok=True)
         cmd = command(stage, ov, scale, run_dir)
         with open(os.path.join(run_dir, "command.txt"), "w") as f:
             f.write(" ".join(cmd[1:]) + "\n")
-        logf = open(os.path.join(run_dir, "stdout.log"), "a")
-        log(f"{stage}/{name}: {' '.join(cmd[1:6])} ... (log: {os.path.relpath(logf.name)})")
-        procs[name] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                        start_new_session=True), logf, time.time())
-    deadline = None if timeout_s is None else time.time() + timeout_s
-    last_report = time.time()
-    while procs:
-        time.sleep(2)
-        for name, (p, logf, t0) in list(procs.items()):
-            rc = p.poll()
-            if rc is not None:
-                logf.close()
-                results[name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "timed_out": False}
-                del procs[name]
-                log(f"{stage}/{name}: exited {rc} after {results[name]['wall_s']:.0f} s")
-                if rc != 0:
-                    with open(logf.name) as f:
-                        tail = f.read()[-2500:]
-                    print(tail, flush=True)
-        if time.time() - last_report > 30:
-            last_report = time.time()
-            for name in procs:
-                progress(name)
-        if deadline is not None and time.time() > deadline and procs:
-            for name, (p, logf, t0) in procs.items():
-                log(f"{stage}/{name}: still running at the {timeout_s:.0f} s stage limit; stopping it (run the "
-                    f"stage again to resume from its last checkpoint)")
-                _stop(p)
-                logf.close()
-                results[name] = {"rc": p.returncode, "wall_s": round(time.time() - t0, 1), "timed_out": True}
-            procs = {}
-    return results
+        children[name] = (cmd, os.path.join(run_dir, "stdout.log"))
+        log(f"{stage}/{name}: {' '.join(cmd[1:6])} ... (log: {os.path.relpath(children[name][1])})")
 
+    def exited(name: str, res: dict) -> None:
+        log(f"{stage}/{name}: exited {res['rc']} after {res['wall_s']:.0f} s")
+        if res["rc"] != 0:
+            with open(children[name][1]) as f:
+                print(f.read()[-2500:], flush=True)
 
-def _stop(p: subprocess.Popen) -> None:
-    import signal
+    def stopping(name: str, _proc) -> None:
+        log(f"{stage}/{name}: still running at the {timeout_s:.0f} s stage limit; stopping it (run the "
+            f"stage again to resume from its last checkpoint)")
 
-    for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(p.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    return run_children(children, timeout_s=timeout_s, env={"HYDRA_FULL_ERROR": "1"}, on_poll=progress,
+                        on_exit=exited, on_timeout=stopping)
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -376,51 +336,6 @@ def progress_line(stage: str, run_dir: str, total: int) -> str:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def evaluate(cfg: dict, model=None, *, batch: int, tool_workers: int) -> dict:
-    """Held-out accuracy of one model: the RL config's val files, prompts, rollout limits and reward, greedy.
-
-    model: a transformers model (random init) or None to load cfg["model"]["path"]. The rollout is the hf
-    engine (the reference engine) with the multi-turn tool loop and the real sandbox when the config enables it.
-    Returns accuracy, n, the reward's extra metrics (e.g. correct_tool_call), mean response tokens, seconds."""
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rltrain.rewards import compute_rewards
-    from rltrain.trainer.setup import build_datasets
-    from rltrain.workers.hybrid import resolve_device
-    from rltrain.workers.rollout import RolloutRole
-
-    t0 = time.time()
-    device = resolve_device(cfg["trainer"]["device"])
-    dtype = torch.float32 if device == "cpu" else getattr(torch, cfg["model"]["dtype"])
-    tokenizer, _, val_ds, _, reward = build_datasets(cfg)
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=dtype)
-    rollout_cfg = {**cfg["rollout"], "max_batch_size": batch,
-                   "multi_turn": {**cfg["rollout"]["multi_turn"], "tool_max_workers": tool_workers}}
-    role = RolloutRole(engine="hf", model=model, tokenizer=tokenizer, rollout_cfg=rollout_cfg, device=device,
-                       dtype=dtype, seed=int(cfg["trainer"]["seed"]), sandbox_cfg=cfg.get("sandbox"))
-    items = [val_ds[i] for i in range(len(val_ds))]
-    b, _ = role.generate(items, group_offset=0, validate=True, seed=int(cfg["trainer"]["seed"]))
-    lengths = b.response_mask.sum(-1)
-    texts = tokenizer.batch_decode([row[:n].tolist() for row, n in zip(b.response_ids, lengths)],
-                                   skip_special_tokens=True)
-    scores, metrics = compute_rewards(reward, texts, b.non_tensor["ground_truth"],
-                                      data_sources=b.non_tensor["data_source"], extras=b.non_tensor["extra"],
-                                      timeout_s=cfg["reward"]["timeout_s"], max_workers=0)
-    if role.multi_turn is not None:
-        role.multi_turn.tool_executor.close()
-    out = {"accuracy": float(np.mean([s > 0 for s in scores])), "n": len(scores),
-           "response_tokens_mean": float(lengths.float().mean()), "seconds": round(time.time() - t0, 1),
-           "example": texts[0][:300]}
-    out.update({k.split("/")[1]: v for k, v in metrics.items() if k.endswith("/mean")})
-    del role, model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return out
-
-
 def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None) -> dict:
     """The RL stage's config used for evaluating a model of `stage`'s task (model_path None: random init)."""
     rl = {"sft": "grpo", "retool_sft": "retool_grpo"}.get(stage, stage)
@@ -434,13 +349,6 @@ def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None
     return cfg
 
 
-def fmt_eval(e: dict) -> str:
-    s = f"accuracy {e['accuracy']:.3f} (n={e['n']})"
-    if "correct_tool_call" in e:
-        s += f", correct tool calls {e['correct_tool_call']:.3f}, tool calls {e['tool_call']:.3f}"
-    return s
-
-
 # ---------------------------------------------------------------------------- GPU time estimates
 # Calibration points from docs/benchmarks.md section 1 (one H100, tools/gpu_smoke.py): the HF rollout decoded
 # 256 rows x 64 tokens of a 28-layer Qwen3-0.6B in 2.233 s (35 ms per decode step, launch-bound: ~1.1 ms per
@@ -448,7 +356,7 @@ def fmt_eval(e: dict) -> str:
 DECODE_MS_PER_LAYER = 1.1
 DECODE_MS_FIXED = 2.0  # sampling + the per-row Python loop of the hf engine
 MFU = 0.10  # short sequences, small matrices: a little under the 0.6B model's 11.9%
-PEAK_FLOPS = 989e12  # H100 dense bf16
+PEAK_FLOPS = peak_flops("H100")  # dense bf16 (rltrain/utils/flops.py)
 STEP_OVERHEAD_S = {"sft": 0.04, "grpo": 0.5}  # optimizer step, Python, Ray round trips, weight sync per step
 STARTUP_S = {"sft": 40, "grpo": 75}  # imports, model build, Triton compile; + Ray start for GRPO
 TOOL_CALL_S = 0.06  # one sandboxed interpreter (CPU seconds), run tool_max_workers at a time
@@ -521,9 +429,15 @@ def stage_data(lay: Layout, args, scale: Scale) -> dict:
         paths = write_splits(os.path.join(lay.data, task), task, seed=args.data_seed, **kw)
         info["tasks"][task] = {"params": kw, "files": paths}
         log(f"data: {task}: {kw['sft_size']} SFT demos, {kw['train_size']} RL prompts, {kw['val_size']} held out")
-    train_tok = _import_tool("train_tokenizer")
+    from rltrain.data.tokenizer import load_tokenizer
+
     files = [lay.task_file(t, s) for t in ("add", "mul_tool") for s in ("sft", "train")]  # never val
-    tok = train_tok.train_tokenizer(train_tok.corpus(files), lay.tokenizer, vocab_size=scale.vocab_size)
+    res = run_child([sys.executable, os.path.join(REPO, "tools", "train_tokenizer.py"), "--files", *files, "--out",
+                     lay.tokenizer, "--vocab-size", str(scale.vocab_size)], os.path.join(lay.data, "tokenizer.log"),
+                    poll_s=0.2)
+    if res["rc"] != 0:
+        raise RuntimeError(f"data: tools/train_tokenizer.py failed (exit {res['rc']}): {res['tail']}")
+    tok = load_tokenizer(lay.tokenizer)
     info["tokenizer"] = {"dir": lay.tokenizer, "vocab_size": len(tok)}
     info["tokens"] = {task: _token_lengths(tok, lay.task_file(task, "sft")) for task in ("add", "mul_tool")}
     info["wall_s"] = round(time.time() - t0, 1)
@@ -542,15 +456,6 @@ def _token_lengths(tok, sft_file: str, rows: int = 2000) -> dict:
     rlen = [len(it["input_ids"]) - it["prompt_length"] for it in ds.items]
     return {"prompt_mean": sum(plen) / len(plen), "response_mean": sum(rlen) / len(rlen), "response_max": max(rlen),
             "response_min": min(rlen)}
-
-
-def _import_tool(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"rltrain_tool_{name}", os.path.join(REPO, "tools", f"{name}.py"))
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class DeadlineReached(Exception):
@@ -723,86 +628,6 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
         log(f"{stage}: fused vs unfused: mean |gap| {c['gap_fused_unfused']:.3f} vs seed noise "
             f"{c['gap_seeds']:.3f} (+2 SE {c['two_se']:.3f}) -> within noise: {c['within_noise']}")
     plot_grpo(lay, stage, runs, before)
-    return out
-
-
-def curve(rows: list[dict]) -> dict:
-    keys = ["val/accuracy", "critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm",
-            "val/reward/correct_tool_call/mean", "val/reward/tool_call/mean", "reward/correct_tool_call/mean",
-            "reward/tool_call/mean", "rollout/logprob_diff_max"]
-    return {k: [[r["step"], r[k]] for r in rows if isinstance(r.get(k), (int, float))] for k in keys
-            if any(k in r for r in rows)}
-
-
-def phase_timing(rows: list[dict], cfg: dict) -> dict:
-    """Mean seconds per phase over steps 2.. (step 1 compiles kernels) and tokens/s per phase."""
-    steady = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r] or [r for r in rows if "timing_s/step" in r]
-    if not steady:
-        return {}
-    mean = lambda k: sum(r.get(k, 0.0) for r in steady) / len(steady)  # noqa: E731
-    samples = cfg["data"]["train_batch_size"] * cfg["rollout"]["n"]
-    total_tokens = mean("perf/total_num_tokens")
-    response_tokens = mean("response_length/mean") * samples
-    out = {f"{k.split('/')[1]}_s": mean(k) for k in steady[-1] if k.startswith("timing_s/")}
-    out.update({"tokens_per_step": total_tokens, "response_tokens_per_step": response_tokens,
-                "tokens_per_s_end_to_end": total_tokens / max(out["step_s"], 1e-9),
-                "gen_response_tokens_per_s": response_tokens / max(out.get("gen_s", 0), 1e-9),
-                "old_log_prob_tokens_per_s": total_tokens / max(out.get("old_log_prob_s", 0), 1e-9),
-                "update_actor_tokens_per_s": total_tokens / max(out.get("update_actor_s", 0), 1e-9)})
-    return out
-
-
-def _accuracy_gap(runs: dict, a: str, b: str) -> float:
-    """Mean |held-out accuracy difference| of two runs over their shared eval steps > 0."""
-    ca, cb = (dict((s, v) for s, v in runs[n]["curve"].get("val/accuracy", [])) for n in (a, b))
-    steps = sorted(set(ca) & set(cb) - {0})
-    return sum(abs(ca[s] - cb[s]) for s in steps) / max(len(steps), 1)
-
-
-def compare_runs(runs: dict, n_val: int, default_engine: str = "hf") -> dict:
-    """Fused vs materialized logits against seed noise, on the held-out accuracy curves (same eval steps):
-    gap(a, b) = mean over eval steps of |acc_a - acc_b|. Within noise when gap(fused s, unfused s) <=
-    gap(fused s, fused s') + 2 SE, SE = sqrt(2 * 0.25 / n_val) (the largest standard error of a difference
-    of two accuracies on n_val prompts). Runs of one engine are compared with each other; with runs of two
-    engines the same test compares the engines ("engines": hf seed s vs vllm seed s against two seeds of the
-    reference engine, hf, or of the other engine where hf has one seed)."""
-    done = [n for n in runs if "after" in runs[n]]  # finished runs only: a stopped run's curve is partial
-    specs = {n: RunSpec.from_name(n) for n in done}
-    key = {n: (s.fused, s.seed, s.engine or default_engine) for n, s in specs.items()}
-    two_se = 2 * (2 * 0.25 / n_val) ** 0.5
-    out: dict = {}
-    for engine in sorted({k[2] for k in key.values()}):
-        fused = sorted(n for n in done if key[n][0] and key[n][2] == engine)
-        unfused = sorted(n for n in done if not key[n][0] and key[n][2] == engine)
-        if len(fused) < 2 or not unfused:
-            continue
-        u = unfused[0]
-        same_seed = next((f for f in fused if key[f][1] == key[u][1]), fused[0])
-        other = next(f for f in fused if f != same_seed)
-        g_fu, g_ss = _accuracy_gap(runs, same_seed, u), _accuracy_gap(runs, same_seed, other)
-        out.update({"fused": same_seed, "unfused": u, "other_seed": other, "gap_fused_unfused": g_fu,
-                    "gap_seeds": g_ss, "two_se": two_se, "within_noise": g_fu <= g_ss + two_se,
-                    "definition": "mean |val accuracy gap| over shared eval steps > 0; within noise iff "
-                                  "gap(fused, unfused) <= gap(fused seed a, fused seed b) + 2*sqrt(0.5/n_val)"})
-        break
-    fused_done = [n for n in done if key[n][0]]
-    engines = sorted({key[n][2] for n in fused_done})
-    if len(engines) == 2:
-        ref, new = ("hf", "vllm") if engines == ["hf", "vllm"] else tuple(engines)
-        by_engine = {eng: sorted((n for n in fused_done if key[n][2] == eng), key=lambda n: key[n][1])
-                     for eng in (ref, new)}
-        pairs = [(r, n) for r in by_engine[ref] for n in by_engine[new] if key[r][1] == key[n][1]]
-        # noise: two seeds of the reference engine, else of the other engine
-        seeds = [tuple(by_engine[eng][:2]) for eng in (ref, new) if len(by_engine[eng]) >= 2]
-        if pairs and seeds:
-            gaps = {f"{a} vs {b}": _accuracy_gap(runs, a, b) for a, b in pairs}  # every seed run with both
-            (a, b), (s1, s2) = max(pairs, key=lambda p: gaps[f"{p[0]} vs {p[1]}"]), seeds[0]
-            g_e, g_s = gaps[f"{a} vs {b}"], _accuracy_gap(runs, s1, s2)
-            out["engines"] = {"reference": a, "engine": b, "seed_a": s1, "seed_b": s2, "gap_engines": g_e,
-                              "gaps_by_seed": gaps, "gap_seeds": g_s, "two_se": two_se,
-                              "within_noise": g_e <= g_s + two_se,
-                              "definition": "within noise iff the largest gap(ref engine seed s, engine seed s) "
-                                            "<= gap(seed a, seed b of one engine) + 2*sqrt(0.5/n_val)"}
     return out
 
 
@@ -1004,17 +829,6 @@ def bench_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def device_name() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-        return f"CPU ({os.cpu_count()} cores)"
-    except Exception:  # noqa: BLE001 - informational only
-        return "unknown"
-
-
 EXPORT_FILES = ("summary.md", "summary.json", "benchmarks.md")
 
 
@@ -1093,7 +907,7 @@ def parse_args(argv=None):
     scale = SCALES[args.scale]
     args.runs = args.runs or scale.runs
     args.retool_runs = args.retool_runs or scale.retool_runs
-    args.t_end = None if args.deadline is None else time.time() + args.deadline
+    args.t_end = Deadline(args.deadline)
     args.unfinished = []
     return args, scale
 
@@ -1114,7 +928,7 @@ def main(argv=None) -> int:
         for stage in args.stages:
             t0 = time.time()
             log(f"stage {stage} ({args.scale} scale, out {lay.out}"
-                + (f", {time_left(args):.0f} s of --deadline left)" if args.t_end else ")"))
+                + (f", {time_left(args):.0f} s of --deadline left)" if args.deadline else ")"))
             try:
                 if stage == "data":
                     if args.dry_run:

@@ -21,9 +21,10 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import hub_rows
 
-from rltrain.data.dataset import write_rows  # noqa: E402
+from rltrain.data.dataset import write_rows
 
 REPO_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -67,24 +68,7 @@ def convert_rows(raw: list[dict], keep_prompt: bool = False) -> list[dict]:
 
 
 def load_rows() -> list[dict]:
-    try:
-        import datasets
-    except ImportError:
-        datasets = None
-    if datasets is not None:
-        return list(datasets.load_dataset(REPO_ID, split="train"))
-    try:
-        import huggingface_hub
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise SystemExit(f"prepare_dapo_math needs `datasets` or `huggingface_hub` (pip install datasets): {e}")
-    files = [f for f in huggingface_hub.list_repo_files(REPO_ID, repo_type="dataset") if f.endswith(".parquet")]
-    if not files:
-        raise SystemExit(f"no parquet file in {REPO_ID}")
-    rows: list[dict] = []
-    for f in sorted(files):
-        rows += pq.read_table(huggingface_hub.hf_hub_download(REPO_ID, f, repo_type="dataset")).to_pylist()
-    return rows
+    return hub_rows("prepare_dapo_math", REPO_ID)
 
 
 def main() -> None:

@@ -20,9 +20,10 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import hub_rows
 
-from rltrain.data.dataset import write_rows  # noqa: E402
+from rltrain.data.dataset import write_rows
 
 REPO_ID = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -43,25 +44,7 @@ def convert_row(row: dict, index: int, split: str) -> dict:
 
 
 def load_split(split: str) -> list[dict]:
-    try:
-        import datasets
-    except ImportError:
-        datasets = None
-    if datasets is not None:
-        return list(datasets.load_dataset(REPO_ID, "main", split=split))
-    try:
-        import huggingface_hub
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise SystemExit(f"prepare_gsm8k needs `datasets` or `huggingface_hub` (pip install datasets): {e}")
-    files = [f for f in huggingface_hub.list_repo_files(REPO_ID, repo_type="dataset")
-             if f.startswith(f"main/{split}-") and f.endswith(".parquet")]
-    if not files:
-        raise SystemExit(f"no parquet file for split {split!r} under main/ in {REPO_ID}")
-    rows: list[dict] = []
-    for f in sorted(files):
-        rows += pq.read_table(huggingface_hub.hf_hub_download(REPO_ID, f, repo_type="dataset")).to_pylist()
-    return rows
+    return hub_rows("prepare_gsm8k", REPO_ID, config="main", split=split, parquet_prefix=f"main/{split}-")
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from rltrain.models.presets import QWEN3_0_6B, QWEN3_4B, QWEN3_8B  # noqa: E402
 from rltrain.utils.flops import matmul_params, num_params, train_flops  # noqa: E402
 
 GB = 1e9
-GPU_RESULTS = os.path.join(REPO, "docs", "gpu_results")
+GPU_RESULTS = os.path.join(REPO, "tools", "results")
 SHAPES = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B, "qwen3-8b": QWEN3_8B}
 DP_BUCKET_BYTES = int(ActorConfig.grad_reduce_bucket_mb * 2**20)  # the engine's default bucket
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
@@ -75,13 +75,13 @@ def _load(name: str) -> dict:
 
 
 def measured_inputs() -> dict[str, Num]:
-    """The measured numbers, read from docs/gpu_results/*.json where they are there, else quoted from the issue
+    """The measured numbers, read from tools/results/*.json where they are there, else quoted from the issue
     that holds them (issue 17: the 4B update on one H200; issue 21: vLLM on one H100 and two H200)."""
     smoke = _load("gpu_smoke_h100.json")
     steps = _load("gpu_smoke_h100_steps.json")
     tp2 = _load("gpu_smoke_h200x2_tp2.json")["tp2"]
     g = smoke["grpo"]["mean"]
-    src = "docs/gpu_results/gpu_smoke_h100.json grpo (benchmarks.md s.1, H100, Qwen3-0.6B, 256 seqs)"
+    src = "tools/results/gpu_smoke_h100.json grpo (benchmarks.md s.1, H100, Qwen3-0.6B, 256 seqs)"
     fused8k = next(r for r in steps["step8k"] if r["fused"] and not r["recompute"])
     m = {f"grpo06b_{p}_s": Num(g[f"timing_s/{p}"], src, True)
          for p in ("gen", "old_log_prob", "ref", "update_actor", "update_weights", "step")}
@@ -89,14 +89,14 @@ def measured_inputs() -> dict[str, Num]:
         "grpo06b_tokens": Num(smoke["grpo"]["tokens_per_step"], src, True),
         "grpo06b_seqs": Num(32 * 8, src + ": data.train_batch_size=32 x rollout.n=8", True),
         "grpo06b_minibatches": Num(2, src + ": 256 samples / actor.ppo_mini_batch_size=16 prompts x 8", True),
-        "gemm_tflops_h100": Num(smoke["gemm_tflops"] * 1e12, "docs/gpu_results/gpu_smoke_h100.json gemm_tflops "
+        "gemm_tflops_h100": Num(smoke["gemm_tflops"] * 1e12, "tools/results/gpu_smoke_h100.json gemm_tflops "
                                 "(bf16 8192^3, H100)", True),
-        "mfu_update_06b": Num(fused8k["mfu"], "docs/gpu_results/gpu_smoke_h100_steps.json step8k fused, no "
+        "mfu_update_06b": Num(fused8k["mfu"], "tools/results/gpu_smoke_h100_steps.json step8k fused, no "
                               "recompute (benchmarks.md s.1: 0.259 s, 8,192 tokens, H100)", True),
         "mfu_update_4b": Num(0.335, "issue 17: Qwen3-4B shape, one H200, 8k tokens, fused head, 0.775 s", True),
-        "tp2_step_06b_s": Num(tp2["update_step_tp2"]["step_s"], "docs/gpu_results/gpu_smoke_h200x2_tp2.json "
+        "tp2_step_06b_s": Num(tp2["update_step_tp2"]["step_s"], "tools/results/gpu_smoke_h200x2_tp2.json "
                               "(benchmarks.md s.1 TP=2 vs 1, two H200, 0.6B, 8k tokens)", True),
-        "tp1_step_06b_s": Num(tp2["update_step_tp1"]["step_s"], "docs/gpu_results/gpu_smoke_h200x2_tp2.json", True),
+        "tp1_step_06b_s": Num(tp2["update_step_tp1"]["step_s"], "tools/results/gpu_smoke_h200x2_tp2.json", True),
         # issue 21 ("vLLM on the GPUs"): vLLM 0.26.0, Qwen3-0.6B shape, random weights, token-id prompts
         "vllm_a_s": Num(0.63, "issue 21: one H100, in-process vLLM, 256 x (64 prompt + 64 response), 25,855 tok/s",
                         True),

@@ -42,3 +42,16 @@ def train_flops(cfg, tokens: float, seq_len: float) -> float:
     q = cfg.num_attention_heads * head_dim(cfg)
     attn = 2 * 2 * cfg.num_hidden_layers * q * (seq_len / 2)  # per token, causal average context
     return 3 * tokens * (2 * matmul_params(cfg) + attn)
+
+
+# Dense bf16 peak of one GPU, FLOP/s, by a fragment of its torch.cuda.get_device_name() (vendor datasheets, SXM
+# parts): the MFU denominator of every number in docs/. H200 is an H100 die with more, faster memory: same peak.
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12}
+DEFAULT_PEAK = "H100"  # a device not in the table (a CPU run, another GPU) is measured against the H100
+
+
+def peak_flops(device_name: str | None = None) -> float:
+    """Dense bf16 FLOP/s of one GPU named `device_name` (a torch.cuda.get_device_name() string); the H100's
+    for None or a name the table does not know."""
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if device_name and k in device_name),
+                PEAK_BF16_FLOPS[DEFAULT_PEAK])

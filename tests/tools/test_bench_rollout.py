@@ -35,7 +35,7 @@ def test_hf_rows_with_sampling_variants_and_the_colocated_cycle(tmp_path):
 
 def test_host_profile_counts_calls_and_charges_areas_by_file():
     sys.path.insert(0, str(ROOT / "tools"))
-    from host_profile import area_of, profile_call
+    from harness.host_profile import area_of, profile_call
 
     def leaf(n):
         return sum(range(n))

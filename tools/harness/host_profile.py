@@ -1,6 +1,6 @@
 """Where a call's host (Python) time goes: cProfile of one call, summarized by function and by package area.
-Used by tools/bench_rollout.py --profile and tools/gpu_smoke.py --profile-gen to find the host work that keeps
-a rollout engine's decode steps from running at the GPU's speed. Not a test.
+Its seconds are not a benchmark (see below). Used by tools/bench_rollout.py --profile and tools/gpu_smoke.py
+--profile-gen to find the host work that keeps a rollout engine's decode steps from running at the GPU's speed.
 
 cProfile slows Python-heavy code (often ~1.5-2x), so a profiled call's wall time is not a benchmark: read the
 shares, not the seconds. Time a thread spends blocked on the GPU shows up as the tottime of the blocking call
@@ -13,6 +13,8 @@ import cProfile
 import os
 import pstats
 import time
+
+from harness import md_table
 
 # (area, path fragment) in order: a function's file is charged to the first area whose fragment it contains
 AREAS = [
@@ -78,12 +80,10 @@ def _short(filename: str) -> str:
 
 def to_markdown(summary: dict, title: str, *, top: int = 20) -> str:
     total = max(summary["profiled_s"], 1e-12)
-    lines = [f"#### {title}", "",
-             f"Wall {summary['wall_s']:.3f} s under cProfile (inflated by it; read the shares), "
-             f"{summary['profiled_s']:.3f} s of function time.", "",
-             "| area | s | share |", "|---|---|---|"]
-    lines += [f"| {a} | {s:.3f} | {100 * s / total:.1f}% |" for a, s in summary["areas"].items()]
-    lines += ["", "| function (top by own time) | area | calls | own s | cumulative s |", "|---|---|---|---|---|"]
-    lines += [f"| `{r['function']}` | {r['area']} | {r['calls']} | {r['tottime_s']:.3f} | {r['cumtime_s']:.3f} |"
-              for r in summary["top_tottime"][:top]]
-    return "\n".join(lines) + "\n"
+    return "\n".join([
+        f"#### {title}", "", f"Wall {summary['wall_s']:.3f} s under cProfile (inflated by it; read the shares), "
+        f"{summary['profiled_s']:.3f} s of function time.", "",
+        md_table(["area", "s", "share"], [(a, f"{s:.3f}", f"{100 * s / total:.1f}%") for a, s in summary["areas"].items()]),
+        "", md_table(["function (top by own time)", "area", "calls", "own s", "cumulative s"],
+                     [(f"`{r['function']}`", r["area"], r["calls"], f"{r['tottime_s']:.3f}", f"{r['cumtime_s']:.3f}")
+                      for r in summary["top_tottime"][:top]])]) + "\n"

@@ -1,0 +1,211 @@
+"""The small harness the scripts in tools/ run on: a median timer, child processes stopped at a deadline, a
+deadline, JSON + markdown reports, the device's name. Must not know any one benchmark or import a tool.
+
+A tool starts with `from harness import ...` (tools/ is on sys.path when a tool runs as a script); importing
+the harness puts the repository root on sys.path, so `rltrain` imports next. Peak FLOP/s per device lives in
+rltrain/utils/flops.py (`peak_flops`). Cases several tools share are in harness/cases.py, cProfile summaries in
+harness/host_profile.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+def log(tool: str, msg: str) -> None:
+    print(f"[{tool} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------- device and timing
+def device_name() -> str:
+    """The GPU's name (`NVIDIA H100 80GB HBM3`), else `CPU (<model>, <n> cores)`."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"CPU ({cpu}, {os.cpu_count()} cores)"
+
+
+def time_ms(fn: Callable[[], object], reps: int = 5, warmup: int = 1, cuda: bool | None = None) -> float:
+    """Median milliseconds of `reps` calls of fn after `warmup` untimed ones. On CUDA (default: when available)
+    each call is timed by CUDA events around it, so only device time between the events counts."""
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            stop.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(stop))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def gemm_tflops(n: int = 8192, reps: int = 10) -> float:
+    """Measured bf16 n^3 GEMM rate of this GPU (the practical ceiling), TFLOP/s."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return 2 * n**3 / time_ms(lambda: a @ b, reps=reps, warmup=3, cuda=True) / 1e9
+
+
+# ---------------------------------------------------------------------------- deadline
+class Deadline:
+    """`seconds` from now (None: never). left() is inf without one."""
+
+    def __init__(self, seconds: float | None):
+        self.end = None if seconds is None else time.time() + seconds
+
+    def left(self) -> float:
+        return float("inf") if self.end is None else self.end - time.time()
+
+
+# ---------------------------------------------------------------------------- child processes
+STOP = ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5))  # ask, then insist
+
+
+def stop_group(p: subprocess.Popen, steps: Sequence[tuple[int, float]] = STOP) -> None:
+    """Signal the child's process group (its own session) step by step until it exits."""
+    for sig, wait in steps:
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_children(jobs: dict[str, tuple[list[str], str]], *, timeout_s: float | None = None,
+                 env: dict | None = None, cwd: str = REPO, poll_s: float = 2.0,
+                 on_poll: Callable[[str], None] | None = None, poll_every_s: float = 30.0,
+                 on_exit: Callable[[str, dict], None] | None = None,
+                 on_timeout: Callable[[str, subprocess.Popen], None] | None = None,
+                 stop: Sequence[tuple[int, float]] = STOP) -> dict[str, dict]:
+    """Run the commands of jobs {name: (argv, log_path)} at once, each in its own session with stdout and stderr
+    appended to its log. on_poll(name) every poll_every_s for each running child; on_exit(name, result) as each
+    ends. Children still running at timeout_s get on_timeout(name, proc), then `stop` signals to their group.
+    Returns {name: {"rc", "wall_s", "timed_out"}} (rc None when it never exited)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    running, results = {}, {}
+    for name, (cmd, log_path) in jobs.items():
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        logf = open(log_path, "a")
+        running[name] = (subprocess.Popen(cmd, cwd=cwd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                          start_new_session=True), logf, time.time())
+    end = None if timeout_s is None else time.time() + timeout_s
+    last_poll = time.time()
+    while running:
+        time.sleep(poll_s)
+        for name, (p, logf, t0) in list(running.items()):
+            if p.poll() is not None:
+                logf.close()
+                results[name] = {"rc": p.returncode, "wall_s": round(time.time() - t0, 1), "timed_out": False}
+                del running[name]
+                if on_exit:
+                    on_exit(name, results[name])
+        if on_poll and running and time.time() - last_poll >= poll_every_s:
+            last_poll = time.time()
+            for name in running:
+                on_poll(name)
+        if end is not None and time.time() > end:
+            for name, (p, logf, t0) in running.items():
+                if on_timeout:
+                    on_timeout(name, p)
+                stop_group(p, stop)
+                logf.close()
+                results[name] = {"rc": p.returncode, "wall_s": round(time.time() - t0, 1), "timed_out": True}
+            running = {}
+    return results
+
+
+def run_child(cmd: list[str], log_path: str, **kw) -> dict:
+    """One command as run_children runs it; the result also holds the log's last 2,000 characters ("tail")."""
+    res = run_children({"child": (cmd, log_path)}, **kw)["child"]
+    with open(log_path, errors="replace") as f:
+        res["tail"] = f.read()[-2000:]
+    return res
+
+
+# ---------------------------------------------------------------------------- reports
+def md_table(header: Sequence[str], rows: Sequence[Sequence], align: str = "---") -> str:
+    """A markdown table: one header row, a separator, one line per row (cells str()-ed)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: str, obj) -> None:
+    """Atomically (a reader never sees half a file), with non-JSON values as their str()."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def write_report(out_dir: str, name: str, obj, markdown: str) -> None:
+    """<out_dir>/<name>.json and <out_dir>/<name>.md, rewritten whole (call after every case: a run stopped
+    half-way still leaves the cases done)."""
+    write_json(os.path.join(out_dir, f"{name}.json"), obj)
+    with open(os.path.join(out_dir, f"{name}.md.tmp"), "w") as f:
+        f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    os.replace(os.path.join(out_dir, f"{name}.md.tmp"), os.path.join(out_dir, f"{name}.md"))
+
+
+# ---------------------------------------------------------------------------- data
+def hub_rows(tool: str, repo_id: str, *, config: str | None = None, split: str = "train",
+             parquet_prefix: str = "") -> list[dict]:
+    """The rows of one split of a Hugging Face dataset: through `datasets` when installed, else its parquet files
+    whose path starts with parquet_prefix, downloaded with huggingface_hub. Needs the network."""
+    try:
+        import datasets
+    except ImportError:
+        datasets = None
+    if datasets is not None:
+        return list(datasets.load_dataset(repo_id, *([config] if config else []), split=split))
+    try:
+        import huggingface_hub
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise SystemExit(f"{tool} needs `datasets` or `huggingface_hub` (pip install datasets): {e}")
+    files = [f for f in huggingface_hub.list_repo_files(repo_id, repo_type="dataset")
+             if f.startswith(parquet_prefix) and f.endswith(".parquet")]
+    if not files:
+        raise SystemExit(f"no parquet file under {parquet_prefix or '/'} in {repo_id}")
+    rows: list[dict] = []
+    for f in sorted(files):
+        rows += pq.read_table(huggingface_hub.hf_hub_download(repo_id, f, repo_type="dataset")).to_pylist()
+    return rows

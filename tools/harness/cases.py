@@ -1,0 +1,128 @@
+"""Benchmark cases more than one tool runs, defined once: the actor update step of a random model (bench_update,
+profile_update, gpu_smoke) and the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, bench_async).
+Must not time or report anything: the tools do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The GRPO run on a Qwen3-0.6B-shaped random model (one GPU per worker group)
+GRPO_06B_OVERRIDES = [
+    "model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+    "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
+    "trainer.fused_linear_logprob_backend=triton", "trainer.test_freq=-1",
+    "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64",
+    "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
+    "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
+]
+
+PRESETS = {"qwen3-0.6b": "qwen3-0.6b", "qwen3-4b": "qwen3-4b", "tiny": "tiny"}
+
+# named lever combinations of the actor update
+LEVER_SETS = {
+    "legacy": dict(norms="fp32", optim="foreach", fusion="none"),  # the engine as measured in issue 17
+    "norms": dict(norms="bf16", optim="foreach", fusion="none"),
+    "norms+optim": dict(norms="bf16", optim="fused", fusion="none"),
+    "mcore": dict(norms="bf16", optim="fused", fusion="mcore"),
+    "all": dict(norms="bf16", optim="fused", fusion="compile"),
+}
+
+
+@dataclasses.dataclass
+class Row:
+    """One actor update step: model preset, tokens in one micro-batch, and the speed levers."""
+
+    name: str
+    preset: str = "qwen3-0.6b"
+    tokens: int = 8192
+    head: str = "fused"
+    norms: str = "bf16"
+    optim: str = "fused"
+    fusion: str = "none"
+    recompute: str = "none"
+    tp: int = 1
+    profile: bool = False
+    # rows of this many tokens, tokens // seq_len of them in one right-padded micro-batch (the GRPO update's
+    # shape: 128 rows of ~69 tokens); None: one sequence of `tokens`
+    seq_len: int | None = None
+
+    @property
+    def rows_and_len(self) -> tuple[int, int]:
+        length = self.seq_len or self.tokens
+        if not 1 <= length <= self.tokens:
+            raise ValueError(f"row {self.name}: seq_len={self.seq_len} must be in [1, tokens={self.tokens}]")
+        return self.tokens // length, length
+
+
+def hf_config(preset: str):
+    from rltrain.models.presets import hf_config_for
+
+    return hf_config_for(path=None, builtin=preset, vocab_size=4096 if preset == "tiny" else None)
+
+
+def policy_micro_batch(input_ids, seed: int = 0) -> dict:
+    """A PPO micro-batch of the engine's layout over input_ids [B, S]: every token but the first trained."""
+    import torch
+
+    b, s = input_ids.shape
+    g = torch.Generator().manual_seed(seed)
+    label_mask = torch.ones(b, s, dtype=torch.bool)
+    label_mask[:, 0] = False
+    return {"input_ids": input_ids, "seq_lens": torch.full((b,), s), "label_mask": label_mask,
+            "loss_mask_full": label_mask.float(), "old_logprobs_full": torch.zeros(b, s),
+            "advantages_full": torch.randn(b, s, generator=g), "loss_scale": 1.0}
+
+
+def policy_loss_fn():
+    from rltrain.workers.actor import PolicyLoss
+
+    return PolicyLoss(mode="ppo", clip_low=0.2, clip_high=0.28, dual_clip=None, agg="token-mean",
+                      entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl")
+
+
+def _legacy_norms(build):
+    """build_gpt_model as it was before the norm fix: RMSNorm weights left in fp32 (megatron's local spec
+    builds them without a dtype), so torch.rms_norm takes its unfused composite path on bf16 inputs."""
+    import torch
+
+    def wrapped(*a, **kw):
+        model = build(*a, **kw)
+        for m in model.modules():
+            if isinstance(m, torch.nn.RMSNorm):
+                m.float()
+        return model
+
+    return wrapped
+
+
+def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
+    """-> (engine, [micro_batch], loss_fn) for one row on this process's device."""
+    import torch
+
+    from rltrain.models.megatron import engine as engine_mod
+
+    cfg = hf_config(row.preset)
+    cuda = torch.cuda.is_available()
+    device = device or ("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    orig_build = engine_mod.build_gpt_model
+    if row.norms == "fp32":
+        engine_mod.build_gpt_model = _legacy_norms(orig_build)
+    try:
+        eng = engine_mod.MegatronEngine(
+            cfg, role="actor", tp_size=row.tp, params_dtype=dtype, device=device, seed=0, lr=1e-5,
+            fused_linear_logprob=row.head == "fused", fused_linear_logprob_backend="auto",
+            max_tokens_per_micro_batch=row.tokens, make_vocab_size_divisible_by=1,
+            recompute_activations=row.recompute != "none",
+            recompute_granularity="selective" if row.recompute == "selective" else "full",
+            recompute_modules=("mlp",), elementwise_fusion=row.fusion)
+    finally:
+        engine_mod.build_gpt_model = orig_build
+    if row.optim == "foreach":  # torch's default AdamW on CUDA, as the engine used before
+        params = eng.optimizer.param_groups[0]["params"]
+        eng.optimizer = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                          foreach=True)
+        eng.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: 1.0)
+    ids = torch.randint(0, cfg.vocab_size, row.rows_and_len, generator=torch.Generator().manual_seed(tp_rank_seed))
+    return eng, [policy_micro_batch(ids)], policy_loss_fn()
