@@ -17,6 +17,7 @@ path outside it, and every relative Markdown link there resolves to a file of th
 from __future__ import annotations
 
 import ast
+import glob
 import os
 import re
 import subprocess
@@ -323,12 +324,52 @@ OUTSIDE = [
     (re.compile(r"\]\((?:file:|/)"), "an absolute link"),
 ]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+# a path the docs name inside docs/ or the raw results (moved in #32): it must exist; `{md,json}` and `*` expand
+REPO_PATH = re.compile(r"(?<![\w./-])((?:docs|tools/results)/[\w./{},*-]*)")
 
 
 def doc_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "docs", "README.md"], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.split()
-    return [f for f in out if f.endswith(".md")]
+    return subprocess.run(["git", "ls-files", "docs", "README.md"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def _named_paths_exist(path: str) -> bool:
+    if "{" in path and "}" in path:
+        head, rest = path.split("{", 1)
+        options, tail = rest.split("}", 1)
+        return all(_named_paths_exist(head + o + tail) for o in options.split(","))
+    full = os.path.join(ROOT, path)
+    return bool(glob.glob(full)) if "*" in path else os.path.exists(full)
+
+
+def doc_problems(rel: str, lines: list[str]) -> list[str]:
+    """Each line of the doc `rel` that names a path outside the repository, links out of it or to no file."""
+    bad = []
+    folder = os.path.dirname(os.path.join(ROOT, rel))
+    for n, line in enumerate(lines, 1):
+        for pattern, what in OUTSIDE:
+            if pattern.search(line):
+                bad.append(f"{rel}:{n}: {what}: {line.strip()[:120]}")
+        for target in LINK.findall(line):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            resolved = os.path.normpath(os.path.join(folder, target))
+            if not resolved.startswith(ROOT + os.sep) or not os.path.exists(resolved):
+                bad.append(f"{rel}:{n}: link to {target!r} leaves the repository or names no file")
+        for named in REPO_PATH.findall(line):
+            named = named.rstrip(".,:;")
+            if not _named_paths_exist(named):
+                bad.append(f"{rel}:{n}: names {named!r}, which is not in the repository")
+    return bad
+
+
+def test_doc_checker_on_hand_made_lines():
+    ok = ["see [the index](benchmarks.md) and `tools/results/kernel/ab_h100_2026-11-25.{md,json}`",
+          "raw: `tools/results/vllm_x2/*h100x2*`; https://example.org/a.md; `--out /tmp/x`; /mnt/shared/ckpt"]
+    assert doc_problems("docs/x.md", ok) == []
+    bad = ["follows `DESIGN.md`", "bash ../shared/tools/gpu_stage.sh", "per /work/.library/device/METHOD.md",
+           "[up](../../outside.md)", "[gone](benchmarks/1999-01-01-nothing.md)", "raw: `docs/gpu_results/a.json`"]
+    assert [int(p.split(":")[1]) for p in doc_problems("docs/x.md", bad)] == [1, 2, 2, 3, 3, 4, 5, 6]
 
 
 def test_docs_point_only_inside_the_repository():
@@ -339,17 +380,11 @@ def test_docs_point_only_inside_the_repository():
         path = os.path.join(ROOT, rel)
         if not os.path.exists(path):  # deleted in the working tree, not yet committed
             continue
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                for pattern, what in OUTSIDE:
-                    if pattern.search(line):
-                        bad.append(f"{rel}:{n}: {what}: {line.strip()[:120]}")
-                for target in LINK.findall(line):
-                    if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
-                        continue
-                    resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
-                    if not resolved.startswith(ROOT + os.sep) or not os.path.exists(resolved):
-                        bad.append(f"{rel}:{n}: link to {target!r} leaves the repository or names no file")
+        try:
+            with open(path, encoding="utf-8") as f:
+                bad += doc_problems(rel, f.read().split("\n"))
+        except UnicodeDecodeError:  # an image
+            continue
     assert not bad, "docs that point outside the repository:\n" + "\n".join(bad)
 
 
