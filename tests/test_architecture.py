@@ -23,8 +23,6 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "rltrain")
 
