@@ -18,10 +18,9 @@ The chunk helpers `logit_stats` and `grad_logits_inplace` are shared with `logpr
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from rltrain.compat.torch import cuda_mm_out_dtype
 from rltrain.ops.chunking import pick_chunk_size
 
 __all__ = ["forward_stats", "backward", "logit_stats", "grad_logits_inplace", "is_available"]
@@ -32,24 +31,10 @@ def is_available() -> bool:
     return True
 
 
-@functools.cache
-def _cuda_mm_out_dtype() -> bool:
-    """Whether this torch has `torch.mm(..., out_dtype=torch.float32)` / `torch.addmm(...)` for bf16 CUDA
-    GEMMs (fp32 result straight from the fp32 accumulator, torch >= 2.8)."""
-    try:
-        a = torch.ones(2, 2, dtype=torch.bfloat16, device="cuda")
-        acc = torch.zeros(2, 2, dtype=torch.float32, device="cuda")
-        torch.mm(a, a, out_dtype=torch.float32)
-        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
-        return bool(acc[0, 0] == 2)
-    except (TypeError, RuntimeError):
-        return False
-
-
 def _mm_operand(weight: torch.Tensor) -> torch.Tensor:
     """The weight as used by the chunk GEMMs: an fp32 copy for low-precision weights where GEMMs cannot
     return fp32 (CPU, old torch), the weight itself otherwise. O(V_local x H), once per call."""
-    if weight.dtype != torch.float32 and not (weight.is_cuda and _cuda_mm_out_dtype()):
+    if weight.dtype != torch.float32 and not (weight.is_cuda and cuda_mm_out_dtype()):
         return weight.float()
     return weight
 
@@ -58,7 +43,7 @@ def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with an fp32 result and fp32 accumulation, for any float dtypes of a and b."""
     if a.dtype == torch.float32 and b.dtype == torch.float32:
         return a @ b
-    if a.is_cuda and _cuda_mm_out_dtype():
+    if a.is_cuda and cuda_mm_out_dtype():
         low = b.dtype if b.dtype != torch.float32 else a.dtype
         return torch.mm(a.to(low), b.to(low), out_dtype=torch.float32)
     return a.float() @ b.float()
@@ -66,7 +51,7 @@ def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _addmm_f32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """acc += a @ b in place for an fp32 acc [M, N], without an [M, N] temporary when possible."""
-    if a.dtype == b.dtype and a.dtype != torch.float32 and a.is_cuda and _cuda_mm_out_dtype():
+    if a.dtype == b.dtype and a.dtype != torch.float32 and a.is_cuda and cuda_mm_out_dtype():
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc.addmm_(a.float(), b.float())

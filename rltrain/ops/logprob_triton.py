@@ -37,47 +37,81 @@ term only in the tiles that hold a label; cuBLAS then does `dH += dlogits @ W[sl
 an accumulator overwrites it, so there is no zero-fill pass). Loop order: token super-chunks (fp32
 dHidden accumulator [Ts, H]) > vocab slices (fp32 dWeight accumulator [Vs, H]) > token chunks. dHidden is
 therefore rounded once; dWeight once per token super-chunk (once when N <= Ts).
-Peak extra memory is the sum of the three buffers, `_BWD_BUDGET_BYTES` (384 MiB), independent of N and V.
+Peak extra memory is the sum of the three buffers, `TritonTuning.bwd_budget_bytes` (384 MiB), independent of N
+and V.
+
+Tuning: tile configs, the forward's minimum split count, loop flattening, TMA loads and the backward's memory budget
+are one frozen `TritonTuning` passed to the launchers (`forward_stats(..., tuning=)`, `backward(..., tuning=)`);
+its defaults are the values tuned on an H100. Without `tuning` the launchers read the module globals below
+(`_CONFIGS`, `_FWD_MIN_SPLITS`, `_FWD_FLATTEN`, `_USE_DESC`, `_BWD_BUDGET_BYTES`, the same defaults): the path
+tools/gpu_logprob_check.py and tools/kernel_split.py still patch; new code passes a TritonTuning instead.
 When `grad_ent` is None no entropy-gradient arithmetic is compiled into the kernel.
 Measured split of the time that remains above the floor: docs/kernel_notes.md ("The fused head's last 5%").
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+
+from rltrain.compat.torch import triton_tensor_descriptor
 
 try:  # triton is optional: the torch backend runs without it
     import triton
     import triton.language as tl
 
     _HAVE_TRITON = True
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
-    except ImportError:  # older triton: pointer loads only
-        _TensorDescriptor = None
 except ImportError:  # pragma: no cover - exercised on installs without triton
     triton = None
     tl = None
     _HAVE_TRITON = False
+_TensorDescriptor = triton_tensor_descriptor()  # None: pointer loads only
 
-__all__ = ["forward_stats", "backward", "is_available"]
+__all__ = ["forward_stats", "backward", "is_available", "TritonTuning", "DEFAULT_TUNING"]
 
-# Working memory of the backward pass (dHidden fp32 accumulator : dWeight fp32 accumulator : dlogits
-# chunk = 2 : 1 : 1). At H=2560, bf16: Ts=19,584 rows, Vs=9,728 vocab columns, Tc=5,120 tokens (0.37 GiB).
-_BWD_BUDGET_BYTES = 384 * 2**20
+Tile = tuple[int, int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 
-# Tile configs: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Tuned on an H100 (docs/kernel_notes.md);
-# fp32 inputs use exact fp32 dot products (input_precision="ieee"), which need smaller tiles.
-_CONFIGS = {
-    "fwd_lowp": (256, 128, 64, 8, 3),
-    "bwd_lowp": (128, 256, 64, 8, 4),
-    "fwd_fp32": (64, 64, 32, 4, 2),
-    "bwd_fp32": (64, 64, 32, 4, 2),
-}
-_FWD_MIN_SPLITS = 8  # see the L2 note in the module docstring
-_FWD_FLATTEN = True  # pipeline the K-loops of consecutive vocab tiles as one loop (tl.range(flatten=True))
+
+@dataclasses.dataclass(frozen=True)
+class TritonTuning:
+    """The kernels' tuning knobs; the defaults were tuned on an H100 (docs/kernel_notes.md). No knob changes a
+    result beyond floating-point reassociation (tile shapes, split counts and chunk sizes reorder sums)."""
+
+    # tile configs; fp32 inputs use exact fp32 dot products (input_precision="ieee"), which need smaller tiles
+    fwd_lowp: Tile = (256, 128, 64, 8, 3)
+    bwd_lowp: Tile = (128, 256, 64, 8, 4)
+    fwd_fp32: Tile = (64, 64, 32, 4, 2)
+    bwd_fp32: Tile = (64, 64, 32, 4, 2)
+    fwd_min_splits: int = 8  # see the L2 note in the module docstring
+    fwd_flatten: bool = True  # pipeline the K-loops of consecutive vocab tiles as one loop (tl.range(flatten=True))
+    use_desc: bool = True  # load GEMM tiles with TMA descriptors where possible (Hopper); False: pointer loads
+    # working memory of the backward pass (dHidden fp32 accumulator : dWeight fp32 accumulator : dlogits
+    # chunk = 2 : 1 : 1). At H=2560, bf16: Ts=19,584 rows, Vs=9,728 vocab columns, Tc=5,120 tokens (0.37 GiB).
+    bwd_budget_bytes: int = 384 * 2**20
+
+    def tile(self, kind: str, dtype: torch.dtype) -> Tile:
+        """The tile config of `kind` ("fwd" | "bwd") for inputs of `dtype`."""
+        return getattr(self, f"{kind}_{'fp32' if dtype == torch.float32 else 'lowp'}")
+
+
+DEFAULT_TUNING = TritonTuning()
+
+# The legacy knobs, read when a launcher gets no `tuning` (module docstring): tools patch these.
+_CONFIGS = {k: getattr(DEFAULT_TUNING, k) for k in ("fwd_lowp", "bwd_lowp", "fwd_fp32", "bwd_fp32")}
+_FWD_MIN_SPLITS = DEFAULT_TUNING.fwd_min_splits
+_FWD_FLATTEN = DEFAULT_TUNING.fwd_flatten
+_USE_DESC = DEFAULT_TUNING.use_desc
+_BWD_BUDGET_BYTES = DEFAULT_TUNING.bwd_budget_bytes
 _LOG2E = 1.4426950408889634
-_USE_DESC = True  # load GEMM tiles with TMA descriptors where possible (Hopper); False: pointer loads
+
+
+def _tuning(tuning: TritonTuning | None) -> TritonTuning:
+    """`tuning`, or the legacy module globals as a TritonTuning (their defaults are DEFAULT_TUNING's)."""
+    if tuning is not None:
+        return tuning
+    return TritonTuning(**_CONFIGS, fwd_min_splits=_FWD_MIN_SPLITS, fwd_flatten=_FWD_FLATTEN, use_desc=_USE_DESC,
+                        bwd_budget_bytes=_BWD_BUDGET_BYTES)
 
 
 def is_available() -> bool:
@@ -258,14 +292,14 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tenso
         raise ValueError(f"labels_local must be [N]={hidden.shape[0]}, got {tuple(labels_local.shape)}")
 
 
-def _config(kind: str, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    return _CONFIGS[f"{kind}_{'fp32' if dtype == torch.float32 else 'lowp'}"]
+def _config(kind: str, dtype: torch.dtype, tuning: TritonTuning | None = None) -> Tile:
+    return _tuning(tuning).tile(kind, dtype)
 
 
-def _descs(hidden: torch.Tensor, weight: torch.Tensor, bm: int, bn: int, bk: int):
+def _descs(hidden: torch.Tensor, weight: torch.Tensor, bm: int, bn: int, bk: int, use_desc: bool = True):
     """TMA descriptors for the two GEMM operands, or (hidden, weight) as unused placeholders when the
     copy engine can't be used (CPU/interpreter, fp32 inputs, pre-Hopper GPU, rows not 16-byte aligned)."""
-    ok = (_USE_DESC and _TensorDescriptor is not None and hidden.is_cuda and hidden.dtype != torch.float32
+    ok = (use_desc and _TensorDescriptor is not None and hidden.is_cuda and hidden.dtype != torch.float32
           and torch.cuda.get_device_capability(hidden.device)[0] >= 9
           and all(x.stride(0) * x.element_size() % 16 == 0 and x.data_ptr() % 16 == 0 for x in (hidden, weight)))
     if not ok:
@@ -281,14 +315,17 @@ def _num_sms(device: torch.device) -> int:
 
 
 def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, inv_temp: float,
-                  with_entropy: bool, chunk_size: int | None = None, *, num_splits: int | None = None):
+                  with_entropy: bool, chunk_size: int | None = None, *, num_splits: int | None = None,
+                  tuning: TritonTuning | None = None):
     """Per-shard statistics of z = (hidden @ weight.T) * inv_temp, never writing z to memory.
 
     hidden [N, H] (weight's dtype), weight [V_local, H], labels_local [N] int64 in [0, V_local) or -1.
     Returns fp32 [N] tensors (m, s, t, z_label) as in the module docstring; t is 0 when with_entropy is
     False. `chunk_size` is accepted for the shared interface and unused (the kernel tiles by itself);
-    `num_splits` overrides the number of vocab splits (benchmark sweeps)."""
+    `num_splits` overrides the number of vocab splits (benchmark sweeps); `tuning`: the kernels' knobs (module
+    docstring)."""
     _check(hidden, weight, labels_local)
+    tuning = _tuning(tuning)
     n, h = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -300,21 +337,21 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
     labels_local = labels_local.to(torch.int64).contiguous()
     if not inv_temp > 0:
         raise ValueError(f"inv_temp must be > 0, got {inv_temp}")
-    bm, bn, bk, warps, stages = _config("fwd", hidden.dtype)
+    bm, bn, bk, warps, stages = tuning.tile("fwd", hidden.dtype)
     n_m = triton.cdiv(n, bm)
     n_tiles = triton.cdiv(v, bn)
     if num_splits is None:
-        num_splits = _fwd_splits(n_m, n_tiles, _num_sms(dev))
+        num_splits = _fwd_splits(n_m, n_tiles, _num_sms(dev), tuning.fwd_min_splits)
     num_splits = min(num_splits, n_tiles)
     tiles_per_split = triton.cdiv(n_tiles, num_splits)
     num_splits = triton.cdiv(n_tiles, tiles_per_split)  # no empty split
     part = torch.empty((3, num_splits, n), device=dev, dtype=torch.float32)
-    h_desc, w_desc, use_desc = _descs(hidden, weight, bm, bn, bk)
+    h_desc, w_desc, use_desc = _descs(hidden, weight, bm, bn, bk, tuning.use_desc)
     _fwd_stats_kernel[(n_m * num_splits,)](
         hidden, weight, h_desc, w_desc, part[0], part[1], part[2],
         n, v, h, hidden.stride(0), weight.stride(0), float(inv_temp) * _LOG2E, tiles_per_split, num_splits,
         WITH_ENT=bool(with_entropy), EVEN_K=(h % bk == 0), IEEE=(hidden.dtype == torch.float32),
-        USE_DESC=use_desc, FLATTEN=_FWD_FLATTEN, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        USE_DESC=use_desc, FLATTEN=tuning.fwd_flatten, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
         num_stages=stages)
     z_label = torch.empty(n, device=dev, dtype=torch.float32)
     _label_logit_kernel[(triton.cdiv(n, 32),)](hidden, weight, labels_local, z_label, n, v, h, hidden.stride(0),
@@ -330,12 +367,13 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
     return m * inv_temp, s, t * inv_temp, z_label
 
 
-def _fwd_splits(n_m: int, n_tiles: int, sms: int) -> int:
-    """Vocab splits of the forward grid: at least `_FWD_MIN_SPLITS` (L2 reuse of the weight tiles) and
+def _fwd_splits(n_m: int, n_tiles: int, sms: int, min_splits: int | None = None) -> int:
+    """Vocab splits of the forward grid: at least `min_splits` (TritonTuning.fwd_min_splits; L2 reuse of the weight tiles) and
     enough for ~4 programs per multiprocessor; among half that count up to it, the one whose last wave of
     programs leaves the fewest multiprocessors idle (e.g. 8,192 tokens on 132 SMs: 16 splits = 3.9 waves
     instead of 17 = 4.1, whose fifth wave runs 16 programs on an otherwise idle chip)."""
-    want = max(_FWD_MIN_SPLITS, triton.cdiv(4 * sms, n_m))
+    min_splits = _FWD_MIN_SPLITS if min_splits is None else min_splits
+    want = max(min_splits, triton.cdiv(4 * sms, n_m))
     want = max(1, min(want, n_tiles // 4 if n_tiles >= 4 else 1))
 
     def busy(splits: int) -> float:
@@ -348,10 +386,11 @@ def _fwd_splits(n_m: int, n_tiles: int, sms: int) -> int:
 
 
 def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int | None,
-               bm: int, bn: int) -> tuple[int, int, int]:
+               bm: int, bn: int, budget_bytes: int | None = None) -> tuple[int, int, int]:
     """(Ts token rows per dHidden fp32 accumulator, Vs vocab columns per slice, Tc tokens per dlogits
-    chunk), from `_BWD_BUDGET_BYTES` split 2 : 1 : 1 (dHidden acc : dWeight acc : dlogits)."""
-    quarter = _BWD_BUDGET_BYTES // 4
+    chunk), from `budget_bytes` (TritonTuning.bwd_budget_bytes) split 2 : 1 : 1 (dHidden acc : dWeight acc :
+    dlogits)."""
+    quarter = (_BWD_BUDGET_BYTES if budget_bytes is None else budget_bytes) // 4
     ts = n
     if need_hidden_grad:
         ts = min(n, max(bm, (2 * quarter // (4 * h)) // bm * bm))
@@ -379,13 +418,15 @@ def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool
 
 def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, lse: torch.Tensor,
              mean_z: torch.Tensor, grad_lp: torch.Tensor | None, grad_ent: torch.Tensor | None,
-             inv_temp: float, need_hidden_grad: bool, need_weight_grad: bool, chunk_size: int | None = None):
+             inv_temp: float, need_hidden_grad: bool, need_weight_grad: bool, chunk_size: int | None = None, *,
+             tuning: TritonTuning | None = None):
     """Gradients of sum(grad_lp * logprob + grad_ent * entropy) w.r.t. hidden [N, H] and weight [V_local, H].
 
     lse, mean_z: fp32 [N] global statistics; grad_lp fp32 [N]; grad_ent fp32 [N] or None (no entropy
     gradient work). Returns (grad_hidden | None, grad_weight | None) in hidden's dtype. `chunk_size`
-    (tokens per dlogits chunk) overrides the budget-derived chunk."""
+    (tokens per dlogits chunk) overrides the budget-derived chunk; `tuning`: the kernels' knobs."""
     _check(hidden, weight, labels_local)
+    tuning = _tuning(tuning)
     n, h = hidden.shape
     v = weight.shape[0]
     dev, dtype = hidden.device, hidden.dtype
@@ -403,8 +444,8 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     grad_lp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
     has_ent = grad_ent is not None
     grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
-    bm, bn, bk, warps, stages = _config("bwd", dtype)
-    ts, vs, tc = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn)
+    bm, bn, bk, warps, stages = tuning.tile("bwd", dtype)
+    ts, vs, tc = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes)
     dz_buf = torch.empty(tc * vs, device=dev, dtype=dtype)
     dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if need_hidden_grad else None
     dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if need_weight_grad else None
@@ -418,7 +459,7 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
                 rows, cols = c1 - c0, v1 - v0
                 dz = dz_buf[: rows * cols].view(rows, cols)
                 grid = (triton.cdiv(rows, bm) * triton.cdiv(cols, bn),)
-                h_desc, w_desc, use_desc = _descs(hidden[c0:c1], w_sl, bm, bn, bk)
+                h_desc, w_desc, use_desc = _descs(hidden[c0:c1], w_sl, bm, bn, bk, tuning.use_desc)
                 _dlogits_kernel[grid](
                     hidden[c0:c1], w_sl, h_desc, w_desc, labels_local[c0:c1], lse[c0:c1], mean_z[c0:c1], grad_lp[c0:c1],
                     grad_ent[c0:c1], dz, rows, cols, h, v0, hidden.stride(0), weight.stride(0), dz.stride(0),
@@ -440,9 +481,10 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     return grad_h, grad_w
 
 
-def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype) -> int:
+def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, tuning: TritonTuning | None = None) -> int:
     """Working memory `backward` allocates beyond its outputs (for docs and the memory test)."""
-    bm, bn = _config("bwd", dtype)[:2]
-    ts, vs, tc = _bwd_sizes(n, v, h, True, None, bm, bn)
+    tuning = _tuning(tuning)
+    bm, bn = tuning.tile("bwd", dtype)[:2]
+    ts, vs, tc = _bwd_sizes(n, v, h, True, None, bm, bn, tuning.bwd_budget_bytes)
     return ts * h * 4 + vs * h * 4 + tc * vs * torch.tensor([], dtype=dtype).element_size()
 

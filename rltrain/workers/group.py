@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from rltrain.compat.ray import loopback_ray
 from rltrain.data.batch import Batch
 from rltrain.workers.base import LOOPBACK
 from rltrain.workers.placement import (
@@ -49,20 +50,6 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
 
 def ray_initialized() -> bool:
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
-
-
-# Ray treats a node as single-machine (loopback address, services bound to 127.0.0.1) when multi-node
-# clusters are switched off, as it does on macOS/Windows; a local cluster of ours never takes other nodes.
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def loopback_ray() -> None:
-    """Make Ray started or joined from this process use 127.0.0.1 (call before starting a local cluster)."""
-    os.environ.update(LOOPBACK_ENV)
-    if "ray" in sys.modules:  # imported before the variable was set: Ray reads it once, at import
-        from ray._private import ray_constants
-
-        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def cluster_nodes() -> list[dict]:

@@ -3,6 +3,7 @@ TRITON_INTERPRET=1 at tiny shapes (so CI runs the kernel code), and on a CUDA GP
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -42,13 +43,14 @@ def rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
-def run_kernels(mod, hidden, weight, labels_local, inv_temp, grad_lp, grad_ent, chunk_size=None):
-    """lp, entropy (single shard: lse = m + log s) and grads through the backend's two functions."""
-    m, s, t, zl = mod.forward_stats(hidden, weight, labels_local, inv_temp, True, chunk_size)
+def run_kernels(mod, hidden, weight, labels_local, inv_temp, grad_lp, grad_ent, chunk_size=None, **tuning):
+    """lp, entropy (single shard: lse = m + log s) and grads through the backend's two functions (`tuning`:
+    the Triton backend's `tuning=` keyword)."""
+    m, s, t, zl = mod.forward_stats(hidden, weight, labels_local, inv_temp, True, chunk_size, **tuning)
     lse = m + torch.log(s)
     mean_z = t / s
     gh, gw = mod.backward(hidden, weight, labels_local, lse, mean_z, grad_lp, grad_ent, inv_temp,
-                          True, True, chunk_size)
+                          True, True, chunk_size, **tuning)
     return zl - lse, lse - mean_z, gh, gw
 
 
@@ -69,7 +71,7 @@ import torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 from rltrain.ops import logprob_triton as K
 from test_logprob_triton import fp64_reference, rel, run_kernels
-K._BWD_BUDGET_BYTES = 64 * 1024  # tiny budget: several super-chunks, vocab slices and token chunks
+TINY = K.TritonTuning(bwd_budget_bytes=64 * 1024)  # tiny budget: several super-chunks, vocab slices and token chunks
 out = []
 for seed, (n, h, v, dtype, temp, chunk, ent) in enumerate([
         (5, 40, 123, torch.float32, 0.7, None, True),     # odd V, odd H (masked K loop), label -1
@@ -84,9 +86,9 @@ for seed, (n, h, v, dtype, temp, chunk, ent) in enumerate([
     lab[torch.rand(n, generator=g) < 0.2] = -1
     glp = torch.randn(n, generator=g)
     gent = torch.randn(n, generator=g) if ent else None
-    lp, en, gh, gw = run_kernels(K, hid, w, lab, 1.0 / temp, glp, gent, chunk)
+    lp, en, gh, gw = run_kernels(K, hid, w, lab, 1.0 / temp, glp, gent, chunk, tuning=TINY)
     r_lp, r_en, r_gh, r_gw = fp64_reference(hid, w, lab, 1.0 / temp, glp, gent)
-    m, s, t, zl = K.forward_stats(hid, w, lab, 1.0 / temp, False, None)
+    m, s, t, zl = K.forward_stats(hid, w, lab, 1.0 / temp, False, None, tuning=TINY)
     out.append(dict(shape=[n, h, v], dtype=str(dtype), lp=rel(lp, r_lp), ent=rel(en, r_en),
                     gh=rel(gh, r_gh), gw=rel(gw, r_gw), t_without_entropy=float(t.abs().max()),
                     lp_without_entropy=rel(zl - m - torch.log(s), r_lp),
@@ -138,6 +140,24 @@ def test_forward_split_count_fills_the_last_wave(n_m, n_tiles, sms, expected):
     from rltrain.ops import logprob_triton as K
 
     assert K._fwd_splits(n_m, n_tiles, sms) == expected
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed in this environment")
+def test_tuning_defaults_are_the_legacy_knobs_and_sizes_follow_the_budget():
+    """DEFAULT_TUNING holds the values the module globals (tools' legacy path) default to, and a launcher given no
+    tuning reads those globals; a smaller budget gives smaller backward buffers."""
+    from rltrain.ops import logprob_triton as K
+
+    assert K._tuning(None) == K.DEFAULT_TUNING == K.TritonTuning()
+    assert K.DEFAULT_TUNING.tile("fwd", torch.bfloat16) == (256, 128, 64, 8, 3)
+    assert K.DEFAULT_TUNING.tile("bwd", torch.float32) == (64, 64, 32, 4, 2)
+    assert K.DEFAULT_TUNING.bwd_budget_bytes == 384 * 2**20 and K.DEFAULT_TUNING.fwd_min_splits == 8
+    big = K._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16)
+    small = K._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16, K.TritonTuning(bwd_budget_bytes=96 * 2**20))
+    assert big == K._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16, K.DEFAULT_TUNING)
+    assert 0 < small <= 96 * 2**20 < big <= 384 * 2**20
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        K.DEFAULT_TUNING.use_desc = False
 
 
 def test_is_available_needs_cuda():

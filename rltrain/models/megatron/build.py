@@ -31,7 +31,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
-from rltrain.models.megatron.compat import cuda_enabled, patch_model_for_cpu
+from rltrain.compat.megatron import cuda_enabled, patch_model_for_cpu
 from rltrain.utils.errors import UserError
 
 try:  # Transformer Engine is optional (GPU images); the local spec is used without it.

@@ -35,11 +35,12 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from rltrain.compat.megatron import quiet_tp_group_default
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
-from rltrain.models.megatron.compat import host_to_device, quiet_tp_group_default, resolve_device, setup_parallel
+from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
 from rltrain.models.megatron.grad_reduce import DataParallelGradReducer
 
 ROLES = ("actor", "ref", "critic")

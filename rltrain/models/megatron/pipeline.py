@@ -13,51 +13,21 @@ changes the real tokens' hidden states.
 
 CPU: megatron's schedule and p2p code create tensors on `"cuda"` / `torch.cuda.current_device()`,
 and building a tied-embedding last stage calls `.cuda()`. Without CUDA, `cpu_schedule_shim`
-redirects those to the CPU for the duration of the schedule call (or model build) only; the
+(rltrain/compat/megatron.py) redirects those to the CPU for the duration of the schedule call (or model build) only; the
 engine also turns off batched isend/irecv, whose `batch_p2p_sync` calls `torch.cuda.synchronize`.
 With CUDA it does nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from torch.overrides import TorchFunctionMode
 
-from rltrain.models.megatron.compat import cuda_enabled
-
-
-class _CudaToCpu(TorchFunctionMode):
-    """Rewrites `device=` arguments that name CUDA to the CPU (factory functions in megatron)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.Tensor.cuda:  # LanguageModule moves the tied last-stage embedding copy
-            return args[0]
-        dev = kwargs.get("device")
-        if dev is not None and (isinstance(dev, int) or torch.device(dev).type == "cuda"):
-            kwargs = {**kwargs, "device": "cpu"}
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def cpu_schedule_shim():
-    """Run megatron's pipeline schedule on CPU (see module doc); a no-op when CUDA is available."""
-    if cuda_enabled():
-        yield
-        return
-    orig = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"
-    try:
-        with _CudaToCpu():
-            yield
-    finally:
-        torch.cuda.current_device = orig
+from rltrain.compat.megatron import cpu_schedule_shim
 
 
 def group_micro_batches(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
