@@ -1,0 +1,231 @@
+"""rltrain.plan on CPU: the arithmetic on hand-worked examples, the JSON output, the refusal and its suggestions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from rltrain.plan import PlanError, check, make_plan
+from rltrain.plan import calibration as cal
+from rltrain.plan.__main__ import compose, main
+from rltrain.plan.inputs import PlanInputError, model_shape, read
+from rltrain.plan.memory import (activation_bytes, kv_bytes_per_token, micro_batch_tokens, role_params, train_static,
+                                 update_phase)
+from rltrain.utils.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GIB = 2**30
+
+# The issue's example: Qwen3-4B, full fine-tuning, 16k-token micro-batches without recompute, 80 GiB GPUs.
+TOO_BIG = ["model=qwen3_4b", "actor.max_tokens_per_micro_batch=16384", "actor.recompute_activations=false"]
+
+
+def qwen06b(*extra: str) -> dict:
+    return OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1",
+                                                         *extra]), resolve=True)
+
+
+# ------------------------------------------------------------------ arithmetic, worked by hand
+
+def test_qwen3_06b_parameters_by_hand():
+    s = model_shape({"builtin": "qwen3-0.6b"})
+    # one layer: q/k/v/o 1024 x (2048 + 2 x 1024) + 2048 x 1024, MLP 3 x 1024 x 3072, norms 2 x 1024 + 2 x 128
+    layer = 1024 * 4096 + 2048 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128
+    assert layer == 15_730_944
+    total = 28 * layer + 151_936 * 1024 + 1024  # tied head: the embedding once; the final norm
+    assert total == 596_049_920  # tools/results/vllm/bench_rollout_1k.json "params_m": 596.04992
+    assert role_params(s, 1, 1, 0) == total
+    # TP=2: the matrices and the embedding split, the norms whole
+    assert role_params(s, 2, 1, 0) == 28 * (15_728_640 // 2 + 2304) + 151_936 * 1024 // 2 + 1024 == 298_057_728
+    # PP=2: 14 layers each; the embedding on stage 0, the tied head's copy and the final norm on stage 1
+    assert role_params(s, 1, 2, 0) == 14 * layer + 151_936 * 1024
+    assert role_params(s, 1, 2, 1) == 14 * layer + 151_936 * 1024 + 1024
+
+
+def test_static_bytes_weights_master_adam_by_hand():
+    x = read(qwen06b("actor.use_kl_loss=true"))
+    P = 596_049_920
+    parts = train_static(x, 0)
+    assert parts == {"actor weights": 2 * P, "actor fp32 master": 4 * P, "actor optimizer (AdamW)": 8 * P,
+                     "reference weights": 2 * P}
+    # fp32 params: no masters; the optimizer is per data-parallel rank (no distributed optimizer): DP=2 is the same
+    x32 = read(qwen06b("model.dtype=float32", "actor.use_kl_loss=false", "trainer.n_gpus_per_node=2",
+                       "rollout.tensor_parallel_size=2"))
+    assert x32.dp == 2
+    assert train_static(x32, 0) == {"actor weights": 4 * P, "actor optimizer (AdamW)": 8 * P}
+
+
+def test_critic_adds_a_trunk_with_a_value_head():
+    x = read(qwen06b("algorithm=gae", "actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false"))
+    assert x.use_critic and not x.use_ref
+    Pc = 596_049_920 + 1024 + 1  # no LM head of its own (tied), a value head h -> 1
+    assert train_static(x, 0)["critic optimizer (AdamW)"] == 8 * Pc
+
+
+def test_optimizer_step_holds_fp32_grads_when_activations_are_small():
+    # one 1,024-token micro-batch with full recompute: the optimizer step (14 + 4 bytes per parameter) is the peak
+    x = read(qwen06b("actor.use_kl_loss=false", "actor.recompute_activations=true", "data.max_prompt_length=512",
+                     "rollout.max_response_length=512", "actor.max_tokens_per_micro_batch=1024",
+                     "actor.ppo_mini_batch_size=1", "rollout.n=1"))
+    ph = update_phase(x, 0, train_static(x, 0), critic=False)
+    assert ph.name == "update (actor), optimizer step"
+    assert ph.torch_bytes == 18 * 596_049_920
+
+
+def test_activation_formulas_by_hand():
+    x = read(qwen06b("actor.recompute_activations=true", "actor.max_tokens_per_micro_batch=65536"))
+    T = 65536
+    W = 1024 + (2048 + 1024 + 3072)  # h + (q + kv + ffn) / TP
+    act, how = activation_bytes(x, T, 0)
+    assert how == "full recompute"
+    assert act == pytest.approx(2 * 1024 * T * 28 + cal.value("act_full_working") * W * T)
+    x2 = read(qwen06b("actor.elementwise_fusion=compile"))
+    act2, _ = activation_bytes(x2, 8192, 0)
+    assert act2 == pytest.approx(cal.value("act_none_fusion_compile") * W * 8192 * 28)
+
+
+def test_micro_batch_tokens_rule():
+    x = read(qwen06b("actor.max_tokens_per_micro_batch=4096", "data.max_prompt_length=512",
+                     "rollout.max_response_length=7680"))
+    assert micro_batch_tokens(x, x.mb_tokens, x.seq_len) == 8192  # a longer sequence gets its own micro-batch
+    x = read(qwen06b("actor.max_tokens_per_micro_batch=65536", "actor.ppo_mini_batch_size=1", "rollout.n=2"))
+    assert micro_batch_tokens(x, x.mb_tokens, x.seq_len) == 2 * x.seq_len  # at most the mini-batch's tokens
+
+
+def test_kv_cache_bytes_match_the_engine_rule():
+    s = model_shape({"builtin": "qwen3-0.6b"})
+    assert kv_bytes_per_token(s, 1, 2) == 2 * 28 * 8 * 128 * 2 == 114_688
+    assert kv_bytes_per_token(s, 16, 2) == 2 * 28 * 1 * 128 * 2  # at least one KV head per rank
+    vllm = pytest.importorskip("rltrain.rollout.vllm")
+    from types import SimpleNamespace
+
+    from rltrain.models.presets import BUILTINS
+
+    hf = SimpleNamespace(**BUILTINS["qwen3-4b"])
+    s4 = model_shape({"builtin": "qwen3-4b"})
+    for tp in (1, 2, 16):
+        assert vllm.kv_cache_need_bytes(hf, tensor_parallel_size=tp, dtype_bytes=2, max_num_seqs=1) == (
+            kv_bytes_per_token(s4, tp, 2) * s4.max_position_embeddings)
+
+
+def test_shape_from_hub_name_local_dir_and_unknown(tmp_path):
+    assert model_shape({"path": "Qwen/Qwen3-4B"}).hidden_size == 2560  # the preset copies its config.json
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048}))
+    s = model_shape({"path": str(d), "overrides": {"num_hidden_layers": 5}})
+    assert (s.hidden_size, s.head_dim, s.num_hidden_layers) == (256, 64, 5)
+    with pytest.raises(PlanInputError, match="model.path"):
+        model_shape({"path": str(tmp_path / "nothing")})
+
+
+def test_plain_dict_and_dictconfig_plan_the_same():
+    cfg = compose("grpo_qwen3", [])
+    a = make_plan(cfg, suggest=False)
+    b = make_plan(OmegaConf.to_container(cfg, resolve=True), suggest=False)
+    assert a.peak_gib == b.peak_gib and a.seconds == b.seconds
+
+
+def test_allocator_peak_counts_in_process_vllm_share():
+    # measured: 63.6 GiB = 0.5 x 79.18 (vLLM, in process) + 23.8 (the actor's update) on one H100
+    cfg = qwen06b("rollout.gpu_memory_utilization=0.5")
+    p = make_plan(cfg, device="h100", suggest=False)
+    g = p.gpus[0]
+    train = max(ph.torch_bytes - ph.parts.get("vllm (weights + KV cache)", 0) for ph in g.phases)
+    assert g.allocator_peak_bytes == pytest.approx(0.5 * 79.18 * GIB + train)
+
+
+# ------------------------------------------------------------------ the command line
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_json_output(capsys):
+    rc, out, _ = run_main(capsys, "--config-name", "grpo_qwen3", "trainer.n_gpus_per_node=1", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert d["fits"] is True and d["suggestions"] == [] and d["message"] == ""
+    assert set(d["phase_seconds"]) == {"generation", "log-probs", "update", "weight sync", "step"}
+    assert d["phase_seconds"]["step"] == pytest.approx(sum(d["phase_seconds"][k] for k in
+                                                           ("generation", "log-probs", "update", "weight sync")),
+                                                       rel=1e-3)
+    g = d["gpus"][0]
+    assert g["roles"] == ["actor", "ref", "rollout"] and g["fits"] is True
+    assert g["peak_phase"] in g["phases"] and g["peak_gib"] == max(p["device_gib"] for p in g["phases"].values())
+    assert g["phases"]["generation"]["parts_gib"]["vllm (weights + KV cache)"] == pytest.approx(0.5 * 79.18, abs=1e-3)
+    assert "vllm (weights + KV cache)" not in g["phases"]["update (actor)"]["parts_gib"]  # asleep while training
+
+
+def test_table_output(capsys):
+    rc, out, _ = run_main(capsys, "--config-name", "grpo_qwen3", "trainer.n_gpus_per_node=1")
+    assert rc == 0
+    assert "GPU 0 (actor, ref, rollout): peak" in out and "seconds per step:" in out and "fits: yes" in out
+
+
+def test_refusal_names_gpu_phase_parts_and_keys_then_the_keys_fit(capsys):
+    rc, out, err = run_main(capsys, "--config-name", "grpo_qwen3", *TOO_BIG, "--gpu-memory-gib", "80", "--json")
+    assert rc == 2
+    d = json.loads(out)
+    assert d["fits"] is False
+    msg = d["message"]
+    assert msg.startswith("GPU 0 (actor, ref, rollout) does not fit") and "phase 'update (actor)'" in msg
+    assert "actor activations" in msg and "set " in msg
+    assert "rltrain: the plan does not fit" in err
+    fitting = [s for s in d["suggestions"] if s["fits"]]
+    assert fitting, d["suggestions"]
+    assert all(s["peak_gib"] <= 80 for s in fitting)
+    # each suggestion was re-planned: applying its keys plans as fitting, at the peak it announced
+    for s in fitting:
+        rc2, out2, _ = run_main(capsys, "--config-name", "grpo_qwen3", *TOO_BIG, *s["overrides"],
+                                "--gpu-memory-gib", "80", "--json")
+        assert rc2 == 0, s
+        assert json.loads(out2)["peak_gib"] == pytest.approx(s["peak_gib"], abs=1e-3)
+
+
+def test_check_raises_a_user_error_with_the_message():
+    cfg = compose("grpo_qwen3", TOO_BIG)
+    with pytest.raises(PlanError) as e:
+        check(cfg, gpu_memory_gib=80)
+    assert isinstance(e.value, UserError)
+    assert "does not fit" in str(e.value) and "set actor." in str(e.value)
+    plan = check(compose("grpo_qwen3", ["trainer.n_gpus_per_node=1"]), gpu_memory_gib=80)
+    assert plan.fits
+
+
+def test_one_gpu_that_nothing_cheap_rescues_says_so():
+    # one 80 GiB GPU with vLLM beside the 4B actor: no single change or pair fits; the most helpful are listed
+    p = make_plan(compose("grpo_qwen3", TOO_BIG + ["trainer.n_gpus_per_node=1"]), gpu_memory_gib=80)
+    assert not p.fits and p.suggestions and not any(s.fits for s in p.suggestions)
+    assert "No single change or pair of changes fits" in p.refusal()
+
+
+def test_kv_cache_too_small_is_refused():
+    p = make_plan(qwen06b("rollout.gpu_memory_utilization=0.05"), gpu_memory_gib=80, suggest=False)
+    assert not p.fits
+    assert "cannot hold one sequence" in p.refusal()
+
+
+def test_bad_key_and_bad_value_exit_2(capsys):
+    rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "actor.no_such_key=1")
+    assert rc == 2 and err.startswith("rltrain:")
+    rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "rollout.n=0")
+    assert rc == 2 and "rollout.n=0 is impossible" in err
+
+
+def test_imports_no_gpu_library_and_starts_nothing():
+    code = ("import sys; from rltrain.plan.__main__ import main; rc = main(['--config-name', 'grpo_qwen3', "
+            "'--json']); bad = [m for m in ('vllm', 'ray', 'megatron', 'triton', 'transformers') if m in sys.modules]; "
+            "import torch; assert not torch.cuda.is_initialized(); print('BAD', bad)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert "BAD []" in r.stdout, r.stdout + r.stderr
