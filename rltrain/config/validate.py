@@ -113,7 +113,7 @@ def validate_config(cfg: DictConfig) -> None:
     if r.engine == "vllm" and r.tensor_parallel_size > 1 and m.builtin in BUILTINS and _on_gpu(t.device):
         from types import SimpleNamespace
 
-        from rltrain.rollout.vllm import tp_head_dim_error  # the rule and its measurement live with the engine
+        from rltrain.compat.vllm import tp_head_dim_error  # the rule and its measurement (vLLM 0.26 TP on GPUs)
         from rltrain.utils import flops
 
         head_dim = flops.head_dim(SimpleNamespace(**{**BUILTINS[m.builtin], **(m.overrides or {})}))

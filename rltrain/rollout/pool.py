@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
-from rltrain.rollout.weight_sync import on_every, send_ipc_buckets
+from rltrain.rollout.sync.ipc import on_every, send_ipc_buckets
 
 
 def shares(n: int, k: int) -> list[tuple[int, int]]:

@@ -20,9 +20,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams, build_engine
 from rltrain.rollout.hf import HFEngine
-from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, _start_error, auto_kv_cache_bytes,
+from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, auto_kv_cache_bytes,
                                   engine_kwargs, kv_cache_need_bytes,
                                   response_from_completion, vllm_sampling_kwargs)
+from rltrain.rollout.vllm_args import start_error
 from rltrain.rollout import vllm as vllm_mod
 from rltrain.utils.distenv import NO_MULTICAST_ENV
 
@@ -451,12 +452,12 @@ def test_sleep_recovers_when_another_process_changes_gpu_memory_meanwhile():
 def test_vllm_errors_name_the_version_and_the_fix(engine, tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)vLLM 0\.\d+.*could not start.*supports 0\.26 <= vllm < 0\.33"):
         VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32")
-    oom = _start_error("0.26.0", engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0,
+    oom = start_error("0.26.0", engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0,
                                                gpu_memory_utilization=0.4),
                        ValueError("No available memory for the cache blocks."), "rollout.gpu_memory_utilization")
     assert "vLLM 0.26.0" in oom and "rollout.gpu_memory_utilization=0.4" in oom
     assert "kv_cache_memory_gb" not in oom
-    oom = _start_error("0.26.0", engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, gpu_kv_cache_bytes=3 << 29),
+    oom = start_error("0.26.0", engine_kwargs("m", device="cuda", dtype="bfloat16", seed=0, gpu_kv_cache_bytes=3 << 29),
                        ValueError("CUDA out of memory."), "rollout.gpu_memory_utilization")
     assert "KV cache of 1.5 GiB" in oom and "rollout.kv_cache_memory_gb" in oom
     small_heads = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(get_head_size=lambda: 16)))

@@ -1,0 +1,63 @@
+"""The one shape of a weight-sync transport (`WeightSync`) and the rule that picks one per placement
+(`sync_method`, `build_weight_sync`). It must not move bytes itself (local.py, gloo.py, nccl.py do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+def sync_method(*, colocated: bool, device: str, engine: str) -> str:
+    """The weight path for a placement (see the package docstring)."""
+    if colocated:
+        return "local"
+    if device == "cuda" and engine == "vllm":
+        return "nccl"
+    return "gloo"
+
+
+def transfer_backend(method: str) -> str | None:
+    """The vLLM weight-transfer backend an engine must be built with for `method` (None: in-place reload)."""
+    return "nccl" if method == "nccl" else None
+
+
+class WeightSync:
+    """One worker's end of the weight path. `method`: "local" | "gloo" | "nccl". A train-side end exports and sends;
+    a rollout-side end receives into its engine; a colocated end does both in one call (send)."""
+
+    method = ""
+
+    def connect(self, *, host: str, port: int, nccl_port: int, rank: int, num_rollout_ranks: int,
+                sender: bool) -> None:
+        """Split placement: join the weight-sync group (train rank 0 sends; rollout ranks receive; other train ranks
+        only take part in the export's collectives). `rank`: this worker's rank in its own group."""
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Any:
+        """Stream the actor's (HF name, tensor) pairs, bucket by bucket, to the rollout side (colocated: into the
+        engine of this process); every train rank iterates the stream (the export's gathers are collective)."""
+        raise NotImplementedError
+
+    def receive(self) -> int:
+        """Rollout side of a split sync: load what the train side sends into the engine; returns tensors loaded."""
+        raise NotImplementedError
+
+
+def build_weight_sync(method: str, *, engine=None, engine_tp: int = 1) -> WeightSync:
+    """The transport of `method` for one worker. engine: this worker's rollout engine (None on a train-only
+    worker); engine_tp: ranks per rollout engine (NCCL init)."""
+    if method == "local":
+        from rltrain.rollout.sync.local import LocalSync
+
+        return LocalSync(engine)
+    if method == "gloo":
+        from rltrain.rollout.sync.gloo import GlooSync
+
+        return GlooSync(engine)
+    if method == "nccl":
+        from rltrain.rollout.sync.nccl import NcclSync
+
+        return NcclSync(engine, engine_tp=engine_tp)
+    raise ValueError(f"unknown weight-sync method {method!r}; expected local, gloo or nccl")
