@@ -6,10 +6,61 @@ fails at composition); value rules (ranges, allowed names, cross-field rules) li
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, TypeVar
 
 from hydra.core.config_store import ConfigStore
+
+
+# ---------------------------------------------------------------------------- shared groups
+# Key groups that several sections carry (the keys users type stay flat: `actor.lr`, `optim.lr`,
+# `trainer.fused_linear_logprob`): each group is declared once here and inherited by the sections that have
+# it; a section may override a default of its own key (optim.lr). `section.group(Group)` gives the group alone,
+# which is what the model engine builder takes (models/builder.py).
+
+G = TypeVar("G")
+
+
+@dataclass
+class Section:
+    def group(self, cls: type[G]) -> G:
+        """This section's keys of group `cls` as a `cls` object (e.g. actor.group(OptimizerConfig))."""
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+
+@dataclass
+class OptimizerConfig(Section):
+    """AdamW + lr schedule of a trained model (actor.*, critic.*, SFT optim.*)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class ParallelConfig(Section):
+    """Model parallelism of the trained engines (actor.*; the critic and reference share the actor's)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # data parallel > 1: grads averaged in buckets of this many MiB (one all-reduce each), started during the
+    # last micro-batch's backward when overlap_grad_reduce (models/megatron/grad_reduce.py)
+    grad_reduce_bucket_mb: float = 64.0
+    overlap_grad_reduce: bool = True
+
+
+@dataclass
+class LogprobHeadConfig(Section):
+    """The loss path's LM head (trainer.* of RL and SFT): fused log-probs from the hidden states (ops/logprob.py)."""
+
+    fused_linear_logprob: bool = True
+    fused_linear_logprob_backend: str = "auto"  # auto | ops.logprob.BACKENDS
+    logprobs_chunk_size: Optional[int] = None  # tokens; null picks from a memory budget
 
 
 @dataclass
@@ -96,15 +147,9 @@ class TISConfig:
 
 
 @dataclass
-class ActorConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    lr_warmup_steps: int = 0
-    lr_schedule: str = "constant"  # constant | cosine
-    min_lr_ratio: float = 0.0
+class ActorConfig(OptimizerConfig, ParallelConfig):
+    # optimizer keys: OptimizerConfig; tensor/pipeline_parallel_size, grad_reduce_bucket_mb,
+    # overlap_grad_reduce: ParallelConfig
     ppo_epochs: int = 1
     # mini-batch size in prompts (each prompt contributes rollout.n samples); one optimizer step each
     ppo_mini_batch_size: int = 16
@@ -118,8 +163,6 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
     # full activation recomputation (one layer at a time): long-context updates need it on GPU
     recompute_activations: bool = False
     # full: whole layers; selective: only recompute_modules (mlp, core_attn) of each layer (less memory
@@ -128,19 +171,12 @@ class ActorConfig:
     recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
     # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
     elementwise_fusion: str = "none"
-    # data parallel > 1: grads averaged in buckets of this many MiB (one all-reduce each), started during the
-    # last micro-batch's backward when overlap_grad_reduce (models/megatron/grad_reduce.py)
-    grad_reduce_bucket_mb: float = 64.0
-    overlap_grad_reduce: bool = True
     tis: TISConfig = field(default_factory=TISConfig)
 
 
 @dataclass
-class CriticConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    lr_warmup_steps: int = 0
+class CriticConfig(OptimizerConfig):
+    lr: float = 1e-5  # the other optimizer keys: OptimizerConfig's
     ppo_epochs: int = 1
     value_clip: float = 0.5
     loss_agg_mode: str = "token-mean"
@@ -208,7 +244,7 @@ class DataConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(LogprobHeadConfig):
     project_name: str = "rltrain"
     experiment_name: str = "run"
     total_steps: int = 100
@@ -218,10 +254,7 @@ class TrainerConfig:
     seed: int = 1
     logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
     device: str = "auto"  # auto | cpu | cuda
-    # the loss path
-    fused_linear_logprob: bool = True
-    fused_linear_logprob_backend: str = "auto"  # auto | torch | triton
-    logprobs_chunk_size: Optional[int] = None
+    # the loss path: fused_linear_logprob, fused_linear_logprob_backend, logprobs_chunk_size (LogprobHeadConfig)
     logprobs_response_only: bool = True
     logprobs_loss_mask_only: bool = False
     # orchestration
@@ -272,19 +305,15 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTOptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.01
+class SFTOptimConfig(OptimizerConfig):
+    lr: float = 1e-5  # SFT's own defaults of these OptimizerConfig keys
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    lr_warmup_steps: int = 0
-    lr_schedule: str = "cosine"  # constant | cosine
+    lr_schedule: str = "cosine"
     min_lr_ratio: float = 0.1
 
 
 @dataclass
-class SFTTrainerConfig:
+class SFTTrainerConfig(LogprobHeadConfig):
     project_name: str = "rltrain"
     experiment_name: str = "sft"
     epochs: int = 1
@@ -292,9 +321,7 @@ class SFTTrainerConfig:
     seed: int = 1
     logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
     device: str = "auto"  # auto | cpu | cuda
-    fused_linear_logprob: bool = True
-    fused_linear_logprob_backend: str = "auto"  # auto | torch | triton
-    logprobs_chunk_size: Optional[int] = None
+    # fused_linear_logprob, fused_linear_logprob_backend, logprobs_chunk_size: LogprobHeadConfig
     tensor_parallel_size: int = 1
     max_tokens_per_micro_batch: int = 16384
     test_freq: int = -1  # validation loss every N steps (needs data.val_files); -1: only at the end

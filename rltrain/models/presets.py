@@ -59,11 +59,16 @@ BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0
                            "qwen3-8b": QWEN3_8B}
 
 
-def model_hf_config(model_cfg: Mapping[str, Any], tokenizer):
-    """hf_config_for from the `model.*` sub-config; `tiny` and `small` take their vocab size from `tokenizer`."""
+def model_hf_config(model_cfg, tokenizer):
+    """hf_config_for from the `model.*` sub-config (a ModelConfig, or a dict of one); `tiny` and `small` take their
+    vocab size from `tokenizer`."""
+    from rltrain.config.convert import as_config  # lazy: config/ imports this module's BUILTINS
+    from rltrain.config.schema import ModelConfig
+
+    m = as_config(model_cfg, ModelConfig)
     vocab = getattr(tokenizer, "vocab_size", None) or len(tokenizer)
-    return hf_config_for(path=model_cfg["path"], builtin=model_cfg["builtin"], vocab_size=vocab,
-                         overrides=model_cfg["overrides"], trust_remote_code=model_cfg["trust_remote_code"])
+    return hf_config_for(path=m.path, builtin=m.builtin, vocab_size=vocab, overrides=m.overrides,
+                         trust_remote_code=m.trust_remote_code)
 
 
 def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | None = None,
@@ -98,3 +103,28 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg
+
+
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "max_position_embeddings")
+
+
+def shape_errors(dims: Mapping[str, Any], *, key: str = "model.overrides") -> list[str]:
+    """Why a model of these HF config `dims` (a preset with its overrides) cannot be built: sizes not positive
+    integers, hidden size not divisible by the attention heads, query heads not a multiple of the key/value heads
+    (grouped-query attention), an odd head_dim (rotary embeddings rotate pairs). Empty when it can."""
+    e = [f"{key}.{k}={dims[k]!r} must be a positive integer" for k in SHAPE_KEYS
+         if k in dims and dims[k] is not None and not (isinstance(dims[k], int) and dims[k] > 0)]
+    if e:
+        return e
+    hidden, heads = dims.get("hidden_size"), dims.get("num_attention_heads")
+    kv, hd = dims.get("num_key_value_heads") or heads, dims.get("head_dim")
+    if hidden and heads and hidden % heads:
+        e.append(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}: change "
+                 f"{key}.hidden_size or {key}.num_attention_heads")
+    if heads and kv and heads % kv:
+        e.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}: change "
+                 f"{key}.num_attention_heads or {key}.num_key_value_heads")
+    if hd and hd % 2:
+        e.append(f"head_dim={hd} is odd (rotary embeddings rotate pairs of dimensions): change {key}.head_dim")
+    return e

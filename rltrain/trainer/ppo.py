@@ -25,6 +25,8 @@ from rltrain.algorithms import (
     policy_mismatch,
     truncated_is_weights,
 )
+from rltrain.config.convert import as_config
+from rltrain.config.schema import TISConfig, TrainerConfig
 from rltrain.data.batch import Batch
 from rltrain.trainer.async_rollout import AsyncRollout
 from rltrain.trainer.setup import build_datasets, build_workers, check_model, config_dict, run_directory
@@ -47,56 +49,57 @@ def _stats(prefix: str, x: torch.Tensor, mask: torch.Tensor | None = None) -> di
 
 
 class PPOTrainer:
-    def __init__(self, cfg: dict, run_dir: str):
+    def __init__(self, cfg, run_dir: str):
+        cfg = as_config(cfg)  # an RLConfig (tests and tools may hand a dict of one)
         self.cfg, self.run_dir = cfg, run_dir
-        t = cfg["trainer"]
-        self.seed = int(t["seed"])
+        t = cfg.trainer
+        self.seed = t.seed
         random.seed(self.seed)
         np.random.seed(self.seed)
         torch.manual_seed(self.seed)
-        self.ckpt_dir = t["ckpt_dir"] or os.path.join(run_dir, "checkpoints")
+        self.ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
         self.tokenizer, self.train_ds, self.val_ds, self.sampler, self.reward = build_datasets(cfg)
         check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
-        if t["use_ray"]:
-            init_ray(t["ray_address"], t["num_cpus"])
-        self.use_ref = cfg["actor"]["use_kl_loss"] or cfg["algorithm"]["use_kl_in_reward"]
-        self.use_critic = cfg["algorithm"]["adv_estimator"] == "gae"
+        if t.use_ray:
+            init_ray(t.ray_address, t.num_cpus)
+        self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic,
-                                                             ckpt_dir=self.ckpt_dir if t["use_ray"] else None)
+                                                             ckpt_dir=self.ckpt_dir if t.use_ray else None)
         self.colocated = self.rollout_group is self.train_group
         self._sync_ready = False  # split: the weight-sync group is built at the first sync
-        self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
-                               config=cfg)
+        self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
+                               config=config_dict(cfg))
         self.global_step = 0
         self.next_group_id = 0
         self.async_rollout = None  # trainer.async_rollout: the next batch generates while this one trains
-        if t["async_rollout"]:
-            self.async_rollout = AsyncRollout(self, max_staleness=t["max_staleness"], total_steps=t["total_steps"],
-                                              refills=cfg["algorithm"]["dynamic_sampling"]["enable"])
+        if t.async_rollout:
+            self.async_rollout = AsyncRollout(self, max_staleness=t.max_staleness, total_steps=t.total_steps,
+                                              refills=cfg.algorithm.dynamic_sampling.enable)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
-        t = self.cfg["trainer"]
+        t = self.cfg.trainer
         self.global_step = self._maybe_resume()
         last: dict = {}
-        if t["val_before_train"] and self.global_step == 0 and t["test_freq"] > 0:
+        if t.val_before_train and self.global_step == 0 and t.test_freq > 0:
             val = self.validate()
             self.tracker.log(val, step=0)
             last.update(val)
         bar = _progress(t, self.global_step)
         completed = False
         try:
-            while self.global_step < t["total_steps"]:
+            while self.global_step < t.total_steps:
                 self.global_step += 1
                 step = self.global_step
                 metrics = self.train_step(step)
-                if t["test_freq"] > 0 and (step % t["test_freq"] == 0 or step == t["total_steps"]):
+                if t.test_freq > 0 and (step % t.test_freq == 0 or step == t.total_steps):
                     with timer("validation", metrics):  # async: includes waiting for the batch in flight
                         metrics.update(self.validate())
                 metrics["training/global_step"] = step
                 self.tracker.log(metrics, step=step)
                 last.update(metrics)
-                if t["save_freq"] > 0 and step % t["save_freq"] == 0:
+                if t.save_freq > 0 and step % t.save_freq == 0:
                     self.save(step)
                 _fault_injection(step)
                 if bar is not None:
@@ -111,9 +114,9 @@ class PPOTrainer:
         return last
 
     def train_step(self, step: int) -> dict:
-        cfg, a = self.cfg, self.cfg["actor"]
+        cfg, a = self.cfg, self.cfg.actor
         m: dict = {}
-        temperature = cfg["rollout"]["temperature"] or 1.0
+        temperature = cfg.rollout.temperature or 1.0
         with timer("step", m):
             if self.async_rollout is not None:
                 self.async_rollout.boundary(step, m)  # wait for this step's batch, push weights, submit the next
@@ -128,7 +131,7 @@ class PPOTrainer:
                 old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
             batch = batch.replace(old_logprobs=old)
             m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
-            m.update(_mismatch_metrics(batch, a["tis"]))
+            m.update(_mismatch_metrics(batch, a.tis))
             if self.use_ref:
                 with timer("ref", m):
                     ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)
@@ -141,14 +144,14 @@ class PPOTrainer:
             with timer("adv", m):
                 batch = self._advantages(batch, m)
 
-            mini_rows = a["ppo_mini_batch_size"] * cfg["rollout"]["n"] // self.train_group.dp_size
+            mini_rows = a.ppo_mini_batch_size * cfg.rollout.n // self.train_group.dp_size
             if self.use_critic:
                 with timer("update_critic", m), _diverged_as_error(step, self.ckpt_dir):
                     res = self.train_group.run_split("update_critic", batch, max(1, mini_rows),
-                                                     cfg["critic"]["ppo_epochs"], self.seed + step)
+                                                     cfg.critic.ppo_epochs, self.seed + step)
                 m.update(mean_metrics(res))
             with timer("update_actor", m), _diverged_as_error(step, self.ckpt_dir):
-                res = self.train_group.run_split("update_actor", batch, max(1, mini_rows), a["ppo_epochs"],
+                res = self.train_group.run_split("update_actor", batch, max(1, mini_rows), a.ppo_epochs,
                                                  temperature, self.seed + step)
             m.update(mean_metrics(res))
 
@@ -170,8 +173,8 @@ class PPOTrainer:
         """Sample n responses per prompt and score them; with DAPO dynamic sampling, keep only groups
         whose scores differ and refill (bounded tries) until the batch holds train_batch_size groups."""
         cfg = self.cfg
-        ds = cfg["algorithm"]["dynamic_sampling"]
-        want = cfg["data"]["train_batch_size"]
+        ds = cfg.algorithm.dynamic_sampling
+        want = cfg.data.train_batch_size
         kept: list[Batch] = []
         n_groups, tries, dropped_total = 0, 0, 0
         gen_metrics: dict = {}
@@ -186,7 +189,7 @@ class PPOTrainer:
             with timer("reward", m):
                 batch, rm = self._score(batch)
             gen_metrics.update(rm)
-            if not ds["enable"]:
+            if not ds.enable:
                 kept.append(batch)
                 break
             keep, dropped = filter_informative_groups(batch.scores, batch.group_ids)
@@ -194,12 +197,12 @@ class PPOTrainer:
             if keep.any():
                 kept.append(batch.select(keep))
                 n_groups += int(torch.unique(batch.group_ids[keep]).numel())
-            if n_groups >= want or tries >= ds["max_tries"]:
+            if n_groups >= want or tries >= ds.max_tries:
                 break
         if self.async_rollout is not None:
             self.async_rollout.submit(step + 1)  # after the refills (no-op if already in flight)
         batch = Batch.concat(kept) if len(kept) > 1 else kept[0]
-        if ds["enable"]:
+        if ds.enable:
             if len(batch) == 0 or n_groups == 0:
                 raise RuntimeError("dynamic sampling found no group with differing scores in "
                                    f"{tries} tries; raise algorithm.dynamic_sampling.max_tries or disable it")
@@ -207,11 +210,11 @@ class PPOTrainer:
             gen_metrics["dynamic_sampling/tries"] = tries
         gen_metrics.update(_stats("critic/score", batch.scores))
         lengths = batch.response_mask.sum(-1).float()
-        max_len = cfg["rollout"]["max_response_length"]
+        max_len = cfg.rollout.max_response_length
         gen_metrics.update(_stats("response_length", lengths))
         gen_metrics["response_length/clip_ratio"] = (lengths >= max_len).float().mean().item()
         gen_metrics.update(_stats("prompt_length", batch.prompt_mask.sum(-1).float()))
-        if cfg["rollout"]["multi_turn"]["enable"]:
+        if cfg.rollout.multi_turn.enable:
             gen_metrics["num_turns/mean"] = float(np.mean(batch.non_tensor["num_turns"]))
             gen_metrics["tool_call_counts/mean"] = float(np.mean(batch.non_tensor["tool_calls"]))
         return batch, gen_metrics
@@ -243,7 +246,7 @@ class PPOTrainer:
     def _score(self, batch: Batch) -> tuple[Batch, dict]:
         from rltrain.rewards import compute_rewards
 
-        r = self.cfg["reward"]
+        r = self.cfg.reward
         vocab = getattr(self.tokenizer, "vocab_size", None) or len(self.tokenizer)
         unk = getattr(self.tokenizer, "unk_token_id", None) or 0
         # a model whose vocab is larger than its tokenizer's (e.g. Qwen3 shapes + the char tokenizer) may
@@ -252,44 +255,44 @@ class PPOTrainer:
         texts = self.tokenizer.batch_decode(
             [row[:n].tolist() for row, n in zip(ids, batch.response_mask.sum(-1))], skip_special_tokens=True)
         extras = batch.non_tensor["extra"]
-        if self.cfg["rollout"]["multi_turn"]["enable"]:
+        if self.cfg.rollout.multi_turn.enable:
             # tool use for the reward (rewards/retool.py): num_turns counted as chat messages, i.e. user +
             # assistant = 2 plus a call and a result per executed tool call; tool_calls as executed
             extras = [{**e, "num_turns": 2 + 2 * int(tc), "tool_calls": int(tc)}
                       for e, tc in zip(extras, batch.non_tensor["tool_calls"])]
         scores, rm = compute_rewards(self.reward, texts, batch.non_tensor["ground_truth"],
                                      data_sources=batch.non_tensor["data_source"], extras=extras,
-                                     timeout_s=r["timeout_s"], max_workers=r["max_workers"])
+                                     timeout_s=r.timeout_s, max_workers=r.max_workers)
         scores_t = torch.tensor(scores, dtype=torch.float32)
-        al = self.cfg["algorithm"]
+        al = self.cfg.algorithm
         metrics = {k if "/" in k else f"reward/{k}": v for k, v in rm.items()}
-        if al["overlong"]["enable"]:
-            pen = overlong_penalty(batch.response_mask.sum(-1), self.cfg["rollout"]["max_response_length"],
-                                   al["overlong"]["buffer_len"], al["overlong"]["penalty_factor"])
+        if al.overlong.enable:
+            pen = overlong_penalty(batch.response_mask.sum(-1), self.cfg.rollout.max_response_length,
+                                   al.overlong.buffer_len, al.overlong.penalty_factor)
             metrics["reward/overlong_penalty_mean"] = pen.float().mean().item()
             scores_t = scores_t + pen
         return batch.replace(scores=scores_t), metrics
 
     def _advantages(self, batch: Batch, m: dict) -> Batch:
-        al = self.cfg["algorithm"]
+        al = self.cfg.algorithm
         mask = batch.response_mask.float()
         last = (batch.response_mask.sum(-1) - 1).clamp(min=0)
         token_rewards = torch.zeros_like(mask)
         token_rewards[torch.arange(len(batch)), last] = batch.scores
         token_rewards = token_rewards * mask
-        if al["use_kl_in_reward"]:
-            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, al["kl_penalty"]) * batch.loss_mask
-            token_rewards = token_rewards - al["kl_coef"] * kl
+        if al.use_kl_in_reward:
+            kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, al.kl_penalty) * batch.loss_mask
+            token_rewards = token_rewards - al.kl_coef * kl
             m["critic/kl"] = _masked_mean(kl, batch.loss_mask)
         loss_mask = batch.loss_mask
-        if al["mask_truncated_responses"]:
+        if al.mask_truncated_responses:
             from rltrain.algorithms import truncated_response_mask
 
             truncated = torch.tensor([f == "length" for f in batch.non_tensor["finish_reason"]])
             loss_mask = truncated_response_mask(loss_mask, truncated)
-        adv, ret = compute_advantages(al["adv_estimator"], token_rewards, batch.response_mask,
-                                      group_ids=batch.group_ids, values=batch.values, gamma=al["gamma"],
-                                      lam=al["lam"], norm_by_std=al["norm_adv_by_std_in_grpo"])
+        adv, ret = compute_advantages(al.adv_estimator, token_rewards, batch.response_mask,
+                                      group_ids=batch.group_ids, values=batch.values, gamma=al.gamma,
+                                      lam=al.lam, norm_by_std=al.norm_adv_by_std_in_grpo)
         batch = batch.replace(token_rewards=token_rewards, advantages=adv * mask, returns=ret * mask,
                               loss_mask=loss_mask)
         m.update(_stats("critic/rewards", token_rewards.sum(-1)))
@@ -300,7 +303,7 @@ class PPOTrainer:
         return batch
 
     def _sync_weights(self, metrics: dict | None = None) -> None:
-        bucket = int(self.cfg["rollout"]["weight_sync_bucket_mb"]) << 20
+        bucket = self.cfg.rollout.weight_sync_bucket_mb << 20
         if self.colocated:
             with timer("rollout_wake", {} if metrics is None else metrics):
                 self.train_group.run("rollout_wake_up")
@@ -320,7 +323,7 @@ class PPOTrainer:
             return {}
         if self.async_rollout is not None:
             self.async_rollout.before_validation(self.global_step)  # sample with the current weights
-        bs = self.cfg["data"]["val_batch_size"]
+        bs = self.cfg.data.val_batch_size
         items = [self.val_ds[i] for i in range(len(self.val_ds))]
         scores, sources = [], []
         reward_sums: dict[str, float] = {}  # a dict reward's extra numbers (e.g. tool use), summed over rows
@@ -353,12 +356,12 @@ class PPOTrainer:
                 state.update(self.async_rollout.state_dict())  # the batch in flight is saved, not lost
             torch.save(state, os.path.join(tmp, "trainer_state.pt"))
 
-        path = save_checkpoint(self.ckpt_dir, step, write, max_to_keep=self.cfg["trainer"]["max_ckpt_to_keep"])
+        path = save_checkpoint(self.ckpt_dir, step, write, max_to_keep=self.cfg.trainer.max_ckpt_to_keep)
         print(f"rltrain: saved checkpoint {path}", file=sys.stderr, flush=True)
         return path
 
     def _maybe_resume(self) -> int:
-        mode = self.cfg["trainer"]["resume"]
+        mode = self.cfg.trainer.resume
         if mode == "never":
             return 0
         if mode == "auto":
@@ -372,7 +375,7 @@ class PPOTrainer:
                 raise ValueError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}")
             path = mode
         state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-        self.train_group.run("load", path, int(self.cfg["rollout"]["weight_sync_bucket_mb"]) << 20)
+        self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)
         if not self.colocated:
             self._sync_weights()
         self.sampler.load_state_dict(state["sampler"])
@@ -386,15 +389,15 @@ class PPOTrainer:
         return int(state["step"])
 
     def _finish(self, export: bool = True) -> None:
-        t = self.cfg["trainer"]
-        if export and t["export_hf_on_end"] and self.global_step > 0:
+        t = self.cfg.trainer
+        if export and t.export_hf_on_end and self.global_step > 0:
             out = os.path.join(self.run_dir, "hf")
             self.train_group.run("export_hf", out)
             print(f"rltrain: exported the actor in transformers format to {out}", file=sys.stderr, flush=True)
         self.tracker.finish()
         for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
             group.shutdown()
-        if t["plots"] and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
+        if t.plots and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
             from rltrain.utils.plotting import plot_run
 
             plot_run(self.run_dir)
@@ -422,15 +425,15 @@ def _fault_injection(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _mismatch_metrics(batch: Batch, tis: dict) -> dict[str, float]:
+def _mismatch_metrics(batch: Batch, tis: TISConfig) -> dict[str, float]:
     """Training/inference mismatch of the sampled tokens (sampler vs recomputed old log-probs) and, with
     actor.tis enabled, the importance weights the loss applies."""
     mm = policy_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
     out = {"rollout/mismatch_abs_mean": float(mm["abs_mean"]), "rollout/mismatch_kl": float(mm["kl"]),
            "rollout/logprob_diff_max": float(mm["abs_max"])}
-    if tis["enable"]:
-        _, st = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, cap=tis["cap"],
-                                     mode=tis["mode"])
+    if tis.enable:
+        _, st = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, cap=tis.cap,
+                                     mode=tis.mode)
         out.update({"rollout/is_weight_mean": float(st["weight_mean"]), "rollout/is_ratio_max": float(st["ratio_max"]),
                     "rollout/is_clipfrac": float(st["clipfrac"])})
     return out
@@ -443,24 +446,24 @@ def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
     return float((x * m).sum() / m.sum().clamp(min=1))
 
 
-def _progress(t: dict, start: int):
-    if not t["progress_bar"]:
+def _progress(t: TrainerConfig, start: int):
+    if not t.progress_bar:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=t["total_steps"], initial=start, desc="rltrain", unit="step", file=sys.stderr,
+    return tqdm(total=t.total_steps, initial=start, desc="rltrain", unit="step", file=sys.stderr,
                 dynamic_ncols=True, leave=True, disable=None)  # no bar when stderr is not a terminal
 
 
 def run_from_config(cfg, run_dir: str | None = None) -> dict:
     """Build the trainer from a composed Hydra config and run it; returns the last step's metrics."""
-    d = config_dict(cfg)
+    cfg = as_config(cfg)  # the one conversion: typed objects from here on
     run_dir = run_dir or run_directory()
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(d, f, indent=1)
+        json.dump(config_dict(cfg), f, indent=1)
     start = time.time()
-    trainer = PPOTrainer(d, run_dir)
+    trainer = PPOTrainer(cfg, run_dir)
     try:
         last = trainer.fit()
     except TrainingDiverged as err:
@@ -473,6 +476,6 @@ def run_from_config(cfg, run_dir: str | None = None) -> dict:
         print(f"rltrain: {err}. The run stops; {last}. Rerun the same command with trainer.resume=auto to "
               "continue from it.", file=sys.stderr, flush=True)
         raise SystemExit(4) from None
-    print(f"rltrain: finished {d['trainer']['total_steps']} steps in {time.time() - start:.0f} s; "
+    print(f"rltrain: finished {cfg.trainer.total_steps} steps in {time.time() - start:.0f} s; "
           f"run directory: {run_dir}", flush=True)
     return last

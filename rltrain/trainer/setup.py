@@ -11,11 +11,10 @@ import torch
 
 
 def config_dict(cfg) -> dict:
-    from omegaconf import DictConfig, OmegaConf
+    """The config as a plain nested dict (config.json, tools); components take the typed object (as_config)."""
+    from rltrain.config.convert import as_dict
 
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return cfg
+    return as_dict(cfg)
 
 
 def run_directory() -> str:
@@ -28,41 +27,45 @@ def run_directory() -> str:
         return os.getcwd()
 
 
-def build_datasets(cfg: dict):
+def build_datasets(cfg):
+    """(tokenizer, train dataset, val dataset or None, prompt sampler, reward fn) of an RLConfig (or a dict /
+    DictConfig of one)."""
+    from rltrain.config.convert import as_config
     from rltrain.data.dataset import PromptDataset, PromptSampler
     from rltrain.data.tokenizer import load_tokenizer
     from rltrain.rewards import get_reward_fn
 
-    m, d = cfg["model"], cfg["data"]
-    tokenizer = load_tokenizer(m["tokenizer"] or m["path"])
-    if d["source"] == "synthetic":
+    cfg = as_config(cfg)
+    m, d = cfg.model, cfg.data
+    tokenizer = load_tokenizer(m.tokenizer or m.path)
+    if d.source == "synthetic":
         from rltrain.data.synthetic import SyntheticTaskDataset
 
-        s = d["synthetic"]
-        common = dict(tokenizer=tokenizer, apply_chat_template=d["apply_chat_template"],
-                      system_prompt=d["system_prompt"])
-        train = SyntheticTaskDataset(s["task"], s["seed"], s["train_size"], split="train", **common)
-        val = SyntheticTaskDataset(s["task"], s["seed"], s["val_size"], split="val", **common)
+        s = d.synthetic
+        common = dict(tokenizer=tokenizer, apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
+        train = SyntheticTaskDataset(s.task, s.seed, s.train_size, split="train", **common)
+        val = SyntheticTaskDataset(s.task, s.seed, s.val_size, split="val", **common)
     else:
-        common = dict(prompt_key=d["prompt_key"], answer_key=d["answer_key"], data_source_key=d["data_source_key"],
-                      tokenizer=tokenizer, max_prompt_length=d["max_prompt_length"],
-                      apply_chat_template=d["apply_chat_template"], system_prompt=d["system_prompt"])
+        common = dict(prompt_key=d.prompt_key, answer_key=d.answer_key, data_source_key=d.data_source_key,
+                      tokenizer=tokenizer, max_prompt_length=d.max_prompt_length,
+                      apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
         def load(path):  # rows without a data_source key are tagged with the file's name
             name = os.path.splitext(os.path.basename(path))[0]
             return PromptDataset(path, default_data_source=name, **common)
 
-        train = _concat([load(p) for p in d["train_files"]])
-        val = _concat([load(p) for p in d["val_files"]]) if d["val_files"] else None
-    sampler = PromptSampler(train, batch_size=d["train_batch_size"], seed=cfg["trainer"]["seed"], shuffle=d["shuffle"])
-    reward = get_reward_fn(cfg["reward"]["fn"])
+        train = _concat([load(p) for p in d.train_files])
+        val = _concat([load(p) for p in d.val_files]) if d.val_files else None
+    sampler = PromptSampler(train, batch_size=d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
+    reward = get_reward_fn(cfg.reward.fn)
     return tokenizer, train, val, sampler, reward
 
 
-def check_model(cfg: dict, tokenizer) -> None:
+def check_model(cfg, tokenizer) -> None:
     """Resolve the model's HF config on the driver so a wrong model.path fails before workers start."""
+    from rltrain.config.convert import as_config
     from rltrain.models.presets import model_hf_config
 
-    model_hf_config(cfg["model"], tokenizer)
+    model_hf_config(as_config(cfg).model, tokenizer)
 
 
 def _concat(datasets):
@@ -71,22 +74,24 @@ def _concat(datasets):
     return torch.utils.data.ConcatDataset(datasets)
 
 
-def build_workers(cfg: dict, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):
+def build_workers(cfg, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):
     """(train group, rollout group): the same object in colocated mode. Placement (how many workers, where,
     which device) is workers/placement.py's; under Ray, `ckpt_dir` is checked to be shared by every node."""
+    from rltrain.config.convert import as_config
     from rltrain.workers.group import LocalWorkerGroup, WorkerGroup, check_cluster, check_shared_dir
     from rltrain.workers.hybrid import HybridWorker, resolve_device
     from rltrain.workers.placement import cpus_per_worker, plan_groups
 
-    t = cfg["trainer"]
-    device = resolve_device(t["device"])
+    cfg = as_config(cfg)
+    t = cfg.trainer
+    device = resolve_device(t.device)
     plans = plan_groups(cfg, device=device, use_ref=use_ref, use_critic=use_critic)
-    if not t["use_ray"]:
+    if not t.use_ray:
         group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": list(plans[0].roles)})
         group.setup()
         return group, group
-    node_cpus = check_cluster(nnodes=t["nnodes"], gpus_per_node=t["n_gpus_per_node"] if device == "cuda" else 0)
-    cpus = cpus_per_worker(plans, device=device, node_cpus=node_cpus, nnodes=t["nnodes"])
+    node_cpus = check_cluster(nnodes=t.nnodes, gpus_per_node=t.n_gpus_per_node if device == "cuda" else 0)
+    cpus = cpus_per_worker(plans, device=device, node_cpus=node_cpus, nnodes=t.nnodes)
     groups: list = []
     try:
         for plan in plans:

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rltrain.config.convert import as_config, as_dict
+from rltrain.config.schema import SFTConfig
 from rltrain.data.sft_data import SFTDataset, collate
 from rltrain.utils.timing import timer
 
@@ -80,34 +82,35 @@ def _dp_sum(values: list[float], device) -> list[float]:
 
 
 class SFTTrainer:
-    def __init__(self, cfg: dict, run_dir: str):
+    def __init__(self, cfg, run_dir: str):
         from rltrain.data.dataset import PromptSampler
         from rltrain.data.tokenizer import load_tokenizer
         from rltrain.rollout.multiturn import DEFAULT_TOOL_OUTPUT_TEMPLATE
         from rltrain.workers.hybrid import initial_hf_model, resolve_device
 
+        cfg = as_config(cfg, SFTConfig)  # an SFTConfig (tests may hand a dict of one)
         self.cfg, self.run_dir = cfg, run_dir
-        m, d, o, t = cfg["model"], cfg["data"], cfg["optim"], cfg["trainer"]
-        self.seed = int(t["seed"])
+        m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.trainer
+        self.seed = t.seed
         random.seed(self.seed)
         np.random.seed(self.seed)
         torch.manual_seed(self.seed)
         if os.environ.get("RLTRAIN_TORCH_THREADS"):
             torch.set_num_threads(max(1, int(os.environ["RLTRAIN_TORCH_THREADS"])))
-        self.device = resolve_device(t["device"])
-        self.dtype = torch.float32 if self.device == "cpu" else getattr(torch, m["dtype"])
-        self.tokenizer = load_tokenizer(m["tokenizer"] or m["path"])
-        common = dict(tokenizer=self.tokenizer, max_length=d["max_length"], messages_key=d["messages_key"],
-                      system_prompt=d["system_prompt"], tool_output_template=DEFAULT_TOOL_OUTPUT_TEMPLATE)
-        self.train_ds = SFTDataset(d["train_files"], **common)
-        self.val_ds = SFTDataset(d["val_files"], **common) if d["val_files"] else None
-        if d["batch_size"] > len(self.train_ds):
+        self.device = resolve_device(t.device)
+        self.dtype = torch.float32 if self.device == "cpu" else getattr(torch, m.dtype)
+        self.tokenizer = load_tokenizer(m.tokenizer or m.path)
+        common = dict(tokenizer=self.tokenizer, max_length=d.max_length, messages_key=d.messages_key,
+                      system_prompt=d.system_prompt, tool_output_template=DEFAULT_TOOL_OUTPUT_TEMPLATE)
+        self.train_ds = SFTDataset(d.train_files, **common)
+        self.val_ds = SFTDataset(d.val_files, **common) if d.val_files else None
+        if d.batch_size > len(self.train_ds):
             from rltrain.data.dataset import DataError
 
-            raise DataError(f"data.batch_size={d['batch_size']} is larger than the {len(self.train_ds)} usable "
+            raise DataError(f"data.batch_size={d.batch_size} is larger than the {len(self.train_ds)} usable "
                             "training rows; lower data.batch_size or add data")
-        steps_per_epoch = len(self.train_ds) // d["batch_size"]
-        self.total_steps = int(t["total_steps"] or t["epochs"] * steps_per_epoch)
+        steps_per_epoch = len(self.train_ds) // d.batch_size
+        self.total_steps = int(t.total_steps or t.epochs * steps_per_epoch)
 
         from rltrain.models.megatron.engine import MegatronEngine  # heavy: after the data, so bad data fails fast
 
@@ -115,31 +118,31 @@ class SFTTrainer:
         state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         del hf_model
         self.engine = MegatronEngine(
-            self.hf_config, role="actor", tp_size=t["tensor_parallel_size"], params_dtype=self.dtype,
-            device=self.device, seed=self.seed, fused_linear_logprob=t["fused_linear_logprob"],
-            fused_linear_logprob_backend=t["fused_linear_logprob_backend"], logprobs_chunk_size=t["logprobs_chunk_size"],
-            lr=o["lr"], weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"], grad_clip=o["grad_clip"],
-            warmup_steps=o["lr_warmup_steps"], total_steps=self.total_steps, lr_schedule=o["lr_schedule"],
-            min_lr_ratio=o["min_lr_ratio"], max_tokens_per_micro_batch=t["max_tokens_per_micro_batch"])
+            self.hf_config, role="actor", tp_size=t.tensor_parallel_size, params_dtype=self.dtype,
+            device=self.device, seed=self.seed, fused_linear_logprob=t.fused_linear_logprob,
+            fused_linear_logprob_backend=t.fused_linear_logprob_backend, logprobs_chunk_size=t.logprobs_chunk_size,
+            lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, grad_clip=o.grad_clip,
+            warmup_steps=o.lr_warmup_steps, total_steps=self.total_steps, lr_schedule=o.lr_schedule,
+            min_lr_ratio=o.min_lr_ratio, max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
         self.engine.load_hf_weights(state)
         del state
         self.dp_rank, self.dp_size = _dp_info()
         self.is_rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        self.sampler = PromptSampler(self.train_ds, batch_size=d["batch_size"], seed=self.seed, shuffle=d["shuffle"])
+        self.sampler = PromptSampler(self.train_ds, batch_size=d.batch_size, seed=self.seed, shuffle=d.shuffle)
         self.loss = SFTLoss()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.tracker = None
         if self.is_rank0:
             from rltrain.utils.tracking import Tracker
 
-            self.tracker = Tracker(t["logger"], run_dir, project=t["project_name"], experiment=t["experiment_name"],
-                                   config=cfg)
+            self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
+                                   config=as_dict(cfg))
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
-        t = self.cfg["trainer"]
+        t = self.cfg.trainer
         bar = None
-        if t["progress_bar"] and self.is_rank0:
+        if t.progress_bar and self.is_rank0:
             from tqdm import tqdm
 
             bar = tqdm(total=self.total_steps, desc="rltrain sft", unit="step", file=sys.stderr, dynamic_ncols=True)
@@ -152,7 +155,7 @@ class SFTTrainer:
                     m.update(self.train_step(collate(rows, self.pad_id)))
                 if not math.isfinite(m["sft/loss"]):
                     raise FloatingPointError(f"sft/loss is {m['sft/loss']} at step {step}; lower optim.lr")
-                if self.val_ds is not None and ((t["test_freq"] > 0 and step % t["test_freq"] == 0)
+                if self.val_ds is not None and ((t.test_freq > 0 and step % t.test_freq == 0)
                                                 or step == self.total_steps):
                     m["sft/val_loss"] = self.validate()
                 m["training/global_step"] = step
@@ -168,7 +171,7 @@ class SFTTrainer:
                 bar.close()
             if self.tracker is not None:
                 self.tracker.finish()
-        last["output_dir"] = self.export(t["output_dir"] or os.path.join(self.run_dir, "hf"))
+        last["output_dir"] = self.export(t.output_dir or os.path.join(self.run_dir, "hf"))
         return last
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -190,7 +193,7 @@ class SFTTrainer:
         """Token-mean NLL of the assistant tokens of data.val_files (this rank's share, summed over ranks)."""
         nll = tokens = 0.0
         items = [self.val_ds[i] for i in range(self.dp_rank, len(self.val_ds), self.dp_size)]
-        bs = self.cfg["data"]["batch_size"]
+        bs = self.cfg.data.batch_size
         for lo in range(0, len(items), bs):
             b = collate(items[lo:lo + bs], self.pad_id)
             lp, _ = self.engine.forward_logprobs(b["input_ids"], b["seq_lens"], b["loss_mask"].bool(),
@@ -231,16 +234,16 @@ class SFTTrainer:
 def run_sft_from_config(cfg, run_dir: str | None = None) -> dict:
     """Build the SFT trainer from a composed Hydra config (SFTConfig) and run it; returns the last step's
     metrics plus "output_dir" (the HF model)."""
-    from rltrain.trainer.setup import config_dict, run_directory
+    from rltrain.trainer.setup import run_directory
 
-    d = config_dict(cfg)
+    cfg = as_config(cfg, SFTConfig)  # the one conversion: typed objects from here on
     run_dir = run_dir or run_directory()
     os.makedirs(run_dir, exist_ok=True)
     if os.environ.get("RANK", "0") == "0":  # torchrun: one writer
         with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(d, f, indent=1)
+            json.dump(as_dict(cfg), f, indent=1)
     start = time.time()
-    trainer = SFTTrainer(d, run_dir)
+    trainer = SFTTrainer(cfg, run_dir)
     last = trainer.fit()
     if trainer.is_rank0:
         print(f"rltrain sft: finished {trainer.total_steps} steps in {time.time() - start:.0f} s "

@@ -12,43 +12,44 @@ from typing import Any
 import torch
 
 from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss, truncated_is_weights
+from rltrain.config.schema import ActorConfig, TrainerConfig
 from rltrain.data.batch import Batch
 
 
-def parallel_kwargs(actor_cfg: dict) -> dict:
+def parallel_kwargs(actor_cfg: ActorConfig) -> dict:
     """The parallel layout every trained engine shares (actor and critic): TP, PP, the data-parallel grad buckets."""
     return dict(
-        tp_size=actor_cfg["tensor_parallel_size"],
-        pp_size=actor_cfg["pipeline_parallel_size"],
-        grad_reduce_bucket_mb=actor_cfg.get("grad_reduce_bucket_mb", 64.0),
-        overlap_grad_reduce=actor_cfg.get("overlap_grad_reduce", True),
+        tp_size=actor_cfg.tensor_parallel_size,
+        pp_size=actor_cfg.pipeline_parallel_size,
+        grad_reduce_bucket_mb=actor_cfg.grad_reduce_bucket_mb,
+        overlap_grad_reduce=actor_cfg.overlap_grad_reduce,
     )
 
 
-def engine_kwargs(actor_cfg: dict, trainer_cfg: dict, *, total_steps: int) -> dict:
-    """MegatronEngine keyword arguments from the actor and trainer sub-configs (plain dicts)."""
+def engine_kwargs(actor_cfg: ActorConfig, trainer_cfg: TrainerConfig, *, total_steps: int) -> dict:
+    """MegatronEngine keyword arguments from the actor and trainer sub-configs."""
     return dict(
         **parallel_kwargs(actor_cfg),
-        fused_linear_logprob=trainer_cfg["fused_linear_logprob"],
-        fused_linear_logprob_backend=trainer_cfg["fused_linear_logprob_backend"],
-        logprobs_chunk_size=trainer_cfg["logprobs_chunk_size"],
-        lr=actor_cfg["lr"],
-        weight_decay=actor_cfg["weight_decay"],
-        betas=tuple(actor_cfg.get("betas", (0.9, 0.999))),
-        eps=actor_cfg.get("eps", 1e-8),
-        grad_clip=actor_cfg["grad_clip"],
-        warmup_steps=actor_cfg.get("lr_warmup_steps", 0),
+        fused_linear_logprob=trainer_cfg.fused_linear_logprob,
+        fused_linear_logprob_backend=trainer_cfg.fused_linear_logprob_backend,
+        logprobs_chunk_size=trainer_cfg.logprobs_chunk_size,
+        lr=actor_cfg.lr,
+        weight_decay=actor_cfg.weight_decay,
+        betas=tuple(actor_cfg.betas),
+        eps=actor_cfg.eps,
+        grad_clip=actor_cfg.grad_clip,
+        warmup_steps=actor_cfg.lr_warmup_steps,
         total_steps=total_steps,
-        lr_schedule=actor_cfg.get("lr_schedule", "constant"),
-        min_lr_ratio=actor_cfg.get("min_lr_ratio", 0.0),
-        max_tokens_per_micro_batch=actor_cfg["max_tokens_per_micro_batch"],
+        lr_schedule=actor_cfg.lr_schedule,
+        min_lr_ratio=actor_cfg.min_lr_ratio,
+        max_tokens_per_micro_batch=actor_cfg.max_tokens_per_micro_batch,
         # pad the vocab only to a multiple of the TP size: Qwen3's 151,936 needs none, and padded rows cost
         # the fused head a masked copy of the weight shard
         make_vocab_size_divisible_by=1,
-        recompute_activations=actor_cfg.get("recompute_activations", False),
-        recompute_granularity=actor_cfg.get("recompute_granularity", "full"),
-        recompute_modules=tuple(actor_cfg.get("recompute_modules", ("mlp",))),
-        elementwise_fusion=actor_cfg.get("elementwise_fusion", "none"),
+        recompute_activations=actor_cfg.recompute_activations,
+        recompute_granularity=actor_cfg.recompute_granularity,
+        recompute_modules=tuple(actor_cfg.recompute_modules),
+        elementwise_fusion=actor_cfg.elementwise_fusion,
     )
 
 
@@ -171,8 +172,8 @@ def ppo_updates(engine, loss, tensors: dict[str, torch.Tensor], *, mini_batch_ro
 class ActorRole:
     """The policy (role="actor", trains) or the frozen reference (role="ref", forward only)."""
 
-    def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: dict, trainer_cfg: dict,
-                 device: str, dtype: torch.dtype, seed: int, total_steps: int):
+    def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: ActorConfig,
+                 trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int):
         from rltrain.models.megatron.engine import MegatronEngine
 
         assert role in ("actor", "ref"), role
@@ -181,21 +182,18 @@ class ActorRole:
                                      **engine_kwargs(actor_cfg, trainer_cfg, total_steps=total_steps))
         if hf_state_dict is not None:
             self.engine.load_hf_weights(hf_state_dict)
-        tis = actor_cfg.get("tis") or {}  # truncated importance sampling against the sampler (off by default)
-        self.loss = PolicyLoss(mode=actor_cfg["loss_mode"], clip_low=actor_cfg["clip_low"],
-                               clip_high=actor_cfg["clip_high"], dual_clip=actor_cfg["dual_clip"],
-                               agg=actor_cfg["loss_agg_mode"], entropy_coef=actor_cfg["entropy_coef"],
-                               use_kl_loss=actor_cfg["use_kl_loss"], kl_loss_coef=actor_cfg["kl_loss_coef"],
-                               kl_loss_type=actor_cfg["kl_loss_type"],
-                               tis_cap=float(tis["cap"]) if tis.get("enable") else None,
-                               tis_mode=tis.get("mode", "token"))
+        a, tis = actor_cfg, actor_cfg.tis  # tis: truncated importance sampling against the sampler (off by default)
+        self.loss = PolicyLoss(mode=a.loss_mode, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+                               agg=a.loss_agg_mode, entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss,
+                               kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+                               tis_cap=float(tis.cap) if tis.enable else None, tis_mode=tis.mode)
 
     # ------------------------------------------------------------------ forward-only
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False):
         """(logprobs [B, R], entropy [B, R] or None) of the response tokens under this model."""
         input_ids, seq_lens, start, label_mask = label_masks(
-            batch, response_only=self.trainer_cfg["logprobs_response_only"], loss_mask_only=False)
+            batch, response_only=self.trainer_cfg.logprobs_response_only, loss_mask_only=False)
         lp, ent = self.engine.forward_logprobs(input_ids, seq_lens, label_mask, temperature=temperature,
                                                with_entropy=with_entropy)
         lp = batch.response_from_full(lp.float().cpu(), start)
@@ -212,7 +210,7 @@ class ActorRole:
         assert self.role == "actor"
         assert batch.old_logprobs is not None and batch.advantages is not None
         input_ids, seq_lens, start, label_mask = label_masks(
-            batch, response_only=True, loss_mask_only=self.trainer_cfg["logprobs_loss_mask_only"])
+            batch, response_only=True, loss_mask_only=self.trainer_cfg.logprobs_loss_mask_only)
         s = input_ids.shape[1]
         tensors = {
             "input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask,

@@ -28,15 +28,18 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def initial_hf_model(model_cfg: dict, tokenizer, seed: int, dtype: torch.dtype):
+def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype):
     """The transformers model every role starts from: random init of a built-in preset (seeded, so all
-    ranks and roles agree) or the pretrained weights at model.path."""
+    ranks and roles agree) or the pretrained weights at model.path. model_cfg: a ModelConfig (or a dict of one)."""
     from transformers import AutoModelForCausalLM
 
+    from rltrain.config.convert import as_config
+    from rltrain.config.schema import ModelConfig
     from rltrain.models.presets import model_hf_config
 
+    model_cfg = as_config(model_cfg, ModelConfig)
     hf_config = model_hf_config(model_cfg, tokenizer)
-    if model_cfg["builtin"] is not None:
+    if model_cfg.builtin is not None:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
         # small init keeps the random policy close to uniform over the vocab
@@ -46,18 +49,20 @@ def initial_hf_model(model_cfg: dict, tokenizer, seed: int, dtype: torch.dtype):
                     p.normal_(0.0, 0.02)
         model = model.to(dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_cfg["path"], dtype=dtype,
-                                                     trust_remote_code=model_cfg["trust_remote_code"])
+        model = AutoModelForCausalLM.from_pretrained(model_cfg.path, dtype=dtype,
+                                                     trust_remote_code=model_cfg.trust_remote_code)
     return hf_config, model
 
 
 class HybridWorker(Worker):
-    def __init__(self, cfg: dict, roles: list[str], rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg, roles: list[str], rank: int = 0, world_size: int = 1):
+        from rltrain.config.convert import as_config
+
         unknown = set(roles) - set(ROLES)
         assert not unknown, unknown
         super().__init__(rank=rank, world_size=world_size)
         enable_stack_dumps()  # a Ray worker that hangs prints where on `kill -USR1 <pid>` (utils/stacks.py)
-        self.cfg, self.roles = cfg, list(roles)
+        self.cfg, self.roles = as_config(cfg), list(roles)  # an RLConfig (a dict of one from tools)
         self.actor = self.ref = self.critic = self.rollout = None
 
     def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
@@ -67,47 +72,47 @@ class HybridWorker(Worker):
         cfg = self.cfg
         publish_dist_env(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
                          master_port=master_port, local_rank=local_rank)
-        t = cfg["trainer"]
-        seed = int(t["seed"])
+        t = cfg.trainer
+        seed = t.seed
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
         torch.set_num_threads(max(1, int(os.environ.get("RLTRAIN_TORCH_THREADS", torch.get_num_threads()))))
-        self.device = resolve_device(t["device"])
+        self.device = resolve_device(t.device)
         if self.device == "cuda":
             torch.cuda.set_device(local_rank)
-        train_dtype = torch.float32 if self.device == "cpu" else getattr(torch, cfg["model"]["dtype"])
+        train_dtype = torch.float32 if self.device == "cpu" else getattr(torch, cfg.model.dtype)
         from rltrain.data.tokenizer import load_tokenizer
 
-        self.tokenizer = load_tokenizer(cfg["model"]["tokenizer"] or cfg["model"]["path"])
-        self.hf_config, hf_model = initial_hf_model(cfg["model"], self.tokenizer, seed, train_dtype)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        self.hf_config, hf_model = initial_hf_model(cfg.model, self.tokenizer, seed, train_dtype)
         hf_config = self.hf_config
         sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-        total = int(t["total_steps"]) * max(1, int(cfg["actor"]["ppo_epochs"]))
+        total = t.total_steps * max(1, cfg.actor.ppo_epochs)
         if "actor" in self.roles:
             from rltrain.workers.actor import ActorRole
 
-            self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg["actor"], trainer_cfg=t,
+            self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg.actor, trainer_cfg=t,
                                    device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
         if "ref" in self.roles:
             from rltrain.workers.actor import ActorRole
 
-            self.ref = ActorRole(hf_config, sd, role="ref", actor_cfg=cfg["actor"], trainer_cfg=t,
+            self.ref = ActorRole(hf_config, sd, role="ref", actor_cfg=cfg.actor, trainer_cfg=t,
                                  device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
         if "critic" in self.roles:
             from rltrain.workers.critic import CriticRole
 
-            self.critic = CriticRole(hf_config, sd, critic_cfg=cfg["critic"], actor_cfg=cfg["actor"], trainer_cfg=t,
+            self.critic = CriticRole(hf_config, sd, critic_cfg=cfg.critic, actor_cfg=cfg.actor, trainer_cfg=t,
                                      device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
         if "rollout" in self.roles:
             from rltrain.workers.rollout import RolloutRole
 
             from rltrain.rollout.weight_sync import sync_method
 
-            self.sync = sync_method(colocated=self.actor is not None, device=self.device, engine=cfg["rollout"]["engine"])
-            self.rollout = RolloutRole(engine=cfg["rollout"]["engine"], model=hf_model, tokenizer=self.tokenizer,
-                                       rollout_cfg=cfg["rollout"], device=self.device, dtype=train_dtype,
-                                       sync=self.sync, seed=seed, sandbox_cfg=cfg.get("sandbox"))
+            self.sync = sync_method(colocated=self.actor is not None, device=self.device, engine=cfg.rollout.engine)
+            self.rollout = RolloutRole(engine=cfg.rollout.engine, model=hf_model, tokenizer=self.tokenizer,
+                                       rollout_cfg=cfg.rollout, device=self.device, dtype=train_dtype,
+                                       sync=self.sync, seed=seed, sandbox_cfg=cfg.sandbox)
         else:
             del hf_model
         mesh = None
@@ -168,7 +173,7 @@ class HybridWorker(Worker):
     def weight_sync_address(self) -> tuple[str, int, int]:
         """Split mode, train rank 0: where the weight-sync group meets (host, gloo port, NCCL port)."""
         (ip, port), (_, nccl_port) = self.address(), self.address()
-        return ("127.0.0.1" if int(self.cfg["trainer"]["nnodes"]) == 1 else ip), port, nccl_port
+        return ("127.0.0.1" if self.cfg.trainer.nnodes == 1 else ip), port, nccl_port
 
     def weight_sync_init(self, host: str, port: int, nccl_port: int, num_rollout_ranks: int) -> None:
         """Split mode: join the weight-sync group (train rank 0 sends; rollout ranks receive; other train ranks
@@ -184,7 +189,7 @@ class HybridWorker(Worker):
         if method == "nccl" and self.rollout is None:
             self.sync_group.init_nccl_sender(host=host, port=nccl_port, world_size=1 + num_rollout_ranks)
         elif method == "nccl":
-            tp = int(self.cfg["rollout"]["tensor_parallel_size"])
+            tp = self.cfg.rollout.tensor_parallel_size
             self.rollout.engine.init_weight_transfer(nccl_init_info(
                 host=host, port=nccl_port, engine_index=self.rank // tp, num_engines=num_rollout_ranks // tp,
                 engine_tp=tp))
@@ -205,7 +210,7 @@ class HybridWorker(Worker):
     def _split_method(self) -> str:
         from rltrain.rollout.weight_sync import sync_method
 
-        return sync_method(colocated=False, device=self.device, engine=self.cfg["rollout"]["engine"])
+        return sync_method(colocated=False, device=self.device, engine=self.cfg.rollout.engine)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -28,11 +28,12 @@ The rules (docs/multinode.md shows them on a cluster):
 
 from __future__ import annotations
 
-from rltrain.utils.errors import UserError
-
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from rltrain.config.convert import as_config
+from rltrain.utils.errors import UserError
 
 TRAIN_ROLES = ("actor", "ref", "critic")
 
@@ -69,18 +70,19 @@ class GroupPlan:
         return any(r in TRAIN_ROLES for r in self.roles)
 
 
-def plan_groups(cfg: Mapping, *, device: str, use_ref: bool, use_critic: bool) -> list[GroupPlan]:
-    """The worker groups of a run: [hybrid] when colocated, [train, rollout] when split (plain dicts of the
-    config; `device` is the resolved "cpu" or "cuda"). Raises PlacementError naming the keys to change."""
+def plan_groups(cfg, *, device: str, use_ref: bool, use_critic: bool) -> list[GroupPlan]:
+    """The worker groups of a run: [hybrid] when colocated, [train, rollout] when split (`cfg`: an RLConfig, or
+    a dict of one; `device` is the resolved "cpu" or "cuda"). Raises PlacementError naming the keys to change."""
+    cfg = as_config(cfg)
     errors = placement_errors(cfg, device=device)
     if errors:
         raise PlacementError("; ".join(errors))
-    t, r = cfg["trainer"], cfg["rollout"]
+    t, r = cfg.trainer, cfg.rollout
     gpus = 1 if device == "cuda" else 0
-    per_node, nnodes = int(t["n_gpus_per_node"]), int(t["nnodes"])
+    per_node, nnodes = t.n_gpus_per_node, t.nnodes
     train_roles = ("actor",) + (("ref",) if use_ref else ()) + (("critic",) if use_critic else ())
-    rtp = int(r["tensor_parallel_size"])
-    if t["colocate"] or not t["use_ray"]:
+    rtp = r.tensor_parallel_size
+    if t.colocate or not t.use_ray:
         return [GroupPlan("hybrid", train_roles + ("rollout",), (per_node,) * nnodes, gpus, "STRICT_SPREAD",
                           replica_size=rtp)]
     replicas = rollout_replicas(cfg)
@@ -88,25 +90,27 @@ def plan_groups(cfg: Mapping, *, device: str, use_ref: bool, use_critic: bool) -
             GroupPlan("rollout", ("rollout",), (rtp,) * replicas, gpus, "PACK", replica_size=rtp)]
 
 
-def rollout_replicas(cfg: Mapping) -> int:
+def rollout_replicas(cfg) -> int:
     """Split mode: `rollout.num_replicas`, or by default as many devices as the training group has."""
-    t, r = cfg["trainer"], cfg["rollout"]
-    n = r.get("num_replicas")
-    return int(n) if n else max(1, int(t["n_gpus_per_node"]) * int(t["nnodes"]) // int(r["tensor_parallel_size"]))
+    cfg = as_config(cfg)
+    t, r = cfg.trainer, cfg.rollout
+    n = r.num_replicas
+    return int(n) if n else max(1, t.n_gpus_per_node * t.nnodes // r.tensor_parallel_size)
 
 
-def placement_errors(cfg: Mapping, *, device: str | None = None) -> list[str]:
-    """Every reason the placement `cfg` asks for is impossible (empty when it is fine). `device` None checks
-    what holds on any device."""
-    t, a, r = cfg["trainer"], cfg["actor"], cfg["rollout"]
+def placement_errors(cfg, *, device: str | None = None) -> list[str]:
+    """Every reason the placement `cfg` (an RLConfig, or a dict of one) asks for is impossible (empty when it is
+    fine). `device` None checks what holds on any device."""
+    cfg = as_config(cfg)
+    t, a, r = cfg.trainer, cfg.actor, cfg.rollout
     e: list[str] = []
-    per_node, nnodes = int(t["n_gpus_per_node"]), int(t["nnodes"])
-    tp, pp, rtp = int(a["tensor_parallel_size"]), int(a["pipeline_parallel_size"]), int(r["tensor_parallel_size"])
+    per_node, nnodes = t.n_gpus_per_node, t.nnodes
+    tp, pp, rtp = a.tensor_parallel_size, a.pipeline_parallel_size, r.tensor_parallel_size
     if min(per_node, nnodes, tp, pp, rtp) < 1:
         return []  # the range checks of validate_config report these
     world = per_node * nnodes
     where = "trainer.n_gpus_per_node * trainer.nnodes" + (" (on CPU: worker processes)" if device != "cuda" else "")
-    if not t["use_ray"]:
+    if not t.use_ray:
         if world != 1 or tp * pp != 1:
             e.append(f"trainer.use_ray=false runs one in-process worker, but the config asks for {max(world, tp * pp)} "
                      "(trainer.n_gpus_per_node / actor.tensor_parallel_size / actor.pipeline_parallel_size); "
@@ -119,19 +123,33 @@ def placement_errors(cfg: Mapping, *, device: str | None = None) -> list[str]:
     if nnodes > 1 and per_node % tp:
         e.append(f"actor.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node={per_node}: a "
                  "tensor-parallel group would span nodes; use a TP size that divides the GPUs of a node")
-    if r["engine"] == "hf" and rtp != 1:
+    if r.engine == "hf" and rtp != 1:
         e.append(f"rollout.tensor_parallel_size={rtp}: the hf engine runs a whole model per worker; use 1 "
                  "(or rollout.engine=vllm)")
-    if t["colocate"]:
+    if t.colocate:
         if world % rtp or per_node % rtp:
             e.append(f"rollout.tensor_parallel_size={rtp} must divide trainer.n_gpus_per_node={per_node} when "
                      "colocated (a rollout replica lives on the devices of one node)")
-        if r.get("num_replicas"):
+        if r.num_replicas:
             e.append("rollout.num_replicas applies to split placement (trainer.colocate=false); colocated, every "
                      "group of rollout.tensor_parallel_size workers is a replica: leave it null")
-    elif r.get("num_replicas") is not None and int(r["num_replicas"]) < 1:
-        e.append(f"rollout.num_replicas={r['num_replicas']} is impossible; use a positive number or null")
+    elif r.num_replicas is not None and r.num_replicas < 1:
+        e.append(f"rollout.num_replicas={r.num_replicas} is impossible; use a positive number or null")
     return e
+
+
+def engines_per_gpu_error(k: int, *, engine: str, tensor_parallel_size: int, colocated: bool,
+                          device: str) -> str | None:
+    """Why `rollout.engines_per_gpu=k` cannot be placed (None when it can): k > 1 runs k vLLM engines, each in its
+    own process, on each GPU of a colocated run, one GPU per engine group, weights by CUDA IPC. `device`: "cpu",
+    "cuda" or "auto" (config validation: not refused, the run resolves it). The one copy of this rule: config
+    checks (trainer/setup.py) and the rollout worker (workers/rollout.py) both ask it."""
+    if k <= 1 or (engine == "vllm" and tensor_parallel_size == 1 and colocated and device != "cpu"):
+        return None
+    return (f"rollout.engines_per_gpu={k} runs several vLLM engines on each GPU of a colocated run "
+            f"(rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device: weights "
+            f"reach them by CUDA IPC; here engine {engine}, tensor parallel {tensor_parallel_size}, "
+            f"colocated {colocated}, device {device}); set rollout.engines_per_gpu=1")
 
 
 def cpus_per_worker(plans: Sequence[GroupPlan], *, device: str, node_cpus: float, nnodes: int) -> float:

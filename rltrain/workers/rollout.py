@@ -22,38 +22,42 @@ class RolloutRole:
     """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from.
     sync: how weights will reach the engine (rollout/weight_sync.py: "local", "gloo", "nccl")."""
 
-    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg: dict, device: str, dtype: torch.dtype,
-                 sync: str = "local", seed: int = 0, sandbox_cfg: dict | None = None):
+    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg, device: str, dtype: torch.dtype,
+                 sync: str = "local", seed: int = 0, sandbox_cfg=None):
+        from rltrain.config.convert import as_config
+        from rltrain.config.schema import RolloutConfig, SandboxConfig
+
+        rollout_cfg = as_config(rollout_cfg, RolloutConfig)  # a RolloutConfig (or a dict of one from tools/tests)
         self.cfg, self.tokenizer, self.sync = rollout_cfg, tokenizer, sync
         # vLLM sleeps at level 2 (weights dropped, no host copy) when every wake is followed by a full update
         self.sleep_level = 2 if engine == "vllm" and sync == "local" else 1
         if engine == "hf":
             self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
-                                       max_batch_size=rollout_cfg["max_batch_size"])
+                                       max_batch_size=rollout_cfg.max_batch_size)
         else:
             assert engine == "vllm", engine  # config validation allows hf | vllm
             self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed)
         self.multi_turn = None
-        mt = rollout_cfg.get("multi_turn") or {}
-        if mt.get("enable"):
+        mt = rollout_cfg.multi_turn
+        if mt.enable:
             from rltrain.rollout.multiturn import MultiTurnRollout, SandboxToolExecutor
 
-            sb = sandbox_cfg or {}  # config group `sandbox`; refuses here where tool code cannot be isolated
-            tools = SandboxToolExecutor(max_workers=mt["tool_max_workers"], timeout_s=mt["tool_timeout_s"],
-                                        memory_mb=mt["tool_memory_mb"],
-                                        allow_unisolated=sb.get("allow_unisolated", False),
-                                        allow_exec=sb.get("allow_exec", False))
+            # config group `sandbox`; refuses here where tool code cannot be isolated
+            sb = as_config(sandbox_cfg if sandbox_cfg is not None else {}, SandboxConfig)
+            tools = SandboxToolExecutor(max_workers=mt.tool_max_workers, timeout_s=mt.tool_timeout_s,
+                                        memory_mb=mt.tool_memory_mb, allow_unisolated=sb.allow_unisolated,
+                                        allow_exec=sb.allow_exec)
             self.multi_turn = MultiTurnRollout(self.engine, tokenizer, tool_executor=tools,
-                                               tool_pattern=mt["tool_pattern"], max_turns=mt["max_turns"],
-                                               max_total_tokens=mt["max_total_tokens"])
+                                               tool_pattern=mt.tool_pattern, max_turns=mt.max_turns,
+                                               max_total_tokens=mt.max_total_tokens)
 
     def sampling(self, *, validate: bool, seed: int | None) -> SamplingParams:
         c = self.cfg
         return SamplingParams(
-            n=c["val_n"] if validate else c["n"],
-            temperature=c["val_temperature"] if validate else c["temperature"],
-            top_p=1.0 if validate else c["top_p"], top_k=-1 if validate else c["top_k"],
-            max_tokens=c["max_response_length"], stop=tuple(c["stop"]), seed=seed,
+            n=c.val_n if validate else c.n,
+            temperature=c.val_temperature if validate else c.temperature,
+            top_p=1.0 if validate else c.top_p, top_k=-1 if validate else c.top_k,
+            max_tokens=c.max_response_length, stop=tuple(c.stop), seed=seed,
         )
 
     def generate(self, prompts: list[dict], *, group_offset: int, validate: bool = False,
@@ -103,13 +107,14 @@ class RolloutRole:
             close()
 
 
-def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, sync: str, seed: int):
+def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
     from rltrain.rollout.vllm import VLLMEngine
     from rltrain.rollout.weight_sync import transfer_backend
+    from rltrain.workers.placement import engines_per_gpu_error
 
-    tp = int(c["tensor_parallel_size"])
+    tp = c.tensor_parallel_size
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and world != tp:
         raise ValueError(f"rollout.engine=vllm runs one vLLM worker per process of its group and makes the group's "
@@ -121,22 +126,23 @@ def _build_vllm(model, tokenizer, c: dict, *, device: str, dtype: torch.dtype, s
         tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")
         _write_checkpoint(model, tmp)
         source = tmp
-    kv_gb = c.get("kv_cache_memory_gb")
+    kv_gb = c.kv_cache_memory_gb
     kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)  # unset: the engine fixes a small model's (vllm.py)
     common = dict(tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."), seed=seed,
-                  tensor_parallel_size=tp, enforce_eager=c["enforce_eager"],
+                  tensor_parallel_size=tp, enforce_eager=c.enforce_eager,
                   eos_token_id=getattr(tokenizer, "eos_token_id", None))
-    k = int(c.get("engines_per_gpu", 1))
+    k = c.engines_per_gpu
     try:
         if k > 1:  # several engines in their own processes share this GPU; weights by CUDA IPC (rollout/pool.py)
-            if device != "cuda" or world > 1 or sync != "local":
-                raise ValueError(f"rollout.engines_per_gpu={k} needs a colocated run with one GPU per trainer process "
-                                 f"on CUDA (device {device}, {world} processes, weight sync {sync!r}): set it to 1")
+            why = engines_per_gpu_error(k, engine="vllm", tensor_parallel_size=world, colocated=sync == "local",
+                                        device=device)
+            if why:
+                raise ValueError(why)
             from rltrain.rollout.vllm import start_engine_pool
 
-            return start_engine_pool(source, k, **common, gpu_memory_utilization=c["gpu_memory_utilization"],
-                                     gpu_kv_cache_bytes=kv_bytes, bucket_bytes=int(c["weight_sync_bucket_mb"]) << 20)
-        return VLLMEngine(source, **common, gpu_memory_utilization=c["gpu_memory_utilization"],
+            return start_engine_pool(source, k, **common, gpu_memory_utilization=c.gpu_memory_utilization,
+                                     gpu_kv_cache_bytes=kv_bytes, bucket_bytes=c.weight_sync_bucket_mb << 20)
+        return VLLMEngine(source, **common, gpu_memory_utilization=c.gpu_memory_utilization,
                           gpu_kv_cache_bytes=kv_bytes, weight_transfer_backend=transfer_backend(sync),
                           external_launcher=world > 1 or None)
     finally:
