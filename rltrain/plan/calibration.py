@@ -112,7 +112,7 @@ TIME: dict[str, Const] = {
         0.0517, "s per forward pass", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s "
                                       "(17,664 tokens in 2 micro-batches, forward only)"),
     "vllm_step_overhead_s": Const(
-        0.0124, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
+        0.0131, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
                                      "steps of 256 sequences (host-bound engine in the trainer's process)"),
     "hf_step_s": Const(
         0.0386, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "

@@ -2,6 +2,7 @@
 
     python -m rltrain.plan.fit            # the fitted constants (paste into calibration.py) + predicted vs measured
     python -m rltrain.plan.fit --markdown # the predicted-vs-measured table of docs/plan.md
+    python -m rltrain.plan.fit --write    # write the refit values into calibration.py (after a new run is added)
 
 Each fitted constant is solved from ONE run (role "fit"); every other run is "held out" and only compared. Rows of
 the engine before the 2026-11-23 levers (fp32 norms, foreach AdamW: "legacy") are compared too, but the model
@@ -335,6 +336,25 @@ def fit(verbose: bool = True) -> dict[str, float]:
     return fitted
 
 
+def write_calibration(values: dict[str, float]) -> None:
+    """Replace each fitted constant's value in calibration.py by `values` (4 decimals)."""
+    import re
+
+    path = cal.__file__
+    with open(path) as f:
+        text = f.read()
+    for k, v in values.items():
+        pat = re.compile(r'("%s": Const\(\s*)([-0-9.e]+)' % re.escape(k))
+        if not pat.search(text):
+            raise KeyError(f"{k} not found in {path}")
+        text = pat.sub(lambda m: m.group(1) + f"{v:.4f}", text, count=1)
+    with open(path, "w") as f:
+        f.write(text)
+    for k, v in values.items():
+        table = cal.MEMORY if k in cal.MEMORY else cal.TIME
+        table[k] = dataclasses.replace(table[k], value=round(v, 4))
+
+
 def compare() -> list[dict[str, Any]]:
     """Predicted vs measured for every case and quantity (with calibration.py's constants)."""
     rows = []
@@ -383,7 +403,10 @@ def summary(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rltrain.plan.fit")
     ap.add_argument("--markdown", action="store_true", help="print the predicted-vs-measured table only")
+    ap.add_argument("--write", action="store_true", help="write the refit values into calibration.py")
     args = ap.parse_args(argv)
+    if args.write:
+        write_calibration(fit(verbose=False))
     if not args.markdown:
         print("fitted constants (each from one run):")
         fit()

@@ -159,6 +159,17 @@ class GPU:
         return self.peak_bytes <= self.total_bytes and not self.refusals
 
     @property
+    def sleep_frees_bytes(self) -> float:
+        """What the colocated rollout engine's sleep gives back to the training phases (0 when not colocated)."""
+        if self.roles == ("rollout",) or "rollout" not in self.roles:
+            return 0.0
+        gen = next((p for p in self.phases if p.name == "generation"), None)
+        if gen is None:
+            return 0.0
+        keys = ("vllm (weights + KV cache)", "hf engine (weights + KV cache + logits)", "vllm CUDA graphs + workspaces")
+        return sum(gen.parts.get(k, 0.0) + gen.non_torch.get(k, 0.0) for k in keys)
+
+    @property
     def refusals(self) -> list[str]:
         return [n for n in self.notes if n.startswith("REFUSE:")]
 

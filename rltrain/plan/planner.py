@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.inputs import Inputs, as_dict, read
+from rltrain.plan.inputs import Inputs, PlanInputError, as_dict, read
 from rltrain.plan.memory import GPU, plan_gpus
 from rltrain.plan.timing import phase_seconds
 from rltrain.utils.errors import UserError
@@ -56,6 +56,15 @@ class Plan:
     @property
     def peak_gib(self) -> float:
         return max(g.peak_bytes for g in self.gpus) / GIB
+
+    def summary(self) -> str:
+        """One line for a log: the largest peak, where and when, and the step time by phase."""
+        g = max(self.gpus, key=lambda g: g.peak_bytes)
+        s = self.seconds
+        return (f"rltrain.plan: peak {g.peak_bytes / GIB:.1f} of {g.total_bytes / GIB:.1f} GiB on GPU {g.index} in "
+                f"'{g.peak().name}' ({'fits' if self.fits else 'DOES NOT FIT'}); step ~{s['step']:.1f} s (generation "
+                f"{s['generation']:.1f}, log-probs {s['log-probs']:.1f}, update {s['update']:.1f}, weight sync "
+                f"{s['weight sync']:.1f}) at {cal.DEVICES[self.device].name} rates")
 
     def refusal(self) -> str:
         """The message of a plan that does not fit ('' when it fits)."""
@@ -141,6 +150,12 @@ def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | No
         x = dataclasses.replace(x, max_prompt_length=int(prompt_tokens))
     if response_tokens is not None:
         x = dataclasses.replace(x, max_response_length=int(response_tokens))
+    bad = placement_problems(x)
+    if bad:
+        raise PlanInputError(f"cannot plan this placement (actor.tensor_parallel_size={x.tp}, "
+                             f"actor.pipeline_parallel_size={x.pp}, rollout.tensor_parallel_size={x.rollout_tp}, "
+                             f"trainer.n_gpus_per_node={x.n_gpus_per_node}, trainer.nnodes={x.nnodes}, model "
+                             f"{x.shape.name}): " + "; ".join(bad))
     plan = _plan(x, dev, total)
     if suggest and not plan.fits:
         plan.suggestions = suggestions(c, plan, dev, total, prompt_tokens, response_tokens)

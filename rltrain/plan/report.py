@@ -60,6 +60,8 @@ def table(plan: Plan) -> str:
         for p in g.phases:
             if p.detail:
                 lines.append("  " + p.detail)
+        if g.sleep_frees_bytes:
+            lines.append(f"  the rollout engine's sleep frees {g.sleep_frees_bytes / GIB:.2f} GiB for the training phases")
         for n in g.notes:
             lines.append("  note: " + n.removeprefix("REFUSE: "))
         lines.append("")
@@ -82,6 +84,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "gpu": g.index, "roles": list(g.roles), "pipeline_stage": g.stage,
             "peak_gib": round(g.peak_bytes / GIB, 3), "peak_phase": peak.name, "fits": g.fits,
             "allocator_peak_gib": round(g.allocator_peak_bytes / GIB, 3),
+            "sleep_frees_gib": round(g.sleep_frees_bytes / GIB, 3),
             "phases": {p.name: {"device_gib": round(p.device_bytes(g.slack) / GIB, 3),
                                 "parts_gib": {k: round(v / GIB, 3) for k, v in {**p.parts, **p.non_torch}.items()}}
                        for p in g.phases},
@@ -102,6 +105,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
                         for s in plan.suggestions],
         "warnings": plan.warnings,
         "message": plan.refusal(),
+        "summary": plan.summary(),
     }
 
 

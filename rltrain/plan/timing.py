@@ -3,7 +3,8 @@
   generation   per rollout replica, its share of train_batch_size x n sequences in waves of at most vLLM's
                1,024 (rollout/vllm.py MAX_NUM_SEQS) or as many as its KV cache holds at full length (hf:
                rollout.max_batch_size); each of max_response_length decode steps costs vllm_step_overhead_s (the
-               engine's host work) + (weights + the wave's KV cache at its mean context) / HBM bandwidth (hf:
+               engine's host work) or (weights + the wave's KV cache at its mean context) / HBM bandwidth, the larger
+               (they overlap; hf:
                hf_step_s); prefill at the forward rate.
   log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops) of the
                step's tokens on one data-parallel rank at the update rate without recompute, + fwd_mb_overhead_s
@@ -58,7 +59,8 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
         waves = math.ceil(seqs / wave)
         ctx = prompt + (resp + 1) / 2
         weights = full_params(shape) * x.dtype_bytes / x.rollout_tp
-        step = cal.value("vllm_step_overhead_s") + (weights + wave * ctx * kv_tok) / hbm
+        # the engine's host work per step and the GPU's reads overlap (CUDA launches are asynchronous): the larger
+        step = max(cal.value("vllm_step_overhead_s"), (weights + wave * ctx * kv_tok) / hbm)
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
         return waves * resp * step + prefill

@@ -229,3 +229,9 @@ def test_imports_no_gpu_library_and_starts_nothing():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert "BAD []" in r.stdout, r.stdout + r.stderr
+
+
+def test_impossible_placement_exits_2(capsys):
+    rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "trainer.n_gpus_per_node=3",
+                          "actor.tensor_parallel_size=2")
+    assert rc == 2 and err.startswith("rltrain:")
