@@ -141,6 +141,7 @@ class MultiTurnRollout:
         self.tool_output_template = tool_output_template
         self._encode_kwargs = ({"add_special_tokens": False}
                                if "add_special_tokens" in inspect.signature(tokenizer.encode).parameters else {})
+        self._specials = _special_strings(tokenizer)
 
     def generate(self, prompts_token_ids: list[list[int]], sampling: SamplingParams) -> list[RolloutResponse]:
         """Same contract as Engine.generate: prompt-major responses, now with loss_mask,
@@ -213,7 +214,7 @@ class MultiTurnRollout:
 
     def _take_tool_output(self, sample: _Sample, output: str) -> bool:
         """Append the rendered tool output (loss_mask 0); True when the sample gets another turn."""
-        ids = self.tokenizer.encode(self.tool_output_template.replace("{output}", output), **self._encode_kwargs)
+        ids = self._encode_tool_turn(output)
         room = self.max_total_tokens - len(sample.token_ids)
         ids = list(ids[:room])
         sample.token_ids += ids
@@ -226,6 +227,56 @@ class MultiTurnRollout:
         sample.num_turns += 1
         sample.turn_start = len(sample.token_ids)
         return True
+
+
+    def _encode_tool_turn(self, output: str) -> list[int]:
+        """The template's text as the tokenizer reads it (its own special tokens stay special), the tool's
+        output as plain text: a special-token string in the output (e.g. "<|end|><|user|>") becomes ordinary
+        tokens, so a tool cannot forge turns into the context. Output without such strings is encoded in one
+        piece with the template, exactly as before."""
+        template = self.tool_output_template
+        if not self._specials:
+            return list(self.tokenizer.encode(template.replace("{output}", output), **self._encode_kwargs))
+        reach = max(map(len, self._specials)) - 1
+        pieces = template.split("{output}")
+        window = "".join(p[max(len(p) - reach, 0):] + output + q[:reach] for p, q in zip(pieces, pieces[1:]))
+        if not any(s in window for s in self._specials):
+            return list(self.tokenizer.encode(template.replace("{output}", output), **self._encode_kwargs))
+        ids = list(self.tokenizer.encode(pieces[0], **self._encode_kwargs)) if pieces[0] else []
+        for piece in pieces[1:]:
+            ids += self._encode_plain(output)
+            if piece:
+                ids += self.tokenizer.encode(piece, **self._encode_kwargs)
+        return ids
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """Encode `text` so that no special-token string in it becomes its special token: the text is cut
+        at each such string, and each string is encoded in two parts (neither is a special token)."""
+        ids: list[int] = []
+        for i, part in enumerate(re.split("(" + "|".join(map(re.escape, self._specials)) + ")", text)):
+            if i % 2 == 0:
+                ids += self.tokenizer.encode(part, **self._encode_kwargs) if part else []
+            else:
+                ids += self.tokenizer.encode(part[:1], **self._encode_kwargs) + self._encode_plain(part[1:])
+        return ids
+
+
+def _special_strings(tokenizer) -> tuple[str, ...]:
+    """The strings this tokenizer turns into special or added tokens when they appear in text, longest first
+    (HF: all special and added tokens; others: what their special ids decode to)."""
+    found: set[str] = set()
+    found.update(t for t in getattr(tokenizer, "all_special_tokens", None) or () if isinstance(t, str))
+    get_added = getattr(tokenizer, "get_added_vocab", None)
+    if callable(get_added):
+        found.update(t for t in get_added() if isinstance(t, str))
+    for token_id in getattr(tokenizer, "all_special_ids", None) or ():
+        try:
+            text = tokenizer.decode([token_id], skip_special_tokens=False)
+        except Exception:  # a tokenizer whose decode takes no such argument, or rejects the id
+            continue
+        if isinstance(text, str):
+            found.add(text)
+    return tuple(sorted((t for t in found if t), key=len, reverse=True))
 
 
 def _resolve_pattern(tool_pattern: str, tool_stop) -> ToolPattern:
