@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import Deadline, device_name, run_child
+from harness import Deadline, device_name, md_table, run_child
 from harness import write_report as write_files
 from harness.cases import GRPO_06B_OVERRIDES
 
@@ -150,14 +150,10 @@ def to_markdown(res: dict) -> str:
              f"Command: `{res['command']}`; total {res['total_s']:.0f} s.", ""]
     sp = res.get("speed", {})
     if any(sp.get(m, {}).get("mean") for m in ("sync", "async")):
-        lines += [f"## Step time: {sp['title']}", "",
-                  "| mode | " + " | ".join(k.split("/")[1] for k in PHASES) + " | median step | tokens/s | max staleness |",
-                  "|---|" + "---|" * (len(PHASES) + 3)]
-        for m in ("sync", "async"):
-            s = sp.get(m, {})
-            if s.get("mean"):
-                lines.append(f"| {m} | " + " | ".join(f"{s['mean'][k]:.3f}" for k in PHASES)
-                             + f" | {s['median_step_s']:.3f} | {s['tokens_per_s']:.0f} | {s['max_staleness_seen']} |")
+        rows = [(m, *(f"{s['mean'][k]:.3f}" for k in PHASES), f"{s['median_step_s']:.3f}", f"{s['tokens_per_s']:.0f}",
+                 s["max_staleness_seen"]) for m, s in ((m, sp.get(m, {})) for m in ("sync", "async")) if s.get("mean")]
+        lines += [f"## Step time: {sp['title']}", "", md_table(
+            ["mode", *(k.split("/")[1] for k in PHASES), "median step", "tokens/s", "max staleness"], rows)]
         if sp.get("speedup"):
             lines += ["", f"async / sync tokens/s: **{sp['speedup']:.2f}x**; mismatch |log p_sampler - log p_old| "
                       f"sync {sp['sync'].get('mismatch_abs_mean', 0):.4f}, async {sp['async'].get('mismatch_abs_mean', 0):.4f}"]
@@ -167,9 +163,9 @@ def to_markdown(res: dict) -> str:
         if not c:
             continue
         lines += [f"## Learning: {name}", "", f"Overrides: `{' '.join(lr['overrides'])}`", "",
-                  "| mode | steps to target | loop s (step + validation) to target | final val/accuracy |", "|---|---|---|---|",
-                  f"| sync | {c['sync_steps']} | {c['sync_seconds']} | {c['final_sync']} |",
-                  f"| async | {c['async_steps']} | {c['async_seconds']} | {c['final_async']} |", "",
+                  md_table(["mode", "steps to target", "loop s (step + validation) to target", "final val/accuracy"],
+                           [("sync", c["sync_steps"], c["sync_seconds"], c["final_sync"]),
+                            ("async", c["async_steps"], c["async_seconds"], c["final_async"])]), "",
                   f"target = 90% of the sync run's best held-out accuracy = {c['target_accuracy']:.3f}; "
                   f"async/sync steps = {c['async_over_sync_steps']}; curves: `learning_{name}.png`", ""]
     for k, v in res.get("skipped", {}).items():

@@ -28,7 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, write_report
+from harness import device_name, md_table, write_report
 
 
 def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
@@ -220,29 +220,29 @@ def main() -> None:
 
 
 def to_markdown(res: dict) -> str:
-    lines = [f"`{res['command']}` ({res['date']}, {res['device']}, torch {res['torch']}"
-             + (f", vLLM {res['vllm']}" if "vllm" in res else "") + f"), {res['shape']} shapes ({res['params_m']:.1f}M params), "
-             f"prompt {res['prompt_len']} + response {res['response_len']} tokens:", "",
-             "| engine | sequences | generate s | tokens/s | start s | weight sync s/GB (GB) | sleep s / wake s | "
-             "colocated cycle: sleep(2) + wake + sync s | greedy same after it |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for r in res["results"]:
         if "sync_s" not in r:  # engine in its own process: generation only
-            lines.append(f"| {r['engine']} (own process) | {r['batch']} | {r['gen_s']:.2f} | "
-                         f"{r['gen_tokens_per_s']:,.0f} | {r['start_s']:.1f} | n/a | n/a | n/a | n/a |")
+            rows.append((f"{r['engine']} (own process)", r["batch"], f"{r['gen_s']:.2f}", f"{r['gen_tokens_per_s']:,.0f}",
+                         f"{r['start_s']:.1f}", "n/a", "n/a", "n/a", "n/a"))
             continue
         sleep = f"{r['sleep_s']:.2f} / {r['wake_s']:.2f} ({r['sleep_freed_gib']:.1f} GiB freed)" if "sleep_s" in r \
             else "n/a on CPU"
         cycle = (f"{r['level2_sleep_s']:.2f} + {r['level2_wake_s']:.2f} + {r['level2_sync_s']:.2f} = "
                  f"{r['level2_cycle_s']:.2f}")
         same = f"{100 * r['level2_same_greedy']:.0f}% (log-prob max diff {r['level2_logprob_max_diff']:.1e})"
-        lines.append(f"| {r['engine']} | {r['batch']} | {r['gen_s']:.2f} | {r['gen_tokens_per_s']:,.0f} | "
-                     f"{r['start_s']:.1f} | {r['sync_s_per_gb']:.2f} ({r['sync_gb']:.3f}) | {sleep} | {cycle} | {same} |")
+        rows.append((r["engine"], r["batch"], f"{r['gen_s']:.2f}", f"{r['gen_tokens_per_s']:,.0f}", f"{r['start_s']:.1f}",
+                     f"{r['sync_s_per_gb']:.2f} ({r['sync_gb']:.3f})", sleep, cycle, same))
+    lines = [f"`{res['command']}` ({res['date']}, {res['device']}, torch {res['torch']}"
+             + (f", vLLM {res['vllm']}" if "vllm" in res else "") + f"), {res['shape']} shapes ({res['params_m']:.1f}M params), "
+             f"prompt {res['prompt_len']} + response {res['response_len']} tokens:", "",
+             md_table(["engine", "sequences", "generate s", "tokens/s", "start s", "weight sync s/GB (GB)",
+                       "sleep s / wake s", "colocated cycle: sleep(2) + wake + sync s", "greedy same after it"], rows)]
     variants = [(r["engine"], k, v) for r in res["results"] for k, v in r.get("variants", {}).items()]
     if variants:
-        lines += ["", "| engine | sampling | generate s | ms per decode step | tokens/s |", "|---|---|---|---|---|"]
-        lines += [f"| {e} | {k} | {v['gen_s']:.2f} | {v['ms_per_decode_step']:.1f} | {v['gen_tokens_per_s']:,.0f} |"
-                  for e, k, v in variants]
+        lines += ["", md_table(["engine", "sampling", "generate s", "ms per decode step", "tokens/s"],
+                               [(e, k, f"{v['gen_s']:.2f}", f"{v['ms_per_decode_step']:.1f}", f"{v['gen_tokens_per_s']:,.0f}")
+                                for e, k, v in variants])]
     return "\n".join(lines) + "\n"
 
 

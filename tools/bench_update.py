@@ -44,7 +44,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, gemm_tflops, run_child, time_ms, write_report
+from harness import device_name, gemm_tflops, md_table, run_child, time_ms, write_report
 from harness.cases import LEVER_SETS, PRESETS, Row, build_for_row, hf_config  # noqa: F401 (tests import them here)
 from harness.update_profile import profile_train_step
 
@@ -270,46 +270,39 @@ def attention_probe(shapes=((16, 8, 8192), (16, 8, 32768), (32, 8, 8192), (32, 8
 
 
 # ------------------------------------------------------------------ report
+def _md_row(r: dict) -> tuple:
+    row = Row(**r["row"])
+    head = (row.name, row.tokens, f"{_levers_of(row)} ({row.norms} norms, {row.optim} AdamW, fusion {row.fusion})",
+            row.recompute, row.head, row.tp, r["status"])
+    if r["status"] != "ok":
+        return (*head, "-", f"{r.get('predicted_step_s', 0):.3f}", "-", "-", str(r.get("error"))[:100])
+    return (*head, f"{r['step_s']:.3f} ({r['step_min_s']:.3f}-{r['step_max_s']:.3f})", f"{r.get('predicted_step_s', 0):.3f}",
+            f"{100 * r['mfu']:.1f}%", f"{(r['peak_gib'] or 0):.1f}", f"{r['warmup_loss']:.4f} / {r['warmup_grad_norm']:.4g}")
+
+
 def to_markdown(res: dict) -> str:
     lines = [f"# Actor update step ({res['date']}, {res['device']}, torch {res['torch']})", "",
              f"Command: `{res['command']}`; measured bf16 GEMM ceiling {res.get('gemm_tflops', 0):.0f} TFLOP/s; "
              f"MFU against {peak_flops(res['device']) / 1e12:.0f} TFLOP/s per GPU (a TP=2 row: the FLOPs over two "
              "GPUs' peak).", "",
-             "| row | tokens | levers | recompute | head | TP | status | s/step (min-max) | pred s | MFU | "
-             "peak GiB | warm-up loss / grad norm |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in res["rows"]:
-        row = Row(**r["row"])
-        levers = f"{_levers_of(row)} ({row.norms} norms, {row.optim} AdamW, fusion {row.fusion})"
-        head = f"| {row.name} | {row.tokens} | {levers} | {row.recompute} | {row.head} | {row.tp} | {r['status']} |"
-        if r["status"] == "ok":
-            lines.append(f"{head} {r['step_s']:.3f} ({r['step_min_s']:.3f}-{r['step_max_s']:.3f}) | "
-                         f"{r.get('predicted_step_s', 0):.3f} | {100 * r['mfu']:.1f}% | "
-                         f"{(r['peak_gib'] or 0):.1f} | {r['warmup_loss']:.4f} / {r['warmup_grad_norm']:.4g} |")
-        else:
-            lines.append(f"{head} - | {r.get('predicted_step_s', 0):.3f} | - | - | {str(r.get('error'))[:100]} |")
+             md_table(["row", "tokens", "levers", "recompute", "head", "TP", "status", "s/step (min-max)", "pred s", "MFU",
+                       "peak GiB", "warm-up loss / grad norm"], [_md_row(r) for r in res["rows"]])]
     if res.get("attention"):
         lines += ["", "Causal SDPA, one sequence, head dim 128, bf16 (ms; TFLOP/s from causal FLOPs, bwd = 2.5x fwd):",
-                  "", "| q/kv heads | tokens | variant | fwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s |",
-                  "|---|---|---|---|---|---|---|"]
-        for a in res["attention"]:
-            if "error" in a:
-                lines.append(f"| {a['hq']}/{a['hkv']} | {a['tokens']} | {a['variant']} | {a['error'][:80]} | | | |")
-            else:
-                lines.append(f"| {a['hq']}/{a['hkv']} | {a['tokens']} | {a['variant']} | {a['fwd_ms']:.2f} | "
-                             f"{a['fwdbwd_ms']:.2f} | {a['fwd_tflops']:.0f} | {a['bwd_tflops']:.0f} |")
+                  "", md_table(["q/kv heads", "tokens", "variant", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s"],
+                               [(f"{a['hq']}/{a['hkv']}", a["tokens"], a["variant"], a["error"][:80], "", "", "")
+                                if "error" in a else
+                                (f"{a['hq']}/{a['hkv']}", a["tokens"], a["variant"], f"{a['fwd_ms']:.2f}",
+                                 f"{a['fwdbwd_ms']:.2f}", f"{a['fwd_tflops']:.0f}", f"{a['bwd_tflops']:.0f}")
+                                for a in res["attention"]])]
     profiled = [r for r in res["rows"] if r.get("profile")]
     if profiled:
         cats = [c["category"] for c in profiled[0]["profile"]["rows"]]
+        rows = [(c, *(f"{p['profile']['rows'][i]['ms']:.1f} ({100 * p['profile']['rows'][i]['share']:.0f}%)"
+                      for p in profiled)) for i, c in enumerate(cats)]
+        rows.append(("host syncs/step", *(f"{p['profile']['host_syncs_per_step']:.0f}" for p in profiled)))
         lines += ["", "Profiles (kernel ms per step by category; details in profile_<row>.md):", "",
-                  "| category | " + " | ".join(r["row"]["name"] for r in profiled) + " |",
-                  "|---|" + "---:|" * len(profiled)]
-        for i, c in enumerate(cats):
-            cells = [f"{p['profile']['rows'][i]['ms']:.1f} ({100 * p['profile']['rows'][i]['share']:.0f}%)"
-                     for p in profiled]
-            lines.append(f"| {c} | " + " | ".join(cells) + " |")
-        lines.append("| host syncs/step | " + " | ".join(f"{p['profile']['host_syncs_per_step']:.0f}"
-                                                         for p in profiled) + " |")
+                  md_table(["category", *(r["row"]["name"] for r in profiled)], rows, ["---"] + ["---:"] * len(profiled))]
     return "\n".join(lines) + "\n"
 
 

@@ -49,7 +49,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import Deadline, device_name, run_child, write_report
+from harness import Deadline, device_name, md_table, run_child, write_report
 
 from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # the head_dim rule of vLLM TP > 1 on GPUs
 
@@ -285,42 +285,32 @@ def to_markdown(res: dict) -> str:
     lines = [f"# Placement matrix ({res['date']}, {res['device']}, torch {res['torch']})", "",
              f"Command: `{res['command']}`", ""]
     if "nccl" in res and "error" not in res["nccl"]:
+        rows = [(mode, ", ".join(v["transports"])[:40], op,
+                 *(f"{bw.get(m, float('nan')):.1f}" for m in (1, 16, 256, 1024)))
+                for mode, v in res["nccl"].items() for op in ("all_reduce", "broadcast")
+                for bw in [{r["mib"]: r["busbw_gbps"] for r in v["results"] if r["op"] == op}]]
         lines += ["## NCCL between the GPUs (bus bandwidth, GB/s)", "",
-                  "| visibility | transport | op | 1 MiB | 16 MiB | 256 MiB | 1 GiB |", "|---|---|---|---|---|---|---|"]
-        for mode, v in res["nccl"].items():
-            for op in ("all_reduce", "broadcast"):
-                bw = {r["mib"]: r["busbw_gbps"] for r in v["results"] if r["op"] == op}
-                lines.append(f"| {mode} | {', '.join(v['transports'])[:40]} | {op} | "
-                             + " | ".join(f"{bw.get(m, float('nan')):.1f}" for m in (1, 16, 256, 1024)) + " |")
+                  md_table(["visibility", "transport", "op", "1 MiB", "16 MiB", "256 MiB", "1 GiB"], rows)]
         lines += ["", "isolated: each process sees only its own GPU (CUDA_VISIBLE_DEVICES, as Ray workers); "
                   "shared: both visible (torchrun).", ""]
     if res.get("learn"):
+        rows = [(name, v["curve"][-1][0], f"{v['acc_before']:.3f}", f"{v['acc_after']:.3f}", f"{v['gain']:+.3f}",
+                 v["learned"], f"{v['seconds']:.0f}") if "acc_before" in v else
+                (name, "-", "-", "-", "-", v.get("skipped") or f"failed rc={v['rc']}", f"{v['seconds']:.0f}")
+                for name, v in res["learn"].items()]
         lines += ["## grpo_tiny to the end under Ray (held-out greedy accuracy)", "",
-                  "| placement | steps | before | after | gain | learned (>= +0.3) | seconds |", "|---|---|---|---|---|---|---|"]
-        for name, v in res["learn"].items():
-            if "acc_before" in v:
-                lines.append(f"| {name} | {v['curve'][-1][0]} | {v['acc_before']:.3f} | {v['acc_after']:.3f} | "
-                             f"{v['gain']:+.3f} | {v['learned']} | {v['seconds']:.0f} |")
-            else:
-                status = v.get("skipped") or f"failed rc={v['rc']}"
-                lines.append(f"| {name} | - | - | - | - | {status} | {v['seconds']:.0f} |")
-        lines.append("")
+                  md_table(["placement", "steps", "before", "after", "gain", "learned (>= +0.3)", "seconds"], rows), ""]
     for sec, title in (("qwen06b", "Qwen3-0.6B-shaped GRPO steps (KL loss: actor + reference + rollout)"),
                        ("roles", "tiny PPO: actor + reference + critic + rollout")):
         if not res.get(sec):
             continue
         phases = [p for p in PHASES if any(p in v.get("timing_s", {}) for v in res[sec].values())]
+        rows = [(name, v.get("skipped") or "failed rc=" + str(v["rc"])) if "timing_s" not in v else
+                (name, *(f"{v['timing_s'].get(p, 0.0):.2f}" for p in phases), f"{v['throughput_tok_s']:.0f}",
+                 ", ".join(f"{k}: {g:.1f}" for k, g in v["peak_gib_per_gpu"].items()), f"{v['logprob_diff_max']:.2g}")
+                for name, v in res[sec].items()]
         lines += [f"## {title}, mean s/step after the warm-up (steps 3.. when 4 or more ran, else 2..)", "",
-                  "| placement | " + " | ".join(phases) + " | tok/s | peak GiB per GPU (rank: GiB) | logprob diff |",
-                  "|---|" + "---|" * (len(phases) + 3)]
-        for name, v in res[sec].items():
-            if "timing_s" not in v:
-                lines.append(f"| {name} | {v.get('skipped') or 'failed rc=' + str(v['rc'])} |")
-                continue
-            mem = ", ".join(f"{k}: {g:.1f}" for k, g in v["peak_gib_per_gpu"].items())
-            lines.append(f"| {name} | " + " | ".join(f"{v['timing_s'].get(p, 0.0):.2f}" for p in phases)
-                         + f" | {v['throughput_tok_s']:.0f} | {mem} | {v['logprob_diff_max']:.2g} |")
-        lines.append("")
+                  md_table(["placement", *phases, "tok/s", "peak GiB per GPU (rank: GiB)", "logprob diff"], rows), ""]
     checked = [(f"{sec}/{name}", v["log_checks"]) for sec in ("learn", "qwen06b", "roles")
                for name, v in (res.get(sec) or {}).items() if "log_checks" in v]
     if checked:

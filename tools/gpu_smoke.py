@@ -26,7 +26,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import REPO, device_name, gemm_tflops, run_child, time_ms, write_report
+from harness import REPO, device_name, gemm_tflops, md_table, run_child, time_ms, write_report
 from harness.cases import GRPO_06B_OVERRIDES, policy_loss_fn, policy_micro_batch  # noqa: F401 (GRPO_06B: docs)
 from harness.host_profile import profile_call
 from harness.host_profile import to_markdown as profile_markdown
@@ -267,10 +267,9 @@ def to_markdown(res: dict) -> str:
         g = res["grpo"]
         mean = g["mean"]
         lines += [f"## GRPO, Qwen3-0.6B shapes (random init), fused Triton head, {g.get('engine', 'hf')} rollout, "
-                  "1 GPU", "",
-                  "| phase | mean s/step |", "|---|---|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in mean.items() if k.startswith("timing_s/")]
-        lines += ["", f"generation {mean.get('gen_response_tokens_per_s', 0):.0f} response tokens/s; "
+                  "1 GPU", "", md_table(["phase", "mean s/step"],
+                                        [(k, f"{v:.3f}") for k, v in mean.items() if k.startswith("timing_s/")]),
+                  "", f"generation {mean.get('gen_response_tokens_per_s', 0):.0f} response tokens/s; "
                   f"tokens/step {g['tokens_per_step']:.0f}; throughput {mean['perf/throughput']:.0f} tok/s; "
                   f"update-phase MFU {100 * g['update_mfu']:.1f}%; peak GPU memory "
                   f"{mean['perf/max_memory_allocated_gb']:.1f} GiB; all metrics finite: {g['all_finite']}", ""]
@@ -282,20 +281,16 @@ def to_markdown(res: dict) -> str:
                   f"{p['entropy_max_abs_err']:.3g}/{p['entropy_mean_abs_err']:.3g}", ""]
     steps = [v for k, v in res.items() if k.startswith(("step8k", "longctx"))]
     if steps:
-        lines += ["## Actor update step (Qwen3-0.6B shapes, one micro-batch)", "",
-                  "| tokens | head | recompute | status | s/step | tokens/s | MFU | peak GiB |",
-                  "|---|---|---|---|---|---|---|---|"]
+        rows = []
         for r in [x for v in steps for x in (v if isinstance(v, list) else [v])]:
             if "tokens" not in r:
-                lines.append(f"| - | - | - | error: {str(r.get('error'))[:120]} | - | - | - | - |")
-            elif r.get("status") == "ok":
-                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | {r.get('recompute')} | ok | "
-                             f"{r['step_s']:.3f} | "
-                             f"{r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['peak_gib']:.1f} |")
-            else:
-                lines.append(f"| {r['tokens']} | {'fused' if r['fused'] else 'unfused'} | {r.get('recompute')} | "
-                             f"{r.get('status')} | - | - | - | - |")
-        lines.append("")
+                rows.append(("-", "-", "-", f"error: {str(r.get('error'))[:120]}", "-", "-", "-", "-"))
+                continue
+            head = (r["tokens"], "fused" if r["fused"] else "unfused", r.get("recompute"))
+            rows.append((*head, "ok", f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{100 * r['mfu']:.1f}%",
+                         f"{r['peak_gib']:.1f}") if r.get("status") == "ok" else (*head, r.get("status"), "-", "-", "-", "-"))
+        lines += ["## Actor update step (Qwen3-0.6B shapes, one micro-batch)", "",
+                  md_table(["tokens", "head", "recompute", "status", "s/step", "tokens/s", "MFU", "peak GiB"], rows), ""]
     if "tp2" in res and "error" not in res["tp2"]:
         t = res["tp2"]
         lines += ["## Tensor parallel 2 vs 1 (same weights)", "",

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import REPO, Deadline, device_name, run_child, run_children, write_json
+from harness import REPO, Deadline, device_name, md_table, run_child, run_children, write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
 from rltrain.utils.flops import peak_flops
@@ -743,42 +743,30 @@ def stage_plots(lay: Layout) -> dict:
 
 def report(summary: dict) -> str:
     """summary.md: one table of held-out accuracy before/after each stage, and the timing per phase."""
-    lines = [f"# Learning recipe ({summary.get('device', '?')}, scale {summary.get('scale')}, "
-             f"{summary.get('date')})", "", "| stage | model | held-out accuracy before | after | "
-             "correct tool calls before | after | wall s |", "|---|---|---|---|---|---|---|"]
-
     def tc(e):
         return f"{e['correct_tool_call']:.3f}" if e and "correct_tool_call" in e else "-"
 
-    for stage in ("sft", "retool_sft"):
-        s = summary.get(stage)
-        if s and "after" in s:
-            lines.append(f"| {stage} | {s['parameters'] / 1e6:.1f}M random init -> SFT | {s['before']['accuracy']:.3f} | "
-                         f"{s['after']['accuracy']:.3f} | {tc(s['before'])} | {tc(s['after'])} | {s['wall_s']:.0f} |")
-    for stage in ("grpo", "retool_grpo"):
-        s = summary.get(stage)
-        if s and "runs" in s:
-            for name, r in s["runs"].items():
-                after = r.get("after")
-                lines.append(f"| {stage} | {name} ({r['steps_done']}/{r['total_steps']} steps) | "
-                             f"{r.get('before', s['before'])['accuracy']:.3f} | "
-                             f"{after['accuracy'] if after else float('nan'):.3f} | "
-                             f"{tc(r.get('before', s['before']))} | {tc(after)} | {r['wall_s']:.0f} |")
+    rows = [(stage, f"{s['parameters'] / 1e6:.1f}M random init -> SFT", f"{s['before']['accuracy']:.3f}",
+             f"{s['after']['accuracy']:.3f}", tc(s["before"]), tc(s["after"]), f"{s['wall_s']:.0f}")
+            for stage in ("sft", "retool_sft") for s in [summary.get(stage)] if s and "after" in s]
+    rows += [(stage, f"{name} ({r['steps_done']}/{r['total_steps']} steps)", f"{r.get('before', s['before'])['accuracy']:.3f}",
+              f"{r['after']['accuracy'] if r.get('after') else float('nan'):.3f}", tc(r.get("before", s["before"])),
+              tc(r.get("after")), f"{r['wall_s']:.0f}")
+             for stage in ("grpo", "retool_grpo") for s in [summary.get(stage)] if s and "runs" in s
+             for name, r in s["runs"].items()]
+    lines = [f"# Learning recipe ({summary.get('device', '?')}, scale {summary.get('scale')}, {summary.get('date')})", "",
+             md_table(["stage", "model", "held-out accuracy before", "after", "correct tool calls before", "after",
+                       "wall s"], rows)]
     for stage in ("grpo", "retool_grpo"):
         s = summary.get(stage)
         if s and s.get("runs"):
-            lines += ["", f"## {stage}: seconds per step and tokens/s per phase (mean over steps >= 2)", "",
-                      "| run | gen s | old_log_prob s | update_actor s | update_weights s | step s | "
-                      "gen resp tok/s | log-prob tok/s | update tok/s | end-to-end tok/s |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
-            for name, r in s["runs"].items():
-                t = r["timing"]
-                if t:
-                    lines.append(f"| {name} | {t.get('gen_s', 0):.2f} | {t.get('old_log_prob_s', 0):.2f} | "
-                                 f"{t.get('update_actor_s', 0):.2f} | {t.get('update_weights_s', 0):.2f} | "
-                                 f"{t['step_s']:.2f} | {t['gen_response_tokens_per_s']:.0f} | "
-                                 f"{t['old_log_prob_tokens_per_s']:.0f} | {t['update_actor_tokens_per_s']:.0f} | "
-                                 f"{t['tokens_per_s_end_to_end']:.0f} |")
+            lines += ["", f"## {stage}: seconds per step and tokens/s per phase (mean over steps >= 2)", "", md_table(
+                ["run", "gen s", "old_log_prob s", "update_actor s", "update_weights s", "step s", "gen resp tok/s",
+                 "log-prob tok/s", "update tok/s", "end-to-end tok/s"],
+                [(name, f"{t.get('gen_s', 0):.2f}", f"{t.get('old_log_prob_s', 0):.2f}", f"{t.get('update_actor_s', 0):.2f}",
+                  f"{t.get('update_weights_s', 0):.2f}", f"{t['step_s']:.2f}", f"{t['gen_response_tokens_per_s']:.0f}",
+                  f"{t['old_log_prob_tokens_per_s']:.0f}", f"{t['update_actor_tokens_per_s']:.0f}",
+                  f"{t['tokens_per_s_end_to_end']:.0f}") for name, r in s["runs"].items() for t in [r["timing"]] if t])]
             e = (s.get("comparison") or {}).get("engines")
             if e:
                 lines += ["", f"Rollout engines: mean |held-out accuracy gap| {e['gap_engines']:.3f} ({e['reference']} "
@@ -796,9 +784,7 @@ def bench_table(summary: dict) -> str:
     """benchmarks.md: the rows for docs/benchmarks.md's "Learning recipe" section (command, device, wall time,
     tokens/s per phase, held-out accuracy before -> after)."""
     dev, date = summary.get("device", "?"), summary.get("date", "?")
-    lines = [f"Device: {dev}; date {date}; scale {summary.get('scale')}.", "",
-             "| stage | run | driver command | wall s | steps | tokens/s per phase | held-out accuracy | "
-             "correct tool calls |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
 
     def acc(b, a):
         return f"{b['accuracy']:.3f} -> {a['accuracy']:.3f}" if a else f"{b['accuracy']:.3f} -> (unfinished)"
@@ -814,19 +800,19 @@ def bench_table(summary: dict) -> str:
         if "runs" not in s:
             if "after" in s:
                 tok = f"train {s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-"
-                lines.append(f"| {stage} | {s['parameters'] / 1e6:.1f}M from random init | {cmd} | {s['wall_s']:.0f} "
-                             f"| {s['steps']} | {tok} | {acc(s['before'], s['after'])} | "
-                             f"{tc(s['before'], s['after'])} |")
+                rows.append((stage, f"{s['parameters'] / 1e6:.1f}M from random init", cmd, f"{s['wall_s']:.0f}",
+                             s["steps"], tok, acc(s["before"], s["after"]), tc(s["before"], s["after"])))
             continue
         for name, r in s["runs"].items():
             t = r.get("timing") or {}
             tok = (f"gen {t['gen_response_tokens_per_s']:.0f} (response), log-prob {t['old_log_prob_tokens_per_s']:.0f}, "
                    f"update {t['update_actor_tokens_per_s']:.0f}, end-to-end {t['tokens_per_s_end_to_end']:.0f}"
                    if t else "-")
-            lines.append(f"| {stage} | {name} | {cmd} | {r['wall_s']:.0f} | {r['steps_done']}/{r['total_steps']} | "
-                         f"{tok} | {acc(r.get('before', s['before']), r.get('after'))} | "
-                         f"{tc(r.get('before', s['before']), r.get('after'))} |")
-    return "\n".join(lines) + "\n"
+            rows.append((stage, name, cmd, f"{r['wall_s']:.0f}", f"{r['steps_done']}/{r['total_steps']}", tok,
+                         acc(r.get("before", s["before"]), r.get("after")), tc(r.get("before", s["before"]), r.get("after"))))
+    return "\n".join([f"Device: {dev}; date {date}; scale {summary.get('scale')}.", "", md_table(
+        ["stage", "run", "driver command", "wall s", "steps", "tokens/s per phase", "held-out accuracy",
+         "correct tool calls"], rows)]) + "\n"
 
 
 EXPORT_FILES = ("summary.md", "summary.json", "benchmarks.md")
@@ -957,9 +943,7 @@ def main(argv=None) -> int:
             write_json(lay.summary(stage), res)
             summary[stage] = res
             summary["device"] = device_name()
-            write_json(summary_path, summary)
-            with open(os.path.join(lay.out, "summary.md"), "w") as f:
-                f.write(report(summary))
+            write_report(lay.out, "summary", summary, report(summary))  # summary.json, summary.md
             with open(os.path.join(lay.out, "benchmarks.md"), "w") as f:
                 f.write(bench_table(summary))
             if args.export:

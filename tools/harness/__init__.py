@@ -161,9 +161,11 @@ def run_child(cmd: list[str], log_path: str, **kw) -> dict:
 
 
 # ---------------------------------------------------------------------------- reports
-def md_table(header: Sequence[str], rows: Sequence[Sequence], align: str = "---") -> str:
-    """A markdown table: one header row, a separator, one line per row (cells str()-ed)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align for _ in header) + "|"]
+def md_table(header: Sequence[str], rows: Sequence[Sequence], align: str | Sequence[str] = "---") -> str:
+    """A markdown table: one header row, a separator (`align` for every column, or one per column, e.g. "---:"
+    right-aligns), one line per row (cells str()-ed)."""
+    aligns = [align] * len(header) if isinstance(align, str) else list(align)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(aligns) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -22,6 +22,8 @@ import re
 from bisect import bisect_right
 from collections import defaultdict
 
+from harness import md_table, write_report
+
 STEP_RANGE = "rltrain::step"
 HEAD_RANGE = "rltrain::lm_head"
 OPT_RANGE = "rltrain::optimizer"
@@ -184,18 +186,21 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
             "top": [{"name": k[0], "category": k[1], "ms": v[0] / 1e3 / n, "count": v[1] / n} for k, v in top_rows]}
 
 
+RIGHT = ["---", "---:", "---:", "---:"]  # numbers right-aligned
+
+
 def to_markdown(summary: dict, title: str) -> str:
     unit = "kernel time" if summary["mode"] == "gpu" else "op self time (CPU)"
     lines = [f"### {title}", "",
              f"{summary['steps']} profiled step(s), {summary['step_ms']:.1f} ms/step (under the profiler); "
              f"{unit} per category; host syncs per step: {summary['host_syncs_per_step']:.0f}", "",
-             "| category | ms/step | share | kernels (ops)/step |", "|---|---:|---:|---:|"]
-    for r in summary["rows"]:
-        lines.append(f"| {r['category']} | {r['ms']:.2f} | {100 * r['share']:.1f}% | {r['count']:.0f} |")
-    lines += ["", "Top entries:", "", "| name | category | ms/step | calls/step |", "|---|---|---:|---:|"]
-    for t in summary["top"]:
-        name = t["name"].replace("|", "/")
-        lines.append(f"| `{name}` | {t['category']} | {t['ms']:.2f} | {t['count']:.0f} |")
+             md_table(["category", "ms/step", "share", "kernels (ops)/step"],
+                      [(r["category"], f"{r['ms']:.2f}", f"{100 * r['share']:.1f}%", f"{r['count']:.0f}")
+                       for r in summary["rows"]], RIGHT),
+             "", "Top entries:", "",
+             md_table(["name", "category", "ms/step", "calls/step"],
+                      [(f"`{t['name'].replace('|', '/')}`", t["category"], f"{t['ms']:.2f}", f"{t['count']:.0f}")
+                       for t in summary["top"]], ["---", "---", "---:", "---:"])]
     return "\n".join(lines) + "\n"
 
 
@@ -247,8 +252,5 @@ def profile_train_step(engine, micro_batches: list[dict], loss_fn, *, out_dir: s
     os.remove(raw)
     summary = summarize_trace(trace, top=top)
     summary["name"] = name
-    with open(os.path.join(out_dir, f"profile_{name}.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(out_dir, f"profile_{name}.md"), "w") as f:
-        f.write(to_markdown(summary, f"Profile: {name}"))
+    write_report(out_dir, f"profile_{name}", summary, to_markdown(summary, f"Profile: {name}"))
     return summary
