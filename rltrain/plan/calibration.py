@@ -97,10 +97,13 @@ TIME: dict[str, Const] = {
                           "model TFLOP (0.6B, 8,192 tokens)"),
     "update_tflops_compile_none": Const(
         361.6684, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s"),
-    "update_tflops_compile_full": Const(
-        365.4437, "TFLOP/s", "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full 4.685 s"),
-    "update_tflops_compile_selective": Const(
-        433.9659, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s"),
+    # activation recompute: one more forward of the recomputed part, as a factor on the update's time
+    "recompute_full_time_factor": Const(
+        1.2602, "x update time", "gpu_smoke_h100_steps.json, 2026-11-22, H100: step8k fused rows, 0.3268 s with full "
+                                 "recompute / 0.2593 s without (same engine, same 8,192 tokens)"),
+    "recompute_selective_time_factor": Const(
+        1.0703, "x update time", "update/bench_update_h200_4b.json, 2026-11-23, H200: 4b-32k-all-rc_selective 3.807 s "
+                                 "/ 4b-32k-all-rc_full 4.483 s x recompute_full_time_factor"),
     "tp2_efficiency": Const(
         0.6999, "fraction", "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: "
                             "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2))"),

@@ -134,7 +134,7 @@ def cases() -> list[Case]:
                             {"peak_gib": row["peak_gib"], "step_s": row["step_s"],
                              "reserved_gib": row.get("reserved_gib", 0.0)},
                             fits_constant=fit_rows.get(name, ""),
-                            fitted=("peak_gib",) if name == "06b-8k-mcore-tp2" else ()))
+                            fitted=() if name in ("06b-8k-norms+optim", "06b-8k-all") else ("peak_gib",)))
     d = load("gpu_smoke_h100_steps.json")
     for sec in ("step8k", "longctx"):
         for row in d[sec]:
@@ -305,9 +305,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["vllm_non_torch_gib"] = v["results"][0]["sleep_freed_gib"] - 0.5 * cal.DEVICES["h200"].total_gib
     stack.enter_context(constant("vllm_non_torch_gib", fitted["vllm_non_torch_gib"]))
     # time: the update rates (one micro-batch each) and the GRPO step's per-micro-batch costs, solved together
-    rate_rows = {"update_tflops_none_none": "06b-8k-norms+optim", "update_tflops_compile_none": "06b-8k-all",
-                 "update_tflops_compile_full": "06b-64k-all-rc_full",
-                 "update_tflops_compile_selective": "06b-32k-all-rc_selective"}
+    rate_rows = {"update_tflops_none_none": "06b-8k-norms+optim", "update_tflops_compile_none": "06b-8k-all"}
     hf, vl = by("grpo hf", "vllm/gpu_smoke_grpo_hf"), by("grpo vllm", "vllm/gpu_smoke_grpo_vllm")
     for const, row in rate_rows.items():  # a benchmark step: FLOPs at the rate, no trainer loop around it
         c = by(row, "update/")
@@ -315,6 +313,13 @@ def fit(verbose: bool = True) -> dict[str, float]:
         T = x.max_prompt_length + x.max_response_length
         fitted[const] = flops.train_flops(ns(x.shape), T, T) / c.measured["step_s"] / 1e12
         stack.enter_context(constant(const, fitted[const]))
+    sm = {(r["fused"], r["recompute"]): r["step_s"] for r in load("gpu_smoke_h100_steps.json")["step8k"]}
+    fitted["recompute_full_time_factor"] = sm[(True, True)] / sm[(True, False)]
+    stack.enter_context(constant("recompute_full_time_factor", fitted["recompute_full_time_factor"]))
+    fitted["recompute_selective_time_factor"] = (by("4b-32k-all-rc_selective", "update/").measured["step_s"]
+                                                 / by("4b-32k-all-rc_full", "update/").measured["step_s"]
+                                                 * fitted["recompute_full_time_factor"])
+    stack.enter_context(constant("recompute_selective_time_factor", fitted["recompute_selective_time_factor"]))
     fitted["update_mb_overhead_s"] = _solve("update_mb_overhead_s", hf, "update_s")
     stack.enter_context(constant("update_mb_overhead_s", fitted["update_mb_overhead_s"]))
     a, b = by("4b-8k-all", "update/"), by("4b-8k-all-tp2", "update/")
@@ -353,6 +358,17 @@ def write_calibration(values: dict[str, float]) -> None:
     for k, v in values.items():
         table = cal.MEMORY if k in cal.MEMORY else cal.TIME
         table[k] = dataclasses.replace(table[k], value=round(v, 4))
+
+
+def constants_markdown() -> str:
+    lines = ["| constant | value | unit | kind | source (file under tools/results, date, device; what) |",
+             "|---|---|---|---|---|"]
+    for name, c in cal.all_constants().items():
+        lines.append(f"| `{name}` | {c.value:g} | {c.unit} | {c.kind} | {c.source} |")
+    for key, d in cal.DEVICES.items():
+        lines.append(f"| device `{key}` | {d.total_gib:g} GiB, {d.hbm_bytes_per_s / 1e12:g} TB/s | memory, HBM | "
+                     f"measured / datasheet | {d.source} |")
+    return "\n".join(lines)
 
 
 def compare() -> list[dict[str, Any]]:
@@ -404,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rltrain.plan.fit")
     ap.add_argument("--markdown", action="store_true", help="print the predicted-vs-measured table only")
     ap.add_argument("--write", action="store_true", help="write the refit values into calibration.py")
+    ap.add_argument("--constants", action="store_true", help="print the constants table of docs/plan.md")
     args = ap.parse_args(argv)
+    if args.constants:
+        print(constants_markdown())
+        return 0
     if args.write:
         write_calibration(fit(verbose=False))
     if not args.markdown:

@@ -31,8 +31,8 @@ over TP, the embedding / LM head split over TP on the first / last stage, norms 
   hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + their logits; asleep: 0
   CUDA context       cuda_context_gib per process on the GPU (engines_per_gpu > 1: one more per engine)
 
-The peak of a GPU is the largest phase; a GPU fits when context + (torch peak) x (1 + allocator_slack) + vLLM's
-non-torch part <= its memory, and vLLM's KV cache holds at least one sequence of the model's full length
+The peak of a GPU is the largest phase; a GPU fits when context + (torch peak less vLLM's pool) x (1 +
+allocator_slack) + vLLM's pool + vLLM's non-torch part <= its memory, and vLLM's KV cache holds at least one sequence of the model's full length
 (vLLM's max_model_len: max_position_embeddings; it refuses to start otherwise).
 """
 
@@ -117,7 +117,10 @@ class Phase:
         return sum(self.parts.values())
 
     def device_bytes(self, slack: float) -> float:
-        return self.torch_bytes * (1 + slack) + sum(self.non_torch.values())
+        """On the device: the tensors with the caching allocator's slack (vLLM's pool is one block: none), plus the
+        memory outside torch."""
+        pool = self.parts.get("vllm (weights + KV cache)", 0.0)
+        return (self.torch_bytes - pool) * (1 + slack) + pool + sum(self.non_torch.values())
 
 
 @dataclass

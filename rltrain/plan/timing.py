@@ -9,9 +9,9 @@
   log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops) of the
                step's tokens on one data-parallel rank at the update rate without recompute, + fwd_mb_overhead_s
                per micro-batch.
-  update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<fusion>_<recompute> (TP > 1: times
-               tp2_efficiency per doubling; PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_overhead_s
-               per micro-batch.
+  update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none, times
+               recompute_<full|selective>_time_factor with recompute (TP > 1: the rate times tp2_efficiency per
+               doubling; PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_overhead_s per micro-batch.
   weight sync  colocated vLLM: sleep + wake + bf16 bytes x reload_s_per_gb; hf: its level-1 sleep + wake + the same
                reload; split: bf16 bytes x split_sync_s_per_gb.
 The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
@@ -28,16 +28,13 @@ from rltrain.utils import flops
 
 
 def update_rate(x: Inputs, *, recompute: bool | None = None) -> float:
-    """Achieved model FLOP/s of one GPU in the update (a TP group of x.tp GPUs runs x.tp times this)."""
+    """Achieved model FLOP/s of one GPU in the update (a TP group of x.tp GPUs runs x.tp times this); with
+    recompute, divided by its time factor (the extra forward is not counted as model FLOPs)."""
     rc = x.recompute if recompute is None else recompute
-    fusion = "none" if x.fusion == "none" else "compile"
-    mode = "none" if not rc else ("selective" if x.recompute_granularity == "selective" else "full")
-    key = f"update_tflops_{fusion}_{mode}"
-    if key not in cal.TIME:  # fusion none with recompute: the compiled rate scaled by none/compile at no recompute
-        key_c = f"update_tflops_compile_{mode}"
-        rate = cal.value(key_c) * cal.value("update_tflops_none_none") / cal.value("update_tflops_compile_none")
-    else:
-        rate = cal.value(key)
+    rate = cal.value("update_tflops_none_none" if x.fusion == "none" else "update_tflops_compile_none")
+    if rc:
+        selective = x.recompute_granularity == "selective" and "mlp" in x.recompute_modules
+        rate /= cal.value("recompute_selective_time_factor" if selective else "recompute_full_time_factor")
     tp_eff = cal.value("tp2_efficiency") ** math.log2(x.tp) if x.tp > 1 else 1.0
     return rate * 1e12 * tp_eff
 
