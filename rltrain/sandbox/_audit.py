@@ -37,9 +37,12 @@ def _resolver():
 
     def resolve(path):
         path = fsdecode(path)
-        if not path.startswith("/"):
-            path = getcwd() + "/" + path
-        parts, seen = [], 0
+        # A relative path starts from the cwd, which getcwd() returns resolved: only the relative part is
+        # looked up, relative to the cwd (cheap at any depth), while it stays below the cwd.
+        parts = [] if path.startswith("/") else [p for p in getcwd().split("/") if p]
+        base = len(parts)
+        below_cwd = base > 0
+        seen = 0
         todo = path.split("/")[::-1]
         while todo:
             part = todo.pop()
@@ -48,9 +51,10 @@ def _resolver():
             if part == "..":
                 if parts:
                     parts.pop()
+                below_cwd = below_cwd and len(parts) >= base
                 continue
             parts.append(part)
-            cur = "/" + "/".join(parts)
+            cur = "/".join(parts[base:]) if below_cwd else "/" + "/".join(parts)
             try:
                 is_link = s_islnk(lstat(cur).st_mode)
             except OSError:
@@ -62,7 +66,7 @@ def _resolver():
                 target = readlink(cur)
                 parts.pop()
                 if target.startswith("/"):
-                    parts = []
+                    parts, below_cwd = [], False
                 todo.extend(target.split("/")[::-1])
         return "/" + "/".join(parts)
 

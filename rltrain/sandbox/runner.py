@@ -365,7 +365,7 @@ def _signal_name(sig) -> str:
     try:
         return signal.Signals(sig).name
     except ValueError:  # e.g. a real-time signal
-        return f"signal {sig}"
+        return str(sig)
 
 
 def _classify(out: _Collected, duration, *, timeout_s, memory_mb, cpu_limit, max_output_bytes,
