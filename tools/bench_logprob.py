@@ -18,9 +18,12 @@ times that for forward+backward (logits, grad of hidden, grad of weight). TFLOP/
 2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
 A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
 
---rows-fraction f keeps a random f of the T rows (the response rows of a packed batch): "naive" still builds
-the logits of all T rows, "naive_rows" gathers the kept rows first, the fused paths take `rows=` (the regime of
-slime issue #1951: --T 205280 --V 76032 --H 2560 --rows-fraction 0.5 on a GPU).
+--rows-fraction f [f ...] keeps a random f of the T rows (the response rows of a packed batch), one table per
+value: "naive" still builds the logits of all T rows, "naive_rows" gathers the kept rows first, the fused paths
+take `rows=`. The OOM regime of slime issue #1951, peak memory only (was tools/repro_logprob_memory.py --sweep):
+    python tools/bench_logprob.py --T 205280 --H 2560 --V 76032 --reps 0 --device cuda --json repro.json \
+        --providers naive,naive_rows,fused_torch,fused_triton --rows-fraction 0.05 0.1 0.25 0.5 0.75 1.0
+(on CPU: --T 2052 --H 128 --device cpu, i.e. the old --scale 100 --H 128).
 
 Peers, wrapped to one signature `fn(hidden [T, H], weight [V, H], labels [T] int64) -> (logprob fp32 [T],
 entropy fp32 [T] | None)`, differentiable w.r.t. hidden and weight, added to the providers when their wheels are
@@ -351,8 +354,9 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--providers", default=None, help="comma-separated subset (default: all)")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
-    parser.add_argument("--rows-fraction", type=float, default=None,
-                        help="keep this fraction of the T rows (response rows); adds the naive_rows provider")
+    parser.add_argument("--rows-fraction", type=float, nargs="+", default=None,
+                        help="keep this fraction of the T rows (response rows), one run per value given; adds the "
+                             "naive_rows provider (with --reps 0: the memory sweep of slime #1951)")
     parser.add_argument("--list-peers", action="store_true", help="say which peers import here, and why not")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -366,44 +370,45 @@ def main(argv=None) -> None:
         print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
         return
 
-    spec = dict(T=args.T, H=args.H, V=args.V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps,
-                rows_fraction=args.rows_fraction)
-    names = list(providers(args.device)) + (["naive_rows"] if args.rows_fraction is not None else [])
+    fractions = args.rows_fraction or [None]
+    spec = dict(T=args.T, H=args.H, V=args.V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
+    names = list(providers(args.device)) + (["naive_rows"] if args.rows_fraction else [])
     if args.providers:
         wanted = args.providers.split(",")
         unknown = sorted(set(wanted) - set(names))
         if unknown:
             raise SystemExit(f"--providers: unknown {unknown}; available: {names}")
         names = wanted
-    floor_fwd = gemm_floor_ms(spec, args.reps)
-    floor_fwdbwd = 3 * floor_fwd
+    # --reps 0: peak memory only (no floor, no times)
+    floor_fwd = gemm_floor_ms(spec, args.reps) if args.reps > 0 else None
+    floor_fwdbwd = floor_fwd and 3 * floor_fwd
     fwd_flops, fwdbwd_flops = 2 * args.T * args.H * args.V, 6 * args.T * args.H * args.V
-    results = {}
-    for name in names:
-        results[name] = measure_in_subprocess({**spec, "provider": name})
-
-    header = f"{'provider':<24}{'ms fwd':>10}{'ms fwd+bwd':>12}{'peak extra MiB':>16}{'x floor fwd':>13}{'x floor f+b':>13}{'TFLOP/s f+b':>13}"
     print(f"T={args.T} H={args.H} V={args.V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
-    print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms")
-    print(header)
-    for name, res in results.items():
-        if res["status"] != "ok":
-            print(f"{name:<24}{res['status']:>10}")
-            continue
-        fwd, fb = res.get("fwd_ms"), res.get("fwdbwd_ms")
-        print(
-            f"{name:<24}{_fmt(fwd, '.2f'):>10}{_fmt(fb, '.2f'):>12}{_fmt(res['peak_extra_mib']):>16}"
-            f"{_fmt(fwd and fwd / floor_fwd, '.2f'):>13}{_fmt(fb and fb / floor_fwdbwd, '.2f'):>13}"
-            f"{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}"
-        )
+    if floor_fwd:
+        print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms")
+    sweep = []
+    for frac in fractions:
+        results = {name: measure_in_subprocess({**spec, "rows_fraction": frac, "provider": name}) for name in names}
+        sweep.append({"rows_fraction": frac, "results": results})
+        if frac is not None:
+            rows = max(1, int(round(args.T * frac)))
+            print(f"rows fraction {frac}: {rows} rows (one fp32 [rows, V] logits tensor: {rows * args.V * 4 / 2**20:.1f} MiB)")
+        print(f"{'provider':<24}{'ms fwd':>10}{'ms fwd+bwd':>12}{'peak extra MiB':>16}{'x floor fwd':>13}"
+              f"{'x floor f+b':>13}{'TFLOP/s f+b':>13}")
+        for name, res in results.items():
+            if res["status"] != "ok":
+                print(f"{name:<24}{res['status']:>10}")
+                continue
+            fwd, fb = res.get("fwd_ms"), res.get("fwdbwd_ms")
+            print(f"{name:<24}{_fmt(fwd, '.2f'):>10}{_fmt(fb, '.2f'):>12}{_fmt(res['peak_extra_mib']):>16}"
+                  f"{_fmt(fwd and floor_fwd and fwd / floor_fwd, '.2f'):>13}"
+                  f"{_fmt(fb and floor_fwd and fb / floor_fwdbwd, '.2f'):>13}{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}",
+                  flush=True)
     if args.json_path:
-        payload = {
-            "config": spec,
-            "machine": machine_description(args.device),
-            "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd},
-            "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
-            "results": results,
-        }
+        payload = {"config": {**spec, "rows_fraction": args.rows_fraction}, "machine": machine_description(args.device),
+                   "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd}, "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
+                   # one fraction (or none): its results, as before; a sweep: every fraction's
+                   **({"results": sweep[0]["results"]} if len(sweep) == 1 else {"sweep": sweep})}
         Path(args.json_path).write_text(json.dumps(payload, indent=2))
         print(f"wrote {args.json_path}")
 

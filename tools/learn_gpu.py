@@ -44,12 +44,13 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import REPO, Deadline, device_name, md_table, run_child, run_children, write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
-from rltrain.utils.flops import peak_flops
+from rltrain.utils.flops import num_params, peak_flops
 
 STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval", "plots")
 TASK_OF = {"sft": "add", "grpo": "add", "retool_sft": "mul_tool", "retool_grpo": "mul_tool"}
@@ -362,17 +363,6 @@ STARTUP_S = {"sft": 40, "grpo": 75}  # imports, model build, Triton compile; + R
 TOOL_CALL_S = 0.06  # one sandboxed interpreter (CPU seconds), run tool_max_workers at a time
 
 
-def n_params(cfg: dict, vocab: int) -> int:
-    from rltrain.models.presets import BUILTINS
-
-    m = {**BUILTINS[cfg["model"]["builtin"]], **cfg["model"]["overrides"]} if cfg["model"]["builtin"] else None
-    if m is None:
-        return 0
-    h, L, f = m["hidden_size"], m["num_hidden_layers"], m["intermediate_size"]
-    q, kv = m["num_attention_heads"] * m["head_dim"], m["num_key_value_heads"] * m["head_dim"]
-    return L * (h * (q + 2 * kv) + q * h + 3 * h * f) + vocab * h * (1 if m["tie_word_embeddings"] else 2)
-
-
 def estimate_seconds(stage: str, cfg: dict, *, params: int, layers: int, seq_tokens: float, runs: int = 1) -> float:
     """Predicted wall seconds of one stage on one H100 from FLOP counts and the calibration above.
 
@@ -405,8 +395,8 @@ def stage_estimate(stage: str, cfg: dict, scale: Scale, runs: int = 1) -> float:
     model = (sft_cfg or {}).get("model") or {"builtin": "small" if scale.suffix == "" else "tiny",
                                              "overrides": {} if scale.suffix == "" else
                                              {"hidden_size": 128, "intermediate_size": 384, "head_dim": 32}}
-    shape = {**BUILTINS[model["builtin"]], **model["overrides"]}
-    params = n_params({"model": model}, vocab=300)
+    shape = {**BUILTINS[model["builtin"]], **model["overrides"], "vocab_size": 300}
+    params = num_params(SimpleNamespace(**shape))
     return round(estimate_seconds(stage, cfg, params=params, layers=shape["num_hidden_layers"],
                                   seq_tokens=scale.seq_tokens[TASK_OF[stage]], runs=runs))
 

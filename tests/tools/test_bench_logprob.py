@@ -1,0 +1,39 @@
+"""tools/bench_logprob.py on CPU: providers in their own processes, the rows-fraction sweep (the slime #1951
+memory regime at toy size) and the peers' report of what does not import here."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+
+import bench_logprob as bl  # noqa: E402
+
+
+def test_memory_sweep_over_row_fractions(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    bl.main(["--T", "512", "--H", "32", "--V", "2000", "--reps", "0", "--device", "cpu", "--providers",
+             "naive,naive_rows,fused_torch", "--rows-fraction", "0.1", "1.0", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert [s["rows_fraction"] for s in res["sweep"]] == [0.1, 1.0] and res["floor_ms"]["fwd"] is None
+    for s in res["sweep"]:
+        assert {k: v["status"] for k, v in s["results"].items()} == dict.fromkeys(
+            ["naive", "naive_rows", "fused_torch"], "ok")
+        assert "fwd_ms" not in s["results"]["naive"]  # --reps 0: memory only
+    small, full = (s["results"] for s in res["sweep"])
+    # gathering 10% of the rows first needs less than the logits of all 512 rows (4 MiB of fp32)
+    assert small["naive_rows"]["peak_extra_mib"] < small["naive"]["peak_extra_mib"]
+    assert "rows fraction 0.1: 51 rows" in capsys.readouterr().out
+
+
+def test_timed_run_and_the_peer_report(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    bl.main(["--T", "256", "--H", "32", "--V", "500", "--reps", "1", "--device", "cpu", "--providers", "naive,fused_torch",
+             "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["floor_ms"]["fwd"] > 0 and res["floor_ms"]["fwdbwd"] == 3 * res["floor_ms"]["fwd"]
+    assert all(r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 for r in res["results"].values())
+    peers, unavailable = bl.load_peers()
+    assert set(unavailable) | {p.split("_")[0] for p in peers} == {"liger", "cce", "verl"}  # each: in, or why not
+    bl.main(["--list-peers"])
+    assert "available:" in capsys.readouterr().out
