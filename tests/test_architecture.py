@@ -80,8 +80,6 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], str], ...] = (
 # Imports that break a rule today and are being removed by issue #32's refactor: (file, imported module) -> why.
 # The lead removes an entry when its fix lands (test_no_stale_known_violations fails until then).
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("rltrain/config/validate.py", "rltrain.workers.placement"):
-        "#32: placement_errors moves out of workers/placement.py so config/ stops importing workers/",
     ("rltrain/trainer/sft.py", "megatron.core"):
         "#32: trainer/sft.py stops using megatron's parallel_state directly",
     ("rltrain/trainer/sft.py", "rltrain.models.megatron.engine"):
