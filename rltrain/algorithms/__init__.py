@@ -1,9 +1,11 @@
 """RL algorithms as pure tensor math: advantages, policy and value losses, KL estimators, loss
-aggregation, DAPO's batch shaping and off-policy correction (TIS weights, training/inference
-mismatch). Imports nothing else from rltrain; takes tensors and floats only.
+aggregation, DAPO's batch shaping and off-policy correction (the corrections registry: truncated IS,
+masking and masked IS per token, sequence or geometric mean; the training/inference mismatch). Imports
+nothing else from rltrain; takes tensors and floats only.
 
 Each pluggable choice is a registry keyed by its config string; the allowed names are exported as
-tuples (`ADV_ESTIMATORS`, `POLICY_LOSS_MODES`, `KL_KINDS`, `AGG_MODES`, `TIS_MODES`) for config validation.
+tuples (`ADV_ESTIMATORS`, `POLICY_LOSS_MODES`, `KL_KINDS`, `AGG_MODES`, `OFF_POLICY_MODES`, `TIS_MODES`) for
+config validation.
 Advantage estimators can also be user functions: `register_advantage_estimator(name)` or a
 `"pkg.module:function"` path (signature in `rltrain.algorithms.advantages`).
 """
@@ -17,7 +19,15 @@ from rltrain.algorithms.advantages import (
 from rltrain.algorithms.aggregation import AGG_MODES, aggregate_loss, masked_mean
 from rltrain.algorithms.dapo import filter_informative_groups, overlong_penalty, truncated_response_mask
 from rltrain.algorithms.kl import KL_KINDS, kl_penalty
-from rltrain.algorithms.off_policy import TIS_MODES, policy_mismatch, truncated_is_weights
+from rltrain.algorithms.off_policy import (
+    OFF_POLICY_MODES,
+    TIS_MODES,
+    OffPolicyCorrection,
+    check_off_policy_args,
+    off_policy_weights,
+    policy_mismatch,
+    truncated_is_weights,
+)
 from rltrain.algorithms.policy_loss import POLICY_LOSS_MODES, policy_loss
 from rltrain.algorithms.value_loss import value_loss
 
@@ -33,11 +43,15 @@ __all__ = [
     "filter_informative_groups",
     "overlong_penalty",
     "truncated_response_mask",
+    "off_policy_weights",
+    "check_off_policy_args",
+    "OffPolicyCorrection",
     "truncated_is_weights",
     "policy_mismatch",
     "ADV_ESTIMATORS",
     "POLICY_LOSS_MODES",
     "KL_KINDS",
     "AGG_MODES",
+    "OFF_POLICY_MODES",
     "TIS_MODES",
 ]
