@@ -35,9 +35,10 @@ policy-gradient loss (`policy_loss(..., weights=w)`):
 - `none`  w = 1 (the ratio statistics are still reported, over tokens).
 
 All bounds are inclusive (rho == C is not truncated, rho == low or high is kept). The ratio is handled as
-its log in fp64 (the weights are rounded once, at the end, to the dtype of old_logprobs): w = exp(min(log rho, log C)) for `tis`, exp(log rho) only inside [low, high] for `mis`, so
-a ratio of e^800 gives w = C or 0, never inf or NaN; positions outside the mask (padding garbage included)
-are replaced by 0 before any arithmetic. Where the sampler and the trainer agree exactly (old == smp)
+its log in fp64, the weights being rounded once, at the end, to the dtype of old_logprobs: w =
+exp(min(log rho, log C)) for `tis`, exp(log rho) only inside [low, high] for `mis`, so a ratio of e^800
+gives w = C or 0, never inf or NaN; positions outside the mask (padding garbage included) are replaced by 0
+before any arithmetic. Where the sampler and the trainer agree exactly (old == smp)
 every ratio is 1, every weight is 1 and nothing is truncated or masked, whatever the mode.
 
 Masked units get weight 0 but stay in the loss mask, so the aggregation's normaliser is unchanged (IcePop's
