@@ -123,3 +123,23 @@ def test_allow_unisolated_lets_the_run_start_and_the_log_states_the_level_once(m
 def test_pool_validates_the_new_arguments():
     with SandboxPool(max_workers=1, allow_exec=False, allow_unisolated=False) as pool:
         assert pool.run("print(1)").status in ("ok", "refused")
+
+
+READ_PASSWD_IN_SUBINTERPRETER = """
+import {module} as si
+si.run_string(si.create(), "print(open('/etc/passwd').read()[:40])")
+print("ran")
+"""
+
+
+@pytest.mark.parametrize("module", ["_xxsubinterpreters", "_testcapi"])
+def test_sub_interpreters_are_refused_where_the_hook_is_the_only_guard(module):
+    """allow_unisolated without the kernel layer: the hook is all there is, so it must not be escapable."""
+    code = READ_PASSWD_IN_SUBINTERPRETER.format(module=module)
+    if module == "_testcapi":
+        code = "import _testcapi\n_testcapi.run_in_subinterp(\"print(open('/etc/passwd').read()[:40])\")\n"
+    r = _run(code, timeout_s=10.0, memory_mb=256, cpu_s=None, max_output_bytes=8192, max_processes=8,
+             allow_network=False, stdin=None, max_file_bytes=2**20, os_isolation=False, allow_unisolated=True)
+    assert not r.isolated
+    assert r.status == "error" and "root:" not in r.stdout and "ran" not in r.stdout
+    assert "sandbox:" in r.to_tool_output() and "not allowed" in r.to_tool_output(), r.stderr[-500:]
