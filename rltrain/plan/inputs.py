@@ -111,7 +111,8 @@ def model_shape(model: Mapping[str, Any]) -> Shape:
         return shape_from_fields(str(path), {**_builtins()[preset], **overrides})
     raise PlanInputError(f"model.path={path!r}: no config.json there or in the Hugging Face cache, and not a known "
                          "preset; download the model (huggingface-cli download), point model.path at a local "
-                         "directory with config.json, or set model.builtin")
+                         "directory with config.json, or, to plan before that checkpoint exists, add the preset of "
+                         "its shape (e.g. model.builtin=qwen3-4b)")
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,9 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
     gpus = plan_gpus(x, total)
     secs = phase_seconds(x, cal.DEVICES[dev].hbm_bytes_per_s, total)
     warnings = []
+    if x.device == "cpu":
+        warnings.append("trainer.device=cpu: planned as if every worker had a GPU of this size (CPU memory is not "
+                        "modelled)")
     if x.engine == "vllm" and (x.colocate or not x.use_ray) and x.world > 1 and x.rollout_tp != x.world:
         warnings.append(f"colocated vLLM makes the group's {x.world} processes one tensor-parallel engine "
                         f"(workers/rollout.py): the run needs rollout.tensor_parallel_size={x.world} (now "

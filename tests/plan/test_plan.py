@@ -235,3 +235,17 @@ def test_impossible_placement_exits_2(capsys):
     rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "trainer.n_gpus_per_node=3",
                           "actor.tensor_parallel_size=2")
     assert rc == 2 and err.startswith("rltrain:")
+
+
+def test_typed_dataclass_config_is_read():
+    from rltrain.config.schema import RLConfig
+
+    cfg = RLConfig()
+    cfg.model.builtin = "qwen3-0.6b"
+    x = read(cfg)
+    assert x.shape.hidden_size == 1024 and x.mb_tokens == 16384
+
+
+def test_missing_checkpoint_names_the_fix(capsys):
+    rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "model.path=checkpoints/not_there/hf")
+    assert rc == 2 and "model.builtin=qwen3-4b" in err
