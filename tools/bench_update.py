@@ -44,7 +44,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, gemm_tflops, md_table, run_child, time_ms, write_report
+from harness import device_name, gemm_tflops, md_table, run_child, time_ms, times_ms, write_report
 from harness.cases import LEVER_SETS, PRESETS, Row, build_for_row, hf_config  # noqa: F401 (tests import them here)
 from harness.update_profile import profile_train_step
 
@@ -161,12 +161,7 @@ def run_row(row: Row, reps: int, out_dir: str) -> dict:
     res["warmup_loss"], res["warmup_grad_norm"] = first["loss"], first["grad_norm"]
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        eng.train_step([dict(mb) for mb in mbs], loss_fn)
-        sync()
-        times.append(time.perf_counter() - t0)
+    times = [ms / 1e3 for ms in times_ms(lambda: eng.train_step([dict(mb) for mb in mbs], loss_fn), reps, warmup=0)]
     step = statistics.median(times)
     cfg = hf_config(row.preset)
     rows, length = row.rows_and_len

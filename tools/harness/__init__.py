@@ -46,9 +46,9 @@ def device_name() -> str:
     return f"CPU ({cpu}, {os.cpu_count()} cores)"
 
 
-def time_ms(fn: Callable[[], object], reps: int = 5, warmup: int = 1, cuda: bool | None = None) -> float:
-    """Median milliseconds of `reps` calls of fn after `warmup` untimed ones. On CUDA (default: when available)
-    each call is timed by CUDA events around it, so only device time between the events counts."""
+def times_ms(fn: Callable[[], object], reps: int = 5, warmup: int = 1, cuda: bool | None = None) -> list[float]:
+    """Milliseconds of each of `reps` calls of fn after `warmup` untimed ones. On CUDA (default: when available)
+    each call is timed by CUDA events around it, after a synchronize, so only that call's device time counts."""
     import torch
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
@@ -68,7 +68,12 @@ def time_ms(fn: Callable[[], object], reps: int = 5, warmup: int = 1, cuda: bool
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def time_ms(fn: Callable[[], object], reps: int = 5, warmup: int = 1, cuda: bool | None = None) -> float:
+    """The median of times_ms."""
+    return statistics.median(times_ms(fn, reps, warmup, cuda))
 
 
 def gemm_tflops(n: int = 8192, reps: int = 10) -> float:
