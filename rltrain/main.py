@@ -3,6 +3,12 @@
 Run: `python -m rltrain.main --config-name grpo_tiny` (CPU, no downloads) or `--config-name grpo_qwen3`;
 any key can be overridden on the command line, e.g. `actor.lr=1e-6 trainer.fused_linear_logprob_backend=triton`.
 A user's mistake (bad key, missing file, unsupported model, no sandbox isolation) ends as one message and exit 2.
+
+Before the trainer is built (`prepare_run`): the run directory is locked for the run's life (a second run on it
+exits 2 naming the first's pid), the checkpoint directory is checked to be writable and cleared of crashed runs'
+temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` in a fresh Hydra run directory
+continues the newest unfinished run of the same experiment, and a local `model.path` is checked for complete
+weights.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from typing import Callable
 import hydra
 from omegaconf import DictConfig
 
-from rltrain.config import register_configs, validate_config
+from rltrain.config import config_main, register_configs, validate_config
 from rltrain.utils.errors import find_user_error
+from rltrain.utils.rundir import lock_run_dir, mark_finished, resume_command
 from rltrain.utils.stacks import enable_stack_dumps
 
 register_configs()
@@ -31,7 +38,21 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
     enable_stack_dumps()
     try:
         validate(cfg)
-        run(cfg)
+        run_dir = None
+        if os.environ.get("RANK", "0") == "0":  # torchrun (SFT): rank 0 holds the run directory's lock
+            from rltrain.trainer.setup import run_directory
+
+            run_dir = run_directory()
+            lock_run_dir(run_dir)
+        try:
+            run(cfg)
+        except SystemExit as stop:
+            if stop.code == 4 and run_dir is not None:  # a worker died (trainer/ppo.py said which, and the checkpoint)
+                print(f"rltrain: to continue in this run directory, run exactly: {resume_command(run_dir)}",
+                      file=sys.stderr, flush=True)
+            raise
+        if run_dir is not None:
+            mark_finished(run_dir)
     except Exception as err:
         user_error = find_user_error(err)
         if user_error is None:
@@ -40,8 +61,92 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
         sys.exit(2)
 
 
+def prepare_run(cfg: DictConfig, run_dir: str) -> None:
+    """The checks of the run's files before the trainer is built (see the module docstring); may set
+    cfg.trainer.resume to the checkpoint of the run that `auto` continues."""
+    from rltrain.utils.checkpoint import check_resume_checkpoint, check_writable, clean_stale_tmp, find_latest_valid
+    from rltrain.utils.rundir import find_previous_run, lock_run_dir
+
+    t = cfg.trainer
+    ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
+    if t.save_freq > 0:
+        check_writable(ckpt_dir)
+    if t.ckpt_dir and os.path.isdir(ckpt_dir) and os.path.realpath(ckpt_dir) != os.path.realpath(run_dir):
+        lock_run_dir(ckpt_dir, what="checkpoint directory", key="trainer.ckpt_dir")
+    clean_stale_tmp(ckpt_dir)  # under the lock: no live run writes there
+    if cfg.model.builtin is None and cfg.model.path:
+        from rltrain.models.checkpoint_files import check_model_dir
+
+        check_model_dir(cfg.model.path)
+    if t.resume not in ("auto", "never"):
+        step = check_resume_checkpoint(t.resume)
+        _check_same_model(cfg, t.resume, f"trainer.resume={t.resume!r} (step {step})")
+    elif t.resume == "auto":
+        own = find_latest_valid(ckpt_dir, log=lambda msg: None)
+        if own is not None:
+            if not t.ckpt_dir:
+                _check_same_model(cfg, own[1], f"trainer.resume=auto would continue {own[1]}, which")
+        elif not t.ckpt_dir and _hydra_chose_run_dir():
+            found = find_previous_run(run_dir, _plain(cfg))
+            if found is not None:
+                prev, step, path = found
+                t.resume = path
+                print(f"rltrain: trainer.resume=auto: continuing the run in {prev} from its checkpoint of step "
+                      f"{step} ({path}); this run writes to {run_dir}", file=sys.stderr, flush=True)
+
+
+def _check_same_model(cfg, ckpt: str, what: str) -> None:
+    """CheckpointError when the run that wrote checkpoint `ckpt` (its config.json) had another model."""
+    from rltrain.utils.checkpoint import CheckpointError
+    from rltrain.utils.rundir import model_differences
+
+    saved = _run_config_of(ckpt)
+    diff = model_differences(saved, _plain(cfg)) if saved is not None else []
+    if diff:
+        raise CheckpointError(f"{what} was saved by a run of another model ({', '.join(diff)}); resume with the "
+                              "model settings it was saved with, or start fresh (trainer.resume=never, or another "
+                              "run directory)")
+
+
+def _plain(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+
+
+def _run_config_of(ckpt: str) -> dict | None:
+    """The config.json of the run that wrote checkpoint `ckpt` (<run>/checkpoints/step_N), if it is there."""
+    import json
+
+    root = os.path.dirname(os.path.abspath(ckpt))
+    if os.path.basename(root) != "checkpoints":  # not the default layout: no run config to compare with
+        return None
+    path = os.path.join(os.path.dirname(root), "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _hydra_chose_run_dir() -> bool:
+    """Whether the run directory is Hydra's fresh `outputs/<experiment>/<time>` (not given by hydra.run.dir)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = HydraConfig.get().overrides.hydra
+    except (ImportError, ValueError):
+        return False
+    return not any(str(o).lstrip("+~").startswith("hydra.run.dir=") for o in overrides)
+
+
 def run_rl(cfg: DictConfig) -> None:
-    """Check the tool sandbox first when the rollout runs tool calls (the log states its isolation once)."""
+    """Check the run's files (prepare_run), and the tool sandbox first when the rollout runs tool calls (the log
+    states its isolation once)."""
+    from rltrain.trainer.setup import run_directory
+
+    prepare_run(cfg, run_directory())
     if cfg.rollout.multi_turn.enable:
         from rltrain.rollout.multiturn import sandbox_isolation
 
@@ -52,7 +157,7 @@ def run_rl(cfg: DictConfig) -> None:
     run_from_config(cfg)  # a placement that does not fit (PlacementError) is a UserError: exit 2 in run_entry
 
 
-@hydra.main(version_base=None, config_path=CONFIG_DIR, config_name="grpo_tiny")
+@config_main(CONFIG_DIR, "grpo_tiny")  # a config Hydra or the schema refuses: exit 2 (config/entry.py)
 def main(cfg: DictConfig) -> None:
     run_entry(cfg, validate_config, run_rl)
 
