@@ -42,19 +42,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import importlib.util
 import json
+import os
 import resource
-import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 from typing import Callable
 
 import torch
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import device_name, time_ms
+from harness import run_child as harness_run_child  # run_child below is the child's own entry
 
 from rltrain.ops import logprobs_from_hidden, logprobs_from_logits
 
@@ -307,16 +309,20 @@ def run_child(spec: dict) -> dict:
 
 def measure_in_subprocess(spec: dict, timeout_s: int = 1800) -> dict:
     """Run `run_child(spec)` in a fresh interpreter; a child killed by the OS counts as OOM."""
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-        capture_output=True, text=True, timeout=timeout_s,
-    )
-    for line in proc.stdout.splitlines():
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "child.log")
+        res = harness_run_child([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)], log,
+                                timeout_s=timeout_s, poll_s=0.05)
+        with open(log) as f:
+            text = f.read()
+    for line in text.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    if proc.returncode < 0 or proc.returncode == 137:
+    if res["timed_out"]:
+        return {"provider": spec["provider"], "status": f"timeout after {timeout_s} s"}
+    if res["rc"] < 0 or res["rc"] == 137:
         return {"provider": spec["provider"], "status": "OOM"}  # SIGKILL from the OOM killer
-    return {"provider": spec["provider"], "status": f"error: rc={proc.returncode}: {proc.stderr[-500:]}"}
+    return {"provider": spec["provider"], "status": f"error: rc={res['rc']}: {res['tail'][-500:]}"}
 
 
 def gemm_floor_ms(spec: dict, reps: int) -> float:
