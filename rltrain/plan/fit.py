@@ -3,6 +3,7 @@
     python -m rltrain.plan.fit            # the fitted constants (paste into calibration.py) + predicted vs measured
     python -m rltrain.plan.fit --markdown # the predicted-vs-measured table of docs/plan.md
     python -m rltrain.plan.fit --write    # write the refit values into calibration.py (after a new run is added)
+    python -m rltrain.plan.fit --docs docs/plan.md   # then regenerate the doc's example and tables
 
 Each fitted constant is solved from ONE run (role "fit"); every other run is "held out" and only compared. Rows of
 the engine before the 2026-11-23 levers (fp32 norms, foreach AdamW: "legacy") are compared too, but the model
@@ -371,6 +372,34 @@ def constants_markdown() -> str:
     return "\n".join(lines)
 
 
+def write_docs(path: str) -> None:
+    """Rewrite docs/plan.md's generated blocks: the example (its first code block), the constants table and the
+    predicted-vs-measured table with its summary."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from rltrain.plan.__main__ import main as plan_main
+
+    buf = io.StringIO()
+    with redirect_stdout(buf), redirect_stderr(io.StringIO()):
+        plan_main(["--config-name", "grpo_qwen3", "model=qwen3_4b", "actor.max_tokens_per_micro_batch=16384",
+                   "actor.recompute_activations=false", "--gpu-memory-gib", "80"])
+    rows = compare()
+    with open(path) as f:
+        s = f.read()
+    a = s.index("```\n")
+    b = s.index("```\n", a + 4)
+    s = s[:a] + "```\n" + buf.getvalue().rstrip("\n") + "\n" + s[b:]
+    a = s.index("| constant | value |")
+    b = s.index("\n\n", a)
+    s = s[:a] + constants_markdown() + s[b:]
+    a = s.index("| run | source")
+    b = s.index("\n\nIn short")
+    s = s[:a] + markdown(rows) + "\n\n" + summary(rows) + s[b:]
+    with open(path, "w") as f:
+        f.write(s)
+
+
 def compare() -> list[dict[str, Any]]:
     """Predicted vs measured for every case and quantity (with calibration.py's constants)."""
     rows = []
@@ -421,7 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the predicted-vs-measured table only")
     ap.add_argument("--write", action="store_true", help="write the refit values into calibration.py")
     ap.add_argument("--constants", action="store_true", help="print the constants table of docs/plan.md")
+    ap.add_argument("--docs", metavar="PATH", help="rewrite the generated blocks of docs/plan.md at PATH")
     args = ap.parse_args(argv)
+    if args.docs:
+        write_docs(args.docs)
+        return 0
     if args.constants:
         print(constants_markdown())
         return 0

@@ -323,7 +323,8 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     for r in range(x.world):
         stage = min(r // per_stage, x.pp - 1)
         static = train_static(x, stage)
-        T_fwd = x.mb_tokens
+        # forward passes go over the whole batch in micro-batches of the same budget
+        T_fwd = max(x.seq_len, min(x.mb_tokens, math.ceil(x.train_batch_size * x.n / x.dp) * x.seq_len))
         last = stage == x.pp - 1
         fwd = forward_bytes(x, T_fwd) + (head_bytes(x, T_fwd, backward=False) if last else 0.0)
         phases = [Phase("log-probs (forward)", {**static, "forward working memory": fwd}, dict(ctx)),
