@@ -17,12 +17,50 @@ T = TypeVar("T")
 
 def as_config(cfg: Any, cls: type[T] = RLConfig) -> T:  # type: ignore[assignment]
     """`cfg` as a `cls` object (RLConfig, SFTConfig or any section such as RolloutConfig); keys missing from a
-    dict take the schema's defaults."""
+    dict take the schema's defaults. A key the schema does not have raises ConfigError naming it (Hydra's
+    `+actor.foo=1` adds one to a composed config that would otherwise be carried along and never read)."""
     if isinstance(cfg, cls):
         return cfg
     from omegaconf import OmegaConf
 
+    unknown = unknown_keys(cfg, cls)
+    if unknown:
+        from rltrain.config.validate import ConfigError
+
+        raise ConfigError(f"{', '.join(unknown)}: not a configuration key (unknown key; check its spelling and "
+                          "section)")
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), cfg))  # type: ignore[return-value]
+
+
+def unknown_keys(cfg: Any, cls: type, prefix: str = "") -> list[str]:
+    """Dotted keys of the mapping `cfg` that the dataclass `cls` (recursively) does not declare."""
+    from collections.abc import Mapping
+
+    from omegaconf import DictConfig
+
+    if not isinstance(cfg, (Mapping, DictConfig)):
+        return []
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out = []
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            out.append(name)
+            continue
+        sub = fields[key].type
+        sub = _SCHEMA_TYPES.get(sub, sub) if isinstance(sub, str) else sub
+        if dataclasses.is_dataclass(sub):
+            out.extend(unknown_keys(cfg[key], sub, prefix=f"{name}."))
+    return out
+
+
+def _schema_types() -> dict[str, type]:
+    from rltrain.config import schema
+
+    return {n: c for n, c in vars(schema).items() if dataclasses.is_dataclass(c)}
+
+
+_SCHEMA_TYPES = _schema_types()  # field types are strings (from __future__ import annotations in schema.py)
 
 
 def as_dict(cfg: Any) -> dict:

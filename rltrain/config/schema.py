@@ -55,6 +55,20 @@ class ParallelConfig(Section):
 
 
 @dataclass
+class LayerComputeConfig(Section):
+    """How a trained engine's layers run forward/backward (actor.*; the critic and SFT keep these defaults)."""
+
+    # full activation recomputation (one layer at a time): long-context updates need it on GPU
+    recompute_activations: bool = False
+    # full: whole layers; selective: only recompute_modules (mlp, core_attn) of each layer (less memory
+    # saved, much less recomputed; docs/kernel_notes.md "Actor update step")
+    recompute_granularity: str = "full"
+    recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
+    # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
+    elementwise_fusion: str = "none"
+
+
+@dataclass
 class LogprobHeadConfig(Section):
     """The loss path's LM head (trainer.* of RL and SFT): fused log-probs from the hidden states (ops/logprob.py)."""
 
@@ -147,9 +161,9 @@ class TISConfig:
 
 
 @dataclass
-class ActorConfig(OptimizerConfig, ParallelConfig):
+class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig):
     # optimizer keys: OptimizerConfig; tensor/pipeline_parallel_size, grad_reduce_bucket_mb,
-    # overlap_grad_reduce: ParallelConfig
+    # overlap_grad_reduce: ParallelConfig; recompute_*, elementwise_fusion: LayerComputeConfig
     ppo_epochs: int = 1
     # mini-batch size in prompts (each prompt contributes rollout.n samples); one optimizer step each
     ppo_mini_batch_size: int = 16
@@ -163,14 +177,6 @@ class ActorConfig(OptimizerConfig, ParallelConfig):
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
-    # full activation recomputation (one layer at a time): long-context updates need it on GPU
-    recompute_activations: bool = False
-    # full: whole layers; selective: only recompute_modules (mlp, core_attn) of each layer (less memory
-    # saved, much less recomputed; docs/kernel_notes.md "Actor update step")
-    recompute_granularity: str = "full"
-    recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
-    # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
-    elementwise_fusion: str = "none"
     tis: TISConfig = field(default_factory=TISConfig)
 
 
@@ -328,6 +334,11 @@ class SFTTrainerConfig(LogprobHeadConfig):
     # where the HF-format model (config + safetensors + tokenizer) is written; null: <run dir>/hf
     output_dir: Optional[str] = None
     progress_bar: bool = True
+    # checkpoints, as the RL trainer's (utils/checkpoint.py): every save_freq steps, resumed from the latest
+    save_freq: int = -1  # -1: never
+    ckpt_dir: Optional[str] = None  # null: <run dir>/checkpoints
+    resume: str = "auto"  # auto | never | PATH
+    max_ckpt_to_keep: int = 2
 
 
 @dataclass

@@ -1,12 +1,21 @@
-"""Value rules for a composed config: ranges, allowed names and cross-field rules.
+"""Value rules for a composed config: ranges, allowed names and cross-field rules, one validator per section.
 
 Runs before anything starts (no Ray, no model); every error names the key, the value and what is allowed.
+
+What is checked where (config/ imports no rollout/, workers/, trainer/ or models/megatron/: docs/architecture.md):
+- here, pure rules on the keys: ranges (finite numbers), seeds in numpy's range, allowed names whose owner config/
+  may import (algorithms/ registries, rewards/, ops.logprob.BACKENDS, models/presets.py, models/lr_schedule.py),
+  model shapes the overrides can build, a 'module:function' estimator importable, cross-field rules;
+- by the rooms that own the rule, called from trainer/setup.py `check_config` after these (one report): the rollout
+  engine names and tool patterns (rollout/), the vLLM head_dim rules (compat/vllm.py), the placement and
+  rollout.engines_per_gpu rules (workers/placement.py), and whether trainer.device=cuda has a GPU.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,18 +27,15 @@ class ConfigError(UserError, ValueError):
     """A user-fixable problem in the configuration."""
 
 
-ROLLOUT_ENGINES = ("hf", "vllm")
-LOGPROB_BACKENDS = ("auto", "torch", "triton")
 LOGGERS = ("console", "jsonl", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("file", "synthetic")
-LR_SCHEDULES = ("constant", "cosine")
 MODEL_DTYPES = ("bfloat16", "float32")
 BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
-TOOL_PATTERNS = ("code_block", "code_tag")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" needs Transformer Engine
 ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
+SEED_MAX = 2**32 - 1  # numpy's seeds are in [0, 2**32 - 1]
 
 
 def _is_dotted_path(name: str) -> bool:
@@ -44,11 +50,20 @@ def _choice(errors: list, key: str, value: Any, allowed: Iterable[str], *, dotte
     errors.append(f"{key}={value!r} is not allowed; choose one of {', '.join(allowed)}{extra}")
 
 
+def _finite(errors: list, key: str, value: Any) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        errors.append(f"{key}={value} is not a finite number")
+        return False
+    return True
+
+
 def _positive(errors: list, key: str, value: Any, *, allow_zero: bool = False, allow_minus_one: bool = False) -> None:
     if value is None:
         errors.append(f"{key} must be set")
         return
     if allow_minus_one and value == -1:
+        return
+    if not _finite(errors, key, value):
         return
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
@@ -58,37 +73,58 @@ def _positive(errors: list, key: str, value: Any, *, allow_zero: bool = False, a
 
 
 def _range(errors: list, key: str, value: float, lo: float, hi: float) -> None:
-    if not (lo <= value <= hi):
+    if not (lo <= value <= hi):  # NaN fails too
         errors.append(f"{key}={value} is out of range; it must be in [{lo}, {hi}]")
 
 
-def _on_gpu(device: str) -> bool:
-    """trainer.device as the run will resolve it (auto: CUDA when this machine has it)."""
-    if device != "auto":
-        return device == "cuda"
-    import torch
-
-    return torch.cuda.is_available()
+def _seed(errors: list, key: str, value: int) -> None:
+    if not 0 <= value <= SEED_MAX:
+        errors.append(f"{key}={value} is out of range; a seed must be in [0, 2**32 - 1] (numpy's range)")
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every problem found in `cfg` (a composed RLConfig)."""
-    # Lazy: the registries are the single source of allowed names.
-    from rltrain.algorithms import ADV_ESTIMATORS, AGG_MODES, KL_KINDS, POLICY_LOSS_MODES, TIS_MODES
+# ---------------------------------------------------------------------------- shared groups (schema.py)
 
-    e: list[str] = []
-    r, a, c, al, d, t, m = cfg.rollout, cfg.actor, cfg.critic, cfg.algorithm, cfg.data, cfg.trainer, cfg.model
+def _optimizer(e: list, prefix: str, o) -> None:
+    """An OptimizerConfig's keys under `prefix` (actor, critic, optim)."""
+    from rltrain.models.lr_schedule import LR_SCHEDULES
 
-    # model
+    _positive(e, f"{prefix}.lr", o.lr)
+    _positive(e, f"{prefix}.weight_decay", o.weight_decay, allow_zero=True)
+    _positive(e, f"{prefix}.grad_clip", o.grad_clip)
+    _positive(e, f"{prefix}.eps", o.eps)
+    _positive(e, f"{prefix}.lr_warmup_steps", o.lr_warmup_steps, allow_zero=True)
+    _choice(e, f"{prefix}.lr_schedule", o.lr_schedule, LR_SCHEDULES)
+    _range(e, f"{prefix}.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0)
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        e.append(f"{prefix}.betas={list(o.betas)} must be two numbers in [0, 1)")
+
+
+def _logprob_head(e: list, prefix: str, t) -> None:
+    """A LogprobHeadConfig's keys under `prefix` (trainer of RL and SFT); the backends are ops/logprob.py's."""
+    from rltrain.ops.logprob import BACKENDS
+
+    _choice(e, f"{prefix}.fused_linear_logprob_backend", t.fused_linear_logprob_backend, ("auto", *BACKENDS))
+    if t.logprobs_chunk_size is not None:
+        _positive(e, f"{prefix}.logprobs_chunk_size", t.logprobs_chunk_size)
+
+
+def _model(e: list, m) -> None:
     if m.builtin is None and not m.path:
         e.append("model.path is not set; give an HF model id or local directory, or set model.builtin="
                  f"{'|'.join(BUILTIN_MODELS)}")
     if m.builtin is not None:
         _choice(e, "model.builtin", m.builtin, BUILTIN_MODELS)
+        if m.builtin in BUILTINS:
+            from rltrain.models.presets import shape_errors
+
+            e.extend(shape_errors({**BUILTINS[m.builtin], **(m.overrides or {})}, key="model.overrides"))
     _choice(e, "model.dtype", m.dtype, MODEL_DTYPES)
 
-    # rollout
-    _choice(e, "rollout.engine", r.engine, ROLLOUT_ENGINES)
+
+# ---------------------------------------------------------------------------- RL sections (RLConfig)
+
+def _rollout(e: list, cfg) -> None:
+    r = cfg.rollout
     _positive(e, "rollout.n", r.n)
     _positive(e, "rollout.val_n", r.val_n)
     _positive(e, "rollout.max_response_length", r.max_response_length)
@@ -100,80 +136,73 @@ def validate_config(cfg: DictConfig) -> None:
     if r.top_k != -1 and r.top_k <= 0:
         e.append(f"rollout.top_k={r.top_k} is impossible; use -1 (off) or a positive integer")
     _range(e, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, 0.01, 1.0)
-    if r.kv_cache_memory_gb is not None and not r.kv_cache_memory_gb > 0:
+    if r.kv_cache_memory_gb is not None and not (r.kv_cache_memory_gb > 0 and math.isfinite(r.kv_cache_memory_gb)):
         e.append(f"rollout.kv_cache_memory_gb={r.kv_cache_memory_gb} must be a positive number of GiB, or null "
                  "(sized by rollout.gpu_memory_utilization)")
     _positive(e, "rollout.tensor_parallel_size", r.tensor_parallel_size)
     _positive(e, "rollout.engines_per_gpu", r.engines_per_gpu)
-    if r.engines_per_gpu > 1 and (r.engine != "vllm" or r.tensor_parallel_size != 1 or not t.colocate
-                                  or t.device == "cpu"):
-        e.append(f"rollout.engines_per_gpu={r.engines_per_gpu} runs several vLLM engines on each GPU of a colocated "
-                 "run (rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device: "
-                 "weights reach them by CUDA IPC); set rollout.engines_per_gpu=1")
-    if r.engine == "vllm" and r.tensor_parallel_size > 1 and m.builtin in BUILTINS and _on_gpu(t.device):
-        from types import SimpleNamespace
-
-        from rltrain.compat.vllm import tp_head_dim_error  # the rule and its measurement (vLLM 0.26 TP on GPUs)
-        from rltrain.utils import flops
-
-        head_dim = flops.head_dim(SimpleNamespace(**{**BUILTINS[m.builtin], **(m.overrides or {})}))
-        why = tp_head_dim_error(head_dim, int(r.tensor_parallel_size))
-        if why:
-            e.append(f"model.builtin={m.builtin} has head_dim {head_dim}: {why}")
     mt = r.multi_turn
     if mt.enable:
         _positive(e, "rollout.multi_turn.max_turns", mt.max_turns)
         _positive(e, "rollout.multi_turn.max_total_tokens", mt.max_total_tokens)
         _positive(e, "rollout.multi_turn.tool_timeout_s", mt.tool_timeout_s)
         _positive(e, "rollout.multi_turn.tool_memory_mb", mt.tool_memory_mb)
-        if mt.tool_pattern not in TOOL_PATTERNS and "(" not in mt.tool_pattern:
-            e.append(f"rollout.multi_turn.tool_pattern={mt.tool_pattern!r}: choose one of "
-                     f"{', '.join(TOOL_PATTERNS)} or a regex with one capture group")
+        _positive(e, "rollout.multi_turn.tool_max_workers", mt.tool_max_workers)
 
-    # actor
-    _positive(e, "actor.lr", a.lr)
-    _positive(e, "actor.weight_decay", a.weight_decay, allow_zero=True)
-    _positive(e, "actor.grad_clip", a.grad_clip)
+
+def _actor(e: list, cfg) -> None:
+    from rltrain.algorithms import AGG_MODES, KL_KINDS, POLICY_LOSS_MODES, TIS_MODES
+
+    a, d = cfg.actor, cfg.data
+    _optimizer(e, "actor", a)
     _positive(e, "actor.ppo_epochs", a.ppo_epochs)
     _positive(e, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size)
     _positive(e, "actor.max_tokens_per_micro_batch", a.max_tokens_per_micro_batch)
-    _positive(e, "actor.lr_warmup_steps", a.lr_warmup_steps, allow_zero=True)
-    _choice(e, "actor.lr_schedule", a.lr_schedule, LR_SCHEDULES)
-    _range(e, "actor.min_lr_ratio", a.min_lr_ratio, 0.0, 1.0)
     _choice(e, "actor.loss_mode", a.loss_mode, POLICY_LOSS_MODES)
     _choice(e, "actor.loss_agg_mode", a.loss_agg_mode, AGG_MODES)
     _range(e, "actor.clip_low", a.clip_low, 0.0, 1.0)
     _positive(e, "actor.clip_high", a.clip_high, allow_zero=True)
-    if a.dual_clip is not None and a.dual_clip <= 1.0:
-        e.append(f"actor.dual_clip={a.dual_clip} is impossible; it must be > 1 (or null to disable)")
+    if a.dual_clip is not None and not (1.0 < a.dual_clip < math.inf):
+        e.append(f"actor.dual_clip={a.dual_clip} is impossible; it must be > 1 and finite (or null to disable)")
     _positive(e, "actor.entropy_coef", a.entropy_coef, allow_zero=True)
     _positive(e, "actor.kl_loss_coef", a.kl_loss_coef, allow_zero=True)
     _choice(e, "actor.kl_loss_type", a.kl_loss_type, KL_KINDS)
-    if len(a.betas) != 2 or not all(0.0 <= b < 1.0 for b in a.betas):
-        e.append(f"actor.betas={list(a.betas)} must be two numbers in [0, 1)")
     _choice(e, "actor.recompute_granularity", a.recompute_granularity, RECOMPUTE_GRANULARITIES)
-    for m in a.recompute_modules:
-        _choice(e, "actor.recompute_modules[]", m, RECOMPUTE_MODULES)
+    for mod in a.recompute_modules:
+        _choice(e, "actor.recompute_modules[]", mod, RECOMPUTE_MODULES)
     _choice(e, "actor.elementwise_fusion", a.elementwise_fusion, ELEMENTWISE_FUSIONS)
     _positive(e, "actor.grad_reduce_bucket_mb", a.grad_reduce_bucket_mb)
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
     _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)
-    if not a.tis.cap >= 1.0:
-        e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 (the ratio's upper truncation)")
+    if not 1.0 <= a.tis.cap < math.inf:
+        e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 and finite (the ratio's upper truncation)")
     if d.train_batch_size > 0 and a.ppo_mini_batch_size > d.train_batch_size:
         e.append(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than the batch "
                  f"(data.train_batch_size={d.train_batch_size}); it must be <= data.train_batch_size")
 
-    # critic
-    _positive(e, "critic.lr", c.lr)
+
+def _critic(e: list, cfg) -> None:
+    from rltrain.algorithms import AGG_MODES
+
+    c = cfg.critic
+    _optimizer(e, "critic", c)
     _positive(e, "critic.ppo_epochs", c.ppo_epochs)
     _positive(e, "critic.value_clip", c.value_clip)
     _choice(e, "critic.loss_agg_mode", c.loss_agg_mode, AGG_MODES)
     _positive(e, "critic.max_tokens_per_micro_batch", c.max_tokens_per_micro_batch)
 
-    # algorithm
+
+def _algorithm(e: list, cfg) -> None:
+    from rltrain.algorithms import ADV_ESTIMATORS, KL_KINDS, get_advantage_estimator
+
+    al, r = cfg.algorithm, cfg.rollout
     _choice(e, "algorithm.adv_estimator", al.adv_estimator, ADV_ESTIMATORS, dotted_ok=True)
+    if _is_dotted_path(al.adv_estimator):
+        try:  # imported now, so a typo fails here and not at the first step's advantages
+            get_advantage_estimator(al.adv_estimator)
+        except ValueError as err:
+            e.append(f"algorithm.adv_estimator={al.adv_estimator!r}: {err}")
     _range(e, "algorithm.gamma", al.gamma, 0.0, 1.0)
     _range(e, "algorithm.lam", al.lam, 0.0, 1.0)
     _choice(e, "algorithm.kl_penalty", al.kl_penalty, KL_KINDS)
@@ -181,11 +210,13 @@ def validate_config(cfg: DictConfig) -> None:
     _positive(e, "algorithm.dynamic_sampling.max_tries", al.dynamic_sampling.max_tries)
     if al.overlong.enable:
         _positive(e, "algorithm.overlong.buffer_len", al.overlong.buffer_len)
+        _finite(e, "algorithm.overlong.penalty_factor", al.overlong.penalty_factor)
         if al.overlong.buffer_len >= r.max_response_length:
             e.append(f"algorithm.overlong.buffer_len={al.overlong.buffer_len} must be smaller than "
                      f"rollout.max_response_length={r.max_response_length}")
 
-    # reward
+
+def _reward(e: list, cfg) -> None:
     from rltrain.rewards import REWARD_FNS
 
     fn = cfg.reward.fn
@@ -198,7 +229,9 @@ def validate_config(cfg: DictConfig) -> None:
     _positive(e, "reward.timeout_s", cfg.reward.timeout_s)
     _positive(e, "reward.max_workers", cfg.reward.max_workers, allow_zero=True)  # 0: in-process
 
-    # data
+
+def _data(e: list, cfg) -> None:
+    d = cfg.data
     _choice(e, "data.source", d.source, DATA_SOURCES)
     _positive(e, "data.train_batch_size", d.train_batch_size)
     _positive(e, "data.val_batch_size", d.val_batch_size)
@@ -210,14 +243,16 @@ def validate_config(cfg: DictConfig) -> None:
     else:
         _positive(e, "data.synthetic.train_size", d.synthetic.train_size)
         _positive(e, "data.synthetic.val_size", d.synthetic.val_size)
+        _seed(e, "data.synthetic.seed", d.synthetic.seed)
 
-    # trainer
+
+def _trainer(e: list, cfg) -> None:
+    t = cfg.trainer
+    _seed(e, "trainer.seed", t.seed)
     _positive(e, "trainer.total_steps", t.total_steps)
     _positive(e, "trainer.save_freq", t.save_freq, allow_minus_one=True)
     _positive(e, "trainer.test_freq", t.test_freq, allow_minus_one=True)
-    _choice(e, "trainer.fused_linear_logprob_backend", t.fused_linear_logprob_backend, LOGPROB_BACKENDS)
-    if t.logprobs_chunk_size is not None:
-        _positive(e, "trainer.logprobs_chunk_size", t.logprobs_chunk_size)
+    _logprob_head(e, "trainer", t)
     _choice(e, "trainer.device", t.device, DEVICES)
     for lg in t.logger:
         _choice(e, "trainer.logger", lg, LOGGERS)
@@ -233,51 +268,84 @@ def validate_config(cfg: DictConfig) -> None:
     if t.async_rollout and not t.use_ray:
         e.append("trainer.async_rollout=true needs Ray (trainer.use_ray=true): the in-process worker cannot "
                  "generate and train at once")
-    from rltrain.workers.placement import placement_errors  # the one placement rule (no Ray, no torch)
-
-    e.extend(placement_errors(cfg, device=t.device if t.device != "auto" else None))
-
-    if e:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(e))
 
 
-def validate_sft_config(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every problem found in `cfg` (a composed SFTConfig, rltrain.sft)."""
-    e: list[str] = []
-    m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.trainer
-    if m.builtin is None and not m.path:
-        e.append("model.path is not set; give an HF model id or local directory, or set model.builtin="
-                 f"{'|'.join(BUILTIN_MODELS)}")
-    if m.builtin is not None:
-        _choice(e, "model.builtin", m.builtin, BUILTIN_MODELS)
-    _choice(e, "model.dtype", m.dtype, MODEL_DTYPES)
+# one validator per section of RLConfig, in report order
+RL_VALIDATORS: dict[str, Callable[[list, Any], None]] = {
+    "model": lambda e, cfg: _model(e, cfg.model), "rollout": _rollout, "actor": _actor, "critic": _critic,
+    "algorithm": _algorithm, "reward": _reward, "data": _data, "trainer": _trainer,
+}
+
+
+def config_errors(cfg: Any) -> list[str]:
+    """Every problem the pure rules find in `cfg` (a composed RLConfig, typed or DictConfig)."""
+    from rltrain.config.convert import unknown_keys
+    from rltrain.config.schema import RLConfig
+
+    e = [f"{k}: not a configuration key (unknown key; check its spelling and section)"
+         for k in unknown_keys(cfg, RLConfig)]
+    for check in RL_VALIDATORS.values():
+        check(e, cfg)
+    return e
+
+
+def validate_config(cfg: Any) -> None:
+    """Raise ConfigError listing every problem the pure rules find in `cfg` (a composed RLConfig). The rooms'
+    own checks follow in trainer/setup.py `check_config`."""
+    raise_errors(config_errors(cfg))
+
+
+def raise_errors(errors: list[str], what: str = "configuration") -> None:
+    if errors:
+        raise ConfigError(f"invalid {what}:\n  - " + "\n  - ".join(errors))
+
+
+# ---------------------------------------------------------------------------- SFT sections (SFTConfig)
+
+def _sft_data(e: list, cfg) -> None:
+    d = cfg.data
     if not d.train_files:
         e.append("data.train_files is empty; give one or more .jsonl/.parquet files of chat rows "
                  "({\"messages\": [...]}); see rltrain/data/sft_data.py")
     _positive(e, "data.max_length", d.max_length)
     _positive(e, "data.batch_size", d.batch_size)
-    _positive(e, "optim.lr", o.lr)
-    _positive(e, "optim.weight_decay", o.weight_decay, allow_zero=True)
-    _positive(e, "optim.grad_clip", o.grad_clip)
-    _positive(e, "optim.lr_warmup_steps", o.lr_warmup_steps, allow_zero=True)
-    _choice(e, "optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
-    _range(e, "optim.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0)
-    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
-        e.append(f"optim.betas={list(o.betas)} must be two numbers in [0, 1)")
+
+
+def _sft_trainer(e: list, cfg) -> None:
+    t = cfg.trainer
+    _seed(e, "trainer.seed", t.seed)
     _positive(e, "trainer.epochs", t.epochs)
     if t.total_steps is not None:
         _positive(e, "trainer.total_steps", t.total_steps)
     _positive(e, "trainer.test_freq", t.test_freq, allow_minus_one=True)
+    _positive(e, "trainer.save_freq", t.save_freq, allow_minus_one=True)
+    if t.resume not in ("auto", "never") and not os.path.exists(t.resume):
+        e.append(f"trainer.resume={t.resume!r}: use auto, never, or an existing checkpoint directory")
+    _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
     _choice(e, "trainer.device", t.device, DEVICES)
-    _choice(e, "trainer.fused_linear_logprob_backend", t.fused_linear_logprob_backend, LOGPROB_BACKENDS)
-    if t.logprobs_chunk_size is not None:
-        _positive(e, "trainer.logprobs_chunk_size", t.logprobs_chunk_size)
+    _logprob_head(e, "trainer", t)
     _positive(e, "trainer.tensor_parallel_size", t.tensor_parallel_size)
     _positive(e, "trainer.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch)
     for lg in t.logger:
         _choice(e, "trainer.logger", lg, LOGGERS)
-    if e:
-        raise ConfigError("invalid SFT configuration:\n  - " + "\n  - ".join(e))
+
+
+SFT_VALIDATORS: dict[str, Callable[[list, Any], None]] = {
+    "model": lambda e, cfg: _model(e, cfg.model), "data": _sft_data,
+    "optim": lambda e, cfg: _optimizer(e, "optim", cfg.optim), "trainer": _sft_trainer,
+}
+
+
+def validate_sft_config(cfg: Any) -> None:
+    """Raise ConfigError listing every problem found in `cfg` (a composed SFTConfig, rltrain.sft)."""
+    from rltrain.config.convert import unknown_keys
+    from rltrain.config.schema import SFTConfig
+
+    e = [f"{k}: not a configuration key (unknown key; check its spelling and section)"
+         for k in unknown_keys(cfg, SFTConfig)]
+    for check in SFT_VALIDATORS.values():
+        check(e, cfg)
+    raise_errors(e, "SFT configuration")
 
 
 def to_container(cfg: DictConfig) -> dict:

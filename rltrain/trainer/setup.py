@@ -1,6 +1,9 @@
-"""Builds what the driver loop needs from the config: tokenizer, datasets + sampler, reward fn, worker groups.
+"""Builds what the driver loop needs from the config: the checks before anything starts, tokenizer, datasets +
+sampler, reward fn, worker groups.
 
-Construction only; the loop itself is in ppo.py.
+Construction only; the loop itself is in ppo.py. `check_config` is where a run's config is checked: config/'s pure
+rules, then the rules that belong to a room config/ may not import (rollout/: engine names, tool patterns, the vLLM
+head_dim rules; workers/placement.py: placement, rollout.engines_per_gpu; the device), in one report.
 """
 
 from __future__ import annotations
@@ -15,6 +18,71 @@ def config_dict(cfg) -> dict:
     from rltrain.config.convert import as_dict
 
     return as_dict(cfg)
+
+
+def check_config(cfg) -> None:
+    """Raise ConfigError listing every problem of an RLConfig (typed, DictConfig or dict) before anything starts."""
+    from rltrain.config.convert import as_config
+    from rltrain.config.validate import config_errors, raise_errors
+
+    errors = config_errors(cfg)
+    raise_errors(errors + room_errors(as_config(cfg)))
+
+
+def room_errors(cfg) -> list[str]:
+    """The rules the rooms own, asked of them: names and rules config/ cannot import (see the module docstring)."""
+    from rltrain.rollout import ENGINES, TOOL_PATTERNS
+    from rltrain.workers.placement import engines_per_gpu_error, placement_errors
+
+    r, t, m = cfg.rollout, cfg.trainer, cfg.model
+    e: list[str] = []
+    if r.engine not in ENGINES:
+        e.append(f"rollout.engine={r.engine!r} is not allowed; choose one of {', '.join(ENGINES)}")
+    mt = r.multi_turn
+    if mt.enable and mt.tool_pattern not in TOOL_PATTERNS and "(" not in mt.tool_pattern:
+        e.append(f"rollout.multi_turn.tool_pattern={mt.tool_pattern!r}: choose one of "
+                 f"{', '.join(TOOL_PATTERNS)} or a regex with one capture group")
+    why = engines_per_gpu_error(r.engines_per_gpu, engine=r.engine, tensor_parallel_size=r.tensor_parallel_size,
+                                colocated=t.colocate, device=t.device)
+    if why:
+        e.append(why)
+    if r.engine == "vllm":
+        e.extend(_vllm_head_dim_errors(m, r, t))
+    e.extend(placement_errors(cfg, device=t.device if t.device != "auto" else None))
+    if t.device == "cuda" and not torch.cuda.is_available():
+        e.append("trainer.device=cuda but no CUDA device is visible here; use trainer.device=cpu (or auto)")
+    return e
+
+
+def _vllm_head_dim_errors(m, r, t) -> list[str]:
+    """vLLM's head_dim limits for a built-in preset (its shapes are known before any download): on GPUs with
+    tensor parallel > 1 (rollout/vllm.py tp_head_dim_error), on CPU its attention kernels' head sizes."""
+    from types import SimpleNamespace
+
+    from rltrain.models.presets import BUILTINS
+    from rltrain.utils import flops
+
+    if m.builtin not in BUILTINS:
+        return []
+    head_dim = flops.head_dim(SimpleNamespace(**{**BUILTINS[m.builtin], **(m.overrides or {})}))
+    on_gpu = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
+    if on_gpu:
+        from rltrain.rollout.vllm import tp_head_dim_error  # the rule and its measurement live with the engine
+
+        why = tp_head_dim_error(head_dim, r.tensor_parallel_size)
+        return [f"model.builtin={m.builtin} has head_dim {head_dim}: {why}"] if why else []
+    try:
+        from rltrain.compat.vllm import cpu_attention_head_sizes
+
+        sizes = cpu_attention_head_sizes()
+    except ImportError:  # no vLLM here: the engine's start says so
+        return []
+    if head_dim in sizes:
+        return []
+    fit = min((s for s in sizes if s >= head_dim), default=max(sizes))
+    return [f"model.builtin={m.builtin} has head_dim {head_dim}, and vLLM's CPU build has no attention kernel for it "
+            f"(it takes {sorted(sizes)}): give the model one (+model.overrides.head_dim={fit}) or use "
+            "rollout.engine=hf"]
 
 
 def run_directory() -> str:
@@ -61,10 +129,12 @@ def build_datasets(cfg):
 
 
 def check_model(cfg, tokenizer) -> None:
-    """Resolve the model's HF config on the driver so a wrong model.path fails before workers start."""
+    """On the driver before any worker starts: the whole config check (`check_config`: the entry point ran
+    config/'s rules; the rooms' own run here) and the model's HF config, so a wrong model.path fails now."""
     from rltrain.config.convert import as_config
     from rltrain.models.presets import model_hf_config
 
+    check_config(cfg)
     model_hf_config(as_config(cfg).model, tokenizer)
 
 

@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 
@@ -7,8 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from rltrain.config import ConfigError, register_configs, validate_config
+from rltrain.config import ConfigError, as_config, register_configs, validate_config
 from rltrain.main import CONFIG_DIR
+from rltrain.trainer.setup import check_config, room_errors
 
 REPO = os.path.dirname(CONFIG_DIR)
 register_configs()
@@ -70,7 +72,7 @@ def test_required_keys_exist_with_their_defaults():
 def test_impossible_values_fail_naming_the_key(override, key):
     cfg = _compose("grpo_tiny", [override])
     with pytest.raises(ConfigError) as info:
-        validate_config(cfg)
+        check_config(cfg)  # config/'s rules, then the rooms' (engine names, placement, engines_per_gpu)
     assert key in str(info.value)
 
 
@@ -88,9 +90,13 @@ def test_unknown_key_and_wrong_type_fail_at_composition():
         _compose("grpo_tiny", ["rollout.n=many"])
 
 
-def test_dotted_path_estimator_is_accepted():
-    cfg = _compose("grpo_tiny", ["algorithm.adv_estimator=my_pkg.adv:compute"])
-    validate_config(cfg)
+def test_dotted_path_estimator_is_imported_at_validation(tmp_path):
+    est = tmp_path / "my_adv.py"
+    est.write_text("def compute(token_rewards, response_mask, **kw):\n    return token_rewards, token_rewards\n")
+    validate_config(_compose("grpo_tiny", [f"algorithm.adv_estimator={est}:compute"]))
+    for missing in ("my_pkg.adv:compute", f"{est}:nope"):
+        with pytest.raises(ConfigError, match="algorithm.adv_estimator"):
+            validate_config(_compose("grpo_tiny", [f"algorithm.adv_estimator={missing}"]))
 
 
 def _run_main(*args):
@@ -114,12 +120,13 @@ def test_cli_cfg_job_prints_the_keys():
 
 
 def test_engines_per_gpu_is_accepted_for_colocated_vllm_on_cuda_only():
-    ok = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda"])
-    validate_config(ok)
+    def engines_rule(overrides):  # the rule is workers/placement.py's, asked by trainer/setup.py
+        cfg = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda", *overrides])
+        return [m for m in room_errors(as_config(cfg)) if "rollout.engines_per_gpu=2" in m]
+
+    assert engines_rule([]) == []
     for bad in (["trainer.colocate=false"], ["rollout.tensor_parallel_size=2"], ["trainer.device=cpu"]):
-        cfg = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda", *bad])
-        with pytest.raises(ConfigError, match="rollout.engines_per_gpu=2"):
-            validate_config(cfg)
+        assert engines_rule(bad), bad
 
 
 def test_vllm_tensor_parallel_on_gpus_refuses_the_head_dim_it_hangs_on():
@@ -127,8 +134,69 @@ def test_vllm_tensor_parallel_on_gpus_refuses_the_head_dim_it_hangs_on():
     measured): the config says how to fix it before anything starts; CPU runs (vLLM's CPU build) are not affected."""
     tp2 = ["rollout=vllm", "rollout.tensor_parallel_size=2", "actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2",
            "trainer.use_ray=true"]
-    with pytest.raises(ConfigError, match=r"model.builtin=tiny has head_dim 16: .*\+model.overrides.head_dim=64"):
-        validate_config(_compose("grpo_tiny", [*tp2, "trainer.device=cuda"]))
-    validate_config(_compose("grpo_tiny", [*tp2, "trainer.device=cuda", "+model.overrides.head_dim=64"]))
-    validate_config(_compose("grpo_tiny", [*tp2, "trainer.device=cpu", "+model.overrides.head_dim=32"]))
-    validate_config(_compose("grpo_tiny", ["rollout=vllm", "trainer.device=cuda"]))  # TP=1 runs at 16
+    def head_dim_rule(overrides):  # rollout/vllm.py's rule, asked by trainer/setup.py
+        return [m for m in room_errors(as_config(_compose("grpo_tiny", overrides))) if "has head_dim" in m]
+
+    [why] = head_dim_rule([*tp2, "trainer.device=cuda"])
+    assert re.search(r"model.builtin=tiny has head_dim 16: .*\+model.overrides.head_dim=64", why)
+    assert head_dim_rule([*tp2, "trainer.device=cuda", "+model.overrides.head_dim=64"]) == []
+    assert head_dim_rule([*tp2, "trainer.device=cpu", "+model.overrides.head_dim=32"]) == []
+    assert head_dim_rule(["rollout=vllm", "trainer.device=cuda"]) == []  # TP=1 runs at 16
+
+
+# ------------------------------------------------------------------ #38 item 10: refused before anything starts
+
+@pytest.mark.parametrize("override,key", [
+    ("actor.lr=inf", "actor.lr"), ("actor.lr=nan", "actor.lr"), ("actor.lr=-1e-6", "actor.lr"),
+    ("critic.lr=inf", "critic.lr"), ("reward.timeout_s=inf", "reward.timeout_s"),
+    ("trainer.seed=-1", "trainer.seed"), ("trainer.seed=4294967296", "trainer.seed"),
+    ("data.synthetic.seed=4294967296", "data.synthetic.seed"),
+    ("+model.overrides.num_attention_heads=3", "model.overrides.num_attention_heads"),
+    ("+model.overrides.hidden_size=66", "model.overrides.hidden_size"),
+    ("+model.overrides.head_dim=15", "model.overrides.head_dim"),
+])
+def test_values_that_would_crash_later_are_refused_at_validation(override, key):
+    with pytest.raises(ConfigError) as info:
+        validate_config(_compose("grpo_tiny", [override]))
+    assert key in str(info.value)
+
+
+def test_infinite_tool_timeout_is_refused():
+    cfg = _compose("grpo_tiny", ["rollout.multi_turn.enable=true", "rollout.multi_turn.tool_timeout_s=inf"])
+    with pytest.raises(ConfigError, match="rollout.multi_turn.tool_timeout_s=inf is not a finite number"):
+        validate_config(cfg)
+
+
+def test_seed_bounds_are_numpys():
+    validate_config(_compose("grpo_tiny", ["trainer.seed=0"]))
+    validate_config(_compose("grpo_tiny", ["trainer.seed=4294967295"]))
+
+
+def test_a_key_the_schema_lacks_is_refused_even_when_hydra_adds_it():
+    cfg = _compose("grpo_tiny", ["+actor.foo=1"])  # Hydra's `+` adds it; the run would never read it
+    with pytest.raises(ConfigError, match="actor.foo: not a configuration key"):
+        validate_config(cfg)
+    with pytest.raises(ConfigError, match="actor.foo"):
+        as_config(cfg)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_device_without_a_gpu_is_refused_at_setup():
+    with pytest.raises(ConfigError, match="trainer.device=cuda but no CUDA device"):
+        check_config(_compose("grpo_tiny", ["trainer.device=cuda"]))
+
+
+def test_vllm_on_cpu_refuses_the_tiny_head_dim_naming_the_override():
+    pytest.importorskip("vllm")
+    with pytest.raises(ConfigError, match=r"head_dim 16.*\+model.overrides.head_dim=32"):
+        check_config(_compose("grpo_tiny", ["rollout.engine=vllm", "trainer.device=cpu"]))
+    assert not [m for m in room_errors(as_config(_compose(
+        "grpo_tiny", ["rollout.engine=vllm", "trainer.device=cpu", "+model.overrides.head_dim=32"]))) if "head_dim" in m]
+
+
+@pytest.mark.parametrize("override,key", [("actor.lr=abc", "actor.lr"), ("+actor.foo=1", "actor.foo"),
+                                          ("rollout.temprature=0.5", "rollout.temprature")])
+def test_cli_wrong_type_or_unknown_key_exits_2_naming_the_key(override, key):
+    res = _run_main("--config-name", "grpo_tiny", override, "hydra.run.dir=/tmp/rltrain_cfg_test")
+    assert res.returncode == 2, res.stderr
+    assert key in res.stderr and "Traceback" not in res.stderr

@@ -1,0 +1,82 @@
+"""The entry points' config gate: a composed config that Hydra or the schema refuses (a wrong type, an unknown key,
+`+actor.foo=1` that Hydra would accept and the run ignore) ends as one line and exit code 2, like every other
+mistake a user can make (rltrain/main.py, rltrain/sft.py).
+
+Hydra itself reports a composition error with exit code 1, the code of a crash; `config_main` composes the
+command line's config once with Hydra's compose API before Hydra's own main runs, so the mistake is caught first.
+It must not run anything: composition and the schema only.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+from rltrain.config.schema import RLConfig
+from rltrain.utils.errors import UserError
+
+
+def composition_error(config_dir: str, config_name: str, argv: list[str], schema: type = RLConfig) -> str | None:
+    """Why the config `argv` (Hydra's command line) composes to is refused (None: it composes and fits `schema`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rltrain.config.convert import as_config
+
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:  # argparse has printed its usage; Hydra will refuse the same way
+        return None
+    if args.help or args.hydra_help or args.shell_completion or args.info or args.multirun:
+        return None
+    overrides = [o for o in args.overrides if not o.lstrip("+~").startswith("hydra.")]
+    try:
+        with initialize_config_dir(config_dir=args.config_dir or config_dir, version_base=None):
+            cfg = compose(config_name=args.config_name or config_name, overrides=overrides)
+        as_config(cfg, schema)
+    except OmegaConfBaseException as err:
+        return schema_message(err)
+    except UserError as err:  # as_config: a key the schema does not have
+        return str(err)
+    except Exception as err:  # Hydra's own: a missing config group option, a malformed override
+        if not type(err).__module__.startswith("hydra"):
+            raise
+        if isinstance(err.__cause__, OmegaConfBaseException):  # e.g. a value of the wrong type
+            return schema_message(err.__cause__)
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def schema_message(err: Exception) -> str:
+    """One line for an OmegaConf error: the key it names and what is wrong with it."""
+    key = getattr(err, "full_key", None) or getattr(err, "key", None)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if type(err).__name__ == "ConfigKeyError" and key:
+        return f"{key}: not a configuration key (unknown key; check its spelling and section)"
+    return f"{key}: {first}" if key else first
+
+
+def config_main(config_dir: str, config_name: str, schema: type = RLConfig) -> Callable:
+    """hydra.main(version_base=None, config_path=config_dir, config_name=config_name) with the gate in front: a
+    refused config prints `rltrain: <why>` and exits with code 2 before Hydra starts the task."""
+    import hydra
+
+    def decorate(task: Callable[[Any], None]) -> Callable[[], None]:
+        hydra_task = hydra.main(version_base=None, config_path=config_dir, config_name=config_name)(task)
+
+        @functools.wraps(task)
+        def entry() -> None:
+            why = composition_error(config_dir, config_name, sys.argv[1:], schema)
+            if why is not None:
+                print(f"rltrain: {why}", file=sys.stderr, flush=True)
+                sys.exit(2)
+            hydra_task()
+
+        return entry
+
+    return decorate
