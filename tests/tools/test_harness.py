@@ -45,14 +45,15 @@ def test_children_run_at_once_and_the_one_past_the_timeout_is_stopped(tmp_path):
     py = sys.executable
     jobs = {"quick": ([py, "-c", "print('hello'); raise SystemExit(3)"], str(tmp_path / "quick.log")),
             "slow": ([py, "-c", "import time; print('start', flush=True); time.sleep(60)"], str(tmp_path / "slow.log"))}
-    exited, stopped = [], []
+    exited, stopped, polled = [], [], []
     t0 = time.time()
     res = harness.run_children(jobs, timeout_s=3, poll_s=0.2, on_exit=lambda n, r: exited.append((n, r["rc"])),
-                               on_timeout=lambda n, p: stopped.append(n))
+                               on_timeout=lambda n, p: stopped.append(n), on_poll=polled.append, poll_every_s=1.0)
     assert time.time() - t0 < 30
     assert res["quick"] == {"rc": 3, "wall_s": res["quick"]["wall_s"], "timed_out": False}
     assert res["slow"]["timed_out"] and res["slow"]["rc"] != 0
     assert exited == [("quick", 3)] and stopped == ["slow"]
+    assert 1 <= len(polled) <= 3 and set(polled) == {"slow"}  # about once a second, only while running
     assert (tmp_path / "quick.log").read_text() == "hello\n" and "start" in (tmp_path / "slow.log").read_text()
     one = harness.run_child([py, "-c", "print('x' * 3000)"], str(tmp_path / "one.log"), poll_s=0.1)
     assert one["rc"] == 0 and not one["timed_out"] and one["tail"] == ("x" * 3000 + "\n")[-2000:]
