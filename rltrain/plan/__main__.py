@@ -31,6 +31,18 @@ def compose(config_name: str, overrides: list[str]):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
+def _composition_error(config_name: str, overrides: list[str]) -> str | None:
+    """rltrain.config.entry's refusal of the command line (as rltrain.main prints it), where that gate exists."""
+    from rltrain.config import register_configs
+
+    try:
+        from rltrain.config.entry import composition_error
+    except ImportError:  # an older tree: compose() below reports Hydra's error
+        return None
+    register_configs()
+    return composition_error(CONFIG_DIR, config_name, ["--config-name", config_name, *overrides])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rltrain.plan", description=__doc__.split("\n\n")[1])
     ap.add_argument("--config-name", "-cn", default="grpo_tiny")
@@ -52,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     from rltrain.utils.errors import find_user_error
 
     try:
+        why = _composition_error(args.config_name, args.overrides)
+        if why is not None:  # the entry points' own gate: the same one line for a wrong type or an unknown key
+            print(f"rltrain: {why}", file=sys.stderr, flush=True)
+            return 2
         try:
             cfg = compose(args.config_name, args.overrides)
         except Exception as err:  # hydra's composition errors: a bad key or value, a missing config

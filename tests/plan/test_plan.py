@@ -217,7 +217,7 @@ def test_kv_cache_too_small_is_refused():
 
 def test_bad_key_and_bad_value_exit_2(capsys):
     rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "actor.no_such_key=1")
-    assert rc == 2 and err.startswith("rltrain:")
+    assert rc == 2 and err.startswith("rltrain:") and "no_such_key" in err
     rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "rollout.n=0")
     assert rc == 2 and "rollout.n=0 is impossible" in err
 
