@@ -63,12 +63,17 @@ def _join_cgroups(dirs):
     return ""
 
 
-def _load_bindings(paths):
+def _load_bindings(paths, libraries):
     """landlockpy and pyseccomp from the parent's site-packages (this interpreter runs -I -S); each
     name maps to the module or to the reason it is unavailable. Imported before any namespace exists
-    (pyseccomp runs ldconfig while importing, which must not become PID 1 of the new namespace)."""
-    saved = list(sys.path)
+    (pyseccomp looks its libraries up while importing). `libraries`: what ctypes.util.find_library
+    answered the parent (name -> soname), so that the lookup (a run of ldconfig each) is not repeated
+    per call; names not in it are looked up as usual."""
+    import ctypes.util
+
+    saved, find_library = list(sys.path), ctypes.util.find_library
     sys.path.extend(paths)  # after the stdlib, so nothing in site-packages can shadow it
+    ctypes.util.find_library = lambda name: libraries.get(name) or find_library(name)
     found = {}
     try:
         for name in ("landlockpy", "pyseccomp"):
@@ -78,6 +83,7 @@ def _load_bindings(paths):
                 found[name] = "%s is unavailable (%s: %s)" % (name, type(e).__name__, e)
     finally:
         sys.path[:] = saved
+        ctypes.util.find_library = find_library
     return found
 
 
@@ -176,7 +182,7 @@ def _isolate_b(cfg, libc):
     """B's part of the kernel layer: (bindings, namespaces or None, problem, root description or problem)."""
     if not cfg["os_isolation"]:
         return {}, None, "kernel isolation disabled", ""
-    bindings = _load_bindings(cfg["binding_paths"])
+    bindings = _load_bindings(cfg["binding_paths"], cfg["libraries"])
     namespaces, problem = kernel.isolate(libc, cfg["allow_network"])
     root = ""
     if namespaces is not None:

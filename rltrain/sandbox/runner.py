@@ -150,6 +150,15 @@ def probe_isolation(*, allow_network: bool = False, allow_exec: bool = False) ->
 
 
 @functools.lru_cache(maxsize=1)
+def _libraries() -> dict[str, str]:
+    """The sonames pyseccomp asks ctypes.util.find_library for, looked up once here (each lookup runs
+    ldconfig; the child would otherwise run it twice per call)."""
+    import ctypes.util
+
+    return {name: found for name in ("c", "seccomp") if (found := ctypes.util.find_library(name))}
+
+
+@functools.lru_cache(maxsize=1)
 def _binding_paths() -> tuple[str, ...]:
     """Where landlockpy and pyseccomp are installed (the child's -I -S interpreter imports them from there)."""
     import importlib.util
@@ -184,7 +193,7 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, 
             "max_file_bytes": max_file_bytes, "max_disk_bytes": max_disk_bytes,
             "allow_network": bool(allow_network), "allow_exec": bool(allow_exec),
             "allow_unisolated": bool(allow_unisolated), "os_isolation": bool(os_isolation), "audit": bool(audit),
-            "binding_paths": _binding_paths(), "cgroups": cgroups, "limits": limits,
+            "binding_paths": _binding_paths(), "libraries": _libraries(), "cgroups": cgroups, "limits": limits,
         }
         out = _spawn_and_collect(code, cfg, stdin, sandbox_id, deadline=start + timeout_s,
                                  max_output_bytes=max_output_bytes)
