@@ -55,6 +55,7 @@ DENIED_SYSCALLS = (
     "open_tree", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
     "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "inotify_init", "inotify_init1", "fanotify_init",  # per-user kernel quotas shared with the host's uid
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
 )
 SOCKET_FAMILIES = {1: "unix", 2: "inet", 10: "inet6"}  # the only socket(2) domains allowed
