@@ -6,9 +6,9 @@ A user's mistake (bad key, missing file, unsupported model, no sandbox isolation
 
 Before the trainer is built (`prepare_run`): the run directory is locked for the run's life (a second run on it
 exits 2 naming the first's pid), the checkpoint directory is checked to be writable and cleared of crashed runs'
-temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` in a fresh Hydra run directory
-continues the newest unfinished run of the same experiment, and a local `model.path` is checked for complete
-weights.
+temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` given on the command line in a fresh
+Hydra run directory continues the newest unfinished run of the same experiment (the default `auto` of a fresh run
+starts from step 1), and a local `model.path` is checked for complete weights.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def prepare_run(cfg: DictConfig, run_dir: str) -> None:
         if own is not None:
             if not t.ckpt_dir:
                 _check_same_model(cfg, own[1], f"trainer.resume=auto would continue {own[1]}, which")
-        elif not t.ckpt_dir and _hydra_chose_run_dir():
+        elif not t.ckpt_dir and _hydra_chose_run_dir() and _on_command_line("trainer.resume"):
             found = find_previous_run(run_dir, _plain(cfg))
             if found is not None:
                 prev, step, path = found
@@ -128,6 +128,18 @@ def _run_config_of(ckpt: str) -> dict | None:
     except (OSError, ValueError, RecursionError):
         return None
     return saved if isinstance(saved, dict) else None
+
+
+def _on_command_line(key: str) -> bool:
+    """Whether `key=...` was given on the command line (not a config default): `trainer.resume=auto` typed by the
+    user, as the stop message says, may continue another run; the default `auto` of a fresh run never does."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = HydraConfig.get().overrides.task
+    except (ImportError, ValueError):
+        return False
+    return any(str(o).lstrip("+~").startswith(f"{key}=") for o in overrides)
 
 
 def _hydra_chose_run_dir() -> bool:

@@ -30,6 +30,7 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 _WRITE_FAILED_TEXT = ("No space left on device", "Disk quota exceeded", "File too large", "file write failed",
                       "unexpected pos", "PytorchStreamWriter failed", "Input/output error")
 _LOW_FREE_BYTES = 256 << 20  # less than this left: call it a full disk
+_VERIFY_NOTICE_BYTES = 4 << 30  # checksumming more than this says so first
 TRAINER_STATE = "trainer_state.pt"
 _TRAINER_STATE_KEYS = ("step", "next_group_id", "sampler", "rng")
 
@@ -211,7 +212,7 @@ def verify_checkpoint(path: str) -> str | None:
     """None when `path` is a sealed, intact checkpoint; else a short reason."""
     man = os.path.join(path, MANIFEST)
     if not os.path.isfile(man):
-        return "no manifest (the write never finished)"
+        return "no manifest (the write never finished, or not a checkpoint of this format)"
     try:
         with open(man, encoding="utf-8") as f:
             manifest = json.load(f)
@@ -220,6 +221,10 @@ def verify_checkpoint(path: str) -> str | None:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not files:
         return "the manifest lists no files (not a checkpoint of this format)"
+    sizes = [i.get("size") if isinstance(i, dict) else i for i in files.values()]
+    total = sum(n for n in sizes if isinstance(n, int))
+    if total > _VERIFY_NOTICE_BYTES:  # long work shows progress
+        print(f"rltrain: verifying checkpoint {path} ({total / 2**30:.1f} GiB)", file=sys.stderr, flush=True)
     for rel, info in files.items():
         # an older manifest holds sizes only (no crc32), or a bare size: its sizes are checked
         size_want, crc_want = (info, None) if isinstance(info, int) else \
