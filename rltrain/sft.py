@@ -19,7 +19,13 @@ register_configs()
 
 
 def run_sft(cfg: DictConfig) -> None:
+    """A local model.path with missing or truncated weights is refused before training (exit 2)."""
     from rltrain.trainer.sft import run_sft_from_config
+
+    if cfg.model.builtin is None and cfg.model.path:
+        from rltrain.models.checkpoint_files import check_model_dir
+
+        check_model_dir(cfg.model.path)
 
     run_sft_from_config(cfg)
 

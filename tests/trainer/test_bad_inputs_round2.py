@@ -258,3 +258,27 @@ def test_resume_auto_from_a_checkpoint_of_another_shape_is_one_line(tmp_path, cf
                                "or parallel layout than this config builds")
     run = tmp_path / "run"
     assert not os.path.exists(run / "metrics.jsonl") or read_metrics(str(run)) == []  # no step ran
+
+
+def test_sft_from_a_truncated_model_dir_is_one_line(tmp_path, capsys, monkeypatch):
+    from safetensors.torch import save_file
+
+    from hydra import compose, initialize_config_dir
+
+    from rltrain.config.validate import validate_sft_config
+    from rltrain.sft import run_sft
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    save_file({"w": torch.zeros(32, 32)}, str(model / "model.safetensors"))
+    os.truncate(model / "model.safetensors", 200)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="retool_tiny_sft", overrides=["model.builtin=null", f"model.path={model}",
+                                                                 "model.tokenizer=char", "trainer.progress_bar=false"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        run_entry(cfg, validate_sft_config, run_sft)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rltrain:")]
+    assert info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"rltrain: model.path='{model}': model.safetensors is truncated")
