@@ -44,6 +44,8 @@ def _user_error_in_text(text: str) -> UserError | None:
     already imported in this process, so nothing is imported on the strength of a message)."""
     lines = text.rstrip().splitlines()
     for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(("Traceback (most recent call last)", "  File ")):
+            return None  # above the last exception's text: its frames, or an earlier exception
         m = _EXC_LINE.match(lines[i].strip())
         if not m:
             continue
@@ -54,5 +56,4 @@ def _user_error_in_text(text: str) -> UserError | None:
             if isinstance(cls, type) and issubclass(cls, UserError):
                 message = "\n".join([m.group(2), *lines[i + 1:]]).strip()
                 return UserError(message)
-        return None  # the exception line names something else: not a user's mistake
     return None

@@ -133,3 +133,18 @@ def test_a_user_error_in_an_actor_constructor_is_found_in_actor_died_error():
                                                                           "KeyError"), KeyError("x")))
     assert find_user_error(bug) is None
     assert find_user_error(ActorDiedError()) is None  # a killed worker is not the user's mistake
+
+
+def test_a_multi_line_user_error_message_is_found_whole_in_actor_died_error():
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from rltrain.data.dataset import DataError
+
+    tb = ("Traceback (most recent call last):\n  File \"hybrid.py\", line 3, in __init__\n"
+          "rltrain.data.dataset.DataError: /data/x.jsonl: two problems\nnote: fix the first\nhint: then the second")
+    found = find_user_error(ActorDiedError(RayTaskError("HybridWorker.__init__", tb, DataError("x"))))
+    assert str(found) == "/data/x.jsonl: two problems\nnote: fix the first\nhint: then the second"
+    chained = ("Traceback (most recent call last):\n  File \"a.py\", line 1, in f\n"
+               "rltrain.data.dataset.DataError: bad row\n\nDuring handling of the above exception, another exception "
+               "occurred:\n\nTraceback (most recent call last):\n  File \"b.py\", line 2, in g\nKeyError: 'x'")
+    assert find_user_error(ActorDiedError(RayTaskError("HybridWorker.__init__", chained, KeyError("x")))) is None
