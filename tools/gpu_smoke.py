@@ -46,12 +46,14 @@ def peak_tflops() -> float:
 
 def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5,
                  recompute: bool = False):
-    from rltrain.models.megatron.engine import MegatronEngine
+    from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, OptimizerConfig, ParallelConfig
+    from rltrain.models.builder import build_engine as build  # the one engine builder
 
-    return MegatronEngine(cfg, role="actor", tp_size=tp, params_dtype=torch.bfloat16, device="cuda", seed=0,
-                          fused_linear_logprob=fused, fused_linear_logprob_backend=backend, lr=lr,
-                          max_tokens_per_micro_batch=max_tokens, make_vocab_size_divisible_by=1,
-                          recompute_activations=recompute)
+    return build(cfg, role="actor", dtype=torch.bfloat16, device="cuda", seed=0, total_steps=1000,
+                 max_tokens_per_micro_batch=max_tokens, optim=OptimizerConfig(lr=lr, weight_decay=0.0),
+                 parallel=ParallelConfig(tensor_parallel_size=tp),
+                 compute=LayerComputeConfig(recompute_activations=recompute),
+                 head=LogprobHeadConfig(fused_linear_logprob=fused, fused_linear_logprob_backend=backend))
 
 
 def timed_update(engine, mb: dict, reps: int = 2) -> dict:

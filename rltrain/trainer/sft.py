@@ -9,6 +9,11 @@ logits are never built, so cross-entropy here IS -log-prob of the label. Micro-b
 budget `trainer.max_tokens_per_micro_batch`) are weighted by their token share, so the gradient is
 that of the whole step's token mean, whatever the micro-batching and data-parallel split.
 
+Checkpoints as the RL trainer's: every `trainer.save_freq` steps under `trainer.ckpt_dir` (utils/checkpoint.py:
+atomic, with a manifest; each rank's engine state and RNG, the step and the data sampler), and `trainer.resume=auto`
+(default) continues from the newest intact one, `never` starts over, a PATH continues from that checkpoint: a run
+stopped by a deadline resumes on the loss curve it was on. The engine comes from models/builder.py.
+
 One process per GPU: `python -m rltrain.sft --config-name retool_tiny_sft` (CPU), or
 `torchrun --nproc_per_node=8 -m rltrain.sft --config-name sft_qwen3_4b` (data parallel x
 `trainer.tensor_parallel_size`). The model is written to `trainer.output_dir` (default
@@ -21,18 +26,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
-import shutil
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from rltrain.config.convert import as_config, as_dict
-from rltrain.config.schema import SFTConfig
+from rltrain.config.schema import LogprobHeadConfig, ParallelConfig, SFTConfig
 from rltrain.data.sft_data import SFTDataset, collate
+from rltrain.models.hf_export import save_hf_checkpoint
+from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_checkpoint
+from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
 
 
@@ -64,23 +69,6 @@ class SFTLoss:
         return nll / n.clamp(min=1.0), {}
 
 
-def _dp_info() -> tuple[int, int]:
-    from megatron.core import parallel_state
-
-    return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-
-
-def _dp_sum(values: list[float], device) -> list[float]:
-    """Sum floats over the data-parallel group (identity with one rank)."""
-    from megatron.core import parallel_state
-
-    if parallel_state.get_data_parallel_world_size() == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
-    return t.tolist()
-
-
 class SFTTrainer:
     def __init__(self, cfg, run_dir: str):
         from rltrain.data.dataset import PromptSampler
@@ -92,9 +80,7 @@ class SFTTrainer:
         self.cfg, self.run_dir = cfg, run_dir
         m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.trainer
         self.seed = t.seed
-        random.seed(self.seed)
-        np.random.seed(self.seed)
-        torch.manual_seed(self.seed)
+        seed_all(self.seed)
         if os.environ.get("RLTRAIN_TORCH_THREADS"):
             torch.set_num_threads(max(1, int(os.environ["RLTRAIN_TORCH_THREADS"])))
         self.device = resolve_device(t.device)
@@ -112,21 +98,18 @@ class SFTTrainer:
         steps_per_epoch = len(self.train_ds) // d.batch_size
         self.total_steps = int(t.total_steps or t.epochs * steps_per_epoch)
 
-        from rltrain.models.megatron.engine import MegatronEngine  # heavy: after the data, so bad data fails fast
+        from rltrain.models.builder import build_engine  # heavy: after the data, so bad data fails fast
 
         self.hf_config, hf_model = initial_hf_model(m, self.tokenizer, self.seed, self.dtype)
         state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         del hf_model
-        self.engine = MegatronEngine(
-            self.hf_config, role="actor", tp_size=t.tensor_parallel_size, params_dtype=self.dtype,
-            device=self.device, seed=self.seed, fused_linear_logprob=t.fused_linear_logprob,
-            fused_linear_logprob_backend=t.fused_linear_logprob_backend, logprobs_chunk_size=t.logprobs_chunk_size,
-            lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps, grad_clip=o.grad_clip,
-            warmup_steps=o.lr_warmup_steps, total_steps=self.total_steps, lr_schedule=o.lr_schedule,
-            min_lr_ratio=o.min_lr_ratio, max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
-        self.engine.load_hf_weights(state)
+        self.engine = build_engine(
+            self.hf_config, role="actor", hf_state_dict=state, device=self.device, dtype=self.dtype, seed=self.seed,
+            total_steps=self.total_steps, max_tokens_per_micro_batch=t.max_tokens_per_micro_batch, optim=o,
+            parallel=ParallelConfig(tensor_parallel_size=t.tensor_parallel_size), head=t.group(LogprobHeadConfig))
         del state
-        self.dp_rank, self.dp_size = _dp_info()
+        self.dp_rank, self.dp_size = self.engine.data_parallel
+        self.ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
         self.is_rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.sampler = PromptSampler(self.train_ds, batch_size=d.batch_size, seed=self.seed, shuffle=d.shuffle)
         self.loss = SFTLoss()
@@ -147,8 +130,11 @@ class SFTTrainer:
 
             bar = tqdm(total=self.total_steps, desc="rltrain sft", unit="step", file=sys.stderr, dynamic_ncols=True)
         last: dict = {}
+        start = self._maybe_resume()
+        if bar is not None:
+            bar.update(start)
         try:
-            for step in range(1, self.total_steps + 1):
+            for step in range(start + 1, self.total_steps + 1):
                 m: dict = {}
                 with timer("step", m):
                     rows = self.sampler.next_batch()[self.dp_rank::self.dp_size]
@@ -163,6 +149,8 @@ class SFTTrainer:
                 if self.tracker is not None:
                     self.tracker.log(m, step=step)
                 last.update(m)
+                if t.save_freq > 0 and step % t.save_freq == 0:
+                    self.save(step)
                 if bar is not None:
                     bar.set_postfix(loss=f"{m['sft/loss']:.4f}", step_s=f"{m['timing_s/step']:.2f}")
                     bar.update(1)
@@ -179,12 +167,12 @@ class SFTTrainer:
         mask = batch["loss_mask"]
         tensors = {"input_ids": batch["input_ids"], "label_mask": mask.bool(), "loss_mask": mask}
         mbs = self.engine.make_micro_batches(tensors, batch["seq_lens"])
-        total = _dp_sum([float(mask.sum())], self.engine.device)[0]
+        total = self.engine.data_parallel_sum([float(mask.sum())])[0]
         for mb in mbs:  # token share of the global step; x dp_size because the engine averages over ranks
             mb["loss_scale"] = float(mb["loss_mask"].sum()) / max(total, 1.0) * self.dp_size
         self.loss.reset()
         out = self.engine.train_step(mbs, self.loss)
-        nll, ent, tokens = _dp_sum([self.loss.nll, self.loss.entropy, self.loss.tokens], self.engine.device)
+        nll, ent, tokens = self.engine.data_parallel_sum([self.loss.nll, self.loss.entropy, self.loss.tokens])
         return {"sft/loss": nll / max(tokens, 1.0), "sft/entropy": ent / max(tokens, 1.0),
                 "sft/grad_norm": float(out["grad_norm"]), "sft/lr": float(out["lr"]), "sft/tokens": tokens}
 
@@ -200,35 +188,83 @@ class SFTTrainer:
                                                  with_entropy=False)
             nll -= float((lp * b["loss_mask"]).sum())
             tokens += float(b["loss_mask"].sum())
-        nll, tokens = _dp_sum([nll, tokens], self.engine.device)
+        nll, tokens = self.engine.data_parallel_sum([nll, tokens])
         return nll / max(tokens, 1.0)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, step: int) -> str | None:
+        """A checkpoint of `step` under trainer.ckpt_dir (utils/checkpoint.py: atomic, with a manifest): each rank's
+        engine shard and RNG in rank<r>.pt, the step and the sampler in trainer_state.pt. Every rank must call."""
+        def write(tmp: str | None) -> None:
+            tmp = _from_rank0(tmp)  # rank 0 fills its temp dir; the other ranks write into it
+            torch.save({"engine": self.engine.state_dict(), "rng": rng_state()}, os.path.join(tmp, f"rank{_rank()}.pt"))
+            _barrier()
+            if self.is_rank0:
+                torch.save({"step": step, "sampler": self.sampler.state_dict()}, os.path.join(tmp, "trainer_state.pt"))
+
+        path = None
+        if self.is_rank0:
+            path = save_checkpoint(self.ckpt_dir, step, write, max_to_keep=self.cfg.trainer.max_ckpt_to_keep)
+            print(f"rltrain sft: saved checkpoint {path}", file=sys.stderr, flush=True)
+        else:
+            write(None)
+        _barrier()
+        return path
+
+    def _maybe_resume(self) -> int:
+        """trainer.resume: auto (the newest intact checkpoint under trainer.ckpt_dir, if any), never, or a PATH.
+        Returns the step to continue after (0: from the start)."""
+        mode = self.cfg.trainer.resume
+        if mode == "never":
+            return 0
+        if mode == "auto":
+            found = find_latest_valid(self.ckpt_dir)
+            if found is None:
+                return 0
+            path = found[1]
+        else:
+            reason = verify_checkpoint(mode)
+            if reason is not None:
+                raise ValueError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}")
+            path = mode
+        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+        shard = torch.load(os.path.join(path, f"rank{_rank()}.pt"), weights_only=False)
+        self.engine.load_state_dict(shard["engine"])
+        set_rng_state(shard["rng"])
+        self.sampler.load_state_dict(state["sampler"])
+        if self.is_rank0:
+            print(f"rltrain sft: resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
+        return int(state["step"])
 
     # ------------------------------------------------------------------ output
     def export(self, out_dir: str) -> str:
         """Write the model as a transformers checkpoint (config + safetensors + tokenizer), atomically:
         into `<out_dir>.tmp`, then renamed. Every rank must call (TP gathers); rank 0 writes."""
-        from transformers import AutoModelForCausalLM
-
         named = dict(self.engine.export_hf_weights(1 << 30))
+        out_dir = os.path.abspath(out_dir)
         if self.is_rank0:
-            model = AutoModelForCausalLM.from_config(self.hf_config, dtype=self.dtype)
-            missing, unexpected = model.load_state_dict({k: v.to(self.dtype).cpu() for k, v in named.items()},
-                                                        strict=False)
-            missing = [k for k in missing if not (k == "lm_head.weight" and self.hf_config.tie_word_embeddings)]
-            assert not missing and not unexpected, (missing, unexpected)
-            out_dir = os.path.abspath(out_dir)
-            tmp = out_dir + ".tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            model.save_pretrained(tmp)
-            if hasattr(self.tokenizer, "save_pretrained"):
-                self.tokenizer.save_pretrained(tmp)
-            if os.path.exists(out_dir):
-                shutil.rmtree(out_dir)
-            os.replace(tmp, out_dir)
+            save_hf_checkpoint(out_dir, self.hf_config, named, tokenizer=self.tokenizer, dtype=self.dtype, atomic=True)
             print(f"rltrain sft: wrote the HF model to {out_dir}", file=sys.stderr, flush=True)
-        if dist.is_initialized():
-            dist.barrier()
-        return os.path.abspath(out_dir)
+        _barrier()
+        return out_dir
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _from_rank0(value):
+    """Rank 0's `value` on every rank (a picklable object; itself without torch.distributed)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def run_sft_from_config(cfg, run_dir: str | None = None) -> dict:

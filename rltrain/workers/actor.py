@@ -12,45 +12,16 @@ from typing import Any
 import torch
 
 from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss, truncated_is_weights
-from rltrain.config.schema import ActorConfig, TrainerConfig
+from rltrain.config.schema import (
+    ActorConfig,
+    LayerComputeConfig,
+    LogprobHeadConfig,
+    OptimizerConfig,
+    ParallelConfig,
+    TrainerConfig,
+)
 from rltrain.data.batch import Batch
-
-
-def parallel_kwargs(actor_cfg: ActorConfig) -> dict:
-    """The parallel layout every trained engine shares (actor and critic): TP, PP, the data-parallel grad buckets."""
-    return dict(
-        tp_size=actor_cfg.tensor_parallel_size,
-        pp_size=actor_cfg.pipeline_parallel_size,
-        grad_reduce_bucket_mb=actor_cfg.grad_reduce_bucket_mb,
-        overlap_grad_reduce=actor_cfg.overlap_grad_reduce,
-    )
-
-
-def engine_kwargs(actor_cfg: ActorConfig, trainer_cfg: TrainerConfig, *, total_steps: int) -> dict:
-    """MegatronEngine keyword arguments from the actor and trainer sub-configs."""
-    return dict(
-        **parallel_kwargs(actor_cfg),
-        fused_linear_logprob=trainer_cfg.fused_linear_logprob,
-        fused_linear_logprob_backend=trainer_cfg.fused_linear_logprob_backend,
-        logprobs_chunk_size=trainer_cfg.logprobs_chunk_size,
-        lr=actor_cfg.lr,
-        weight_decay=actor_cfg.weight_decay,
-        betas=tuple(actor_cfg.betas),
-        eps=actor_cfg.eps,
-        grad_clip=actor_cfg.grad_clip,
-        warmup_steps=actor_cfg.lr_warmup_steps,
-        total_steps=total_steps,
-        lr_schedule=actor_cfg.lr_schedule,
-        min_lr_ratio=actor_cfg.min_lr_ratio,
-        max_tokens_per_micro_batch=actor_cfg.max_tokens_per_micro_batch,
-        # pad the vocab only to a multiple of the TP size: Qwen3's 151,936 needs none, and padded rows cost
-        # the fused head a masked copy of the weight shard
-        make_vocab_size_divisible_by=1,
-        recompute_activations=actor_cfg.recompute_activations,
-        recompute_granularity=actor_cfg.recompute_granularity,
-        recompute_modules=tuple(actor_cfg.recompute_modules),
-        elementwise_fusion=actor_cfg.elementwise_fusion,
-    )
+from rltrain.models.builder import build_engine
 
 
 def label_masks(batch: Batch, *, response_only: bool, loss_mask_only: bool) -> tuple[torch.Tensor, ...]:
@@ -174,14 +145,14 @@ class ActorRole:
 
     def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: ActorConfig,
                  trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int):
-        from rltrain.models.megatron.engine import MegatronEngine
-
         assert role in ("actor", "ref"), role
         self.role, self.actor_cfg, self.trainer_cfg = role, actor_cfg, trainer_cfg
-        self.engine = MegatronEngine(hf_config, role=role, params_dtype=dtype, device=device, seed=seed,
-                                     **engine_kwargs(actor_cfg, trainer_cfg, total_steps=total_steps))
-        if hf_state_dict is not None:
-            self.engine.load_hf_weights(hf_state_dict)
+        self.engine = build_engine(hf_config, role=role, hf_state_dict=hf_state_dict, device=device, dtype=dtype,
+                                   seed=seed, total_steps=total_steps,
+                                   max_tokens_per_micro_batch=actor_cfg.max_tokens_per_micro_batch,
+                                   optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
+                                   compute=actor_cfg.group(LayerComputeConfig),
+                                   head=trainer_cfg.group(LogprobHeadConfig))
         a, tis = actor_cfg, actor_cfg.tis  # tis: truncated importance sampling against the sampler (off by default)
         self.loss = PolicyLoss(mode=a.loss_mode, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                                agg=a.loss_agg_mode, entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss,

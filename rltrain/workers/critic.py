@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from rltrain.algorithms import value_loss
-from rltrain.config.schema import ActorConfig, CriticConfig, TrainerConfig
+from rltrain.config.schema import ActorConfig, CriticConfig, OptimizerConfig, ParallelConfig, TrainerConfig
 from rltrain.data.batch import Batch
-from rltrain.workers.actor import label_masks, on_device, parallel_kwargs, ppo_updates, to_full
+from rltrain.models.builder import build_engine
+from rltrain.workers.actor import label_masks, on_device, ppo_updates, to_full
 
 
 class ValueLoss:
@@ -33,17 +34,11 @@ class ValueLoss:
 class CriticRole:
     def __init__(self, hf_config, hf_state_dict: dict | None, *, critic_cfg: CriticConfig, actor_cfg: ActorConfig,
                  trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int):
-        from rltrain.models.megatron.engine import MegatronEngine
-
         self.cfg, self.trainer_cfg = critic_cfg, trainer_cfg
-        self.engine = MegatronEngine(
-            hf_config, role="critic", **parallel_kwargs(actor_cfg), params_dtype=dtype, device=device, seed=seed,
-            lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay, grad_clip=critic_cfg.grad_clip,
-            warmup_steps=critic_cfg.lr_warmup_steps, total_steps=total_steps,
-            max_tokens_per_micro_batch=critic_cfg.max_tokens_per_micro_batch, make_vocab_size_divisible_by=1,
-        )
-        if hf_state_dict is not None:
-            self.engine.load_hf_weights(hf_state_dict)
+        self.engine = build_engine(hf_config, role="critic", hf_state_dict=hf_state_dict, device=device, dtype=dtype,
+                                   seed=seed, total_steps=total_steps,
+                                   max_tokens_per_micro_batch=critic_cfg.max_tokens_per_micro_batch,
+                                   optim=critic_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig))
         self.loss = ValueLoss(clip=critic_cfg.value_clip, agg=critic_cfg.loss_agg_mode)
 
     @torch.no_grad()

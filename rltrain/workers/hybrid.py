@@ -243,18 +243,10 @@ class HybridWorker(Worker):
 
     def export_hf(self, out_dir: str) -> str | None:
         """Write the actor as a transformers checkpoint (config + safetensors + tokenizer), rank 0 only."""
-        from transformers import AutoModelForCausalLM
+        from rltrain.models.hf_export import save_hf_checkpoint  # the one HF writer
 
-        named = dict(self.actor.export_weights(1 << 30))
+        named = dict(self.actor.export_weights(1 << 30))  # collective: every rank gathers
         if self.rank != 0:
             return None
-        hf_config = self.hf_config
-        model = AutoModelForCausalLM.from_config(hf_config)
-        missing, unexpected = model.load_state_dict({k: v.float() for k, v in named.items()}, strict=False)
-        missing = [k for k in missing if not (k == "lm_head.weight" and hf_config.tie_word_embeddings)]
-        assert not missing and not unexpected, (missing, unexpected)
-        os.makedirs(out_dir, exist_ok=True)
-        model.save_pretrained(out_dir)
-        if hasattr(self.tokenizer, "save_pretrained"):
-            self.tokenizer.save_pretrained(out_dir)
+        save_hf_checkpoint(out_dir, self.hf_config, named, tokenizer=self.tokenizer, dtype=torch.float32)
         return out_dir

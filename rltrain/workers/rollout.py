@@ -110,10 +110,13 @@ class RolloutRole:
 def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
+    from rltrain.config.convert import as_config
+    from rltrain.config.schema import RolloutConfig
     from rltrain.rollout.vllm import VLLMEngine
     from rltrain.rollout.weight_sync import transfer_backend
     from rltrain.workers.placement import engines_per_gpu_error
 
+    c = as_config(c, RolloutConfig)  # a RolloutConfig, or a dict of one (tests start engines with dicts)
     tp = c.tensor_parallel_size
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and world != tp:
@@ -158,15 +161,8 @@ def _is_checkpoint(path: str) -> bool:
 
 
 def _write_checkpoint(model, directory: str) -> None:
-    """config.json + model.safetensors on every rank (transformers' save_pretrained writes on rank 0 only
-    when torch.distributed is up, and every vLLM rank reads its own copy)."""
-    from safetensors.torch import save_file
+    """config.json + model.safetensors of `model` on every rank (every vLLM rank reads its own copy), by the one
+    HF writer (models/hf_export.py)."""
+    from rltrain.models.hf_export import save_hf_checkpoint
 
-    model.config.architectures = [type(model).__name__]  # as save_pretrained records it (vLLM picks its model by it)
-    model.config.save_pretrained(directory)
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
-               if not (tied and k == "lm_head.weight")}
-    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    if not os.path.exists(os.path.join(directory, "config.json")):
-        raise RuntimeError(f"could not write the rollout's initial checkpoint to {directory}")
+    save_hf_checkpoint(directory, model.config, model.state_dict())

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from rltrain.models.megatron import engine as engine_mod
+from rltrain.models.megatron import fusion as fusion_mod
 from rltrain.models.megatron.engine import MegatronEngine
 from rltrain.models.megatron.tiny import tiny_qwen3_config
 
@@ -123,7 +123,7 @@ def test_recompute_and_fusion_choices_are_checked():
 def test_compiled_layers_give_the_same_step_in_one_graph(monkeypatch):
     import torch._dynamo
 
-    monkeypatch.setattr(engine_mod, "COMPILE_BACKEND", "aot_eager")  # inductor's CPU codegen: ~30 s
+    monkeypatch.setattr(fusion_mod, "COMPILE_BACKEND", "aot_eager")  # inductor's CPU codegen: ~30 s
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     hf = _hf(seed=7, num_hidden_layers=3)

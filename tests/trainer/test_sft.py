@@ -181,3 +181,49 @@ def test_short_sft_run_learns_logs_and_exports_a_loadable_hf_model(tmp_path, sft
     batch = collate([val[i] for i in range(len(val))], 0)
     hf_loss, _ = _hf_reference(AutoModelForCausalLM.from_pretrained(str(out)), batch)
     assert hf_loss == pytest.approx(rows[-1]["sft/val_loss"], rel=1e-4)
+
+
+def test_interrupted_sft_resumes_exactly_on_the_uninterrupted_loss_curve(tmp_path, sft_files):
+    """#38 item 9: an SFT stopped after a checkpoint (a deadline) continues from it; steps after the checkpoint
+    have the losses, grad norms and lrs of the run that was never stopped (cosine schedule, sampler mid-epoch)."""
+    from rltrain.trainer.sft import SFTTrainer
+    from rltrain.utils.checkpoint import list_checkpoints
+
+    over = (f"data.train_files=[{sft_files[0]}]", "trainer.total_steps=6", "data.batch_size=8",
+            "trainer.save_freq=2", "trainer.max_ckpt_to_keep=1", "optim.lr=1e-3")
+    keys = ("sft/loss", "sft/grad_norm", "sft/lr")
+
+    def curve(run_dir):
+        return {r["step"]: tuple(r[k] for k in keys) for r in read_metrics(run_dir)}
+
+    full = tmp_path / "full"
+    SFTTrainer(sft_cfg(*over, f"trainer.output_dir={full / 'hf'}"), str(full)).fit()
+
+    cut = tmp_path / "cut"
+    stopped = SFTTrainer(sft_cfg(*over, f"trainer.output_dir={cut / 'hf'}"), str(cut))
+    real_step = stopped.train_step
+    steps = []
+
+    def deadline(batch):  # the 5th step never finishes: the run dies after step 4's checkpoint
+        steps.append(1)
+        if len(steps) == 5:
+            raise KeyboardInterrupt("deadline")
+        return real_step(batch)
+
+    stopped.train_step = deadline
+    with pytest.raises(KeyboardInterrupt):
+        stopped.fit()
+    assert [s for s, _ in list_checkpoints(str(cut / "checkpoints"))] == [4]
+
+    resumed_dir = tmp_path / "resumed"  # a fresh run directory pointed at the stopped run's checkpoints
+    resumed = SFTTrainer(sft_cfg(*over, f"trainer.ckpt_dir={cut / 'checkpoints'}",
+                                 f"trainer.output_dir={resumed_dir / 'hf'}"), str(resumed_dir))
+    resumed.fit()
+    want, got = curve(str(full)), curve(str(resumed_dir))
+    assert sorted(got) == [5, 6]
+    assert {s: want[s] for s in (5, 6)} == got  # exactly: same floats
+    assert {s: want[s] for s in (1, 2, 3, 4)} == {s: v for s, v in curve(str(cut)).items() if s <= 4}
+    never = SFTTrainer(sft_cfg(*over, f"trainer.ckpt_dir={cut / 'checkpoints'}", "trainer.resume=never",
+                               "trainer.total_steps=6"), str(tmp_path / "never"))
+    assert never._maybe_resume() == 0
+    never.tracker.finish()

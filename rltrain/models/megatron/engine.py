@@ -17,82 +17,32 @@ Precision: params in `params_dtype`; when that is not fp32 (bf16 on GPU) AdamW r
 copies and the params are refreshed from them after each step. On CPU use fp32.
 
 Speed (docs/kernel_notes.md, "Actor update step"): the train step syncs with the device once, after the
-backward (metrics, losses and the grad norm come back in one copy); grad norm, clipping and the master -> param
-copy are multi-tensor (`torch._foreach_*`) ops; AdamW is the fused CUDA kernel on GPU; data-parallel grads are
-averaged in buckets started during the last backward (grad_reduce.py). `elementwise_fusion`
-picks how the layers' elementwise work runs (ELEMENTWISE_FUSIONS), `recompute_granularity` what activation
-recomputation keeps.
+backward (metrics, losses and the grad norm come back in one copy). The optimizer side (masters, grad
+reductions, norm, clip, AdamW) is optim.py's; `elementwise_fusion` (fusion.py) picks how the layers'
+elementwise work runs, `recompute_granularity` what activation recomputation keeps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from rltrain.compat.megatron import quiet_tp_group_default
+from rltrain.models.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
-from rltrain.models.megatron.grad_reduce import DataParallelGradReducer
+from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
+from rltrain.models.megatron.optim import EngineOptimizer
 
 ROLES = ("actor", "ref", "critic")
-
-# torch.compile backend of elementwise_fusion="compile" (tests on CPU use "aot_eager": inductor's CPU codegen
-# takes ~30 s for a tiny layer)
-COMPILE_BACKEND = "inductor"
-
-
-def _no_fusion(model) -> None:
-    return None
-
-
-def _mcore_fusion(model) -> None:
-    """megatron-core's own fused elementwise kernels that need no Transformer Engine: SwiGLU (saves only the
-    fc1 output, recomputes silu in backward) and bias-dropout-add, both through its `jit_fuser`
-    (torch.compile). Read from the shared TransformerConfig at forward time."""
-    model.config.bias_activation_fusion = True
-    model.config.bias_dropout_fusion = True
-
-
-def _compile_fusion(model) -> None:
-    """torch.compile each transformer layer (norms, RoPE, SwiGLU, residual adds and casts fused by inductor
-    around the cuBLAS GEMMs and the SDPA kernel). One graph per layer type, shared by all layers. megatron's
-    fusions too, for the parts that leave the graph (the MLP under selective recompute: its checkpoint's RNG
-    calls are a graph break)."""
-    _mcore_fusion(model)
-    quiet_tp_group_default()  # megatron's RowParallelLinear warns on every call: a graph break per layer
-    for layer in model.decoder.layers:
-        layer.compile(backend=COMPILE_BACKEND)
-
-
-# elementwise_fusion -> function(model) applied once after build
-ELEMENTWISE_FUSIONS: dict[str, Callable[[Any], None]] = {
-    "none": _no_fusion, "mcore": _mcore_fusion, "compile": _compile_fusion,
-}
-
-
-def _constant(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-
-
-def _cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-# lr multiplier as a function of (optimizer steps taken, warmup_steps, total_steps, min_lr_ratio)
-LR_SCHEDULES: dict[str, Callable[[int, int, int, float], float]] = {"constant": _constant, "cosine": _cosine}
-
 
 class MegatronEngine:
     """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
@@ -147,7 +97,6 @@ class MegatronEngine:
         self.fused = fused_linear_logprob
         self.backend = fused_linear_logprob_backend
         self.chunk_size = logprobs_chunk_size
-        self.grad_clip = grad_clip
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.pp_size = pp_size
         self.vocab_size = int(hf_config.vocab_size)
@@ -179,43 +128,37 @@ class MegatronEngine:
         elif self.last_stage:
             head_mod.set_head_mode(self.model, "hidden" if fused_linear_logprob else "logits")
 
-        self.optimizer = self.scheduler = None
-        self._masters: list[torch.Tensor] | None = None
-        self._dp_reducer: DataParallelGradReducer | None = None
+        self.optim: EngineOptimizer | None = None
         if role == "ref":
             self.model.requires_grad_(False)
             return
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if params_dtype != torch.float32:
-            self._masters = [p.detach().float().clone().requires_grad_(True) for p in params]
-            opt_params = self._masters
-        else:
-            opt_params = params
-        self._params = params
-        dp_group = parallel_state.get_data_parallel_group()
-        if dist.get_world_size(dp_group) > 1:
-            # under pipeline parallelism megatron's schedule runs the backward: no hook knows which is the last
-            # micro-batch's, so the buckets start after it
-            self._dp_reducer = DataParallelGradReducer(params, dp_group,
-                                                       bucket_bytes=int(grad_reduce_bucket_mb * 2**20),
-                                                       overlap=overlap_grad_reduce and pp_size == 1)
-        # Replicated params whose grads are per-rank partial sums under TP (megatron's
-        # finalize_model_grads sums them): q/k layer norms (each rank sees its own heads) and,
-        # with sequence parallelism, the norms marked `sequence_parallel`.
-        self._tp_partial = [
-            p for n, p in self.model.named_parameters()
-            if p.requires_grad and ("q_layernorm" in n or "k_layernorm" in n
-                                    or (self.model.config.sequence_parallel and getattr(p, "sequence_parallel", False)))
-        ]
-        # one fused CUDA kernel per step on GPU (torch's default there is foreach: ~10 passes over the fp32
-        # state); CPU keeps the default implementation (the tiny runs' numbers stay as they were)
-        fused = {"fused": True} if self.device.type == "cuda" else {}
-        self.optimizer = torch.optim.AdamW(opt_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                           **fused)
-        schedule = LR_SCHEDULES[lr_schedule]
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: schedule(step, warmup_steps, total_steps, min_lr_ratio)
-        )
+        self.optim = EngineOptimizer(self.model, params_dtype=params_dtype, device=self.device, pp_size=pp_size, lr=lr,
+                                     weight_decay=weight_decay, betas=betas, eps=eps, grad_clip=grad_clip,
+                                     warmup_steps=warmup_steps, total_steps=total_steps, lr_schedule=lr_schedule,
+                                     min_lr_ratio=min_lr_ratio, grad_reduce_bucket_mb=grad_reduce_bucket_mb,
+                                     overlap_grad_reduce=overlap_grad_reduce)
+
+    # the optimizer side's parts, as the engine exposes them (tests and tools read them)
+    optimizer = property(lambda self: None if self.optim is None else self.optim.optimizer)
+    scheduler = property(lambda self: None if self.optim is None else self.optim.scheduler)
+    _masters = property(lambda self: None if self.optim is None else self.optim.masters)
+    _params = property(lambda self: None if self.optim is None else self.optim.params)
+    _dp_reducer = property(lambda self: None if self.optim is None else self.optim.dp_reducer)
+
+    # ---------------------------------------------------------------- data parallel
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(this rank's data-parallel rank, the data-parallel size) of the engine's mesh."""
+        return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+
+    def data_parallel_sum(self, values: list[float]) -> list[float]:
+        """Sum floats over the data-parallel group (identity with one rank). Collective over that group."""
+        if parallel_state.get_data_parallel_world_size() == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
+        return t.tolist()
 
     # ---------------------------------------------------------------- weights and checkpoints
 
@@ -224,10 +167,8 @@ class MegatronEngine:
         if self._tied_stage_copy():
             state_dict_or_path = pipeline_mod.TiedHeadAlias(weights_mod._as_source(state_dict_or_path))
         weights_mod.load_hf_weights(self.model, state_dict_or_path)
-        if self._masters is not None:
-            with torch.no_grad():
-                for m, p in zip(self._masters, self._params):
-                    m.copy_(p.float())
+        if self.optim is not None:
+            self.optim.masters_from_params()
 
     def export_hf_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor) pairs of the WHOLE model, gathered over TP in buckets and, with
@@ -247,24 +188,14 @@ class MegatronEngine:
     def state_dict(self) -> dict[str, Any]:
         """This rank's model shards + optimizer + scheduler (+ fp32 masters) for checkpoints."""
         sd: dict[str, Any] = {"model": {k: v for k, v in self.model.state_dict().items()}}
-        if self.optimizer is not None:
-            sd["optimizer"] = self.optimizer.state_dict()
-            sd["scheduler"] = self.scheduler.state_dict()
-        if self._masters is not None:
-            sd["masters"] = [m.detach().clone() for m in self._masters]
+        if self.optim is not None:
+            sd.update(self.optim.state_dict())
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.model.load_state_dict(sd["model"])
-        if self.optimizer is not None:
-            if "optimizer" not in sd:
-                raise KeyError("checkpoint has no optimizer state (was it saved by a 'ref' engine?)")
-            self.optimizer.load_state_dict(sd["optimizer"])
-            self.scheduler.load_state_dict(sd["scheduler"])
-        if self._masters is not None:
-            with torch.no_grad():
-                for m, saved in zip(self._masters, sd["masters"]):
-                    m.copy_(saved)
+        if self.optim is not None:
+            self.optim.load_state_dict(sd)
 
     # ---------------------------------------------------------------- micro-batching
 
@@ -470,29 +401,8 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------- training
 
-    def _grad_norm(self, params: list[torch.Tensor]) -> torch.Tensor:
-        """Global L2 grad norm over the TP group (replicated params counted once) and pipeline stages, as a
-        0-dim fp32 tensor on the device (no host sync)."""
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        grads = [p.grad.detach() for p, model_p in zip(params, self._params)
-                 if p.grad is not None
-                 and not (self.pp_size > 1 and pipeline_mod.is_stage_duplicate(model_p))  # counted on stage 0
-                 and (getattr(model_p, "tensor_model_parallel", False) or tp_rank == 0)]
-        sq = torch.zeros((), dtype=torch.float32, device=self.device)
-        if grads:
-            sq = sq + torch.stack(torch._foreach_norm(grads)).float().pow(2).sum()
-        if parallel_state.get_tensor_model_parallel_world_size() > 1:
-            dist.all_reduce(sq, group=parallel_state.get_tensor_model_parallel_group())
-        if self.pp_size > 1:
-            pipeline_mod.all_reduce_over_stages(sq)
-        return sq.sqrt()
-
     def _clip(self, params: list[torch.Tensor], norm: float) -> None:
-        if self.grad_clip and self.grad_clip > 0:
-            coef = self.grad_clip / (norm + 1e-6)
-            grads = [p.grad for p in params if p.grad is not None]
-            if coef < 1.0 and grads:
-                torch._foreach_mul_(grads, coef)
+        self.optim.clip(params, norm)
 
     def _pp_accumulate(self, micro_batches, loss_fn, temperature: float, needs_entropy_grad: bool) -> dict[str, float]:
         """Pipeline-parallel forward/backward of all micro-batches (grads accumulate in .grad);
@@ -527,14 +437,6 @@ class MegatronEngine:
             raise FloatingPointError(f"loss is {bad[0]} in a micro-batch; no optimizer step taken")
         return sums
 
-    def _reduce_tensor_parallel_partial_grads(self) -> None:
-        if parallel_state.get_tensor_model_parallel_world_size() == 1:
-            return
-        group = parallel_state.get_tensor_model_parallel_group()
-        for p in self._tp_partial:
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=group)
-
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn) -> dict[str, float]:
         """Gradient accumulation over `micro_batches`, then clip + AdamW + scheduler step.
 
@@ -554,8 +456,7 @@ class MegatronEngine:
         needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))
         temperature = float(getattr(loss_fn, "temperature", 1.0))
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.model.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         sums: dict[str, Any] = {}  # metric sums: python floats or 0-dim device tensors (summed without a sync)
         losses: list[torch.Tensor] = []  # per micro-batch, checked for NaN/inf after the backward passes
         if self.pp_size > 1:
@@ -579,38 +480,20 @@ class MegatronEngine:
             for k, v in {"loss": loss, **metrics}.items():
                 v = v.detach().float().reshape(()) if torch.is_tensor(v) else float(v)
                 sums[k] = sums.get(k, 0.0) + v
-        if self._dp_reducer is not None:  # averaged over data-parallel ranks (sums commute with the TP one below)
-            self._dp_reducer.finish()
-        self._reduce_tensor_parallel_partial_grads()
-        if self.pp_size > 1:
-            pipeline_mod.reduce_tied_embedding_grads(self.model)
-        if self._masters is not None:
-            for m, p in zip(self._masters, self._params):  # drop each bf16 grad once cast: 2 B/param less peak
-                m.grad, p.grad = (None if p.grad is None else p.grad.float()), None
-            opt_params = self._masters
-        else:
-            opt_params = self._params
+        opt_params = self.optim.reduce_grads()
         # the step's one host sync: grad norm, every micro-batch loss and the device metric sums in one copy
         tensor_keys = [k for k, v in sums.items() if torch.is_tensor(v)]
-        fetched = torch.stack([self._grad_norm(opt_params), *losses,
+        fetched = torch.stack([self.optim.grad_norm(opt_params), *losses,
                                *(sums[k].to(self.device) for k in tensor_keys)]).tolist()
         grad_norm, fetched = fetched[0], fetched[1:]
         sums.update(zip(tensor_keys, fetched[len(losses):]))
         bad = [x for x in fetched[:len(losses)] if not math.isfinite(x)]
         if bad or not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.model.zero_grad(set_to_none=True)
+            self.optim.zero_grad()
             what = f"loss is {bad[0]} in a micro-batch" if bad else f"grad norm is {grad_norm}"
             raise FloatingPointError(f"{what}; no optimizer step taken")
         self._clip(opt_params, grad_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        if self._masters is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(self._params, self._masters)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.model.zero_grad(set_to_none=True)
+        lr = self.optim.step()
         out = {k: v / len(micro_batches) for k, v in sums.items()}
         out.update(grad_norm=grad_norm, lr=lr)
         return out

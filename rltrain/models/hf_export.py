@@ -1,0 +1,59 @@
+"""The one writer of a transformers-format checkpoint (config.json + model.safetensors [+ tokenizer]): the RL
+actor's export (workers/hybrid.py), SFT's output (trainer/sft.py) and the rollout engine's initial weights
+(workers/rollout.py) all write through `save_hf_checkpoint`.
+
+It writes on the rank that calls it (transformers' save_pretrained writes on rank 0 only once torch.distributed is
+up, while every vLLM rank reads its own copy); callers decide which ranks write. Tensor names are checked against the
+architecture's own (built on the meta device, no memory); a tied LM head is not written twice.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Iterable, Mapping
+
+import torch
+
+
+def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Tensor] | Iterable, *,
+                       tokenizer=None, dtype: torch.dtype | None = None, atomic: bool = False) -> str:
+    """Write `tensors` (HF names -> full tensors) of the causal LM `hf_config` describes to `directory`, with the
+    tokenizer when given (one with save_pretrained). dtype: cast floating tensors to it (None: as given). atomic:
+    write into `<directory>.tmp`, then replace `directory` with it. Returns the absolute directory."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    tensors = dict(tensors)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(hf_config)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    expected = {k for k in meta.state_dict() if not (tied and k == "lm_head.weight")}
+    tensors = {k: v for k, v in tensors.items() if not (tied and k == "lm_head.weight")}
+    missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+    assert not missing and not unexpected, (missing[:5], unexpected[:5])
+    directory = os.path.abspath(directory)
+    target = directory + ".tmp" if atomic else directory
+    if atomic:
+        shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target, exist_ok=True)
+    hf_config.architectures = [type(meta).__name__]  # as save_pretrained records it (vLLM picks its model by it)
+    hf_config.save_pretrained(target)
+
+    def prepared(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        return t.cpu().contiguous()
+
+    save_file({k: prepared(v) for k, v in tensors.items()}, os.path.join(target, "model.safetensors"),
+              metadata={"format": "pt"})
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(target)
+    if not os.path.exists(os.path.join(target, "config.json")):
+        raise RuntimeError(f"could not write the checkpoint's config.json to {target}")
+    if atomic:
+        if os.path.exists(directory):
+            shutil.rmtree(directory)
+        os.replace(target, directory)
+    return directory
