@@ -38,18 +38,19 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
     enable_stack_dumps()
     try:
         validate(cfg)
-        run_dir = None
-        if os.environ.get("RANK", "0") == "0":  # torchrun (SFT): rank 0 holds the run directory's lock
-            from rltrain.trainer.setup import run_directory
-
-            run_dir = run_directory()
+        # the command line's run (Hydra's run directory; in-process callers, e.g. tests, lock nothing); under
+        # torchrun (SFT) rank 0 holds the lock
+        run_dir = _hydra_run_dir() if os.environ.get("RANK", "0") == "0" else None
+        if run_dir is not None:
             lock_run_dir(run_dir)
         try:
             run(cfg)
         except SystemExit as stop:
-            if stop.code == 4 and run_dir is not None:  # a worker died (trainer/ppo.py said which, and the checkpoint)
-                print(f"rltrain: to continue in this run directory, run exactly: {resume_command(run_dir)}",
-                      file=sys.stderr, flush=True)
+            if stop.code == 4:  # a worker died (trainer/ppo.py said which, and the last good checkpoint)
+                from rltrain.trainer.setup import run_directory
+
+                print(f"rltrain: to continue in this run directory, run exactly: "
+                      f"{resume_command(run_dir or run_directory())}", file=sys.stderr, flush=True)
             raise
         if run_dir is not None:
             mark_finished(run_dir)
@@ -140,6 +141,15 @@ def _on_command_line(key: str) -> bool:
     except (ImportError, ValueError):
         return False
     return any(str(o).lstrip("+~").startswith(f"{key}=") for o in overrides)
+
+
+def _hydra_run_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except (ImportError, ValueError):
+        return None
 
 
 def _hydra_chose_run_dir() -> bool:
