@@ -77,15 +77,11 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], str], ...] = (
      "triton is imported only by ops/ and compat/"),
 )
 
-# Imports that break a rule today and are being removed by issue #32's refactor: (file, imported module) -> why.
-# The lead removes an entry when its fix lands (test_no_stale_known_violations fails until then).
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("rltrain/trainer/sft.py", "megatron.core"):
-        "#32: trainer/sft.py stops using megatron's parallel_state directly",
-    ("rltrain/trainer/sft.py", "rltrain.models.megatron.engine"):
-        "#32: trainer/sft.py builds its engine through the one builder in rltrain/models/ instead of "
-        "MegatronEngine",
-}
+# Imports that break a rule and are being removed by a refactor: (file, imported module) -> why (the issue).
+# Empty since the refactor of issue #32 landed (2026-11-25: config/validate.py stopped importing rollout/vllm.py
+# and workers/placement.py; trainer/sft.py builds its engine through models/builder.py and no longer imports
+# megatron). An entry is removed when its fix lands: test_no_stale_known_violations fails until then.
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 
 # ------------------------------------------------------------------------------------------------ the scan
