@@ -1,5 +1,6 @@
 """Asynchronous rollout (`trainer.async_rollout`): the rollout group generates the batch of step k+1 while
-the train group updates on the batch of step k. It must not touch Ray (group.py's submit/wait does) or losses.
+the train group updates on the batch of step k; the pipeline of a RolloutSource (trainer/rollout_source.py), which
+owns it. It must not touch Ray (group.py's submit/wait does) or losses.
 
 Schedule (split placement, one batch in flight). Policy version v = number of completed updates; during step
 k the actor is at v = k-1. At the boundary of step k (`boundary`):
@@ -28,6 +29,7 @@ is never lost and never trained twice. Errors of the in-flight calls (a dead rol
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,18 +47,20 @@ class _Rollout:
     seed: int
     data_before: dict  # {"sampler": state, "next_group_id": int} before its prompts were drawn
     data_after: dict  # the same after the draw
-    submitted: Any = None  # PPOTrainer._submit_generate's handle
+    submitted: Any = None  # RolloutSource.submit_generate's handle
     batch: Batch | None = None
     metrics: dict = field(default_factory=dict)
 
 
 class AsyncRollout:
-    """The one-batch-in-flight pipeline of a PPOTrainer (uses its sampler, `_submit_generate`,
-    `_collect_generate`, `_generate`, `_sync_weights`, `_rollout_seed`, `next_group_id`)."""
+    """The one-batch-in-flight pipeline of a RolloutSource (uses its sampler, `next_group_id`, `rollout_seed`,
+    `submit_generate`, `collect_generate`, `generate`). push_weights(): the driver's weight push (WeightSync.push)."""
 
-    def __init__(self, trainer, *, max_staleness: int, total_steps: int, refills: bool):
+    def __init__(self, source, push_weights: Callable[[], None], *, max_staleness: int, total_steps: int,
+                 refills: bool):
         assert max_staleness >= 1, max_staleness
-        self.trainer, self.max_staleness, self.total_steps, self.refills = trainer, max_staleness, total_steps, refills
+        self.source, self.push_weights = source, push_weights
+        self.max_staleness, self.total_steps, self.refills = max_staleness, total_steps, refills
         self.rollout_version = 0  # both groups start from the same seeded or pretrained weights
         self.in_flight: _Rollout | None = None
         self.ready: _Rollout | None = None  # generated, waiting for its step
@@ -68,12 +72,12 @@ class AsyncRollout:
         is already generated or in flight, or past the last step)."""
         if step > self.total_steps or any(r is not None and r.step >= step for r in (self.in_flight, self.ready)):
             return
-        t = self.trainer
-        before = {"sampler": t.sampler.state_dict(), "next_group_id": t.next_group_id}
-        prompts = t.sampler.next_batch()
-        seed = t._rollout_seed(step, 1)
-        handle = t._submit_generate(prompts, validate=False, seed=seed)
-        after = {"sampler": t.sampler.state_dict(), "next_group_id": t.next_group_id}
+        src = self.source
+        before = {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}
+        prompts = src.sampler.next_batch()
+        seed = src.rollout_seed(step, 1)
+        handle = src.submit_generate(prompts, validate=False, seed=seed)
+        after = {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}
         self.in_flight = _Rollout(step, self.rollout_version, prompts, seed, before, after, submitted=handle)
 
     def boundary(self, step: int, m: dict) -> None:
@@ -91,7 +95,7 @@ class AsyncRollout:
         if staleness > self.max_staleness:  # never trained on: the same prompts again with the current weights
             dropped = 1
             with timer("gen_regenerate", m):
-                r.batch, r.metrics = self.trainer._generate(r.prompts, validate=False, seed=r.seed)
+                r.batch, r.metrics = self.source.generate(r.prompts, validate=False, seed=r.seed)
             r.version, staleness = actor_version, 0
         self.current = r
         m["rollout/staleness"] = staleness
@@ -113,7 +117,7 @@ class AsyncRollout:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """Entries for the trainer's checkpoint state: the generated next batch and the data position from
-        before its prompts were drawn (overriding the trainer's `sampler` / `next_group_id`)."""
+        before its prompts were drawn (overriding the source's `sampler` / `next_group_id`)."""
         self._drain()
         r = self.ready
         if r is None:
@@ -123,24 +127,24 @@ class AsyncRollout:
         return {**r.data_before, "async_rollout": saved}
 
     def load_state_dict(self, state: dict, step: int) -> None:
-        """After the trainer restored `state` (checkpoint of step `step`) and pushed the restored weights."""
+        """After the source restored `state` (checkpoint of step `step`) and the trainer pushed the restored weights."""
         self.rollout_version = step
         saved = state.get("async_rollout")
         if saved is None:
             return
-        self.trainer.sampler.load_state_dict(saved["data_after"]["sampler"])
-        self.trainer.next_group_id = saved["data_after"]["next_group_id"]
+        self.source.sampler.load_state_dict(saved["data_after"]["sampler"])
+        self.source.next_group_id = saved["data_after"]["next_group_id"]
         self.ready = _Rollout(**saved)
 
     # ------------------------------------------------------------------ internals
     def _drain(self) -> None:
         r, self.in_flight = self.in_flight, None
         if r is not None:
-            r.batch, r.metrics = self.trainer._collect_generate(r.submitted)
+            r.batch, r.metrics = self.source.collect_generate(r.submitted)
             r.submitted = None
             self.ready = r
 
     def _push_weights(self, version: int) -> None:
         if self.rollout_version != version:
-            self.trainer._sync_weights()
+            self.push_weights()
             self.rollout_version = version

@@ -7,13 +7,13 @@ process); split mode makes one group for training roles and one for rollout. No 
 from __future__ import annotations
 
 import os
-import random
 from typing import Any
 
-import numpy as np
 import torch
 
 from rltrain.data.batch import Batch
+from rltrain.rollout.sync import build_weight_sync, sync_method
+from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.stacks import enable_stack_dumps
 from rltrain.workers.base import Worker, publish_dist_env
 
@@ -74,9 +74,7 @@ class HybridWorker(Worker):
                          master_port=master_port, local_rank=local_rank)
         t = cfg.trainer
         seed = t.seed
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+        seed_all(seed)
         torch.set_num_threads(max(1, int(os.environ.get("RLTRAIN_TORCH_THREADS", torch.get_num_threads()))))
         self.device = resolve_device(t.device)
         if self.device == "cuda":
@@ -104,17 +102,20 @@ class HybridWorker(Worker):
 
             self.critic = CriticRole(hf_config, sd, critic_cfg=cfg.critic, actor_cfg=cfg.actor, trainer_cfg=t,
                                      device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
+        # the weight path, chosen once for this worker's placement (rollout/sync/): colocated when it holds both
+        # the actor and the rollout engine
+        method = sync_method(colocated="actor" in self.roles and "rollout" in self.roles, device=self.device,
+                             engine=cfg.rollout.engine)
         if "rollout" in self.roles:
             from rltrain.workers.rollout import RolloutRole
 
-            from rltrain.rollout.weight_sync import sync_method
-
-            self.sync = sync_method(colocated=self.actor is not None, device=self.device, engine=cfg.rollout.engine)
             self.rollout = RolloutRole(engine=cfg.rollout.engine, model=hf_model, tokenizer=self.tokenizer,
                                        rollout_cfg=cfg.rollout, device=self.device, dtype=train_dtype,
-                                       sync=self.sync, seed=seed, sandbox_cfg=cfg.sandbox)
+                                       sync=method, seed=seed, sandbox_cfg=cfg.sandbox)
         else:
             del hf_model
+        self.weight_sync = build_weight_sync(method, engine=None if self.rollout is None else self.rollout.engine,
+                                             engine_tp=cfg.rollout.tensor_parallel_size)
         mesh = None
         if any(role is not None for role in (self.actor, self.ref, self.critic)):
             from rltrain.models.megatron.compat import parallel_coordinates
@@ -165,57 +166,29 @@ class HybridWorker(Worker):
     def update_critic(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, seed: int):
         return self.critic.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs, seed=seed)
 
-    # ------------------------------------------------------------------ weight sync
-    def sync_weights_local(self, bucket_bytes: int) -> int:
-        """Colocated: stream the actor's HF-named weights straight into this process's rollout engine."""
-        return self.rollout.update_weights(self.actor.export_weights(bucket_bytes))
+    # ------------------------------------------------------------------ weight sync (trainer/weight_sync.py drives)
+    def weight_sync_send(self, bucket_bytes: int):
+        """Export the actor's HF-named weights bucket by bucket into this worker's weight sync: colocated, into the
+        engine of this process; split, train rank 0 streams them to the rollout group (its TP peers only iterate)."""
+        return self.weight_sync.send(self.actor.export_weights(bucket_bytes), bucket_bytes)
 
     def weight_sync_address(self) -> tuple[str, int, int]:
         """Split mode, train rank 0: where the weight-sync group meets (host, gloo port, NCCL port)."""
         (ip, port), (_, nccl_port) = self.address(), self.address()
         return ("127.0.0.1" if self.cfg.trainer.nnodes == 1 else ip), port, nccl_port
 
-    def weight_sync_init(self, host: str, port: int, nccl_port: int, num_rollout_ranks: int) -> None:
-        """Split mode: join the weight-sync group (train rank 0 sends; rollout ranks receive; other train ranks
-        only take part in the export's collectives). Called on both groups at once (group.run_together)."""
-        from rltrain.rollout.weight_sync import SyncGroup, nccl_init_info
+    def weight_sync_connect(self, host: str, port: int, nccl_port: int, num_rollout_ranks: int) -> None:
+        """Split mode: join the weight-sync group (called on both groups at once, group.run_together)."""
+        self.weight_sync.connect(host=host, port=port, nccl_port=nccl_port, rank=self.rank,
+                                 num_rollout_ranks=num_rollout_ranks, sender=self.rollout is None)
 
-        self.sync_group = None
-        if self.rollout is None and self.rank != 0:
-            return
-        sync_rank = 0 if self.rollout is None else 1 + self.rank
-        self.sync_group = SyncGroup(host=host, port=port, rank=sync_rank, world_size=1 + num_rollout_ranks)
-        method = self._split_method()
-        if method == "nccl" and self.rollout is None:
-            self.sync_group.init_nccl_sender(host=host, port=nccl_port, world_size=1 + num_rollout_ranks)
-        elif method == "nccl":
-            tp = self.cfg.rollout.tensor_parallel_size
-            self.rollout.engine.init_weight_transfer(nccl_init_info(
-                host=host, port=nccl_port, engine_index=self.rank // tp, num_engines=num_rollout_ranks // tp,
-                engine_tp=tp))
-
-    def send_weights(self, bucket_bytes: int) -> tuple[int, int]:
-        """Split mode, train ranks: export the actor bucket by bucket; rank 0 streams it to the rollout group."""
-        named = self.actor.export_weights(bucket_bytes)
-        if self.sync_group is None:
-            return sum(1 for _ in named), 0  # TP peers: the export's gathers are collective
-        return self.sync_group.send(named, bucket_bytes)
-
-    def receive_weights(self) -> int:
+    def weight_sync_receive(self) -> int:
         """Split mode, rollout ranks: load the stream train rank 0 sends into this rank's engine."""
-        from rltrain.rollout.weight_sync import receive_into
-
-        return receive_into(self.rollout.engine, self.sync_group, self._split_method())
-
-    def _split_method(self) -> str:
-        from rltrain.rollout.weight_sync import sync_method
-
-        return sync_method(colocated=False, device=self.device, engine=self.cfg.rollout.engine)
+        return self.weight_sync.receive()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {"rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                                      "python": random.getstate()}}
+        sd: dict[str, Any] = {"rng": rng_state()}
         if self.actor is not None:
             sd["actor"] = self.actor.state_dict()
         if self.critic is not None:
@@ -235,11 +208,9 @@ class HybridWorker(Worker):
             self.critic.load_state_dict(sd["critic"])
         rng = sd.get("rng")
         if rng:
-            torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
+            set_rng_state(rng)
         if self.rollout is not None and self.actor is not None:
-            self.sync_weights_local(bucket_bytes)
+            self.weight_sync_send(bucket_bytes)
 
     def export_hf(self, out_dir: str) -> str | None:
         """Write the actor as a transformers checkpoint (config + safetensors + tokenizer), rank 0 only."""

@@ -20,7 +20,7 @@ from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 
 class RolloutRole:
     """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from.
-    sync: how weights will reach the engine (rollout/weight_sync.py: "local", "gloo", "nccl")."""
+    sync: how weights will reach the engine (rollout/sync/: "local", "gloo", "nccl")."""
 
     def __init__(self, *, engine: str, model, tokenizer, rollout_cfg, device: str, dtype: torch.dtype,
                  sync: str = "local", seed: int = 0, sandbox_cfg=None):
@@ -112,8 +112,8 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
     from rltrain.config.convert import as_config
     from rltrain.config.schema import RolloutConfig
+    from rltrain.rollout.sync import transfer_backend
     from rltrain.rollout.vllm import VLLMEngine
-    from rltrain.rollout.weight_sync import transfer_backend
     from rltrain.workers.placement import engines_per_gpu_error
 
     c = as_config(c, RolloutConfig)  # a RolloutConfig, or a dict of one (tests start engines with dicts)

@@ -281,7 +281,7 @@ def test_update_weights_follows_an_hf_engine_holding_the_same_weights(engine, mo
 SENDER = """
 import sys
 from transformers import AutoModelForCausalLM
-from rltrain.rollout.weight_sync import SyncGroup
+from rltrain.rollout.sync import SyncGroup
 port, path = int(sys.argv[1]), sys.argv[2]
 group = SyncGroup(host="127.0.0.1", port=port, rank=0, world_size=2)
 model = AutoModelForCausalLM.from_pretrained(path)
@@ -292,7 +292,7 @@ print(*group.send(model.state_dict().items(), bucket_bytes=40_000))
 def test_split_sync_streams_buckets_over_gloo_into_the_engine(engine, models, tmp_path):
     """A separate process (the exporting train rank) sends new weights bucket by bucket; this process (the
     rollout rank) receives them lazily into vLLM's in-place reload."""
-    from rltrain.rollout.weight_sync import SyncGroup, receive_into
+    from rltrain.rollout.sync.gloo import GlooSync
     from rltrain.workers.base import free_port
 
     _, old, new = models
@@ -300,20 +300,21 @@ def test_split_sync_streams_buckets_over_gloo_into_the_engine(engine, models, tm
     port = free_port()
     sender = subprocess.Popen([sys.executable, "-c", SENDER, str(port), str(tmp_path)], stdout=subprocess.PIPE,
                               text=True)
-    group = SyncGroup(host="127.0.0.1", port=port, rank=1, world_size=2, timeout_s=120)
-    assert receive_into(engine, group, "gloo") == len(new.state_dict())
+    sync = GlooSync(engine)  # rollout rank 0 of one: sync rank 1
+    sync.connect(host="127.0.0.1", port=port, nccl_port=0, rank=0, num_rollout_ranks=1, sender=False)
+    assert sync.receive() == len(new.state_dict())
     out, _ = sender.communicate(timeout=120)
     count, nbytes = map(int, out.split()[-2:])
     assert sender.returncode == 0 and count == len(new.state_dict())
     assert nbytes == sum(t.numel() * t.element_size() for t in new.state_dict().values())
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     assert _fields(engine.generate(PROMPTS, greedy)) == _fields(hf_engine(new).generate(PROMPTS, greedy))
-    group.close()
+    sync.group.close()
     engine.update_weights(old.state_dict().items())  # restore for the tests after this one
 
 
 def test_sync_method_is_chosen_by_placement_and_device_and_buckets_stay_bounded():
-    from rltrain.rollout.weight_sync import buckets, sync_method, transfer_backend
+    from rltrain.rollout.sync import buckets, sync_method, transfer_backend
 
     assert sync_method(colocated=True, device="cuda", engine="vllm") == "local"
     assert sync_method(colocated=True, device="cpu", engine="hf") == "local"

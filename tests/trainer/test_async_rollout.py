@@ -1,5 +1,5 @@
 """Asynchronous rollout: the one-batch-in-flight schedule (staleness, weight pushes at the boundary, drop and
-regenerate past max_staleness, checkpoint state, errors of the in-flight call) on a recording fake trainer,
+regenerate past max_staleness, checkpoint state, errors of the in-flight call) on a recording fake rollout source,
 and the configurations that cannot be asynchronous."""
 
 import pytest
@@ -12,7 +12,7 @@ from rltrain.trainer.async_rollout import AsyncRollout
 
 
 class FakeTrainer:
-    """The PPOTrainer members AsyncRollout uses, recording calls. A generated batch's rows carry the prompt
+    """The RolloutSource members AsyncRollout uses and the driver's weight push, recording calls. A generated batch's rows carry the prompt
     ids as group ids and the rollout weights' version in `scores`, so tests can read where a batch came from."""
 
     def __init__(self, n_prompts=40, batch_size=2, fail_on_wait=None):
@@ -23,15 +23,15 @@ class FakeTrainer:
         self.log: list[tuple] = []
         self.fail_on_wait = fail_on_wait
 
-    def _rollout_seed(self, step, tries):
+    def rollout_seed(self, step, tries):
         return 1000 * step + tries
 
-    def _submit_generate(self, prompts, *, validate, seed):
+    def submit_generate(self, prompts, *, validate, seed):
         self.next_group_id += len(prompts)
         self.log.append(("submit", seed, self.rollout_weights))
         return prompts, seed, self.rollout_weights
 
-    def _collect_generate(self, submitted):
+    def collect_generate(self, submitted):
         prompts, seed, version = submitted
         self.log.append(("wait", seed))
         if self.fail_on_wait is not None:
@@ -43,10 +43,10 @@ class FakeTrainer:
                       group_ids=torch.tensor([p["id"] for p in prompts]))
         return batch, {"seed": seed}
 
-    def _generate(self, prompts, *, validate, seed):
-        return self._collect_generate(self._submit_generate(prompts, validate=validate, seed=seed))
+    def generate(self, prompts, *, validate, seed):
+        return self.collect_generate(self.submit_generate(prompts, validate=validate, seed=seed))
 
-    def _sync_weights(self):
+    def push(self):
         self.log.append(("push", self.actor_version))
         self.rollout_weights = self.actor_version
 
@@ -69,7 +69,7 @@ def _train(trainer, pipe, steps, start=1):
 
 def test_steady_state_staleness_is_one_and_weights_are_pushed_at_each_boundary():
     tr = FakeTrainer()
-    pipe = AsyncRollout(tr, max_staleness=1, total_steps=4, refills=False)
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=4, refills=False)
     rows = _train(tr, pipe, 4)
     assert [r["rollout/staleness"] for r in rows] == [0, 1, 1, 1]
     assert [r["versions"] for r in rows] == [[0.0], [0.0], [1.0], [2.0]]  # batch k+1 sampled with weights k-1
@@ -85,13 +85,13 @@ def test_steady_state_staleness_is_one_and_weights_are_pushed_at_each_boundary()
 def test_prompt_order_equals_the_synchronous_order():
     tr = FakeTrainer()
     ref = PromptSampler(list(range(40)), 2, seed=0)
-    rows = _train(tr, AsyncRollout(tr, max_staleness=1, total_steps=5, refills=False), 5)
+    rows = _train(tr, AsyncRollout(tr, tr.push, max_staleness=1, total_steps=5, refills=False), 5)
     assert [r["prompt_ids"] for r in rows] == [ref.next_indices() for _ in range(5)]
 
 
 def test_validation_pushes_current_weights_and_keeps_the_in_flight_batch():
     tr = FakeTrainer()
-    pipe = AsyncRollout(tr, max_staleness=1, total_steps=3, refills=False)
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=False)
     _train(tr, pipe, 2)  # batch 3 is in flight with weights 1; the actor is at 2
     pipe.before_validation(actor_version=2)
     assert tr.log[-2:] == [("wait", 3001), ("push", 2)] and tr.rollout_weights == 2
@@ -102,13 +102,13 @@ def test_validation_pushes_current_weights_and_keeps_the_in_flight_batch():
 
 def test_a_batch_older_than_max_staleness_is_dropped_and_its_prompts_regenerated():
     tr = FakeTrainer()
-    pipe = AsyncRollout(tr, max_staleness=1, total_steps=8, refills=False)
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=8, refills=False)
     _train(tr, pipe, 2)
     state = {"step": 2, **pipe.state_dict()}  # holds batch 3, generated with weights 1
     # resume that checkpoint at a later policy version (as if the run had gone on to step 4 without it)
     tr2 = FakeTrainer()
     tr2.actor_version = tr2.rollout_weights = 4
-    pipe2 = AsyncRollout(tr2, max_staleness=1, total_steps=8, refills=False)
+    pipe2 = AsyncRollout(tr2, tr2.push, max_staleness=1, total_steps=8, refills=False)
     pipe2.load_state_dict(state, step=4)
     pipe2.ready.step = 5
     rows = _train(tr2, pipe2, 1, start=5)
@@ -120,10 +120,10 @@ def test_a_batch_older_than_max_staleness_is_dropped_and_its_prompts_regenerated
 
 def test_state_dict_saves_the_in_flight_batch_and_resume_continues_identically():
     full = FakeTrainer()
-    rows_full = _train(full, AsyncRollout(full, max_staleness=1, total_steps=6, refills=False), 6)
+    rows_full = _train(full, AsyncRollout(full, full.push, max_staleness=1, total_steps=6, refills=False), 6)
 
     tr = FakeTrainer()
-    pipe = AsyncRollout(tr, max_staleness=1, total_steps=6, refills=False)
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=6, refills=False)
     _train(tr, pipe, 3)
     state = {"step": 3, "sampler": tr.sampler.state_dict(), "next_group_id": tr.next_group_id}
     state.update(pipe.state_dict())  # what PPOTrainer.save writes
@@ -136,7 +136,7 @@ def test_state_dict_saves_the_in_flight_batch_and_resume_continues_identically()
     resumed.sampler.load_state_dict(state["sampler"])
     resumed.next_group_id = state["next_group_id"]
     resumed.actor_version = resumed.rollout_weights = 3  # the trainer loaded step 3 and pushed it
-    pipe2 = AsyncRollout(resumed, max_staleness=1, total_steps=6, refills=False)
+    pipe2 = AsyncRollout(resumed, resumed.push, max_staleness=1, total_steps=6, refills=False)
     pipe2.load_state_dict(state, step=3)
     rows = _train(resumed, pipe2, 3, start=4)
     for a, b in zip(rows_full[3:], rows):
@@ -149,19 +149,19 @@ def test_error_of_the_in_flight_call_surfaces_at_the_boundary():
         pass
 
     tr = FakeTrainer(fail_on_wait=WorkerDied("rollout worker 0 died"))
-    pipe = AsyncRollout(tr, max_staleness=1, total_steps=3, refills=False)
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=False)
     with pytest.raises(WorkerDied, match="rollout worker 0 died"):
         pipe.boundary(1, {})
 
 
 def test_with_refills_the_next_batch_is_submitted_after_the_step_draws_its_refills():
     tr = FakeTrainer()
-    pipe = AsyncRollout(tr, max_staleness=1, total_steps=3, refills=True)
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=True)
     m = {}
     pipe.boundary(1, m)
     pipe.take()
     assert pipe.in_flight is None  # nothing submitted yet: the step may still refill
-    tr._generate(tr.sampler.next_batch(), validate=False, seed=1002)  # a DAPO refill, synchronous
+    tr.generate(tr.sampler.next_batch(), validate=False, seed=1002)  # a DAPO refill, synchronous
     pipe.submit(2)
     assert [e[0] for e in tr.log] == ["submit", "wait", "submit", "wait", "submit"] and tr.log[-1][1] == 2001
 

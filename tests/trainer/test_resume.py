@@ -16,16 +16,15 @@ from rltrain.utils.tracking import read_metrics
 
 pytestmark = pytest.mark.timeout(900)
 REPO = os.path.dirname(CONFIG_DIR)
+KILL_AFTER_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill_after_step.py")
 COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"]
 
 
 def _run(run_dir, overrides, *, kill_after=None):
     env = dict(os.environ, WANDB_MODE="offline", RAY_USAGE_STATS_ENABLED="0")
-    env.pop("RLTRAIN_FAULT_KILL_AFTER_STEP", None)
-    if kill_after is not None:
-        env["RLTRAIN_FAULT_KILL_AFTER_STEP"] = str(kill_after)
-    cmd = [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", *overrides,
-           f"hydra.run.dir={run_dir}"]
+    # a crash run: rltrain.main with the test's hook that SIGKILLs the process after step `kill_after`
+    entry = ["-m", "rltrain.main"] if kill_after is None else [KILL_AFTER_STEP, str(kill_after)]
+    cmd = [sys.executable, *entry, "--config-name", "grpo_tiny", *overrides, f"hydra.run.dir={run_dir}"]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
                           start_new_session=True)
 
