@@ -268,7 +268,7 @@ def test_escape_hatches_of_the_audit_layer_are_closed():
 def test_bad_arguments_raise_value_errors_naming_the_argument():
     for kwargs, name in [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),
                          ({"max_output_bytes": 0}, "max_output_bytes"), ({"max_processes": 0}, "max_processes"),
-                         ({"cpu_s": -1}, "cpu_s")]:
+                         ({"cpu_s": -1}, "cpu_s"), ({"max_disk_bytes": 4096}, "max_disk_bytes")]:
         with pytest.raises(ValueError, match=name):
             run_code("pass", **kwargs)
     with pytest.raises(ValueError, match="max_workers"):
