@@ -345,3 +345,29 @@ def test_private_root_is_read_only_and_only_the_temp_dir_is_writable():
     for layer, r in _both(code + f"\nprint('{token}')"):
         assert "WROTE" not in r.stdout and r.stdout.count("refused") == 4, (layer, r.stdout)
         assert r.stdout.endswith(f"ok\n{token}\n")
+
+
+# --- the multi-turn path: the same programs through the rollout's tool executor ------------------------
+
+
+def test_multi_turn_tool_executor_contains_the_issue_programs(listener):
+    from rltrain.rollout.multiturn import SandboxToolExecutor
+
+    executor = SandboxToolExecutor(max_workers=2, timeout_s=60.0, memory_mb=128)
+    try:
+        assert "root:private(" in executor.isolation and "caps:none" in executor.isolation
+        unix, issue, deep, stat, memory = executor([
+            CONNECT.format(path=listener.path),
+            SUBINTERPRETER_CONNECT.format(inner=CONNECT.format(path=listener.path)),
+            DEEP_TREE,
+            STAT.format(paths=["/etc/passwd", PROJECT_FILE, listener.path]),
+            MANY_PROCESSES_EACH_100_MIB])
+    finally:
+        executor.close()
+    assert "visible False" in unix and "CONNECTED" not in unix, unix
+    assert "sub-interpreters" in issue and "CONNECTED" not in issue, issue
+    assert deep == "depth 1100\n", deep
+    assert "EXISTS" not in stat and stat.count("absent") == 3, stat
+    if _cgroup.detect()[0]:
+        assert "Error: memory limit of 128 MiB exceeded" in memory, memory
+    assert listener.accepted == []
