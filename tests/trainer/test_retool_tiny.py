@@ -82,6 +82,7 @@ def test_grpo_with_real_sandbox_logs_tool_use(tmp_path, sft_model, ray_session, 
 
 def test_tool_use_reaches_the_reward_as_extras():
     """ppo.py passes num_turns (messages: 2 + 2 per executed call) and tool_calls to reward functions."""
+    from rltrain.config.convert import as_config
     from rltrain.data.batch import Batch
     from rltrain.rewards import retool
     from rltrain.trainer.ppo import PPOTrainer
@@ -93,8 +94,8 @@ def test_tool_use_reaches_the_reward_as_extras():
         return retool.compute_score("no box", ground_truth, extra=extra)["score"]
 
     t = PPOTrainer.__new__(PPOTrainer)
-    t.cfg = {"reward": {"timeout_s": 5.0, "max_workers": 0}, "rollout": {"multi_turn": {"enable": True},
-             "max_response_length": 8}, "algorithm": {"overlong": {"enable": False}}}
+    t.cfg = as_config({"reward": {"timeout_s": 5.0, "max_workers": 0}, "rollout": {"multi_turn": {"enable": True},
+                       "max_response_length": 8}, "algorithm": {"overlong": {"enable": False}}})
     t.tokenizer, t.reward = CharTokenizer(), fn
     ids = torch.tensor([[10, 11, 2], [12, 2, 0], [13, 14, 15]])
     mask = (ids != 0).long()
