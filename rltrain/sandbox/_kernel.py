@@ -47,7 +47,7 @@ IOCTL_FILE_ATTRS = (0x40086602, 0x401C5820)  # FS_IOC_SETFLAGS (chattr), FS_IOC_
 # opening files by handle (bypasses paths), kernel interfaces that are mostly attack surface, and file
 # metadata changes, which Landlock does not cover (chmod/chown/utime/xattr work on any file the uid owns).
 DENIED_SYSCALLS = (
-    "ptrace", "process_vm_readv", "process_vm_writev",
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp", "process_madvise",
     "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
     "utime", "utimes", "futimesat", "utimensat",
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
@@ -253,6 +253,7 @@ def _apply_seccomp(sc, cfg, landlock_abi):
     for flag in NEW_NAMESPACE_FLAGS:  # clone(2)'s first argument is its flags (x86_64, arm64, riscv)
         flt.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # flags in memory, not visible to seccomp: libc falls back
+    flt.add_rule(sc.ERRNO(errno.EPERM), "prlimit64", sc.Arg(0, sc.NE, 0))  # its own limits only (pid 0)
     for name in ("socket", "socketpair"):
         for family in range(max(SOCKET_FAMILIES) + 1):
             if family not in SOCKET_FAMILIES:

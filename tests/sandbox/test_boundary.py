@@ -230,6 +230,8 @@ h, d = Header(0x20080522, 0), (Data * 2)()
 print("capget", libc.capget(ctypes.byref(h), d), [(x.effective, x.permitted, x.inheritable) for x in d])
 print("bounding", [c for c in range(41) if libc.prctl(23, c, 0, 0, 0) == 1])  # PR_CAPBSET_READ
 print("inotify", libc.inotify_init1(0), os.strerror(ctypes.get_errno()))  # a per-uid quota shared with the host
+limit = (ctypes.c_uint64 * 2)(1, 1)
+print("prlimit of the reaper", libc.prlimit64(1, 0, limit, None), os.strerror(ctypes.get_errno()))  # RLIMIT_CPU
 CLONE = {"ns": 0x20000, "net": 0x40000000, "uts": 0x04000000, "user": 0x10000000, "pid": 0x20000000}
 for name, flag in CLONE.items():
     pid = libc.syscall(56, flag | 17, 0, 0, 0, 0)  # clone(flags | SIGCHLD) on x86_64
@@ -247,7 +249,8 @@ def test_no_capabilities_and_no_new_namespaces():
     assert r.status == "ok", r.stderr[-800:]
     assert "capget 0 [(0, 0, 0), (0, 0, 0)]" in r.stdout and "bounding []" in r.stdout, r.stdout
     assert "inotify -1 Operation not permitted" in r.stdout
-    assert "CREATED" not in r.stdout and r.stdout.count("Operation not permitted") == 6, r.stdout
+    assert "prlimit of the reaper -1 Operation not permitted" in r.stdout
+    assert "CREATED" not in r.stdout and r.stdout.count("Operation not permitted") == 7, r.stdout
 
 
 # --- 5. stat of host paths, per-call limits ----------------------------------------------------------
