@@ -87,13 +87,19 @@ def prepare_run(cfg: DictConfig, run_dir: str) -> None:
         if own is not None:
             if not t.ckpt_dir:
                 _check_same_model(cfg, own[1], f"trainer.resume=auto would continue {own[1]}, which")
-        elif not t.ckpt_dir and _hydra_chose_run_dir() and _on_command_line("trainer.resume"):
-            found = find_previous_run(run_dir, _plain(cfg))
+        elif _on_command_line("trainer.resume"):  # asked for by the user: say what it finds
+            found = find_previous_run(run_dir, _plain(cfg)) if not t.ckpt_dir and _hydra_chose_run_dir() else None
             if found is not None:
                 prev, step, path = found
                 t.resume = path
                 print(f"rltrain: trainer.resume=auto: continuing the run in {prev} from its checkpoint of step "
                       f"{step} ({path}); this run writes to {run_dir}", file=sys.stderr, flush=True)
+            else:
+                where = ckpt_dir if t.ckpt_dir or not _hydra_chose_run_dir() else \
+                    f"{ckpt_dir} nor in an unfinished earlier run under {os.path.dirname(os.path.abspath(run_dir))}"
+                print(f"rltrain: warning: trainer.resume=auto found no intact checkpoint in {where}; training starts "
+                      "at step 1 (to continue a stopped run, rerun with its directory: hydra.run.dir=<its run "
+                      "directory> trainer.resume=auto)", file=sys.stderr, flush=True)
 
 
 def _check_same_model(cfg, ckpt: str, what: str) -> None:

@@ -52,7 +52,8 @@ def _user_error_in_text(text: str) -> UserError | None:
         module, _, name = m.group(1).rpartition(".")
         candidates = [sys.modules.get(module)] if module else list(sys.modules.values())
         for mod in candidates:
-            cls = getattr(mod, name, None) if mod is not None else None
+            # the module's own namespace only: getattr would make lazy modules (transformers) import things
+            cls = (getattr(mod, "__dict__", None) or {}).get(name) if mod is not None else None
             if isinstance(cls, type) and issubclass(cls, UserError):
                 message = "\n".join([m.group(2), *lines[i + 1:]]).strip()
                 return UserError(message)
