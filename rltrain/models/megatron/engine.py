@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from rltrain.models.engine_config import EngineConfig
 from rltrain.models.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
@@ -40,6 +41,7 @@ from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import build_gpt_model
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
 from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
+from rltrain.models.megatron.micro_batch import make_micro_batches
 from rltrain.models.megatron.optim import EngineOptimizer
 
 ROLES = ("actor", "ref", "critic")
@@ -48,66 +50,45 @@ class MegatronEngine:
     """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
     when it trains."""
 
-    def __init__(
-        self,
-        hf_config: Any,
-        *,
-        role: str = "actor",
-        tp_size: int = 1,
-        pp_size: int = 1,
-        params_dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        seed: int = 0,
-        fused_linear_logprob: bool = True,
-        fused_linear_logprob_backend: str = "auto",
-        logprobs_chunk_size: int | None = None,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        grad_clip: float = 1.0,
-        warmup_steps: int = 0,
-        total_steps: int = 1000,
-        lr_schedule: str = "constant",
-        min_lr_ratio: float = 0.0,
-        max_tokens_per_micro_batch: int = 8192,
-        make_vocab_size_divisible_by: int = 128,
-        recompute_activations: bool = False,
-        recompute_granularity: str = "full",
-        recompute_modules: tuple[str, ...] = ("mlp",),
-        elementwise_fusion: str = "none",
-        grad_reduce_bucket_mb: float = 64.0,
-        overlap_grad_reduce: bool = True,
-    ):
+    def __init__(self, hf_config: Any, config: EngineConfig | None = None, *, role: str = "actor",
+                 params_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0,
+                 **flat: Any):
+        """config: the typed engine config (models/builder.py makes it from a run's config; None: the schema's
+        defaults). flat: single keys by their flat names (tp_size=2, lr=1e-3: EngineConfig.FLAT), for tests and
+        tools that build an engine by hand."""
+        c = (config or EngineConfig()).with_flat(**flat) if flat else (config or EngineConfig())
+        o, par, comp, head = c.optim, c.parallel, c.compute, c.head
+        tp_size, pp_size = par.tensor_parallel_size, par.pipeline_parallel_size
+        self.config = c
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        if lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {lr_schedule!r}")
-        if max_tokens_per_micro_batch < 1:
-            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens_per_micro_batch}")
-        if elementwise_fusion not in ELEMENTWISE_FUSIONS:
+        if o.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {o.lr_schedule!r}")
+        if c.max_tokens_per_micro_batch < 1:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {c.max_tokens_per_micro_batch}")
+        if comp.elementwise_fusion not in ELEMENTWISE_FUSIONS:
             raise ValueError(f"elementwise_fusion must be one of {tuple(ELEMENTWISE_FUSIONS)}, "
-                             f"got {elementwise_fusion!r}")
-        if not grad_reduce_bucket_mb > 0:
-            raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {grad_reduce_bucket_mb}")
+                             f"got {comp.elementwise_fusion!r}")
+        if not par.grad_reduce_bucket_mb > 0:
+            raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {par.grad_reduce_bucket_mb}")
         setup_parallel(tp_size, pp_size, seed)
         self.role = role
         self.device = resolve_device(device)
         self.params_dtype = params_dtype
-        self.fused = fused_linear_logprob
-        self.backend = fused_linear_logprob_backend
-        self.chunk_size = logprobs_chunk_size
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.fused = head.fused_linear_logprob
+        self.backend = head.fused_linear_logprob_backend
+        self.chunk_size = head.logprobs_chunk_size
+        self.max_tokens_per_micro_batch = c.max_tokens_per_micro_batch
         self.pp_size = pp_size
         self.vocab_size = int(hf_config.vocab_size)
         with pipeline_mod.cpu_schedule_shim() if pp_size > 1 else contextlib.nullcontext():
             self.model = build_gpt_model(
                 hf_config, params_dtype=params_dtype, device=self.device,
-                make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-                recompute_activations=recompute_activations and role != "ref",
-                recompute_granularity=recompute_granularity, recompute_modules=tuple(recompute_modules),
+                make_vocab_size_divisible_by=c.make_vocab_size_divisible_by,
+                recompute_activations=comp.recompute_activations and role != "ref",
+                recompute_granularity=comp.recompute_granularity, recompute_modules=tuple(comp.recompute_modules),
             )
-        ELEMENTWISE_FUSIONS[elementwise_fusion](self.model)
+        ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
         # Only the last pipeline stage has the head (output layer / value head).
         self.last_stage = pp_size == 1 or parallel_state.is_pipeline_last_stage()
         if pp_size > 1:
@@ -126,20 +107,22 @@ class MegatronEngine:
                 self.model.output_layer.weight = None  # the critic has no LM head; frees [V, H]
             head_mod.set_head_mode(self.model, "hidden_replicated")
         elif self.last_stage:
-            head_mod.set_head_mode(self.model, "hidden" if fused_linear_logprob else "logits")
+            head_mod.set_head_mode(self.model, "hidden" if head.fused_linear_logprob else "logits")
 
         self.optim: EngineOptimizer | None = None
         if role == "ref":
             self.model.requires_grad_(False)
             return
-        self.optim = EngineOptimizer(self.model, params_dtype=params_dtype, device=self.device, pp_size=pp_size, lr=lr,
-                                     weight_decay=weight_decay, betas=betas, eps=eps, grad_clip=grad_clip,
-                                     warmup_steps=warmup_steps, total_steps=total_steps, lr_schedule=lr_schedule,
-                                     min_lr_ratio=min_lr_ratio, grad_reduce_bucket_mb=grad_reduce_bucket_mb,
-                                     overlap_grad_reduce=overlap_grad_reduce)
+        self.optim = EngineOptimizer(self.model, params_dtype=params_dtype, device=self.device, pp_size=pp_size, lr=o.lr,
+                                     weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
+                                     grad_clip=o.grad_clip, warmup_steps=o.lr_warmup_steps, total_steps=c.total_steps,
+                                     lr_schedule=o.lr_schedule, min_lr_ratio=o.min_lr_ratio,
+                                     grad_reduce_bucket_mb=par.grad_reduce_bucket_mb,
+                                     overlap_grad_reduce=par.overlap_grad_reduce)
 
-    # the optimizer side's parts, as the engine exposes them (tests and tools read them)
-    optimizer = property(lambda self: None if self.optim is None else self.optim.optimizer)
+    # the optimizer side's parts, as the engine exposes them (tests and tools read them; a tool may swap the AdamW)
+    optimizer = property(lambda self: None if self.optim is None else self.optim.optimizer,
+                         lambda self, opt: setattr(self.optim, "optimizer", opt))
     scheduler = property(lambda self: None if self.optim is None else self.optim.scheduler)
     _masters = property(lambda self: None if self.optim is None else self.optim.masters)
     _params = property(lambda self: None if self.optim is None else self.optim.params)
@@ -200,40 +183,8 @@ class MegatronEngine:
     # ---------------------------------------------------------------- micro-batching
 
     def make_micro_batches(self, tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor) -> list[dict]:
-        """Split a batch into length-grouped micro-batches of at most max_tokens_per_micro_batch
-        padded tokens (rows x longest row; a single longer row gets a micro-batch of its own).
-
-        tensors: name -> [B, ...]; those with a second dim equal to input_ids' S are trimmed to the
-        micro-batch's longest row. Each micro-batch also carries `seq_lens` [b] and `sample_idx`
-        [b] (row indices into the batch). Rows are ordered longest first.
-        """
-        seq_lens = torch.as_tensor(seq_lens).long().cpu()
-        if "input_ids" not in tensors:
-            raise ValueError("make_micro_batches needs tensors['input_ids'] [B, S]")
-        B, S = tensors["input_ids"].shape
-        if seq_lens.shape != (B,) or int(seq_lens.min()) < 1 or int(seq_lens.max()) > S:
-            raise ValueError(f"seq_lens must be [B]={B} values in [1, {S}], got {seq_lens.tolist()}")
-        order = torch.argsort(seq_lens, descending=True, stable=True).tolist()
-        groups: list[list[int]] = []
-        for i in order:
-            if groups and (len(groups[-1]) + 1) * int(seq_lens[groups[-1][0]]) <= self.max_tokens_per_micro_batch:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-        micro_batches = []
-        for g in groups:
-            idx = torch.tensor(g, dtype=torch.long)
-            width = int(seq_lens[g[0]])
-            mb: dict[str, Any] = {}
-            for k, v in tensors.items():
-                if not torch.is_tensor(v) or v.dim() == 0 or v.shape[0] != B:
-                    raise ValueError(f"tensors[{k!r}] must be a tensor with first dim B={B}")
-                v = v[idx.to(v.device)]
-                mb[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] == S else v
-            mb["seq_lens"] = seq_lens[idx]
-            mb["sample_idx"] = idx
-            micro_batches.append(mb)
-        return micro_batches
+        """micro_batch.make_micro_batches under this engine's max_tokens_per_micro_batch (its docstring says how)."""
+        return make_micro_batches(tensors, seq_lens, self.max_tokens_per_micro_batch)
 
     # ---------------------------------------------------------------- forward
 
@@ -401,6 +352,9 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------- training
 
+    def _grad_norm(self, params: list[torch.Tensor]) -> torch.Tensor:  # engine methods: profilers wrap them
+        return self.optim.grad_norm(params)
+
     def _clip(self, params: list[torch.Tensor], norm: float) -> None:
         self.optim.clip(params, norm)
 
@@ -483,7 +437,7 @@ class MegatronEngine:
         opt_params = self.optim.reduce_grads()
         # the step's one host sync: grad norm, every micro-batch loss and the device metric sums in one copy
         tensor_keys = [k for k, v in sums.items() if torch.is_tensor(v)]
-        fetched = torch.stack([self.optim.grad_norm(opt_params), *losses,
+        fetched = torch.stack([self._grad_norm(opt_params), *losses,
                                *(sums[k].to(self.device) for k in tensor_keys)]).tolist()
         grad_norm, fetched = fetched[0], fetched[1:]
         sums.update(zip(tensor_keys, fetched[len(losses):]))
