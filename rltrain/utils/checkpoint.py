@@ -325,7 +325,12 @@ def loading_checkpoint(path: str):
         raise
     except Exception as err:
         text = str(err)
-        if "size mismatch" in text or "Missing key" in text or "Unexpected key" in text:
+        if "worker_rank" in text and ("No such file" in text or "FileNotFoundError" in text):
+            why = "it was saved by another number of workers (parallel layout: trainer.n_gpus_per_node, nnodes, " \
+                  "actor.*_parallel_size)"
+            fix = "resume with the layout it was saved with, or start fresh (trainer.resume=never, or another " \
+                  "run directory)"
+        elif "size mismatch" in text or "Missing key" in text or "Unexpected key" in text:
             why = "it holds a model of another shape or parallel layout than this config builds"
             fix = "resume with the model.* and parallelism settings it was saved with, or start fresh " \
                   "(trainer.resume=never, or another run directory)"

@@ -193,3 +193,9 @@ def test_loading_a_checkpoint_of_another_shape_is_a_user_error():
                                               r"shape.*size mismatch for weight"):
         with loading_checkpoint("/c/step_1"):
             b.load_state_dict(a.state_dict())
+
+
+def test_loading_a_checkpoint_of_another_worker_count_is_a_user_error(tmp_path):
+    with pytest.raises(CheckpointError, match=r"saved by another number of workers \(parallel layout"):
+        with loading_checkpoint(str(tmp_path)):
+            torch.load(os.path.join(str(tmp_path), "worker_rank1.pt"))
