@@ -4,7 +4,8 @@ Runs before anything starts (no Ray, no model); every error names the key, the v
 
 What is checked where (config/ imports no rollout/, workers/, trainer/ or models/megatron/: docs/architecture.md):
 - here, pure rules on the keys: ranges (finite numbers), seeds in numpy's range, allowed names whose owner config/
-  may import (algorithms/ registries, rewards/, ops.logprob.BACKENDS, models/presets.py, models/lr_schedule.py),
+  may import (algorithms/ registries, rewards/, ops.logprob.BACKENDS, models/presets.py, models/lr_schedule.py,
+  models/engine_config.py's recompute and fusion names),
   model shapes the overrides can build, a 'module:function' estimator importable, cross-field rules;
 - by the rooms that own the rule, called from trainer/setup.py `check_config` after these (one report): the rollout
   engine names and tool patterns (rollout/), the vLLM head_dim rules (compat/vllm.py), the placement and
@@ -32,9 +33,6 @@ DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("file", "synthetic")
 MODEL_DTYPES = ("bfloat16", "float32")
 BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
-RECOMPUTE_GRANULARITIES = ("full", "selective")
-RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" needs Transformer Engine
-ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
 SEED_MAX = 2**32 - 1  # numpy's seeds are in [0, 2**32 - 1]
 
 
@@ -152,6 +150,7 @@ def _rollout(e: list, cfg) -> None:
 
 def _actor(e: list, cfg) -> None:
     from rltrain.algorithms import AGG_MODES, KL_KINDS, POLICY_LOSS_MODES, TIS_MODES
+    from rltrain.models.engine_config import ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 
     a, d = cfg.actor, cfg.data
     _optimizer(e, "actor", a)

@@ -32,6 +32,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
 from rltrain.compat.megatron import cuda_enabled, patch_model_for_cpu
+from rltrain.models.engine_config import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 from rltrain.utils.errors import UserError
 
 try:  # Transformer Engine is optional (GPU images); the local spec is used without it.
@@ -194,9 +195,6 @@ def transformer_config_from_hf(
     )
 
 
-RECOMPUTE_GRANULARITIES = ("full", "selective")
-
-
 def _recompute_kwargs(granularity: str, modules) -> dict:
     if granularity not in RECOMPUTE_GRANULARITIES:
         raise ValueError(f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {granularity!r}")
@@ -204,7 +202,7 @@ def _recompute_kwargs(granularity: str, modules) -> dict:
         return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     # "layernorm" needs Transformer Engine in megatron-core 0.16.1 (CheckpointWithoutOutput takes its fp8 path
     # whatever the config says), so it is offered only with TE
-    allowed = ("mlp", "core_attn", "layernorm") if HAVE_TE else ("mlp", "core_attn")
+    allowed = RECOMPUTE_MODULES + ("layernorm",) if HAVE_TE else RECOMPUTE_MODULES
     if not modules or set(modules) - set(allowed):
         raise ValueError(f"recompute_modules must be a non-empty subset of {allowed}, got {list(modules)}")
     return dict(recompute_granularity="selective", recompute_modules=list(modules))
