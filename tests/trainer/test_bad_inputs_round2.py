@@ -53,6 +53,7 @@ def _lines(stderr):
     return [ln for ln in stderr.splitlines() if ln.startswith("rltrain:")]
 
 
+@pytest.mark.slow
 def test_second_run_on_a_live_runs_directory_exits_2_naming_its_pid(tmp_path):
     """Run A holds the directory (its reward module waits at import for the test's go-ahead, so A is surely
     live when B starts); B exits 2 naming A's pid; A then trains its steps once each and exits 0."""
@@ -87,6 +88,7 @@ def test_second_run_on_a_live_runs_directory_exits_2_naming_its_pid(tmp_path):
     assert [r["step"] for r in read_metrics(str(run_dir))] == [1, 2]  # each step once: B wrote nothing
 
 
+@pytest.mark.slow
 def test_resume_auto_in_a_fresh_run_dir_continues_the_killed_run(tmp_path):
     """What the stop message says to do, done as written: the same command plus trainer.resume=auto (Hydra picks
     a new outputs/<experiment>/<time> directory) continues from the killed run's last checkpoint."""
@@ -218,6 +220,7 @@ def test_worker_lost_stop_prints_the_exact_resume_command(tmp_path, capsys, monk
                                        f"hydra.run.dir={tmp_path} trainer.resume=auto\n")
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_save_exits_2_and_keeps_the_last_checkpoint(tmp_path, cfg_for, capsys, monkeypatch):
     """The worker's torch.save of step 2 goes to a device that is always full (/dev/full): torch's own error."""
     from rltrain.workers.hybrid import HybridWorker
@@ -240,6 +243,7 @@ def test_disk_full_during_a_save_exits_2_and_keeps_the_last_checkpoint(tmp_path,
     assert sorted(os.listdir(ckpts)) == [".rltrain.lock", "step_1"] or sorted(os.listdir(ckpts)) == ["step_1"]
 
 
+@pytest.mark.slow
 def test_resume_auto_from_a_checkpoint_of_another_shape_is_one_line(tmp_path, cfg_for, capsys, monkeypatch):
     """No run config next to it (trainer.ckpt_dir): the workers' load itself fails, and says which checkpoint."""
     ckpts = tmp_path / "ckpts"
