@@ -19,13 +19,30 @@ register_configs()
 
 
 def run_sft(cfg: DictConfig) -> None:
-    """A local model.path with missing or truncated weights is refused before training (exit 2)."""
+    """Refused before training (exit 2): a local model.path with missing or truncated weights, a checkpoint
+    directory that cannot be written, a trainer.resume=PATH that is not an intact checkpoint. Rank 0 removes
+    crashed runs' temp dirs from the checkpoint directory (rltrain.main.run_entry holds the run's lock)."""
+    import os
+
     from rltrain.trainer.sft import run_sft_from_config
+    from rltrain.trainer.setup import run_directory
+    from rltrain.utils.checkpoint import CheckpointError, check_writable, clean_stale_tmp, verify_checkpoint
 
     if cfg.model.builtin is None and cfg.model.path:
         from rltrain.models.checkpoint_files import check_model_dir
 
         check_model_dir(cfg.model.path)
+    t = cfg.trainer
+    ckpt_dir = t.ckpt_dir or os.path.join(run_directory(), "checkpoints")
+    if t.save_freq > 0:
+        check_writable(ckpt_dir)
+    if os.environ.get("RANK", "0") == "0":
+        clean_stale_tmp(ckpt_dir)
+    if t.resume not in ("auto", "never"):
+        reason = verify_checkpoint(t.resume) if os.path.isdir(t.resume) else "not a directory"
+        if reason is not None:
+            raise CheckpointError(f"trainer.resume={t.resume!r} is not a usable checkpoint: {reason}; give a step_N "
+                                  "directory written by rltrain.sft, or trainer.resume=auto / never")
 
     run_sft_from_config(cfg)
 

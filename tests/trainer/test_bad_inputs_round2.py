@@ -286,3 +286,26 @@ def test_sft_from_a_truncated_model_dir_is_one_line(tmp_path, capsys, monkeypatc
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rltrain:")]
     assert info.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"rltrain: model.path='{model}': model.safetensors is truncated")
+
+
+def test_sft_checkpoint_dir_that_is_a_file_or_a_broken_resume_is_one_line(tmp_path, capsys, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from rltrain.config.validate import validate_sft_config
+    from rltrain.sft import run_sft
+
+    f = tmp_path / "ckpt"
+    f.write_text("")
+    broken = tmp_path / "step_3"
+    broken.mkdir()
+    monkeypatch.chdir(tmp_path)
+    for override, want in [([f"trainer.ckpt_dir={f}", "trainer.save_freq=1"],
+                            f"rltrain: checkpoint directory {f} is a file, not a directory"),
+                           ([f"trainer.resume={broken}"],
+                            f"rltrain: trainer.resume='{broken}' is not a usable checkpoint: no manifest")]:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            cfg = compose(config_name="retool_tiny_sft", overrides=[*override, "trainer.progress_bar=false"])
+        with pytest.raises(SystemExit) as info:
+            run_entry(cfg, validate_sft_config, run_sft)
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rltrain:")]
+        assert info.value.code == 2 and len(lines) == 1 and lines[0].startswith(want), lines
