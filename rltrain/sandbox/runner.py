@@ -46,12 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rltrain.sandbox import _cgroup
+from rltrain.sandbox import _cgroup, _childcode
 from rltrain.sandbox._cleanup import rmtree as _rmtree
 from rltrain.sandbox._bootstrap import EXIT_MEMORY, EXIT_REFUSED
 
-_SANDBOX_DIR = str(Path(__file__).resolve().parent)
-_BOOTSTRAP_SOURCE = (Path(_SANDBOX_DIR) / "_bootstrap.py").read_text(encoding="utf-8")
 _MARKER = "RLTRAIN_SANDBOX_ID"
 _READ_CHUNK = 65536
 _DRAIN_GRACE_S = 1.0  # after a kill, how long to wait for the pipes to close
@@ -188,7 +186,8 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, 
         os.chmod(workdir, 0o700)
         cgroups, limits = _cgroup.create(sandbox_id, memory_mb, max_processes)
         cfg = {
-            "workdir": workdir, "parent_pid": os.getpid(), "sandbox_dir": _SANDBOX_DIR,
+            "workdir": workdir, "parent_pid": os.getpid(), "sandbox_dir": _childcode.SANDBOX_DIR,
+            "code_file": _childcode.code_file(),
             "memory_mb": memory_mb, "cpu_s": cpu_limit, "max_processes": max_processes,
             "max_file_bytes": max_file_bytes, "max_disk_bytes": max_disk_bytes,
             "allow_network": bool(allow_network), "allow_exec": bool(allow_exec),
@@ -237,7 +236,7 @@ def _spawn_and_collect(code, cfg, stdin, sandbox_id, *, deadline, max_output_byt
             stdin_path.unlink()
         cfg = dict(cfg, status_fd=status_w)
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP_SOURCE, json.dumps(cfg)],
+            [sys.executable, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _childcode.STUB, json.dumps(cfg)],
             stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env,
             pass_fds=(status_w,), start_new_session=True,
