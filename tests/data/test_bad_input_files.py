@@ -176,3 +176,18 @@ def test_a_reward_module_that_exits_at_import_is_a_user_error(tmp_path):
     g = tmp_path / "fine_reward.py"
     g.write_text("def r(*a, **k):\n    return 1.0\n")
     assert load_function(f"{g}:r")("x", "y") == 1.0
+
+
+def test_a_sharded_transformers_save_passes(tmp_path):
+    """No false alarm on what transformers writes: shards + model.safetensors.index.json."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(tmp_path / "m"), max_shard_size="20KB")
+    shards = [f for f in os.listdir(tmp_path / "m") if f.endswith(".safetensors")]
+    assert len(shards) > 1 and (tmp_path / "m" / "model.safetensors.index.json").exists()
+    check_model_dir(str(tmp_path / "m"))
+    os.truncate(tmp_path / "m" / sorted(shards)[-1], 50)
+    with pytest.raises(ModelFilesError, match="truncated|not a complete safetensors file"):
+        check_model_dir(str(tmp_path / "m"))
