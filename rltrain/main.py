@@ -65,7 +65,7 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
 def prepare_run(cfg: DictConfig, run_dir: str) -> None:
     """The checks of the run's files before the trainer is built (see the module docstring); may set
     cfg.trainer.resume to the checkpoint of the run that `auto` continues."""
-    from rltrain.utils.checkpoint import check_resume_checkpoint, check_writable, clean_stale_tmp, find_latest_valid
+    from rltrain.utils.checkpoint import check_resume_checkpoint, check_writable, clean_stale_tmp, list_checkpoints
     from rltrain.utils.rundir import find_previous_run, lock_run_dir
 
     t = cfg.trainer
@@ -83,10 +83,10 @@ def prepare_run(cfg: DictConfig, run_dir: str) -> None:
         step = check_resume_checkpoint(t.resume)
         _check_same_model(cfg, t.resume, f"trainer.resume={t.resume!r} (step {step})")
     elif t.resume == "auto":
-        own = find_latest_valid(ckpt_dir, log=lambda msg: None)
-        if own is not None:
+        own = list_checkpoints(ckpt_dir)  # the trainer picks the newest intact one (checksums read once, there)
+        if own:
             if not t.ckpt_dir:
-                _check_same_model(cfg, own[1], f"trainer.resume=auto would continue {own[1]}, which")
+                _check_same_model(cfg, own[-1][1], f"trainer.resume=auto would continue {own[-1][1]}, which")
         elif _on_command_line("trainer.resume"):  # asked for by the user: say what it finds
             found = find_previous_run(run_dir, _plain(cfg)) if not t.ckpt_dir and _hydra_chose_run_dir() else None
             if found is not None:
