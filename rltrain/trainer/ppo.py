@@ -26,7 +26,7 @@ from rltrain.trainer.async_rollout import AsyncRollout
 from rltrain.trainer.rollout_source import RolloutSource, stats
 from rltrain.trainer.setup import build_datasets, build_workers, check_model, config_dict, run_directory
 from rltrain.trainer.weight_sync import WeightSync
-from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_checkpoint
+from rltrain.utils.checkpoint import find_latest_valid, loading_checkpoint, save_checkpoint, verify_checkpoint
 from rltrain.utils.memory import memory_metrics
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
@@ -266,8 +266,9 @@ class PPOTrainer:
             if reason is not None:
                 raise ValueError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}")
             path = mode
-        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-        self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)
+        with loading_checkpoint(path):  # another model shape, an unreadable file: message + exit 2
+            state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+            self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)
         if not self.colocated:
             self.weight_sync.push()
         set_rng_state(state["rng"])
