@@ -49,6 +49,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import log as harness_log
 from harness import Deadline, device_name, md_table, run_child, write_report
 
 from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # the head_dim rule of vLLM TP > 1 on GPUs
@@ -97,7 +98,7 @@ def log_checks(text: str) -> dict:
 
 
 def log(msg: str) -> None:
-    print(f"[gpu_placements {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    harness_log("gpu_placements", msg)
 
 
 # --------------------------------------------------------------------------- nccl

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import log as harness_log
 from harness import REPO, Deadline, device_name, md_table, run_child, run_children, write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
@@ -131,7 +132,7 @@ for _stage in CONFIG_OF:  # the tiny scale runs where there is no GPU: fp32, tor
 
 
 def log(msg: str) -> None:
-    print(f"[learn {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    harness_log("learn", msg)
 
 
 # ---------------------------------------------------------------------------- layout

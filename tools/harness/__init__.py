@@ -1,10 +1,10 @@
 """The small harness the scripts in tools/ run on: a median timer, child processes stopped at a deadline, a
 deadline, JSON + markdown reports, the device's name. Must not know any one benchmark or import a tool.
 
-A tool starts with `from harness import ...` (tools/ is on sys.path when a tool runs as a script); importing
-the harness puts the repository root on sys.path, so `rltrain` imports next. Peak FLOP/s per device lives in
-rltrain/utils/flops.py (`peak_flops`). Cases several tools share are in harness/cases.py, cProfile summaries in
-harness/host_profile.py.
+A tool puts its own folder (tools/) on sys.path, so it also loads by file path (tests), then imports
+`harness`, which puts the repository root on sys.path, so `rltrain` imports next. Peak FLOP/s per device lives
+in rltrain/utils/flops.py (`peak_flops`). Beside this core: harness/cases.py (cases several tools run),
+harness/host_profile.py (cProfile summaries), harness/update_profile.py (torch-profiler summary of an update step).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ if REPO not in sys.path:
 
 
 def log(tool: str, msg: str) -> None:
+    """`[tool HH:MM:SS] msg` on stdout, flushed (progress lines a device command's log shows as they come)."""
     print(f"[{tool} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 

@@ -123,6 +123,7 @@ def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
         params = eng.optimizer.param_groups[0]["params"]
         eng.optimizer = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                                           foreach=True)
-        eng.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: 1.0)
+        owner = getattr(eng, "optim", None) or eng  # the engine's optimizer part, where it has one
+        owner.scheduler = torch.optim.lr_scheduler.LambdaLR(eng.optimizer, lambda step: 1.0)
     ids = torch.randint(0, cfg.vocab_size, row.rows_and_len, generator=torch.Generator().manual_seed(tp_rank_seed))
     return eng, [policy_micro_batch(ids)], policy_loss_fn()
