@@ -227,3 +227,47 @@ def test_interrupted_sft_resumes_exactly_on_the_uninterrupted_loss_curve(tmp_pat
                                "trainer.total_steps=6"), str(tmp_path / "never"))
     assert never._maybe_resume() == 0
     never.tracker.finish()
+
+
+def _dp2_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One of two gloo ranks of a data-parallel SFT (the torchrun layout) running the config in out_dir/cfg.json."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from rltrain.trainer.sft import SFTTrainer
+
+    with open(os.path.join(out_dir, "cfg.json")) as f:
+        cfg = json.load(f)
+    SFTTrainer(cfg, cfg.pop("_run_dir")).fit()
+
+
+def test_data_parallel_sft_checkpoints_every_rank_and_resumes_exactly(tmp_path, sft_files):
+    """Two data-parallel ranks: the checkpoint holds each rank's engine state (rank 0's temp dir, shared by
+    broadcast), and a run resumed from step 2 continues on the uninterrupted curve."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from rltrain.config import as_config
+    from rltrain.config.convert import as_dict
+    from rltrain.config.schema import SFTConfig
+
+    def run(name, *extra):
+        cfg = as_dict(as_config(sft_cfg(f"data.train_files=[{sft_files[0]}]", "trainer.total_steps=4",
+                                        "data.batch_size=8", "trainer.save_freq=2", "optim.lr=1e-3",
+                                        f"trainer.ckpt_dir={tmp_path / 'ckpt'}", *extra), SFTConfig))
+        cfg["_run_dir"] = str(tmp_path / name)
+        cfg["trainer"]["output_dir"] = str(tmp_path / name / "hf")
+        with open(tmp_path / "cfg.json", "w") as f:
+            json.dump(cfg, f)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(_dp2_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+        return {r["step"]: (r["sft/loss"], r["sft/grad_norm"]) for r in read_metrics(str(tmp_path / name))}
+
+    full = run("full", "trainer.resume=never")
+    assert {"rank0.pt", "rank1.pt", "trainer_state.pt"} <= set(os.listdir(tmp_path / "ckpt" / "step_2"))
+    resumed = run("resumed", f"trainer.resume={tmp_path / 'ckpt' / 'step_2'}")
+    assert sorted(resumed) == [3, 4]
+    assert resumed == {s: full[s] for s in (3, 4)}
