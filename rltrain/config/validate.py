@@ -5,7 +5,7 @@ Runs before anything starts (no Ray, no model); every error names the key, the v
 What is checked where (config/ imports no rollout/, workers/, trainer/ or models/megatron/: docs/architecture.md):
 - here, pure rules on the keys: ranges (finite numbers), seeds in numpy's range, allowed names whose owner config/
   may import (algorithms/ registries, rewards/, ops.logprob.BACKENDS, models/presets.py, models/lr_schedule.py,
-  models/engine_config.py's recompute and fusion names),
+  models/engine_config.py's recompute and fusion names, utils/tracking.LOGGERS),
   model shapes the overrides can build, a 'module:function' estimator importable, cross-field rules;
 - by the rooms that own the rule, called from trainer/setup.py `check_config` after these (one report): the rollout
   engine names and tool patterns (rollout/), the vLLM head_dim rules (compat/vllm.py), the placement and
@@ -28,7 +28,6 @@ class ConfigError(UserError, ValueError):
     """A user-fixable problem in the configuration."""
 
 
-LOGGERS = ("console", "jsonl", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 DATA_SOURCES = ("file", "synthetic")
 MODEL_DTYPES = ("bfloat16", "float32")
@@ -246,6 +245,8 @@ def _data(e: list, cfg) -> None:
 
 
 def _trainer(e: list, cfg) -> None:
+    from rltrain.utils.tracking import LOGGERS
+
     t = cfg.trainer
     _seed(e, "trainer.seed", t.seed)
     _positive(e, "trainer.total_steps", t.total_steps)
@@ -311,6 +312,8 @@ def _sft_data(e: list, cfg) -> None:
 
 
 def _sft_trainer(e: list, cfg) -> None:
+    from rltrain.utils.tracking import LOGGERS
+
     t = cfg.trainer
     _seed(e, "trainer.seed", t.seed)
     _positive(e, "trainer.epochs", t.epochs)
