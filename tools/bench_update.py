@@ -363,8 +363,7 @@ def main() -> None:
         return
     start = time.time()
     run_child([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out]
-              + (["--no-attention-probe"] if args.no_attention_probe else []), os.path.join(args.out, "probe.log"),
-              timeout_s=300)
+              + (["--no-attention-probe"] if args.no_attention_probe else []), None, timeout_s=300)
     try:
         with open(os.path.join(args.out, "probe.json")) as f:
             probe = json.load(f)
@@ -383,13 +382,13 @@ def main() -> None:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(dataclasses.asdict(r)),
                    "--out", args.out, "--reps", str(args.reps)]
             t0 = time.time()
-            run = run_child(cmd, os.path.join(args.out, f"row_{r.name}.log"), timeout_s=max(120.0, 3 * pred))
+            run = run_child(cmd, None, timeout_s=max(120.0, 3 * pred))  # the row's output streams to the console
             if os.path.exists(path):
                 with open(path) as f:
                     out = json.load(f)
             else:
                 rc = "timeout" if run["timed_out"] else run["rc"]
-                out = {"row": dataclasses.asdict(r), "status": f"died (exit {rc})", "log_tail": run["tail"][-1000:]}
+                out = {"row": dataclasses.asdict(r), "status": f"died (exit {rc})"}
             out["wall_s"] = time.time() - t0
         out["predicted_step_s"], out["predicted_row_s"] = predicted_step_s(r), pred
         res["rows"].append(out)

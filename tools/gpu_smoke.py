@@ -356,13 +356,13 @@ def main() -> None:
                "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine,
                *(["--grpo-set", *args.grpo_set] if args.grpo_set else []),
                *(["--profile-gen"] if args.profile_gen else [])]
-        run = run_child(cmd, os.path.join(args.out, f"section_{name}.log"))
+        run = run_child(cmd, None)  # its output streams to the console
         path = os.path.join(args.out, f"section_{name}.json")
         if os.path.exists(path):
             with open(path) as f:
                 res[name] = json.load(f)
         else:
-            res[name] = {"error": f"section process exited with {run['rc']} and wrote nothing: {run['tail'][-600:]}"}
+            res[name] = {"error": f"section process exited with {run['rc']} and wrote nothing"}
         res.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
         print(f"[gpu_smoke] {name}: {time.time() - t0:.0f} s", flush=True)
         write_report(args.out, "gpu_smoke", res, to_markdown(res))

@@ -80,3 +80,21 @@ def test_no_tool_imports_another_tool(tool):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not imported & names, imported & names
+
+
+def test_an_interrupted_runner_stops_its_children_and_a_child_without_log_streams(tmp_path, capfd):
+    py = sys.executable
+    pid_file = tmp_path / "pid"
+    cmd = [py, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"]
+
+    def interrupt(_name):
+        if pid_file.exists() and pid_file.read_text():  # the child is up
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        harness.run_children({"slow": (cmd, str(tmp_path / "slow.log"))}, poll_s=0.2, on_poll=interrupt,
+                             poll_every_s=0.5, timeout_s=50)
+    pid = int(pid_file.read_text())
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    res = harness.run_child([py, "-c", "print('to the console')"], None, poll_s=0.1)
+    assert res["rc"] == 0 and res["tail"] == "" and "to the console" in capfd.readouterr().out

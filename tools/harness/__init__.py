@@ -115,54 +115,67 @@ def stop_group(p: subprocess.Popen, steps: Sequence[tuple[int, float]] = STOP) -
             continue
 
 
-def run_children(jobs: dict[str, tuple[list[str], str]], *, timeout_s: float | None = None,
+def run_children(jobs: dict[str, tuple[list[str], str | None]], *, timeout_s: float | None = None,
                  env: dict | None = None, cwd: str = REPO, poll_s: float = 2.0,
                  on_poll: Callable[[str], None] | None = None, poll_every_s: float = 30.0,
                  on_exit: Callable[[str, dict], None] | None = None,
                  on_timeout: Callable[[str, subprocess.Popen], None] | None = None,
                  stop: Sequence[tuple[int, float]] = STOP) -> dict[str, dict]:
-    """Run the commands of jobs {name: (argv, log_path)} at once, each in its own session with stdout and stderr
-    appended to its log. on_poll(name) every poll_every_s for each running child; on_exit(name, result) as each
-    ends. Children still running at timeout_s get on_timeout(name, proc), then `stop` signals to their group.
-    Returns {name: {"rc", "wall_s", "timed_out"}} (rc None when it never exited)."""
+    """Run the commands of jobs {name: (argv, log_path)} at once, each in its own session (so a stop reaches
+    what it started), stdout and stderr appended to its log (log_path None: to this process's, i.e. the console).
+    on_poll(name) every poll_every_s for each running child; on_exit(name, result) as each ends. Children still
+    running at timeout_s get on_timeout(name, proc), then the `stop` signals to their group; so do all of them
+    when this process is interrupted (Ctrl-C). Returns {name: {"rc", "wall_s", "timed_out"}}."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     running, results = {}, {}
-    for name, (cmd, log_path) in jobs.items():
-        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-        logf = open(log_path, "a")
-        running[name] = (subprocess.Popen(cmd, cwd=cwd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                          start_new_session=True), logf, time.time())
-    end = None if timeout_s is None else time.time() + timeout_s
-    last_poll = time.time()
-    while running:
-        time.sleep(poll_s)
-        for name, (p, logf, t0) in list(running.items()):
-            if p.poll() is not None:
-                logf.close()
-                results[name] = {"rc": p.returncode, "wall_s": round(time.time() - t0, 1), "timed_out": False}
-                del running[name]
+
+    def finish(name: str, timed_out: bool) -> None:
+        p, logf, t0 = running.pop(name)
+        if logf:
+            logf.close()
+        results[name] = {"rc": p.returncode, "wall_s": round(time.time() - t0, 1), "timed_out": timed_out}
+
+    try:
+        for name, (cmd, log_path) in jobs.items():
+            logf = None
+            if log_path is not None:
+                os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+                logf = open(log_path, "a")
+            running[name] = (subprocess.Popen(cmd, cwd=cwd, env=env, stdout=logf, stderr=logf and subprocess.STDOUT,
+                                              start_new_session=True), logf, time.time())
+        end = None if timeout_s is None else time.time() + timeout_s
+        last_poll = time.time()
+        while running:
+            time.sleep(poll_s)
+            for name in [n for n, (p, _, _) in running.items() if p.poll() is not None]:
+                finish(name, False)
                 if on_exit:
                     on_exit(name, results[name])
-        if on_poll and running and time.time() - last_poll >= poll_every_s:
-            last_poll = time.time()
-            for name in running:
-                on_poll(name)
-        if end is not None and time.time() > end:
-            for name, (p, logf, t0) in running.items():
-                if on_timeout:
-                    on_timeout(name, p)
-                stop_group(p, stop)
-                logf.close()
-                results[name] = {"rc": p.returncode, "wall_s": round(time.time() - t0, 1), "timed_out": True}
-            running = {}
+            if on_poll and running and time.time() - last_poll >= poll_every_s:
+                last_poll = time.time()
+                for name in running:
+                    on_poll(name)
+            if end is not None and time.time() > end:
+                for name in list(running):
+                    if on_timeout:
+                        on_timeout(name, running[name][0])
+                    stop_group(running[name][0], stop)
+                    finish(name, True)
+    finally:  # interrupted (or a callback raised): no child outlives this call
+        for name in list(running):
+            stop_group(running[name][0], stop)
+            finish(name, True)
     return results
 
 
-def run_child(cmd: list[str], log_path: str, **kw) -> dict:
-    """One command as run_children runs it; the result also holds the log's last 2,000 characters ("tail")."""
+def run_child(cmd: list[str], log_path: str | None, **kw) -> dict:
+    """One command as run_children runs it; the result also holds the log's last 2,000 characters ("tail", empty
+    without a log)."""
     res = run_children({"child": (cmd, log_path)}, **kw)["child"]
-    with open(log_path, errors="replace") as f:
-        res["tail"] = f.read()[-2000:]
+    res["tail"] = ""
+    if log_path is not None:
+        with open(log_path, errors="replace") as f:
+            res["tail"] = f.read()[-2000:]
     return res
 
 
