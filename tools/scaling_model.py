@@ -37,7 +37,7 @@ sys.path.insert(0, REPO)
 
 from rltrain.config.schema import ActorConfig  # noqa: E402
 from rltrain.models.presets import QWEN3_0_6B, QWEN3_4B, QWEN3_8B  # noqa: E402
-from rltrain.utils.flops import matmul_params, num_params, train_flops  # noqa: E402
+from rltrain.utils.flops import matmul_params, num_params, peak_flops, train_flops  # noqa: E402
 
 GB = 1e9
 GPU_RESULTS = os.path.join(REPO, "tools", "results")
@@ -116,7 +116,7 @@ def assumed_inputs() -> dict[str, Num]:
     """Everything not measured yet, each with its public or in-repo source. Replaced by measurements through
     --nccl-json / --bench-update-json where those runs exist."""
     return {
-        "peak_flops": Num(989e12, "H100/H200 SXM dense bf16 datasheet peak (the MFU denominator of "
+        "peak_flops": Num(peak_flops("H100"), "H100/H200 SXM dense bf16 datasheet peak (the MFU denominator of "
                           "docs/benchmarks.md)", False),
         "hbm_bw_h100": Num(2.7e12, "achieved HBM3 bandwidth on H100 (3.35 TB/s peak), docs/kernel_notes.md "
                            "'The two numbers'", False),
