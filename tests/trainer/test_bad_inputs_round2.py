@@ -309,3 +309,21 @@ def test_sft_checkpoint_dir_that_is_a_file_or_a_broken_resume_is_one_line(tmp_pa
             run_entry(cfg, validate_sft_config, run_sft)
         lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rltrain:")]
         assert info.value.code == 2 and len(lines) == 1 and lines[0].startswith(want), lines
+
+
+def test_a_checkpoint_dir_a_live_run_writes_is_refused(tmp_path, cfg_for):
+    """Two run directories, one trainer.ckpt_dir: the second run is refused before it writes a checkpoint."""
+    from rltrain.utils.rundir import RunDirLocked
+
+    ckpts = tmp_path / "shared_ckpt"
+    hold = ("import sys, time\nfrom rltrain.utils.rundir import lock_run_dir\n"
+            "lock_run_dir(sys.argv[1], what='checkpoint directory')\nprint('locked', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(ckpts)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirLocked, match=f"the checkpoint directory {ckpts} is in use by a live run, pid "
+                                               f"{proc.pid}.*trainer.ckpt_dir=..."):
+            prepare_run(cfg_for(*QUICK, f"trainer.ckpt_dir={ckpts}", "trainer.save_freq=1"), str(tmp_path / "run"))
+    finally:
+        proc.kill()
+        proc.wait()
