@@ -63,7 +63,8 @@ def test_second_run_on_a_live_runs_directory_exits_2_naming_its_pid(tmp_path):
                       f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.1)\n"
                       "def score(*a, **kw):\n    return REWARD_FNS['synthetic'](*a, **kw)\n")
     run_dir = tmp_path / "run"
-    args = _cmd("trainer.total_steps=2", f"reward.fn={reward}:score", f"hydra.run.dir={run_dir}")
+    args = _cmd("trainer.total_steps=2", f"reward.fn={reward}:score", f"hydra.run.dir={run_dir}",
+                "trainer.resume=auto")  # typed by the user, with nothing to resume: said so
     a = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
@@ -85,6 +86,8 @@ def test_second_run_on_a_live_runs_directory_exits_2_naming_its_pid(tmp_path):
         go.write_text("")
     _, err = a.communicate(timeout=300)
     assert a.returncode == 0, err[-3000:]
+    assert (f"rltrain: warning: trainer.resume=auto found no intact checkpoint in {run_dir}/checkpoints; training "
+            "starts at step 1") in err
     assert [r["step"] for r in read_metrics(str(run_dir))] == [1, 2]  # each step once: B wrote nothing
 
 
