@@ -20,14 +20,13 @@ written so far are always saved.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import signal
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import Deadline, device_name, md_table, run_child
+from harness import Deadline, device_name, md_table, report_header, run_child
 from harness import write_report as write_files
 from harness.cases import GRPO_06B_OVERRIDES
 
@@ -214,8 +213,7 @@ def main() -> None:
     if gpu and torch.cuda.device_count() < 2:
         sys.exit("bench_async: split placement 1+1 needs 2 GPUs (or pass --cpu)")
     device = f"{torch.cuda.device_count()} x {device_name()}" if gpu else device_name()
-    res = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
-           "command": "python tools/bench_async.py " + " ".join(sys.argv[1:]), "learning": {}, "skipped": skipped}
+    res = {**report_header("bench_async", device), "learning": {}, "skipped": skipped}
     place = ["trainer.device=cuda", "trainer.n_gpus_per_node=1"] if gpu else \
         ["trainer.device=cpu", "trainer.num_cpus=2", "trainer.n_gpus_per_node=1"]
     place += args.overrides.split()

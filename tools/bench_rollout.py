@@ -19,7 +19,6 @@ weights come by CUDA IPC and every row is timed, on CPU generation only; --profi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, md_table, write_report
+from harness import md_table, report_header, write_report
 
 
 def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
@@ -170,8 +169,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(4, vocab, (max(args.batch, args.hf_batch), args.prompt_len), generator=g).tolist()
-    res = {"date": datetime.date.today().isoformat(), "command": "python tools/bench_rollout.py " + " ".join(sys.argv[1:]),
-           "device": device_name(), "torch": torch.__version__, "shape": args.shape + (f" {extra}" if extra else ""),
+    res = {**report_header("bench_rollout"), "shape": args.shape + (f" {extra}" if extra else ""),
            "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
            "prompt_len": args.prompt_len, "response_len": args.response_len, "results": []}
     for name in args.engines:

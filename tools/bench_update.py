@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import fnmatch
 import json
 import os
@@ -44,7 +43,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, gemm_tflops, md_table, run_child, time_ms, times_ms, write_report
+from harness import device_name, gemm_tflops, md_table, report_header, run_child, time_ms, times_ms, write_report
 from harness.cases import LEVER_SETS, PRESETS, Row, build_for_row, hf_config  # noqa: F401 (tests import them here)
 from harness.update_profile import profile_train_step
 
@@ -369,8 +368,7 @@ def main() -> None:
             probe = json.load(f)
     except OSError:
         probe = {"device": "unknown (probe failed)", "torch": "?", "gemm_tflops": 0.0}
-    res = {"date": datetime.date.today().isoformat(), **probe,
-           "command": "python tools/bench_update.py " + " ".join(sys.argv[1:]), "plan": args.plan, "rows": []}
+    res = {**report_header("bench_update", probe["device"]), **probe, "plan": args.plan, "rows": []}
     for r, pred in zip(rows, preds):
         elapsed = time.time() - start
         if elapsed + pred > args.budget_s:

@@ -38,7 +38,6 @@ workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each pr
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -50,7 +49,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
-from harness import Deadline, device_name, md_table, run_child, write_report
+from harness import Deadline, device_name, md_table, report_header, run_child, write_report
 
 from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # the head_dim rule of vLLM TP > 1 on GPUs
 
@@ -361,10 +360,8 @@ def main() -> None:
     from rltrain.workers.group import init_ray
 
     apply_no_multicast()
-    res: dict = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                 "device": f"{torch.cuda.device_count()} x {device_name()}" if args.device == "cuda"
-                 else "cpu (dry run)",
-                 "command": "python tools/gpu_placements.py " + " ".join(sys.argv[1:]), "seconds": {}, "errors": {}}
+    device = f"{torch.cuda.device_count()} x {device_name()}" if args.device == "cuda" else "cpu (dry run)"
+    res: dict = {**report_header("gpu_placements", device), "seconds": {}, "errors": {}}
     t_all, deadline = time.time(), Deadline(args.deadline)
     if "nccl" in args.only:
         t = time.time()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import REPO, device_name, gemm_tflops, md_table, run_child, time_ms, write_report
+from harness import REPO, device_name, gemm_tflops, md_table, report_header, run_child, time_ms, write_report
 from harness.cases import GRPO_06B_OVERRIDES, policy_loss_fn, policy_micro_batch  # noqa: F401 (GRPO_06B: docs)
 from harness.host_profile import profile_call
 from harness.host_profile import to_markdown as profile_markdown
@@ -346,8 +345,7 @@ def main() -> None:
         with open(os.path.join(args.out, f"section_{args.section}.json"), "w") as f:
             json.dump(out, f, indent=1, default=str)
         return
-    res = {"date": datetime.date.today().isoformat(), "device": device_name(), "torch": torch.__version__,
-           "command": "python tools/gpu_smoke.py " + " ".join(sys.argv[1:])}
+    res = report_header("gpu_smoke")
     res["gemm_tflops"] = gemm_tflops()
     torch.cuda.empty_cache()
     for name in args.only:

@@ -98,3 +98,15 @@ def test_an_interrupted_runner_stops_its_children_and_a_child_without_log_stream
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     res = harness.run_child([py, "-c", "print('to the console')"], None, poll_s=0.1)
     assert res["rc"] == 0 and res["tail"] == "" and "to the console" in capfd.readouterr().out
+
+
+def test_report_header(monkeypatch):
+    import datetime
+
+    import torch
+
+    monkeypatch.setattr(sys, "argv", ["tools/bench_x.py", "--out", "o"])
+    assert harness.report_header("bench_x", "2 x GPU") == {
+        "date": datetime.date.today().isoformat(), "device": "2 x GPU", "torch": torch.__version__,
+        "command": "python tools/bench_x.py --out o"}
+    assert harness.report_header("bench_x")["device"] == harness.device_name()

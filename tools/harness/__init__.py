@@ -9,6 +9,7 @@ harness/host_profile.py (cProfile summaries), harness/update_profile.py (torch-p
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -180,6 +181,15 @@ def run_child(cmd: list[str], log_path: str | None, **kw) -> dict:
 
 
 # ---------------------------------------------------------------------------- reports
+def report_header(tool: str, device: str | None = None) -> dict:
+    """The first keys of every tool's report: date, device (default: device_name(), which starts CUDA: a tool
+    that keeps CUDA out of its parent process passes the name its child measured), torch version, command line."""
+    import torch
+
+    return {"date": datetime.date.today().isoformat(), "device": device or device_name(), "torch": torch.__version__,
+            "command": f"python tools/{tool}.py " + " ".join(sys.argv[1:])}
+
+
 def md_table(header: Sequence[str], rows: Sequence[Sequence], align: str | Sequence[str] = "---") -> str:
     """A markdown table: one header row, a separator (`align` for every column, or one per column, e.g. "---:"
     right-aligns), one line per row (cells str()-ed)."""
