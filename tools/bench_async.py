@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import Deadline, device_name, md_table, report_header, run_child
+from harness import Deadline, device_name, md_table, plot_lines, pyplot, report_header, run_child
 from harness import write_report as write_files
 from harness.cases import GRPO_06B_OVERRIDES
 
@@ -104,34 +104,16 @@ def compare_learning(sync: dict, asyn: dict) -> dict:
 
 
 def plot_learning(name: str, curves: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=100)
-    for mode, c in curves.items():
-        for ax, key, xlabel in ((axes[0], "by_step", "step"), (axes[1], "by_time_s", "loop seconds (step + validation)")):
-            pts = c[key]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1.5, label=mode)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("val/accuracy")
-            ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(f"{name}: synchronous vs asynchronous rollout")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    plot_lines(path, [{"title": "", "xlabel": xlabel, "ylabel": "val/accuracy",
+                       "series": {mode: c[key] for mode, c in curves.items()}}
+                      for key, xlabel in (("by_step", "step"), ("by_time_s", "loop seconds (step + validation)"))],
+               suptitle=f"{name}: synchronous vs asynchronous rollout")
 
 
 def plot_speed(speed: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     modes = [m for m in ("sync", "async") if speed.get(m, {}).get("mean")]
-    if not modes:
+    plt = pyplot()
+    if not modes or plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), dpi=100)
     axes[0].bar(modes, [speed[m]["mean"]["timing_s/step"] for m in modes], color=["tab:blue", "tab:orange"][:len(modes)])

@@ -48,7 +48,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
-from harness import REPO, Deadline, device_name, md_table, run_child, run_children, write_json, write_report
+from harness import REPO, Deadline, device_name, md_table, plot_lines, run_child, run_children, write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
 from rltrain.utils.flops import num_params, peak_flops
@@ -647,50 +647,19 @@ def stage_eval(lay: Layout, args, scale: Scale) -> dict:
 
 
 # ---------------------------------------------------------------------------- plots and report
-def _plt():
-    """matplotlib.pyplot, or None where matplotlib is not installed (curves then go to CSV files)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _write_csv(lay: Layout, name: str, series: dict[str, list]) -> None:
-    """The fallback without matplotlib: <plots>/<name>.csv with columns series,step,value."""
-    os.makedirs(lay.plots, exist_ok=True)
-    path = os.path.join(lay.plots, f"{name}.csv")
-    with open(path, "w") as f:
-        f.write("series,step,value\n")
-        for key, pts in series.items():
-            f.writelines(f"{key},{st},{v}\n" for st, v in pts)
-    log(f"plots: matplotlib is not installed: {name} written as {os.path.relpath(path)} instead of a PNG "
-        "(pip install matplotlib, then `python tools/learn_gpu.py plots --out ...` draws it)")
+def _plotted(path: str) -> None:
+    if path.endswith(".csv"):
+        log(f"plots: matplotlib is not installed: written as {os.path.relpath(path)} instead of a PNG "
+            "(pip install matplotlib, then `python tools/learn_gpu.py plots --out ...` draws it)")
 
 
 def plot_sft(lay: Layout) -> None:
     """plots/sft_loss.png: the SFT loss curve of every SFT stage under --out."""
     curves = {st: [(r["step"], r["sft/loss"]) for r in read_metrics(os.path.join(lay.stage_dir(st), "run"))]
               for st in ("sft", "retool_sft") if os.path.exists(os.path.join(lay.stage_dir(st), "run", "metrics.jsonl"))}
-    if not curves:
-        return
-    plt = _plt()
-    if plt is None:
-        return _write_csv(lay, "sft_loss", curves)
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-    for st, pts in curves.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, label=st)
-    ax.set_yscale("log")
-    ax.set(title="SFT loss (assistant tokens)", xlabel="step", ylabel="loss")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(lay.plots, exist_ok=True)
-    fig.savefig(os.path.join(lay.plots, "sft_loss.png"))
-    plt.close(fig)
+    if curves:
+        _plotted(plot_lines(os.path.join(lay.plots, "sft_loss.png"), [
+            {"title": "SFT loss (assistant tokens)", "xlabel": "step", "ylabel": "loss", "logy": True, "series": curves}]))
 
 
 def plot_grpo(lay: Layout, stage: str, runs: dict, before: dict) -> None:
@@ -699,27 +668,10 @@ def plot_grpo(lay: Layout, stage: str, runs: dict, before: dict) -> None:
     if stage == "retool_grpo":
         panels += [("val/reward/correct_tool_call/mean", "held-out correct tool calls"),
                    ("reward/tool_call/mean", "training tool-call rate")]
-    plt = _plt()
-    if plt is None:
-        return _write_csv(lay, f"{stage}_curves", {f"{name}:{key}": info["curve"].get(key, [])
-                                                   for name, info in runs.items() for key, _ in panels})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), dpi=100)
-    for ax, (key, title) in zip(axes, panels):
-        for name, info in runs.items():
-            pts = info["curve"].get(key, [])
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.4, marker="o" if len(pts) < 30 else None,
-                        ms=3, label=name)
-        ax.set(title=title, xlabel="GRPO step")
-        ax.grid(alpha=0.3)
-        if key.startswith("val/"):
-            ax.set_ylim(-0.02, 1.02)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{stage}: from the SFT model (held-out accuracy {before['accuracy']:.3f} at step 0)", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(lay.plots, exist_ok=True)
-    fig.savefig(os.path.join(lay.plots, f"{stage}_curves.png"))
-    plt.close(fig)
+    _plotted(plot_lines(os.path.join(lay.plots, f"{stage}_curves.png"), [
+        {"title": title, "xlabel": "GRPO step", "ylim": (-0.02, 1.02) if key.startswith("val/") else None,
+         "series": {name: info["curve"].get(key, []) for name, info in runs.items()}} for key, title in panels],
+        suptitle=f"{stage}: from the SFT model (held-out accuracy {before['accuracy']:.3f} at step 0)"))
 
 
 def stage_plots(lay: Layout) -> dict:
