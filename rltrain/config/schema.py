@@ -260,6 +260,8 @@ class TrainerConfig(LogprobHeadConfig):
     seed: int = 1
     logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
     device: str = "auto"  # auto | cpu | cuda
+    # on GPUs, before any worker starts: error | warn | off when rltrain.plan predicts a GPU will not fit
+    plan_check: str = "error"
     # the loss path: fused_linear_logprob, fused_linear_logprob_backend, logprobs_chunk_size (LogprobHeadConfig)
     logprobs_response_only: bool = True
     logprobs_loss_mask_only: bool = False

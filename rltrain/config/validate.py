@@ -29,6 +29,7 @@ class ConfigError(UserError, ValueError):
 
 
 DEVICES = ("auto", "cpu", "cuda")
+PLAN_CHECKS = ("error", "warn", "off")  # trainer.plan_check: what trainer/setup.py plan_check does on a GPU run
 DATA_SOURCES = ("file", "synthetic")
 MODEL_DTYPES = ("bfloat16", "float32")
 BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
@@ -254,6 +255,7 @@ def _trainer(e: list, cfg) -> None:
     _positive(e, "trainer.test_freq", t.test_freq, allow_minus_one=True)
     _logprob_head(e, "trainer", t)
     _choice(e, "trainer.device", t.device, DEVICES)
+    _choice(e, "trainer.plan_check", t.plan_check, PLAN_CHECKS)
     for lg in t.logger:
         _choice(e, "trainer.logger", lg, LOGGERS)
     if t.resume not in ("auto", "never") and not os.path.exists(t.resume):

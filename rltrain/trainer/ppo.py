@@ -24,7 +24,8 @@ from rltrain.data.batch import Batch
 from rltrain.rewards.scoring import score_batch
 from rltrain.trainer.async_rollout import AsyncRollout
 from rltrain.trainer.rollout_source import RolloutSource, stats
-from rltrain.trainer.setup import build_datasets, build_workers, check_model, config_dict, run_directory
+from rltrain.trainer.setup import (build_datasets, build_workers, check_config, check_model, config_dict, plan_check,
+                                   plan_metrics, run_directory)
 from rltrain.trainer.weight_sync import WeightSync
 from rltrain.utils.checkpoint import find_latest_valid, loading_checkpoint, save_checkpoint, verify_checkpoint
 from rltrain.utils.memory import memory_metrics
@@ -49,6 +50,8 @@ class PPOTrainer:
         self.seed = t.seed
         seed_all(self.seed)
         self.ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
+        check_config(cfg)  # config/'s rules and the rooms' (placement, engines), before any data or tokenizer work
+        self.plan = plan_check(cfg)  # on GPUs (trainer.plan_check): a GPU the plan says will not fit stops here
         self.tokenizer, self.train_ds, self.val_ds, sampler, self.reward = build_datasets(cfg)
         check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
         if t.use_ray:
@@ -136,6 +139,7 @@ class PPOTrainer:
         m.update(memory_metrics())
         for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
             m.update(group.memory_metrics())  # per GPU under Ray
+        m.update(plan_metrics(self.plan))  # the plan's prediction per GPU beside them (GPU runs only)
         return m
 
     # ------------------------------------------------------------------ phases

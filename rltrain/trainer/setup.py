@@ -8,7 +8,10 @@ head_dim rules; workers/placement.py: placement, rollout.engines_per_gpu; the de
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -129,13 +132,87 @@ def build_datasets(cfg):
 
 
 def check_model(cfg, tokenizer) -> None:
-    """On the driver before any worker starts: the whole config check (`check_config`: the entry point ran
-    config/'s rules; the rooms' own run here) and the model's HF config, so a wrong model.path fails now."""
+    """On the driver before any worker starts, after the datasets (it needs the tokenizer): the model's HF config,
+    so a wrong model.path fails now. The config itself was checked before any data or tokenizer work
+    (`check_config`, then `plan_check`, at the top of PPOTrainer.__init__)."""
     from rltrain.config.convert import as_config
     from rltrain.models.presets import model_hf_config
 
-    check_config(cfg)
     model_hf_config(as_config(cfg).model, tokenizer)
+
+
+def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None):
+    """trainer.plan_check on a GPU run, before Ray, vLLM or any worker starts: rltrain.plan's prediction of every
+    GPU's peak (docs/plan.md), printed once; a GPU that will not fit raises PlanError (a UserError: the entry
+    point prints it and exits 2) with `error`, is a printed warning with `warn`; `off` plans nothing. Returns the
+    Plan (None when nothing was planned). On CPU nothing is planned (said once at debug level).
+
+    device: the resolved trainer.device (default: resolved as build_workers does); gpu_memory_gib: each GPU's
+    memory (default: what torch reports for GPU 0, `gpu_memory_gib()`)."""
+    from rltrain.config.convert import as_config
+    from rltrain.plan import PlanError, make_plan
+    from rltrain.plan.inputs import PlanInputError
+
+    cfg = as_config(cfg)
+    mode = cfg.trainer.plan_check
+    if mode == "off":
+        return None
+    if device is None:
+        device = _resolved_device(cfg.trainer.device)
+    if device != "cuda":
+        logging.getLogger(__name__).debug("trainer.plan_check: a CPU run (trainer.device=%s): nothing to plan",
+                                          cfg.trainer.device)
+        return None
+    if gpu_memory_gib is None:
+        gpu_memory_gib = gpu_memory()
+    try:
+        plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib)
+    except PlanInputError as err:  # a model whose shape the planner cannot read: the run is not refused for it
+        print(f"rltrain: warning: trainer.plan_check: cannot plan this config ({err}); the run starts unchecked",
+              file=sys.stderr, flush=True)
+        return None
+    print(plan.summary(), file=sys.stderr, flush=True)
+    for w in plan.warnings:
+        print(f"rltrain.plan: warning: {w}", file=sys.stderr, flush=True)
+    if not plan.fits:
+        message = "the plan does not fit the GPUs (rltrain.plan): " + plan.refusal()
+        if mode == "error":
+            raise PlanError(message + "\n(trainer.plan_check=warn starts the run anyway)")
+        print(f"rltrain: warning: trainer.plan_check=warn: {message}\nThe run starts anyway.", file=sys.stderr,
+              flush=True)
+    return plan
+
+
+def _resolved_device(device: str) -> str:
+    """trainer.device resolved as build_workers resolves it ("auto": cuda when a GPU is visible)."""
+    from rltrain.workers.hybrid import resolve_device
+
+    return resolve_device(device)
+
+
+def gpu_memory() -> float:
+    """GPU 0's memory in GiB as torch reports it (`total_memory`, the planner's unit: 79.18 for an H100 80GB). Read
+    in a child process unless this one already uses CUDA: the driver of a Ray run initializes no CUDA (its
+    perf/ metrics stay the process's RSS, and no CUDA context of it lands on a worker's GPU)."""
+    if torch.cuda.is_initialized():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return int(out.stdout.strip().splitlines()[-1]) / 2**30
+
+
+def plan_metrics(plan) -> dict[str, float]:
+    """Each planned GPU k's prediction for the step metrics, beside the measured per-GPU peaks
+    (perf/max_memory_allocated_gb/<group>_rank<r>; GPU k is rank k of the training group, then the rollout
+    group's ranks under split placement): perf/plan_max_memory_allocated_gb/gpu<k> (what
+    torch.cuda.max_memory_allocated will show) and perf/plan_peak_gib/gpu<k> (its peak on the device)."""
+    if plan is None:
+        return {}
+    out = {}
+    for g in plan.gpus:
+        out[f"perf/plan_max_memory_allocated_gb/gpu{g.index}"] = g.allocator_peak_bytes / 2**30
+        out[f"perf/plan_peak_gib/gpu{g.index}"] = g.peak_bytes / 2**30
+    return out
 
 
 def _concat(datasets):

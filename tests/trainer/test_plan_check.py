@@ -1,0 +1,93 @@
+"""trainer.plan_check (#36): on a GPU run the trainer plans the config (rltrain.plan) after the config checks and
+before Ray, data or workers start; `error` stops with the planner's message and exit 2, `warn` prints it and
+trains, `off` plans nothing; a CPU run plans nothing (the golden run is unchanged, tests/test_golden_run.py).
+
+CPU-only: the GPU path is forced through plan_check's parameters (device, gpu_memory_gib), and for the real entry
+point by replacing setup.py's device resolution and GPU-memory probe in the child process before main() runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rltrain.plan import PlanError
+from rltrain.plan.__main__ import compose
+from rltrain.trainer.setup import plan_check, plan_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAST = ["trainer.use_ray=false", "trainer.total_steps=1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        "trainer.logger=[jsonl]", "trainer.plots=false", "trainer.progress_bar=false"]
+
+# the real entry point, with this machine taken for one GPU of `gib` GiB (only the planner sees the GPU: setup.py's
+# build_workers resolves the device itself, so a `warn` run trains on CPU)
+CHILD = """
+import sys
+import rltrain.trainer.setup as setup
+gib = float(sys.argv.pop(1))
+setup._resolved_device = lambda device: "cuda"
+setup.gpu_memory = lambda: gib
+from rltrain.main import main
+main()
+"""
+
+
+def _main(gib: float, *overrides: str, run_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHILD, str(gib), "--config-name", "grpo_tiny", *FAST, *overrides,
+                           f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_error_refuses_a_config_that_does_not_fit_with_exit_2(tmp_path):
+    res = _main(0.5, "trainer.plan_check=error", run_dir=tmp_path / "run")
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "rltrain: the plan does not fit the GPUs (rltrain.plan): GPU 0 (actor, rollout) does not fit" in res.stderr
+    assert "trainer.plan_check=warn" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before any step
+
+
+def test_warn_prints_the_refusal_and_trains(tmp_path):
+    res = _main(0.5, "trainer.plan_check=warn", run_dir=tmp_path / "run")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "rltrain: warning: trainer.plan_check=warn: the plan does not fit" in res.stderr
+    assert "The run starts anyway." in res.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().strip()
+
+
+def test_error_passes_a_config_that_fits_and_prints_the_prediction_once(tmp_path):
+    res = _main(80.0, run_dir=tmp_path / "run")  # trainer.plan_check=error is the default
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.count("rltrain.plan: peak ") == 1 and "(fits)" in res.stderr
+
+
+def _cfg(mode: str):
+    return compose("grpo_tiny", [f"trainer.plan_check={mode}"])
+
+
+def test_plan_check_modes_on_a_gpu(capsys):
+    with pytest.raises(PlanError, match="GPU 0 .* does not fit"):
+        plan_check(_cfg("error"), device="cuda", gpu_memory_gib=0.5)
+    plan = plan_check(_cfg("warn"), device="cuda", gpu_memory_gib=0.5)
+    assert plan is not None and not plan.fits
+    assert "trainer.plan_check=warn" in capsys.readouterr().err
+    assert plan_check(_cfg("off"), device="cuda", gpu_memory_gib=0.5) is None
+    assert capsys.readouterr().err == ""  # off: nothing planned, nothing printed
+    fits = plan_check(_cfg("error"), device="cuda", gpu_memory_gib=80.0)
+    assert fits.fits and capsys.readouterr().err.count("rltrain.plan: peak ") == 1
+
+
+def test_a_cpu_run_plans_nothing_and_says_so_at_debug_level(capsys, caplog):
+    with caplog.at_level(logging.DEBUG, logger="rltrain.trainer.setup"):
+        assert plan_check(_cfg("error"), gpu_memory_gib=0.5) is None  # grpo_tiny: trainer.device=cpu
+    assert "CPU run" in caplog.text and capsys.readouterr().err == ""
+    assert plan_metrics(None) == {}  # so no perf/plan_* key on CPU
+
+
+def test_plan_metrics_name_every_gpu_beside_the_measured_peaks():
+    plan = plan_check(compose("grpo_tiny", ["trainer.n_gpus_per_node=2"]), device="cuda", gpu_memory_gib=80.0)
+    m = plan_metrics(plan)
+    assert set(m) == {f"perf/plan_{k}/gpu{i}" for k in ("max_memory_allocated_gb", "peak_gib") for i in (0, 1)}
+    assert all(0 < v < 80 for v in m.values())
