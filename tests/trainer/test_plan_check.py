@@ -91,3 +91,15 @@ def test_plan_metrics_name_every_gpu_beside_the_measured_peaks():
     m = plan_metrics(plan)
     assert set(m) == {f"perf/plan_{k}/gpu{i}" for k in ("max_memory_allocated_gb", "peak_gib") for i in (0, 1)}
     assert all(0 < v < 80 for v in m.values())
+
+
+def test_the_config_and_room_checks_run_before_any_data_or_tokenizer_work(tmp_path):
+    """check_config (config/'s rules and the rooms': here rollout.ENGINES) refuses before build_datasets would
+    open data.train_files (missing here) or load a tokenizer."""
+    from rltrain.config.validate import ConfigError
+    from rltrain.trainer.ppo import PPOTrainer
+
+    cfg = compose("grpo_tiny", ["data.source=file", f"data.train_files=[{tmp_path / 'missing.jsonl'}]",
+                                "rollout.engine=nope"])
+    with pytest.raises(ConfigError, match="rollout.engine='nope' is not allowed"):
+        PPOTrainer(cfg, str(tmp_path / "run"))
