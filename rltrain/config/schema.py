@@ -161,6 +161,32 @@ class TISConfig:
 
 
 @dataclass
+class OffPolicyConfig:
+    # Off-policy correction of the policy loss against the sampler's log-probs: one of
+    # algorithms/off_policy.py's OFF_POLICY_MODES, `none` or <unit>_<correction> with unit token | seq | geo
+    # (the ratio pi_old/pi_sampler of each token, of the row's product, of the row's geometric mean) and
+    # correction tis (weight min(ratio, cap)) | mask (weight 1 inside [low, high], the unit dropped outside) |
+    # mis (weight ratio inside [low, high], dropped outside). Dropped tokens keep their place in the loss's
+    # denominator. actor.tis.enable=true stands for token_tis / seq_tis with actor.tis.cap (`effective`).
+    mode: str = "none"
+    cap: float = 2.0  # *_tis: upper truncation C >= 1
+    low: float = 0.5  # *_mask, *_mis: the kept band [low, high], 0 < low <= 1 <= high (IcePop's 0.5 and 5)
+    high: float = 5.0
+
+    @staticmethod
+    def effective(actor: ActorConfig) -> OffPolicyConfig:
+        """The off-policy correction a run applies: actor.off_policy, or what actor.tis stands for when
+        actor.tis.enable (validate.py refuses a config that sets both). The one place actor.tis is mapped."""
+        tis, op = actor.tis, actor.off_policy
+        if not tis.enable:
+            return op
+        modes = {"token": "token_tis", "sequence": "seq_tis"}  # actor.tis.mode -> off-policy mode
+        if tis.mode not in modes:
+            raise ValueError(f"actor.tis.mode={tis.mode!r} is not allowed; choose one of {', '.join(modes)}")
+        return OffPolicyConfig(mode=modes[tis.mode], cap=tis.cap, low=op.low, high=op.high)
+
+
+@dataclass
 class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig):
     # optimizer keys: OptimizerConfig; tensor/pipeline_parallel_size, grad_reduce_bucket_mb,
     # overlap_grad_reduce: ParallelConfig; recompute_*, elementwise_fusion: LayerComputeConfig
@@ -178,6 +204,7 @@ class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig):
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     tis: TISConfig = field(default_factory=TISConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
 
 
 @dataclass

@@ -149,7 +149,14 @@ def _rollout(e: list, cfg) -> None:
 
 
 def _actor(e: list, cfg) -> None:
-    from rltrain.algorithms import AGG_MODES, KL_KINDS, POLICY_LOSS_MODES, TIS_MODES
+    from rltrain.algorithms import (
+        AGG_MODES,
+        KL_KINDS,
+        OFF_POLICY_MODES,
+        POLICY_LOSS_MODES,
+        TIS_MODES,
+        check_off_policy_args,
+    )
     from rltrain.models.engine_config import ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 
     a, d = cfg.actor, cfg.data
@@ -176,6 +183,19 @@ def _actor(e: list, cfg) -> None:
     _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)
     if not 1.0 <= a.tis.cap < math.inf:
         e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 and finite (the ratio's upper truncation)")
+    op = a.off_policy
+    _choice(e, "actor.off_policy.mode", op.mode, OFF_POLICY_MODES)
+    if a.tis.enable and op.mode != "none":
+        e.append(f"actor.tis.enable=true and actor.off_policy.mode={op.mode!r} both set an off-policy correction; "
+                 "set only one (actor.tis.enable=true is actor.off_policy.mode=token_tis or seq_tis)")
+    elif op.mode in OFF_POLICY_MODES:
+        for key in ("cap", "low", "high"):
+            _finite(e, f"actor.off_policy.{key}", getattr(op, key))
+        try:  # the owner's rules for the arguments the mode uses (algorithms/off_policy.py)
+            check_off_policy_args(op.mode, cap=op.cap, low=op.low, high=op.high)
+        except ValueError as err:  # it names the parameter ("off-policy low=0.0 must ...")
+            key = next((k for k in ("cap", "low", "high") if f"off-policy {k}=" in str(err)), None)
+            e.append(f"actor.off_policy.{key}: {err}" if key else f"actor.off_policy: {err}")
     if d.train_batch_size > 0 and a.ppo_mini_batch_size > d.train_batch_size:
         e.append(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than the batch "
                  f"(data.train_batch_size={d.train_batch_size}); it must be <= data.train_batch_size")
