@@ -7,21 +7,26 @@ Composes the model backend (models/megatron), the fused loss path (ops, via the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from rltrain.algorithms import aggregate_loss, kl_penalty, policy_loss, truncated_is_weights
+from rltrain.algorithms import aggregate_loss, check_off_policy_args, kl_penalty, off_policy_weights, policy_loss
 from rltrain.config.schema import (
     ActorConfig,
     LayerComputeConfig,
     LogprobHeadConfig,
+    OffPolicyConfig,
     OptimizerConfig,
     ParallelConfig,
     TrainerConfig,
 )
 from rltrain.data.batch import Batch
 from rltrain.models.builder import build_engine
+from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_outputs
 
 
 def label_masks(batch: Batch, *, response_only: bool, loss_mask_only: bool) -> tuple[torch.Tensor, ...]:
@@ -58,46 +63,90 @@ def on_device(mb: dict, device: torch.device) -> dict:
     return {k: (host_to_device(v, device) if torch.is_tensor(v) else v) for k, v in mb.items()}
 
 
-class PolicyLoss:
-    """The actor's loss on one micro-batch: PPO-family policy loss - entropy bonus + KL loss.
+class LossInputs:
+    """A loss's per-token inputs of a micro-batch, full layout [b, S]: carried through the engine in
+    MicroBatch.extras under `<field>_full` (the flat names the tools' hand-built micro-batches use too)."""
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The set fields as the engine's extra tensors, `<field>_full`."""
+        return {f"{f.name}_full": getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def of(cls, mb: MicroBatch | Mapping[str, Any], device: torch.device):
+        """The inputs of `mb` (a MicroBatch, or a flat dict), on `device` (where the model's outputs are)."""
+        flat = mb.extras if isinstance(mb, MicroBatch) else mb
+        got = on_device({f.name: flat.get(f"{f.name}_full") for f in fields(cls)}, device)
+        return cls(**got)
+
+
+@dataclass
+class PolicyInputs(LossInputs):
+    loss_mask: Tensor  # [b, S] float 0/1, the tokens trained
+    old_logprobs: Tensor  # [b, S] log pi_old(a_t), recomputed before the update
+    advantages: Tensor  # [b, S]
+    sampler_logprobs: Tensor | None = None  # [b, S] log mu(a_t) of the sampler: with an off-policy correction
+    ref_logprobs: Tensor | None = None  # [b, S] log pi_ref(a_t): with the KL loss
+
+
+class PolicyLoss(LossFn):
+    """The actor's loss on one micro-batch (a loss_protocol.LossFn): PPO-family policy loss - entropy bonus + KL.
 
     All terms are aggregated with `agg` over the micro-batch's loss_mask; the engine multiplies by
-    mb["loss_scale"] (the micro-batch's share of the mini-batch) before backward. With `tis_cap` set, the
-    sampler's log-probs (mb["sampler_logprobs_full"]) are the behaviour policy: each token's policy loss is
-    weighted by the truncated importance weight min(pi_old / pi_sampler, tis_cap) (`tis_mode` token|sequence).
+    mb.loss_scale (the micro-batch's share of the mini-batch) before backward. With an `off_policy` mode other
+    than none, the sampler's log-probs (PolicyInputs.sampler_logprobs) are the behaviour policy: each token's
+    policy loss is multiplied by the correction's weight (algorithms/off_policy.py `off_policy_weights`, e.g.
+    min(pi_old / pi_sampler, cap) for token_tis); the loss mask is unchanged, so a dropped token (weight 0) keeps
+    its place in the aggregation's denominator.
     """
 
     def __init__(self, *, mode: str, clip_low: float, clip_high: float, dual_clip: float | None, agg: str,
                  entropy_coef: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
-                 tis_cap: float | None = None, tis_mode: str = "token"):
+                 off_policy: OffPolicyConfig | None = None):
         self.mode, self.clip_low, self.clip_high, self.dual_clip, self.agg = mode, clip_low, clip_high, dual_clip, agg
-        self.tis_cap, self.tis_mode = tis_cap, tis_mode
+        self.off_policy = off_policy or OffPolicyConfig()
+        op = self.off_policy
+        check_off_policy_args(op.mode, cap=op.cap, low=op.low, high=op.high)
         self.entropy_coef = entropy_coef
         self.use_kl_loss, self.kl_loss_coef, self.kl_loss_type = use_kl_loss, kl_loss_coef, kl_loss_type
         self.needs_entropy_grad = entropy_coef != 0.0
 
-    def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
-        lp = outputs["logprobs"]  # [b, S] fp32, 0 outside label_mask
-        mb = on_device(mb, lp.device)  # the engine's outputs live on its device, the batch on the host
-        mask = mb["loss_mask_full"]  # [b, S]
+    @classmethod
+    def from_config(cls, a: ActorConfig) -> PolicyLoss:
+        """The actor's loss of a run's actor.* keys; the off-policy correction is actor.off_policy, or what
+        actor.tis stands for (OffPolicyConfig.effective)."""
+        return cls(mode=a.loss_mode, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+                   agg=a.loss_agg_mode, entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss,
+                   kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, off_policy=OffPolicyConfig.effective(a))
+
+    @property
+    def needs_sampler_logprobs(self) -> bool:
+        """An off-policy correction is applied: the micro-batches must carry PolicyInputs.sampler_logprobs."""
+        return self.off_policy.mode != "none"
+
+    def __call__(self, outputs: ModelOutputs | Mapping[str, Tensor], mb: MicroBatch | Mapping[str, Any]):
+        outputs = as_outputs(outputs)
+        lp = outputs.logprobs  # [b, S] fp32, 0 outside label_mask
+        x = PolicyInputs.of(mb, lp.device)  # the engine's outputs live on its device, the batch on the host
+        mask = x.loss_mask  # [b, S]
         weights = None
-        if self.tis_cap is not None:
-            weights, _ = truncated_is_weights(mb["old_logprobs_full"], mb["sampler_logprobs_full"], mask,
-                                              cap=self.tis_cap, mode=self.tis_mode)
-        pg, m = policy_loss(lp, mb["old_logprobs_full"], mb["advantages_full"], mask, mode=self.mode,
+        if self.needs_sampler_logprobs:
+            op = self.off_policy
+            weights = off_policy_weights(x.old_logprobs, x.sampler_logprobs, mask, mode=op.mode, cap=op.cap,
+                                         low=op.low, high=op.high).weights
+        pg, m = policy_loss(lp, x.old_logprobs, x.advantages, mask, mode=self.mode,
                             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg,
                             weights=weights)
         loss = pg
         metrics: dict[str, Any] = {"actor/pg_loss": pg.detach()}
         metrics.update({f"actor/{k}": v for k, v in m.items()})
-        ent = outputs.get("entropy")
+        ent = outputs.entropy
         if ent is not None:
             ent_agg = aggregate_loss(ent, mask, self.agg)
             metrics["actor/entropy"] = ent_agg.detach()
             if self.entropy_coef != 0.0:
                 loss = loss - self.entropy_coef * ent_agg
         if self.use_kl_loss:
-            kl = aggregate_loss(kl_penalty(lp, mb["ref_logprobs_full"], self.kl_loss_type), mask, self.agg)
+            kl = aggregate_loss(kl_penalty(lp, x.ref_logprobs, self.kl_loss_type), mask, self.agg)
             metrics["actor/kl_loss"] = kl.detach()
             loss = loss + self.kl_loss_coef * kl
         return loss, metrics
@@ -111,10 +160,11 @@ def share_of(mask: torch.Tensor, total_tokens: float, total_rows: float, agg: st
     return mask.shape[0] / max(total_rows, 1.0)
 
 
-def ppo_updates(engine, loss, tensors: dict[str, torch.Tensor], *, mini_batch_rows: int, ppo_epochs: int,
-                seed: int, prefix: str) -> dict[str, float]:
-    """`ppo_epochs` shuffled passes over the rows of `tensors` ([B, ...] each) in mini-batches of
-    `mini_batch_rows`, one optimizer step per mini-batch; metrics averaged over steps, keyed `<prefix>/...`."""
+def ppo_updates(engine, loss: LossFn, tensors: dict[str, torch.Tensor], *, mini_batch_rows: int, ppo_epochs: int,
+                seed: int, prefix: str, temperature: float = 1.0) -> dict[str, float]:
+    """`ppo_epochs` shuffled passes over the rows of `tensors` ([B, ...] each: input_ids, seq_lens, label_mask and
+    the loss's `LossInputs.tensors()`) in mini-batches of `mini_batch_rows`, one optimizer step per mini-batch;
+    metrics averaged over steps, keyed `<prefix>/...`. temperature: the engine divides the logits by it."""
     rows = tensors["input_ids"].shape[0]
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, float] = {}
@@ -128,9 +178,9 @@ def ppo_updates(engine, loss, tensors: dict[str, torch.Tensor], *, mini_batch_ro
             mbs = engine.make_micro_batches(mini, mini["seq_lens"])
             tot_tok = float(mini["loss_mask_full"].sum())
             for mb in mbs:
-                mb["loss_scale"] = share_of(mb["loss_mask_full"], tot_tok, len(idx), loss.agg)
+                mb.loss_scale = share_of(mb.extras["loss_mask_full"], tot_tok, len(idx), loss.agg)
             n_steps += 1
-            for k, v in engine.train_step(mbs, loss).items():
+            for k, v in engine.train_step(mbs, loss, temperature=temperature).items():
                 v = float(v)
                 if math.isfinite(v):
                     sums[k] = sums.get(k, 0.0) + v
@@ -153,11 +203,7 @@ class ActorRole:
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
                                    compute=actor_cfg.group(LayerComputeConfig),
                                    head=trainer_cfg.group(LogprobHeadConfig))
-        a, tis = actor_cfg, actor_cfg.tis  # tis: truncated importance sampling against the sampler (off by default)
-        self.loss = PolicyLoss(mode=a.loss_mode, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                               agg=a.loss_agg_mode, entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss,
-                               kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
-                               tis_cap=float(tis.cap) if tis.enable else None, tis_mode=tis.mode)
+        self.loss = PolicyLoss.from_config(actor_cfg)
 
     # ------------------------------------------------------------------ forward-only
     @torch.no_grad()
@@ -183,21 +229,21 @@ class ActorRole:
         input_ids, seq_lens, start, label_mask = label_masks(
             batch, response_only=True, loss_mask_only=self.trainer_cfg.logprobs_loss_mask_only)
         s = input_ids.shape[1]
-        tensors = {
-            "input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask,
-            "loss_mask_full": to_full(batch, batch.loss_mask.float(), start, s),
-            "old_logprobs_full": to_full(batch, batch.old_logprobs, start, s),
-            "advantages_full": to_full(batch, batch.advantages, start, s),
-        }
-        if self.loss.tis_cap is not None:
-            assert batch.sampler_logprobs is not None, "actor.tis needs the sampler's log-probs"
-            tensors["sampler_logprobs_full"] = to_full(batch, batch.sampler_logprobs, start, s)
+        if self.loss.needs_sampler_logprobs:
+            assert batch.sampler_logprobs is not None, \
+                f"actor.off_policy.mode={self.loss.off_policy.mode} (or actor.tis) needs the sampler's log-probs"
         if self.loss.use_kl_loss:
             assert batch.ref_logprobs is not None, "actor.use_kl_loss needs reference log-probs"
-            tensors["ref_logprobs_full"] = to_full(batch, batch.ref_logprobs, start, s)
-        self.loss.temperature = temperature  # the engine divides logits by loss_fn.temperature
+        inputs = PolicyInputs(
+            loss_mask=to_full(batch, batch.loss_mask.float(), start, s),
+            old_logprobs=to_full(batch, batch.old_logprobs, start, s),
+            advantages=to_full(batch, batch.advantages, start, s),
+            sampler_logprobs=to_full(batch, batch.sampler_logprobs, start, s) if self.loss.needs_sampler_logprobs
+            else None,
+            ref_logprobs=to_full(batch, batch.ref_logprobs, start, s) if self.loss.use_kl_loss else None)
+        tensors = {"input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask, **inputs.tensors()}
         return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
-                           seed=seed, prefix="actor")
+                           seed=seed, prefix="actor", temperature=temperature)
 
     def export_weights(self, bucket_bytes: int):
         return self.engine.export_hf_weights(bucket_bytes=bucket_bytes)

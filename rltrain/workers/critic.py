@@ -6,26 +6,40 @@ No Ray, no driver logic here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import torch
+from torch import Tensor
 
 from rltrain.algorithms import value_loss
 from rltrain.config.schema import ActorConfig, CriticConfig, OptimizerConfig, ParallelConfig, TrainerConfig
 from rltrain.data.batch import Batch
 from rltrain.models.builder import build_engine
-from rltrain.workers.actor import label_masks, on_device, ppo_updates, to_full
+from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_outputs
+from rltrain.workers.actor import LossInputs, label_masks, ppo_updates, to_full
 
 
-class ValueLoss:
+@dataclass
+class ValueInputs(LossInputs):
+    loss_mask: Tensor  # [b, S] float 0/1, the tokens trained
+    old_values: Tensor  # [b, S] V(s_t) at rollout time
+    returns: Tensor  # [b, S] the regression targets
+
+
+class ValueLoss(LossFn):
+    """The critic's clipped value loss on one micro-batch (a loss_protocol.LossFn)."""
+
     needs_entropy_grad = False
 
     def __init__(self, *, clip: float, agg: str):
         self.clip, self.agg = clip, agg
 
-    def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
-        v = outputs["values"]  # [b, S]
-        mb = on_device(mb, v.device)
-        loss, m = value_loss(v, mb["old_values_full"], mb["returns_full"], mb["loss_mask_full"],
-                             clip=self.clip, agg=self.agg)
+    def __call__(self, outputs: ModelOutputs | Mapping[str, Tensor], mb: MicroBatch | Mapping[str, Any]):
+        v = as_outputs(outputs).values  # [b, S]
+        x = ValueInputs.of(mb, v.device)
+        loss, m = value_loss(v, x.old_values, x.returns, x.loss_mask, clip=self.clip, agg=self.agg)
         metrics = {"critic/vf_loss": loss.detach()}
         metrics.update({f"critic/{k}": val for k, val in m.items()})
         return loss, metrics
@@ -52,12 +66,10 @@ class CriticRole:
         assert batch.values is not None and batch.returns is not None
         input_ids, seq_lens, start, label_mask = label_masks(batch, response_only=True, loss_mask_only=False)
         s = input_ids.shape[1]
-        tensors = {
-            "input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask,
-            "loss_mask_full": to_full(batch, batch.loss_mask.float(), start, s),
-            "old_values_full": to_full(batch, batch.values, start, s),
-            "returns_full": to_full(batch, batch.returns, start, s),
-        }
+        inputs = ValueInputs(loss_mask=to_full(batch, batch.loss_mask.float(), start, s),
+                             old_values=to_full(batch, batch.values, start, s),
+                             returns=to_full(batch, batch.returns, start, s))
+        tensors = {"input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask, **inputs.tensors()}
         return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
                            seed=seed + 7, prefix="critic")
 

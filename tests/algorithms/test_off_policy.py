@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rltrain.algorithms import TIS_MODES, policy_loss, policy_mismatch, truncated_is_weights
+from rltrain.config.schema import OffPolicyConfig
 from rltrain.workers.actor import PolicyLoss
 
 LN2 = math.log(2.0)
@@ -140,7 +141,7 @@ def test_actor_policy_loss_applies_tis_from_the_sampler_logprobs():
     lp = -torch.rand(b, s)
     kw = dict(mode="ppo", clip_low=0.2, clip_high=0.28, dual_clip=None, agg="token-mean", entropy_coef=0.0,
               use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="low_var_kl")
-    got, _ = PolicyLoss(**kw, tis_cap=1.5, tis_mode="token")({"logprobs": lp}, mb)
+    got, _ = PolicyLoss(**kw, off_policy=OffPolicyConfig(mode="token_tis", cap=1.5))({"logprobs": lp}, mb)
     w, _ = truncated_is_weights(mb["old_logprobs_full"], mb["sampler_logprobs_full"], mask, cap=1.5)
     want, _ = policy_loss(lp, mb["old_logprobs_full"], mb["advantages_full"], mask, clip_low=0.2, clip_high=0.28,
                           weights=w)

@@ -59,10 +59,10 @@ def ppo_loss_with_entropy(outputs, mb):
     entropy's gradient path is exercised too)."""
     from rltrain.algorithms import policy_loss
 
-    loss, metrics = policy_loss(outputs["logprobs"], mb["old_logprobs"], mb["advantages"], mb["label_mask"],
+    loss, metrics = policy_loss(outputs.logprobs, mb.extras["old_logprobs"], mb.extras["advantages"], mb.label_mask,
                                 mode="ppo", clip_low=0.2, clip_high=0.2)
-    m = mb["label_mask"]
-    return loss - 0.01 * (outputs["entropy"] * m).sum() / m.sum(), metrics
+    m = mb.label_mask
+    return loss - 0.01 * (outputs.entropy * m).sum() / m.sum(), metrics
 
 
 ppo_loss_with_entropy.needs_entropy_grad = True

@@ -40,7 +40,7 @@ def _micro_batches(eng, batch, lens, share: float):
     mbs = eng.make_micro_batches(batch, lens)
     total = float(batch["label_mask"][:, 1:].sum())
     for mb in mbs:
-        mb["loss_scale"] = share * float(mb["label_mask"][:, 1:].sum()) / total
+        mb.loss_scale = share * float(mb.label_mask[:, 1:].sum()) / total
     return mbs
 
 

@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen3ForTokenClassification
 
 from rltrain.algorithms import policy_loss, value_loss
+from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
 from rltrain.models.megatron import MegatronEngine, padded_vocab_size, tiny_qwen3_config
 from _megatron_ref import hf_logprobs, random_batch, random_hf_model
 
@@ -96,10 +97,10 @@ class _PPOLoss:
     needs_entropy_grad = True
 
     def __call__(self, outputs, mb):
-        loss, metrics = policy_loss(outputs["logprobs"], mb["old_logprobs"], mb["advantages"],
-                                    mb["label_mask"], mode="ppo", clip_low=0.2, clip_high=0.28)
-        m = mb["label_mask"]
-        ent = (outputs["entropy"] * m).sum() / m.sum()
+        loss, metrics = policy_loss(outputs.logprobs, mb.extras["old_logprobs"], mb.extras["advantages"],
+                                    mb.label_mask, mode="ppo", clip_low=0.2, clip_high=0.28)
+        m = mb.label_mask
+        ent = (outputs.entropy * m).sum() / m.sum()
         return loss - 0.01 * ent, {**metrics, "entropy": ent.detach()}
 
 
@@ -145,7 +146,7 @@ def test_ppo_step_matches_the_same_step_on_transformers(fused):
     assert len(mbs) >= 2
     total = float(batch["label_mask"][:, 1:].sum())
     for mb in mbs:
-        mb["loss_scale"] = float(mb["label_mask"][:, 1:].sum()) / total
+        mb.loss_scale = float(mb.label_mask[:, 1:].sum()) / total
     metrics = eng.train_step(mbs, _PPOLoss())
 
     # the same step on transformers, whole mini-batch at once
@@ -158,7 +159,8 @@ def test_ppo_step_matches_the_same_step_on_transformers(fused):
     m = batch["label_mask"].clone()
     m[:, 0] = False
     lp, ent = lp * m, ent * m
-    loss, _ = _PPOLoss()({"logprobs": lp, "entropy": ent}, {**batch, "label_mask": m})
+    loss, _ = _PPOLoss()(ModelOutputs(logprobs=lp, entropy=ent),
+                         MicroBatch.from_mapping({**batch, "seq_lens": torch.as_tensor(lens), "label_mask": m}))
     loss.backward()
     ref_norm = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), 0.5))
     opt.step()
@@ -192,9 +194,9 @@ def test_critic_values_match_token_classification_and_value_step_moves_toward_re
     returns = torch.randn(ids.shape) * mask
 
     def vf_loss(outputs, mb):
-        return value_loss(outputs["values"], mb["old_values"], mb["returns"], mb["response_mask"], clip=None)
+        return value_loss(outputs.values, mb.extras["old_values"], mb.extras["returns"], mb.label_mask, clip=None)
 
-    batch = {"input_ids": ids, "response_mask": mask, "old_values": values, "returns": returns}
+    batch = {"input_ids": ids, "label_mask": mask, "old_values": values, "returns": returns}
     losses = [eng.train_step(eng.make_micro_batches(batch, lens), vf_loss)["loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
 
@@ -206,7 +208,7 @@ def test_nan_loss_raises_and_leaves_weights_unchanged():
     before = {k: v.clone() for k, v in eng.export_hf_weights()}
 
     def nan_loss(outputs, mb):
-        return outputs["logprobs"].sum() * float("nan"), {}
+        return outputs.logprobs.sum() * float("nan"), {}
 
     with pytest.raises(FloatingPointError, match="no optimizer step"):
         eng.train_step(eng.make_micro_batches(batch, lens), nan_loss)
@@ -222,13 +224,13 @@ def test_micro_batches_respect_the_token_budget_and_cover_every_row_once():
     ids, lens, mask = random_batch(V, lens.tolist())
     extra = torch.randn(len(lens), ids.shape[1])
     mbs = eng.make_micro_batches({"input_ids": ids, "label_mask": mask, "x": extra}, lens)
-    seen = torch.cat([mb["sample_idx"] for mb in mbs])
+    seen = torch.cat([mb.sample_idx for mb in mbs])
     assert sorted(seen.tolist()) == list(range(len(lens)))
     for mb in mbs:
-        b, w = mb["input_ids"].shape
-        assert w == int(mb["seq_lens"].max())
+        b, w = mb.input_ids.shape
+        assert w == int(mb.seq_lens.max())
         assert b * w <= 20 or b == 1
-        torch.testing.assert_close(mb["x"], extra[mb["sample_idx"], :w])
+        torch.testing.assert_close(mb.extras["x"], extra[mb.sample_idx, :w])
 
 
 def test_cosine_schedule_warms_up_then_decays_to_min_ratio():

@@ -23,8 +23,8 @@ FWD_LENS = [10, 4, 7, 2, 5, 8]
 
 
 def _value_loss(outputs, mb):
-    m = mb["label_mask"] & (torch.arange(mb["input_ids"].shape[1]) >= 1)
-    err = (outputs["values"] - mb["returns"]) * m
+    m = mb.label_mask & (torch.arange(mb.input_ids.shape[1]) >= 1)
+    err = (outputs.values - mb.extras["returns"]) * m
     return (err**2).sum() / m.sum(), {}
 
 
@@ -44,7 +44,7 @@ def _micro_batches(eng, batch, lens):
     mbs = eng.make_micro_batches(batch, lens)
     total = float(batch["label_mask"][:, 1:].sum())
     for mb in mbs:
-        mb["loss_scale"] = float(mb["label_mask"][:, 1:].sum()) / total
+        mb.loss_scale = float(mb.label_mask[:, 1:].sum()) / total
     return mbs
 
 
@@ -202,7 +202,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     eng.load_hf_weights(hf.state_dict())
     before = [p.detach().clone() for p in eng.model.parameters()]
     try:
-        eng.train_step(_micro_batches(eng, batch, lens), lambda out, mb: (out["logprobs"].sum() * float("nan"), {}))
+        eng.train_step(_micro_batches(eng, batch, lens), lambda out, mb: (out.logprobs.sum() * float("nan"), {}))
         res["nan_raised"] = False
     except FloatingPointError:
         res["nan_raised"] = True

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
 from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
                            random_hf_model, spawn_gloo_ranks)
 
@@ -26,7 +27,9 @@ def _hf_step(hf, batch, lr, clip):
     ent = torch.cat([zero, -(logp.exp() * logp).sum(-1)], 1)
     m = batch["label_mask"].clone()
     m[:, 0] = False
-    loss, _ = _ppo_loss({"logprobs": lp * m, "entropy": ent * m}, {**batch, "label_mask": m})
+    mb = MicroBatch(input_ids=ids, seq_lens=m.sum(-1) + 1, label_mask=m,
+                    extras={k: batch[k] for k in ("old_logprobs", "advantages")})
+    loss, _ = _ppo_loss(ModelOutputs(logprobs=lp * m, entropy=ent * m), mb)
     loss.backward()
     norm = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), clip))
     opt.step()
@@ -78,7 +81,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     mbs = eng.make_micro_batches(batch, lens)
     total = float(mask[:, 1:].sum())
     for mb in mbs:
-        mb["loss_scale"] = float(mb["label_mask"][:, 1:].sum()) / total
+        mb.loss_scale = float(mb.label_mask[:, 1:].sum()) / total
     metrics = eng.train_step(mbs, _ppo_loss)
     ref_norm = _hf_step(hf, batch, lr, clip)
     after = dict(eng.export_hf_weights())

@@ -22,8 +22,8 @@ def _step(recompute: bool):
     mb = {"input_ids": ids, "seq_lens": seq_lens, "label_mask": label_mask, "loss_scale": 1.0}
 
     def loss_fn(out, mb):
-        m = mb["label_mask"].float()
-        return -(out["logprobs"] * m).sum() / m.sum() - 0.01 * (out["entropy"] * m).sum() / m.sum(), {}
+        m = mb.label_mask.float()
+        return -(out.logprobs * m).sum() / m.sum() - 0.01 * (out.entropy * m).sum() / m.sum(), {}
 
     loss_fn.needs_entropy_grad = True
     metrics = eng.train_step([mb], loss_fn)

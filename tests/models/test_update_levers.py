@@ -35,9 +35,9 @@ def _batch(seed: int, lens=(12, 9, 4)):
 
 
 def _loss_fn(out, mb):
-    m = mb["label_mask"].float()
-    ent = (out["entropy"] * m).sum() / m.sum()
-    return -(out["logprobs"] * m).sum() / m.sum() - 0.01 * ent, {"entropy": ent, "const": 2.0}
+    m = mb.label_mask.float()
+    ent = (out.entropy * m).sum() / m.sum()
+    return -(out.logprobs * m).sum() / m.sum() - 0.01 * ent, {"entropy": ent, "const": 2.0}
 
 
 _loss_fn.needs_entropy_grad = True
@@ -144,7 +144,7 @@ def test_nan_loss_in_a_later_micro_batch_raises_and_takes_no_step():
 
     def loss_fn(out, mb):
         calls.append(1)
-        loss = -out["logprobs"].sum()
+        loss = -out.logprobs.sum()
         return (loss * float("inf") if len(calls) == 2 else loss), {}
 
     with pytest.raises(FloatingPointError, match="loss is (-)?inf in a micro-batch; no optimizer step"):
@@ -152,5 +152,5 @@ def test_nan_loss_in_a_later_micro_batch_raises_and_takes_no_step():
     for k, v in eng.export_hf_weights():
         assert torch.equal(v, before[k]), k
     assert all(p.grad is None for p in eng.model.parameters())
-    ok = eng.train_step([_batch(1)], lambda out, mb: (-out["logprobs"].sum(), {"n": torch.tensor(3.0)}))
+    ok = eng.train_step([_batch(1)], lambda out, mb: (-out.logprobs.sum(), {"n": torch.tensor(3.0)}))
     assert ok["n"] == 3.0 and isinstance(ok["loss"], float) and ok["grad_norm"] > 0

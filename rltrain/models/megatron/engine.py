@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rltrain.models.engine_config import EngineConfig
+from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch
 from rltrain.models.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
@@ -182,7 +183,7 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------- micro-batching
 
-    def make_micro_batches(self, tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor) -> list[dict]:
+    def make_micro_batches(self, tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor) -> list[MicroBatch]:
         """micro_batch.make_micro_batches under this engine's max_tokens_per_micro_batch (its docstring says how)."""
         return make_micro_batches(tensors, seq_lens, self.max_tokens_per_micro_batch)
 
@@ -277,13 +278,13 @@ class MegatronEngine:
         if self.pp_size > 1:
             mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens)
 
-            def head(mb, out):
-                lp, ent = self._token_logprobs(mb["input_ids"], mb["seq_lens"], mb["label_mask"],
+            def head(mb: MicroBatch, out):
+                lp, ent = self._token_logprobs(mb.input_ids, mb.seq_lens, mb.label_mask,
                                                temperature=temperature, with_entropy=with_entropy,
                                                entropy_grad=False, trunk_out=out)
-                lp_out[mb["sample_idx"], : lp.shape[1]] = lp.cpu()
+                lp_out[mb.sample_idx, : lp.shape[1]] = lp.cpu()
                 if with_entropy:
-                    ent_out[mb["sample_idx"], : ent.shape[1]] = ent.cpu()
+                    ent_out[mb.sample_idx, : ent.shape[1]] = ent.cpu()
 
             self._pp_forward_only(mbs, head)
             pipeline_mod.broadcast_from_last_stage(lp_out, self.device)
@@ -291,13 +292,13 @@ class MegatronEngine:
                 pipeline_mod.broadcast_from_last_stage(ent_out, self.device)
             return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
         for mb in self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens):
-            lp, ent = self._token_logprobs(mb["input_ids"], mb["seq_lens"], mb["label_mask"],
+            lp, ent = self._token_logprobs(mb.input_ids, mb.seq_lens, mb.label_mask,
                                            temperature=temperature, with_entropy=with_entropy,
                                            entropy_grad=False)
             w = lp.shape[1]
-            lp_out[mb["sample_idx"], :w] = lp.cpu()
+            lp_out[mb.sample_idx, :w] = lp.cpu()
             if with_entropy:
-                ent_out[mb["sample_idx"], :w] = ent.cpu()
+                ent_out[mb.sample_idx, :w] = ent.cpu()
         return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
 
     @torch.no_grad()
@@ -310,32 +311,33 @@ class MegatronEngine:
         B, S = input_ids.shape
         out = torch.zeros(B, S, dtype=torch.float32)
         if self.pp_size > 1:
-            def head(mb, trunk_out):
-                v = self._token_values(mb["input_ids"], mb["seq_lens"], mb["mask"], trunk_out=trunk_out)
-                out[mb["sample_idx"], : v.shape[1]] = v.cpu()
+            def head(mb: MicroBatch, trunk_out):
+                v = self._token_values(mb.input_ids, mb.seq_lens, mb.label_mask, trunk_out=trunk_out)
+                out[mb.sample_idx, : v.shape[1]] = v.cpu()
 
-            self._pp_forward_only(self.make_micro_batches({"input_ids": input_ids, "mask": mask}, seq_lens), head)
+            self._pp_forward_only(self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens),
+                                  head)
             return pipeline_mod.broadcast_from_last_stage(out, self.device).to(input_ids.device)
-        for mb in self.make_micro_batches({"input_ids": input_ids, "mask": mask}, seq_lens):
-            v = self._token_values(mb["input_ids"], mb["seq_lens"], mb["mask"])
-            out[mb["sample_idx"], : v.shape[1]] = v.cpu()
+        for mb in self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens):
+            v = self._token_values(mb.input_ids, mb.seq_lens, mb.label_mask)
+            out[mb.sample_idx, : v.shape[1]] = v.cpu()
         return out.to(input_ids.device)
 
     # ---------------------------------------------------------------- pipeline parallelism
 
-    def _pp_schedule(self, micro_batches: list[dict], last_stage_fn, *, forward_only: bool) -> None:
+    def _pp_schedule(self, micro_batches: list[MicroBatch], last_stage_fn, *, forward_only: bool) -> None:
         """Run megatron's schedule over `micro_batches` in shape-uniform groups (pipeline.py):
         last_stage_fn(mb, out) gets the real [b, s] slice of the last stage's output and returns
         the micro-batch's loss (or None when forward_only)."""
-        shapes = [tuple(mb["input_ids"].shape) for mb in micro_batches]
+        shapes = [tuple(mb.input_ids.shape) for mb in micro_batches]
         for group in pipeline_mod.group_micro_batches(shapes, self.max_tokens_per_micro_batch):
             b = max(shapes[i][0] for i in group)
             s = max(shapes[i][1] for i in group)
-            ids = [pipeline_mod.pad_ids(micro_batches[i]["input_ids"], b, s) for i in group]
+            ids = [pipeline_mod.pad_ids(micro_batches[i].input_ids, b, s) for i in group]
 
             def fn(k, out, group=group):
                 mb = micro_batches[group[k]]
-                mb_b, mb_s = mb["input_ids"].shape
+                mb_b, mb_s = mb.input_ids.shape
                 loss = last_stage_fn(mb, out[:mb_b, :mb_s])
                 if loss is None:
                     return torch.zeros((), device=self.device)
@@ -343,7 +345,7 @@ class MegatronEngine:
 
             pipeline_mod.run_schedule(self.model, ids, fn, forward_only=forward_only, device=self.device)
 
-    def _pp_forward_only(self, micro_batches: list[dict], head) -> None:
+    def _pp_forward_only(self, micro_batches: list[MicroBatch], head) -> None:
         def fn(mb, out):
             head(mb, out)
             return None
@@ -358,31 +360,35 @@ class MegatronEngine:
     def _clip(self, params: list[torch.Tensor], norm: float) -> None:
         self.optim.clip(params, norm)
 
-    def _pp_accumulate(self, micro_batches, loss_fn, temperature: float, needs_entropy_grad: bool) -> dict[str, float]:
+    def _outputs(self, mb: MicroBatch, *, temperature: float, entropy_grad: bool, trunk_out=None) -> ModelOutputs:
+        """The model's outputs for the loss: values (critic, over mb.label_mask) or log-probs and entropy."""
+        seq_lens = self._check_rows(mb.input_ids, mb.seq_lens)
+        if mb.label_mask is None:
+            raise ValueError("a train-step micro-batch needs label_mask [b, s] (the positions the loss reads)")
+        if self.role == "critic":
+            return ModelOutputs(values=self._token_values(mb.input_ids, seq_lens, mb.label_mask, trunk_out=trunk_out))
+        lp, ent = self._token_logprobs(mb.input_ids, seq_lens, mb.label_mask, temperature=temperature,
+                                       with_entropy=True, entropy_grad=entropy_grad, trunk_out=trunk_out)
+        return ModelOutputs(logprobs=lp, entropy=ent)
+
+    def _pp_accumulate(self, micro_batches: list[MicroBatch], loss_fn: LossFn, temperature: float,
+                       needs_entropy_grad: bool) -> dict[str, float]:
         """Pipeline-parallel forward/backward of all micro-batches (grads accumulate in .grad);
         the loss runs on the last stage. Returns the metric sums, the same on every stage; a
         non-finite loss raises FloatingPointError on every stage (after the schedule, grads cleared)."""
         for mb in micro_batches:
-            self._check_rows(mb["input_ids"], mb["seq_lens"])
+            self._check_rows(mb.input_ids, mb.seq_lens)
         sums: dict[str, float] = {}
         bad: list[float] = []
 
-        def last_stage(mb, out):
-            seq_lens = torch.as_tensor(mb["seq_lens"]).long()
-            if self.role == "critic":
-                mask = mb.get("response_mask", mb.get("label_mask"))
-                outputs = {"values": self._token_values(mb["input_ids"], seq_lens, mask, trunk_out=out)}
-            else:
-                lp, ent = self._token_logprobs(mb["input_ids"], seq_lens, mb["label_mask"],
-                                               temperature=temperature, with_entropy=True,
-                                               entropy_grad=needs_entropy_grad, trunk_out=out)
-                outputs = {"logprobs": lp, "entropy": ent}
+        def last_stage(mb: MicroBatch, out):
+            outputs = self._outputs(mb, temperature=temperature, entropy_grad=needs_entropy_grad, trunk_out=out)
             loss, metrics = loss_fn(outputs, mb)
             if not bool(torch.isfinite(loss.detach())):
                 bad.append(float(loss))
             for k, v in {"loss": loss, **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
-            return loss * float(mb.get("loss_scale", 1.0 / len(micro_batches)))
+            return loss * float(1.0 / len(micro_batches) if mb.loss_scale is None else mb.loss_scale)
 
         self._pp_schedule(micro_batches, last_stage, forward_only=False)
         sums, bad = pipeline_mod.broadcast_object_from_last_stage((sums, bad))
@@ -391,24 +397,31 @@ class MegatronEngine:
             raise FloatingPointError(f"loss is {bad[0]} in a micro-batch; no optimizer step taken")
         return sums
 
-    def train_step(self, micro_batches: list[dict[str, torch.Tensor]], loss_fn) -> dict[str, float]:
+    def train_step(self, micro_batches: Sequence[MicroBatch | Mapping[str, Any]],
+                   loss_fn: LossFn | Callable[[ModelOutputs, MicroBatch], Any], *,
+                   temperature: float = 1.0) -> dict[str, float]:
         """Gradient accumulation over `micro_batches`, then clip + AdamW + scheduler step.
 
-        loss_fn(outputs, mb) -> (loss 0-dim, metrics dict of floats/0-dim tensors), where outputs
-        is {"logprobs": [b, s], "entropy": [b, s]} for the actor (entropy carries grad only if
-        `loss_fn.needs_entropy_grad`; logits are divided by `loss_fn.temperature`, default 1) or
-        {"values": [b, s]} for the critic (mask: mb["response_mask"], else mb["label_mask"]). Each micro-batch's loss
-        is multiplied by mb["loss_scale"] (its share of the mini-batch; default 1/len) before
-        backward. Gradients are averaged over data-parallel ranks. Returns the micro-batch mean of
-        the metrics plus `grad_norm` (before clipping) and `lr` (of this step). A NaN/inf loss or
-        grad norm raises FloatingPointError and no step is taken.
+        micro_batches: `MicroBatch`es (make_micro_batches), or flat dicts of the same names (MicroBatch.from_mapping:
+        the tools' hand-built ones). loss_fn (loss_protocol.LossFn): loss_fn(outputs, mb) -> (loss 0-dim, metrics
+        of floats/0-dim tensors), where outputs (ModelOutputs) holds logprobs and entropy [b, s] for the actor
+        (entropy carries grad only if `loss_fn.needs_entropy_grad`, False when the loss does not declare it) or
+        values [b, s] for the critic, over mb.label_mask. temperature: the logits are divided by it (the
+        sampler's; 1 = the model's own distribution; the critic ignores it). Each micro-batch's loss is
+        multiplied by mb.loss_scale (its share of the mini-batch; None: 1/len) before backward. Gradients are
+        averaged over data-parallel ranks. Returns the micro-batch mean of the metrics plus `grad_norm` (before
+        clipping) and `lr` (of this step). A NaN/inf loss or grad norm raises FloatingPointError and no step is
+        taken.
         """
         if self.optimizer is None:
             raise ValueError(f"train_step needs role 'actor' or 'critic', this engine is {self.role!r}")
         if not micro_batches:
             raise ValueError("train_step got no micro-batches")
-        needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))
-        temperature = float(getattr(loss_fn, "temperature", 1.0))
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        micro_batches = [as_micro_batch(mb) for mb in micro_batches]
+        needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))  # a plain function declares none
+        temperature = float(temperature)
         self.model.train()
         self.optim.zero_grad()
         sums: dict[str, Any] = {}  # metric sums: python floats or 0-dim device tensors (summed without a sync)
@@ -416,18 +429,10 @@ class MegatronEngine:
         if self.pp_size > 1:
             sums = self._pp_accumulate(micro_batches, loss_fn, temperature, needs_entropy_grad)
         for i, mb in enumerate(micro_batches if self.pp_size == 1 else ()):
-            seq_lens = self._check_rows(mb["input_ids"], mb["seq_lens"])
-            if self.role == "critic":
-                mask = mb.get("response_mask", mb.get("label_mask"))
-                outputs = {"values": self._token_values(mb["input_ids"], seq_lens, mask)}
-            else:
-                lp, ent = self._token_logprobs(mb["input_ids"], seq_lens, mb["label_mask"],
-                                               temperature=temperature,
-                                               with_entropy=True, entropy_grad=needs_entropy_grad)
-                outputs = {"logprobs": lp, "entropy": ent}
+            outputs = self._outputs(mb, temperature=temperature, entropy_grad=needs_entropy_grad)
             loss, metrics = loss_fn(outputs, mb)
             losses.append(loss.detach().float().reshape(()))
-            scale = mb.get("loss_scale", 1.0 / len(micro_batches))
+            scale = 1.0 / len(micro_batches) if mb.loss_scale is None else mb.loss_scale
             if self._dp_reducer is not None and i == len(micro_batches) - 1:
                 self._dp_reducer.arm()  # the last backward: data-parallel buckets start as their grads complete
             (loss * float(scale)).backward()

@@ -4,18 +4,20 @@ padding stays small and no varlen kernels are needed (docs/megatron_backend.md).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from rltrain.models.loss_protocol import MicroBatch
 
-def make_micro_batches(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor, max_tokens: int) -> list[dict]:
+
+def make_micro_batches(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor, max_tokens: int) -> list[MicroBatch]:
     """Split a batch into length-grouped micro-batches of at most max_tokens
     padded tokens (rows x longest row; a single longer row gets a micro-batch of its own).
 
     tensors: name -> [B, ...]; those with a second dim equal to input_ids' S are trimmed to the
-    micro-batch's longest row. Each micro-batch also carries `seq_lens` [b] and `sample_idx`
-    [b] (row indices into the batch). Rows are ordered longest first.
+    micro-batch's longest row. `input_ids` and `label_mask` become the MicroBatch's fields of those names, every
+    other tensor (but a `seq_lens` entry, which is the argument's) goes to its `extras` under its name. Each
+    micro-batch also carries `seq_lens` [b] and `sample_idx` [b] (row indices into the batch). Rows are ordered
+    longest first.
     """
     seq_lens = torch.as_tensor(seq_lens).long().cpu()
     if "input_ids" not in tensors:
@@ -34,13 +36,15 @@ def make_micro_batches(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor,
     for g in groups:
         idx = torch.tensor(g, dtype=torch.long)
         width = int(seq_lens[g[0]])
-        mb: dict[str, Any] = {}
+        rows: dict[str, torch.Tensor] = {}
         for k, v in tensors.items():
             if not torch.is_tensor(v) or v.dim() == 0 or v.shape[0] != B:
                 raise ValueError(f"tensors[{k!r}] must be a tensor with first dim B={B}")
+            if k == "seq_lens":
+                continue
             v = v[idx.to(v.device)]
-            mb[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] == S else v
-        mb["seq_lens"] = seq_lens[idx]
-        mb["sample_idx"] = idx
-        micro_batches.append(mb)
+            rows[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] == S else v
+        input_ids, label_mask = rows.pop("input_ids"), rows.pop("label_mask", None)
+        micro_batches.append(MicroBatch(input_ids=input_ids, seq_lens=seq_lens[idx], label_mask=label_mask,
+                                        sample_idx=idx, extras=rows))
     return micro_batches
