@@ -17,9 +17,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rltrain.algorithms import compute_advantages, kl_penalty, overlong_penalty, policy_mismatch, truncated_is_weights
+from rltrain.algorithms import compute_advantages, kl_penalty, off_policy_weights, overlong_penalty, policy_mismatch
 from rltrain.config.convert import as_config
-from rltrain.config.schema import TISConfig, TrainerConfig
+from rltrain.config.schema import OffPolicyConfig, TrainerConfig
 from rltrain.data.batch import Batch
 from rltrain.rewards.scoring import score_batch
 from rltrain.trainer.async_rollout import AsyncRollout
@@ -150,7 +150,7 @@ class PPOTrainer:
             old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
         batch = batch.replace(old_logprobs=old)
         m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
-        m.update(_mismatch_metrics(batch, self.cfg.actor.tis))
+        m.update(_mismatch_metrics(batch, OffPolicyConfig.effective(self.cfg.actor)))
         if self.use_ref:
             with timer("ref", m):
                 ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)
@@ -309,17 +309,18 @@ def _diverged_as_error(step: int, ckpt_dir: str):
         raise
 
 
-def _mismatch_metrics(batch: Batch, tis: TISConfig) -> dict[str, float]:
-    """Training/inference mismatch of the sampled tokens (sampler vs recomputed old log-probs) and, with
-    actor.tis enabled, the importance weights the loss applies."""
+def _mismatch_metrics(batch: Batch, op: OffPolicyConfig) -> dict[str, float]:
+    """Training/inference mismatch of the sampled tokens (sampler vs recomputed old log-probs) and, with an
+    off-policy correction (op: OffPolicyConfig.effective, actor.off_policy or actor.tis), every statistic of the
+    weights the loss applies over the whole batch as rollout/is_<stat> (is_weight_mean, is_ratio_max, is_clipfrac
+    for the *_tis modes, is_masked_frac for the *_mask and *_mis modes, ...: off_policy_weights' stats)."""
     mm = policy_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
     out = {"rollout/mismatch_abs_mean": float(mm["abs_mean"]), "rollout/mismatch_kl": float(mm["kl"]),
            "rollout/logprob_diff_max": float(mm["abs_max"])}
-    if tis.enable:
-        _, st = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, cap=tis.cap,
-                                     mode=tis.mode)
-        out.update({"rollout/is_weight_mean": float(st["weight_mean"]), "rollout/is_ratio_max": float(st["ratio_max"]),
-                    "rollout/is_clipfrac": float(st["clipfrac"])})
+    if op.mode != "none":
+        corr = off_policy_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, mode=op.mode,
+                                  cap=op.cap, low=op.low, high=op.high)
+        out.update({f"rollout/is_{k}": float(v) for k, v in corr.stats.items()})
     return out
 
 
