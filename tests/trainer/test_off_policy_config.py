@@ -116,11 +116,13 @@ def test_every_mode_is_accepted(cfg_for):
         assert _effective(cfg_for, f"actor.off_policy.mode={mode}").mode == mode
 
 
-@pytest.mark.parametrize("mode,share", [("token_mask", "masked_frac"), ("seq_tis", "clipfrac")])
-def test_tiny_in_process_run_with_a_correction_logs_its_stats(tmp_path, cfg_for, mode, share):
-    run_dir = str(tmp_path / mode)
+@pytest.mark.parametrize("setting,share", [("actor.off_policy.mode=token_mask", "masked_frac"),
+                                           ("actor.off_policy.mode=seq_tis", "clipfrac"),
+                                           ("actor.tis.enable=true", "clipfrac")])  # the legacy keys, as bench_async
+def test_tiny_in_process_run_with_a_correction_logs_its_stats(tmp_path, cfg_for, setting, share):
+    run_dir = str(tmp_path / setting.split("=")[0])
     cfg = cfg_for("trainer.use_ray=false", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
-                  "trainer.save_freq=-1", "trainer.plots=false", f"actor.off_policy.mode={mode}")
+                  "trainer.save_freq=-1", "trainer.plots=false", setting)
     run_from_config(cfg, run_dir)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
