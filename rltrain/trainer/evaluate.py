@@ -17,36 +17,42 @@ CURVE_KEYS = ("val/accuracy", "critic/score/mean", "response_length/mean", "acto
               "reward/tool_call/mean", "rollout/logprob_diff_max")
 
 
-def evaluate(cfg: dict, model=None, *, batch: int, tool_workers: int) -> dict:
+def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     """Held-out accuracy of one model: the RL config's val files, prompts, rollout limits and reward, greedy.
 
-    model: a transformers model (e.g. a random init) or None to load cfg["model"]["path"].
+    cfg: an RLConfig (or a dict / DictConfig of one, as tools/learn_gpu.py hands it: `as_config`).
+    model: a transformers model (e.g. a random init) or None to load model.path.
     Returns accuracy (share of scores > 0), n, the reward's extra metrics by bare name (e.g. correct_tool_call),
     mean response tokens, seconds and the first response as an example."""
+    import dataclasses
+
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rltrain.config.convert import as_config
     from rltrain.rewards.scoring import response_texts, score_batch
     from rltrain.trainer.setup import build_datasets
     from rltrain.workers.hybrid import resolve_device
     from rltrain.workers.rollout import RolloutRole
 
     t0 = time.time()
-    device = resolve_device(cfg["trainer"]["device"])
-    dtype = torch.float32 if device == "cpu" else getattr(torch, cfg["model"]["dtype"])
+    cfg = as_config(cfg)
+    r, seed = cfg.rollout, cfg.trainer.seed
+    device = resolve_device(cfg.trainer.device)
+    dtype = torch.float32 if device == "cpu" else getattr(torch, cfg.model.dtype)
     tokenizer, _, val_ds, _, reward = build_datasets(cfg)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(cfg["model"]["path"], dtype=dtype)
-    multi_turn = cfg["rollout"]["multi_turn"]
-    rollout_cfg = {**cfg["rollout"], "max_batch_size": batch, "multi_turn": {**multi_turn, "tool_max_workers": tool_workers}}
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
+    rollout_cfg = dataclasses.replace(r, max_batch_size=batch,
+                                      multi_turn=dataclasses.replace(r.multi_turn, tool_max_workers=tool_workers))
     role = RolloutRole(engine="hf", model=model, tokenizer=tokenizer, rollout_cfg=rollout_cfg, device=device,
-                       dtype=dtype, seed=int(cfg["trainer"]["seed"]), sandbox_cfg=cfg.get("sandbox"))
+                       dtype=dtype, seed=seed, sandbox_cfg=cfg.sandbox)
     items = [val_ds[i] for i in range(len(val_ds))]
-    b, _ = role.generate(items, group_offset=0, validate=True, seed=int(cfg["trainer"]["seed"]))
+    b, _ = role.generate(items, group_offset=0, validate=True, seed=seed)
     # max_workers=0: the recipe's rewards are cheap pure functions, scored in this process
-    scores, metrics = score_batch(b, reward, tokenizer=tokenizer, multi_turn=bool(multi_turn["enable"]),
-                                  timeout_s=cfg["reward"]["timeout_s"], max_workers=0)
+    scores, metrics = score_batch(b, reward, tokenizer=tokenizer, multi_turn=r.multi_turn.enable,
+                                  timeout_s=cfg.reward.timeout_s, max_workers=0)
     if role.multi_turn is not None:
         role.multi_turn.tool_executor.close()
     out = {"accuracy": float(np.mean([s > 0 for s in scores.tolist()])), "n": len(scores),
@@ -72,13 +78,17 @@ def curve(rows: list[dict]) -> dict:
             if any(k in r for r in rows)}
 
 
-def phase_timing(rows: list[dict], cfg: dict) -> dict:
-    """Mean seconds per phase over steps 2.. (step 1 compiles kernels) and tokens/s per phase."""
+def phase_timing(rows: list[dict], cfg) -> dict:
+    """Mean seconds per phase over steps 2.. (step 1 compiles kernels) and tokens/s per phase. cfg: the run's
+    RLConfig (or a dict of one)."""
+    from rltrain.config.convert import as_config
+
+    cfg = as_config(cfg)
     steady = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r] or [r for r in rows if "timing_s/step" in r]
     if not steady:
         return {}
     mean = lambda k: sum(r.get(k, 0.0) for r in steady) / len(steady)  # noqa: E731
-    samples = cfg["data"]["train_batch_size"] * cfg["rollout"]["n"]
+    samples = cfg.data.train_batch_size * cfg.rollout.n
     total_tokens = mean("perf/total_num_tokens")
     response_tokens = mean("response_length/mean") * samples
     out = {f"{k.split('/')[1]}_s": mean(k) for k in steady[-1] if k.startswith("timing_s/")}
