@@ -26,11 +26,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import Deadline, device_name, md_table, plot_lines, pyplot, report_header, run_child
+from harness import Deadline, device_name, md_table, plot_lines, pyplot, report_header, run_child, run_rows
 from harness import write_report as write_files
 from harness.cases import GRPO_06B_OVERRIDES
 
-from rltrain.utils.tracking import read_metrics
 
 ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true"]
 SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false",
@@ -54,7 +53,7 @@ def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: floa
     # the deadline stops the run and the Ray workers it started (its process group)
     r = run_child(cmd, log_path, timeout_s=max(1.0, timeout_s), env=env, poll_s=1.0,
                   stop=((signal.SIGTERM, 20), (signal.SIGKILL, 10)))
-    rows = read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+    rows = run_rows(run_dir)
     return {"rows": rows, "wall_s": r["wall_s"], "returncode": "stopped at the deadline" if r["timed_out"] else r["rc"],
             "log_tail": r["tail"], "command": " ".join(cmd)}
 

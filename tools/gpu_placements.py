@@ -49,7 +49,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
-from harness import Deadline, device_name, md_table, report_header, run_child, write_report
+from harness import Deadline, device_name, md_table, report_header, run_child, run_rows, write_report
 
 from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # the head_dim rule of vLLM TP > 1 on GPUs
 
@@ -170,7 +170,7 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
     last_seen, t0 = [-1], time.time()
 
     def poll(_name: str) -> None:
-        rows = _rows(run_dir)
+        rows = run_rows(run_dir)
         step = max((r["step"] for r in rows), default=-1)
         if step != last_seen[0]:
             last_seen[0] = step
@@ -184,7 +184,7 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
 
     run = run_child(cmd, log_path, timeout_s=timeout_s, poll_s=5.0, poll_every_s=0.0, on_poll=poll, on_timeout=over,
                     stop=((signal.SIGKILL, 30),))
-    rows = _rows(run_dir)
+    rows = run_rows(run_dir)
     with open(os.path.join(run_dir, "run.log"), errors="replace") as f:
         text = f.read()
     checks = log_checks(text)
@@ -238,14 +238,6 @@ def process_tails(text: str, lines: int = 40) -> dict[str, str]:
 
 def _multicast(run: dict) -> bool:
     return bool(run.get("log_checks", {}).get("mnnvl_lines"))
-
-
-def _rows(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def learn_summary(run: dict) -> dict:

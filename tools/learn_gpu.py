@@ -48,7 +48,8 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
-from harness import REPO, Deadline, device_name, md_table, plot_lines, run_child, run_children, write_json, write_report
+from harness import REPO, Deadline, device_name, md_table, plot_lines, run_child, run_children, run_rows
+from harness import write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
 from rltrain.utils.flops import num_params, peak_flops
@@ -315,15 +316,8 @@ def run_trainers(jobs: list[tuple[str, list[str], str]], *, timeout_s: float | N
                         on_exit=exited, on_timeout=stopping)
 
 
-def read_metrics(run_dir: str) -> list[dict]:
-    """metrics.jsonl rows, one per step ([] before the run has logged)."""
-    from rltrain.utils.tracking import read_metrics as _read
-
-    return _read(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
-
-
 def progress_line(stage: str, run_dir: str, total: int) -> str:
-    rows = read_metrics(run_dir)
+    rows = run_rows(run_dir)
     if not rows:
         return f"{stage}: starting"
     last = rows[-1]
@@ -532,7 +526,7 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
     after = evaluate(eval_cfg(stage, lay, args, scale, lay.sft_model(stage)), batch=scale.eval_batch,
                      tool_workers=scale.tool_workers)
     log(f"{stage}: after SFT: held-out {fmt_eval(after)}")
-    rows = read_metrics(run_dir)
+    rows = run_rows(run_dir)
     steady = rows[len(rows) // 10:] or rows  # the first steps compile kernels and warm up
     seq_tokens = read_json(lay.summary("data"))["tokens"][TASK_OF[stage]] if os.path.exists(lay.summary("data")) else None
     step_s = sum(r["timing_s/step"] for r in steady) / len(steady)
@@ -580,7 +574,7 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
             if os.path.isdir(run_dir):
                 shutil.rmtree(run_dir)  # no resume from the earlier run's checkpoints
     for name, _, run_dir in jobs:
-        steps = read_metrics(run_dir)
+        steps = run_rows(run_dir)
         if steps:
             log(f"{stage}/{name}: resuming (logged up to step {steps[-1]['step']}; the trainer restarts from its "
                 "last checkpoint)")
@@ -589,7 +583,7 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
                            progress=lambda name: log(progress_line(f"{stage}/{name}", lay.run_dir(stage, name), total)))
     runs = {n: r for n, r in old.get("runs", {}).items() if n not in results}  # earlier calls' runs stay
     for name, ov, run_dir in jobs:
-        rows = read_metrics(run_dir)
+        rows = run_rows(run_dir)
         prev_wall = 0.0 if args.force else old.get("runs", {}).get(name, {}).get("wall_s", 0.0)
         wall = results[name]["wall_s"] + prev_wall  # summed over the calls that resumed the run
         info = {**results[name], "wall_s": round(wall, 1), "before": before,
@@ -655,7 +649,7 @@ def _plotted(path: str) -> None:
 
 def plot_sft(lay: Layout) -> None:
     """plots/sft_loss.png: the SFT loss curve of every SFT stage under --out."""
-    curves = {st: [(r["step"], r["sft/loss"]) for r in read_metrics(os.path.join(lay.stage_dir(st), "run"))]
+    curves = {st: [(r["step"], r["sft/loss"]) for r in run_rows(os.path.join(lay.stage_dir(st), "run"))]
               for st in ("sft", "retool_sft") if os.path.exists(os.path.join(lay.stage_dir(st), "run", "metrics.jsonl"))}
     if curves:
         _plotted(plot_lines(os.path.join(lay.plots, "sft_loss.png"), [

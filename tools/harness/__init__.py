@@ -181,6 +181,13 @@ def run_child(cmd: list[str], log_path: str | None, **kw) -> dict:
 
 
 # ---------------------------------------------------------------------------- reports
+def run_rows(run_dir: str) -> list[dict]:
+    """A trainer run's metrics.jsonl rows, one per step (rltrain.utils.tracking.read_metrics); [] before it logged."""
+    from rltrain.utils.tracking import read_metrics
+
+    return read_metrics(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+
+
 def report_header(tool: str, device: str | None = None) -> dict:
     """The first keys of every tool's report: date, device (default: device_name(), which starts CUDA: a tool
     that keeps CUDA out of its parent process passes the name its child measured), torch version, command line."""
