@@ -28,8 +28,13 @@ class ConfigError(UserError, ValueError):
     """A user-fixable problem in the configuration."""
 
 
+# Names whose owner config/ may not import, so they are stated here; tests/config/test_copied_names.py checks each
+# against its owner. trainer.device: workers/hybrid.resolve_device (workers/) and models/megatron/compat.py;
+# trainer.plan_check: trainer/setup.plan_check; data.source: trainer/setup.build_datasets (trainer/); model.dtype:
+# a torch dtype by name, read by workers/hybrid.py and trainer/sft.py, which models/megatron/build.py and the
+# planner (plan/inputs.py: 2 or 4 bytes) support. No room below config/ holds a table of any of them.
 DEVICES = ("auto", "cpu", "cuda")
-PLAN_CHECKS = ("error", "warn", "off")  # trainer.plan_check: what trainer/setup.py plan_check does on a GPU run
+PLAN_CHECKS = ("error", "warn", "off")
 DATA_SOURCES = ("file", "synthetic")
 MODEL_DTYPES = ("bfloat16", "float32")
 BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
