@@ -164,7 +164,7 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
                                           cfg.trainer.device)
         return None
     if gpu_memory_gib is None:
-        gpu_memory_gib = gpu_memory()
+        gpu_memory_gib = gpu_memory()  # None (unreadable): the planner's H100 80GB
     try:
         plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib)
     except PlanInputError as err:  # a model whose shape the planner cannot read: the run is not refused for it
@@ -190,15 +190,21 @@ def _resolved_device(device: str) -> str:
     return resolve_device(device)
 
 
-def gpu_memory() -> float:
+def gpu_memory() -> float | None:
     """GPU 0's memory in GiB as torch reports it (`total_memory`, the planner's unit: 79.18 for an H100 80GB). Read
     in a child process unless this one already uses CUDA: the driver of a Ray run initializes no CUDA (its
-    perf/ metrics stay the process's RSS, and no CUDA context of it lands on a worker's GPU)."""
+    perf/ metrics stay the process's RSS, and no CUDA context of it lands on a worker's GPU). None (with a
+    warning) when the child cannot read it."""
     if torch.cuda.is_initialized():
         return torch.cuda.get_device_properties(0).total_memory / 2**30
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],
-                         capture_output=True, text=True, timeout=300, check=True)
-    return int(out.stdout.strip().splitlines()[-1]) / 2**30
+    probe = "import torch; print(torch.cuda.get_device_properties(0).total_memory)"
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+        return int(out.stdout.strip().splitlines()[-1]) / 2**30
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as err:
+        print(f"rltrain: warning: trainer.plan_check: cannot read GPU 0's memory ({type(err).__name__}); planning "
+              "for an H100 80GB", file=sys.stderr, flush=True)
+        return None
 
 
 def plan_metrics(plan) -> dict[str, float]:

@@ -103,3 +103,14 @@ def test_the_config_and_room_checks_run_before_any_data_or_tokenizer_work(tmp_pa
                                 "rollout.engine=nope"])
     with pytest.raises(ConfigError, match="rollout.engine='nope' is not allowed"):
         PPOTrainer(cfg, str(tmp_path / "run"))
+
+
+def test_gpu_memory_without_a_readable_gpu_warns_and_plans_for_the_default(capsys):
+    import torch
+
+    from rltrain.trainer.setup import gpu_memory
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: its memory is readable")
+    assert gpu_memory() is None  # the child's torch finds no GPU
+    assert "cannot read GPU 0's memory" in capsys.readouterr().err
