@@ -4,6 +4,8 @@ sampler, reward fn, worker groups.
 Construction only; the loop itself is in ppo.py. `check_config` is where a run's config is checked: config/'s pure
 rules, then the rules that belong to a room config/ may not import (rollout/: engine names, tool patterns, the vLLM
 head_dim rules; workers/placement.py: placement, rollout.engines_per_gpu; the device), in one report.
+`plan_check` then runs rltrain.plan on a GPU run (trainer.plan_check), still before any data, tokenizer, Ray or
+worker; `plan_metrics` gives its per-GPU prediction to each step's metrics.
 """
 
 from __future__ import annotations

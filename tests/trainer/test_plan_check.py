@@ -114,3 +114,10 @@ def test_gpu_memory_without_a_readable_gpu_warns_and_plans_for_the_default(capsy
         pytest.skip("a GPU is visible: its memory is readable")
     assert gpu_memory() is None  # the child's torch finds no GPU
     assert "cannot read GPU 0's memory" in capsys.readouterr().err
+
+
+def test_an_unknown_plan_check_mode_is_refused_naming_the_key():
+    from rltrain.config import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match=r"trainer.plan_check='maybe' is not allowed; choose one of error, warn, off"):
+        validate_config(compose("grpo_tiny", ["trainer.plan_check=maybe"]))
