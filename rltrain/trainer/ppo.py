@@ -74,7 +74,8 @@ class PPOTrainer:
         if t.async_rollout:  # the next batch generates while this one trains
             self.rollout.use_pipeline(AsyncRollout(self.rollout, self.weight_sync.push, max_staleness=t.max_staleness,
                                                    total_steps=t.total_steps,
-                                                   refills=cfg.algorithm.dynamic_sampling.enable))
+                                                   refills=cfg.algorithm.dynamic_sampling.enable,
+                                                   idle_probe=self.rollout_group.memory_metrics))
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -137,8 +138,10 @@ class PPOTrainer:
         m["perf/throughput"] = n_tokens / max(m["timing_s/step"], 1e-9)
         m["timing_s/reward"] = m.get("timing_s/reward", 0.0)
         m.update(memory_metrics())
-        for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
-            m.update(group.memory_metrics())  # per GPU under Ray
+        m.update(self.train_group.memory_metrics())  # per GPU under Ray
+        if self.rollout_group is not self.train_group:  # async: read before its last submit, never while it generates
+            pipe = self.rollout.pipeline
+            m.update(pipe.idle_metrics if pipe is not None else self.rollout_group.memory_metrics())
         m.update(plan_metrics(self.plan))  # the plan's prediction per GPU beside them (GPU runs only)
         return m
 

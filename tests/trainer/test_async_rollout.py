@@ -82,6 +82,27 @@ def test_steady_state_staleness_is_one_and_weights_are_pushed_at_each_boundary()
                       ("wait", 4001), ("push", 3), ("train", 4)]
 
 
+def test_the_rollout_group_is_probed_only_while_idle():
+    """Issue 35: the trainer read the rollout group's per-GPU memory after each step, while the group generated
+    the next batch; a Ray actor runs one call at a time, so that read waited for the generation outside every
+    phase timer. The pipeline probes the group just before each submit, when nothing is in flight."""
+    tr = FakeTrainer()
+    in_flight = []
+
+    def probe():
+        in_flight.append(pipe.in_flight is not None)
+        tr.log.append(("probe",))
+        return {"perf/max_memory_allocated_gb/rollout_rank0": float(len(in_flight))}
+
+    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=False, idle_probe=probe)
+    _train(tr, pipe, 3)
+    assert in_flight == [False, False, False]  # one probe per submitted batch, none while one generates
+    assert [e for e in tr.log if e[0] in ("probe", "submit", "wait")] == [
+        ("probe",), ("submit", 1001, 0), ("wait", 1001), ("probe",), ("submit", 2001, 0),
+        ("wait", 2001), ("probe",), ("submit", 3001, 1), ("wait", 3001)]
+    assert pipe.idle_metrics == {"perf/max_memory_allocated_gb/rollout_rank0": 3.0}
+
+
 def test_prompt_order_equals_the_synchronous_order():
     tr = FakeTrainer()
     ref = PromptSampler(list(range(40)), 2, seed=0)
