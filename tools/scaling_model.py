@@ -81,7 +81,7 @@ def measured_inputs() -> dict[str, Num]:
     steps = _load("gpu_smoke_h100_steps.json")
     tp2 = _load("gpu_smoke_h200x2_tp2.json")["tp2"]
     g = smoke["grpo"]["mean"]
-    src = "tools/results/gpu_smoke_h100.json grpo (benchmarks.md s.1, H100, Qwen3-0.6B, 256 seqs)"
+    src = "tools/results/gpu_smoke_h100.json grpo (benchmarks/2026-11-22-gpu-end-to-end.md, H100, Qwen3-0.6B, 256 seqs)"
     fused8k = next(r for r in steps["step8k"] if r["fused"] and not r["recompute"])
     m = {f"grpo06b_{p}_s": Num(g[f"timing_s/{p}"], src, True)
          for p in ("gen", "old_log_prob", "ref", "update_actor", "update_weights", "step")}
@@ -92,10 +92,10 @@ def measured_inputs() -> dict[str, Num]:
         "gemm_tflops_h100": Num(smoke["gemm_tflops"] * 1e12, "tools/results/gpu_smoke_h100.json gemm_tflops "
                                 "(bf16 8192^3, H100)", True),
         "mfu_update_06b": Num(fused8k["mfu"], "tools/results/gpu_smoke_h100_steps.json step8k fused, no "
-                              "recompute (benchmarks.md s.1: 0.259 s, 8,192 tokens, H100)", True),
+                              "recompute (benchmarks/2026-11-22-gpu-end-to-end.md: 0.259 s, 8,192 tokens, H100)", True),
         "mfu_update_4b": Num(0.335, "issue 17: Qwen3-4B shape, one H200, 8k tokens, fused head, 0.775 s", True),
         "tp2_step_06b_s": Num(tp2["update_step_tp2"]["step_s"], "tools/results/gpu_smoke_h200x2_tp2.json "
-                              "(benchmarks.md s.1 TP=2 vs 1, two H200, 0.6B, 8k tokens)", True),
+                              "(benchmarks/2026-11-22-gpu-end-to-end.md TP=2 vs 1, two H200, 0.6B, 8k tokens)", True),
         "tp1_step_06b_s": Num(tp2["update_step_tp1"]["step_s"], "tools/results/gpu_smoke_h200x2_tp2.json", True),
         # issue 21 ("vLLM on the GPUs"): vLLM 0.26.0, Qwen3-0.6B shape, random weights, token-id prompts
         "vllm_a_s": Num(0.63, "issue 21: one H100, in-process vLLM, 256 x (64 prompt + 64 response), 25,855 tok/s",
