@@ -42,9 +42,8 @@ and V.
 
 Tuning: tile configs, the forward's minimum split count, loop flattening, TMA loads and the backward's memory budget
 are one frozen `TritonTuning` passed to the launchers (`forward_stats(..., tuning=)`, `backward(..., tuning=)`);
-its defaults are the values tuned on an H100. Without `tuning` the launchers read the module globals below
-(`_CONFIGS`, `_FWD_MIN_SPLITS`, `_FWD_FLATTEN`, `_USE_DESC`, `_BWD_BUDGET_BYTES`, the same defaults): the path
-tools/gpu_logprob_check.py and tools/kernel_split.py still patch; new code passes a TritonTuning instead.
+its defaults are the values tuned on an H100, and a launcher given no `tuning` uses them (`DEFAULT_TUNING`).
+There are no module-global knobs: a sweep passes its own TritonTuning.
 When `grad_ent` is None no entropy-gradient arithmetic is compiled into the kernel.
 Measured split of the time that remains above the floor: docs/kernel_notes.md ("The fused head's last 5%").
 """
@@ -97,21 +96,12 @@ class TritonTuning:
 
 DEFAULT_TUNING = TritonTuning()
 
-# The legacy knobs, read when a launcher gets no `tuning` (module docstring): tools patch these.
-_CONFIGS = {k: getattr(DEFAULT_TUNING, k) for k in ("fwd_lowp", "bwd_lowp", "fwd_fp32", "bwd_fp32")}
-_FWD_MIN_SPLITS = DEFAULT_TUNING.fwd_min_splits
-_FWD_FLATTEN = DEFAULT_TUNING.fwd_flatten
-_USE_DESC = DEFAULT_TUNING.use_desc
-_BWD_BUDGET_BYTES = DEFAULT_TUNING.bwd_budget_bytes
 _LOG2E = 1.4426950408889634
 
 
 def _tuning(tuning: TritonTuning | None) -> TritonTuning:
-    """`tuning`, or the legacy module globals as a TritonTuning (their defaults are DEFAULT_TUNING's)."""
-    if tuning is not None:
-        return tuning
-    return TritonTuning(**_CONFIGS, fwd_min_splits=_FWD_MIN_SPLITS, fwd_flatten=_FWD_FLATTEN, use_desc=_USE_DESC,
-                        bwd_budget_bytes=_BWD_BUDGET_BYTES)
+    """`tuning`, or DEFAULT_TUNING when none is given."""
+    return DEFAULT_TUNING if tuning is None else tuning
 
 
 def is_available() -> bool:
@@ -292,10 +282,6 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tenso
         raise ValueError(f"labels_local must be [N]={hidden.shape[0]}, got {tuple(labels_local.shape)}")
 
 
-def _config(kind: str, dtype: torch.dtype, tuning: TritonTuning | None = None) -> Tile:
-    return _tuning(tuning).tile(kind, dtype)
-
-
 def _descs(hidden: torch.Tensor, weight: torch.Tensor, bm: int, bn: int, bk: int, use_desc: bool = True):
     """TMA descriptors for the two GEMM operands, or (hidden, weight) as unused placeholders when the
     copy engine can't be used (CPU/interpreter, fp32 inputs, pre-Hopper GPU, rows not 16-byte aligned)."""
@@ -372,7 +358,7 @@ def _fwd_splits(n_m: int, n_tiles: int, sms: int, min_splits: int | None = None)
     enough for ~4 programs per multiprocessor; among half that count up to it, the one whose last wave of
     programs leaves the fewest multiprocessors idle (e.g. 8,192 tokens on 132 SMs: 16 splits = 3.9 waves
     instead of 17 = 4.1, whose fifth wave runs 16 programs on an otherwise idle chip)."""
-    min_splits = _FWD_MIN_SPLITS if min_splits is None else min_splits
+    min_splits = DEFAULT_TUNING.fwd_min_splits if min_splits is None else min_splits
     want = max(min_splits, triton.cdiv(4 * sms, n_m))
     want = max(1, min(want, n_tiles // 4 if n_tiles >= 4 else 1))
 
@@ -390,7 +376,7 @@ def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int |
     """(Ts token rows per dHidden fp32 accumulator, Vs vocab columns per slice, Tc tokens per dlogits
     chunk), from `budget_bytes` (TritonTuning.bwd_budget_bytes) split 2 : 1 : 1 (dHidden acc : dWeight acc :
     dlogits)."""
-    quarter = (_BWD_BUDGET_BYTES if budget_bytes is None else budget_bytes) // 4
+    quarter = (DEFAULT_TUNING.bwd_budget_bytes if budget_bytes is None else budget_bytes) // 4
     ts = n
     if need_hidden_grad:
         ts = min(n, max(bm, (2 * quarter // (4 * h)) // bm * bm))

@@ -143,9 +143,9 @@ def test_forward_split_count_fills_the_last_wave(n_m, n_tiles, sms, expected):
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed in this environment")
-def test_tuning_defaults_are_the_legacy_knobs_and_sizes_follow_the_budget():
-    """DEFAULT_TUNING holds the values the module globals (tools' legacy path) default to, and a launcher given no
-    tuning reads those globals; a smaller budget gives smaller backward buffers."""
+def test_tuning_defaults_and_sizes_follow_the_budget():
+    """DEFAULT_TUNING holds the H100-tuned values, a launcher given no tuning uses it (there are no module-global
+    knobs), it is frozen, and a smaller budget gives smaller backward buffers."""
     from rltrain.ops import logprob_triton as K
 
     assert K._tuning(None) == K.DEFAULT_TUNING == K.TritonTuning()
@@ -158,6 +158,8 @@ def test_tuning_defaults_are_the_legacy_knobs_and_sizes_follow_the_budget():
     assert 0 < small <= 96 * 2**20 < big <= 384 * 2**20
     with pytest.raises(dataclasses.FrozenInstanceError):
         K.DEFAULT_TUNING.use_desc = False
+    legacy = ("_CONFIGS", "_FWD_MIN_SPLITS", "_FWD_FLATTEN", "_USE_DESC", "_BWD_BUDGET_BYTES")
+    assert not any(hasattr(K, g) for g in legacy)
 
 
 def test_is_available_needs_cuda():
