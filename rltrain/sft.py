@@ -26,7 +26,7 @@ def run_sft(cfg: DictConfig) -> None:
 
     from rltrain.trainer.sft import run_sft_from_config
     from rltrain.trainer.setup import run_directory
-    from rltrain.utils.checkpoint import CheckpointError, check_writable, clean_stale_tmp, verify_checkpoint
+    from rltrain.utils.checkpoint import check_writable, clean_stale_tmp, resume_path
 
     if cfg.model.builtin is None and cfg.model.path:
         from rltrain.models.checkpoint_files import check_model_dir
@@ -39,10 +39,7 @@ def run_sft(cfg: DictConfig) -> None:
     if os.environ.get("RANK", "0") == "0":
         clean_stale_tmp(ckpt_dir)
     if t.resume not in ("auto", "never"):
-        reason = verify_checkpoint(t.resume) if os.path.isdir(t.resume) else "not a directory"
-        if reason is not None:
-            raise CheckpointError(f"trainer.resume={t.resume!r} is not a usable checkpoint: {reason}; give a step_N "
-                                  "directory written by rltrain.sft, or trainer.resume=auto / never")
+        resume_path(t.resume, ckpt_dir)  # a broken PATH: CheckpointError (exit 2) before anything loads
 
     run_sft_from_config(cfg)
 

@@ -27,7 +27,7 @@ from rltrain.trainer.rollout_source import RolloutSource, stats
 from rltrain.trainer.setup import (build_datasets, build_workers, check_config, check_model, config_dict, plan_check,
                                    plan_metrics, run_directory)
 from rltrain.trainer.weight_sync import WeightSync
-from rltrain.utils.checkpoint import find_latest_valid, loading_checkpoint, save_checkpoint, verify_checkpoint
+from rltrain.utils.checkpoint import find_latest_valid, loading_checkpoint, resume_path, save_checkpoint
 from rltrain.utils.memory import memory_metrics
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
@@ -260,19 +260,9 @@ class PPOTrainer:
         return path
 
     def _maybe_resume(self) -> int:
-        mode = self.cfg.trainer.resume
-        if mode == "never":
+        path = resume_path(self.cfg.trainer.resume, self.ckpt_dir)
+        if path is None:
             return 0
-        if mode == "auto":
-            found = find_latest_valid(self.ckpt_dir)
-            if found is None:
-                return 0
-            path = found[1]
-        else:
-            reason = verify_checkpoint(mode)
-            if reason is not None:
-                raise ValueError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}")
-            path = mode
         with loading_checkpoint(path):  # another model shape, an unreadable file: message + exit 2
             state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
             self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)

@@ -36,7 +36,7 @@ from rltrain.config.convert import as_config, as_dict
 from rltrain.config.schema import LogprobHeadConfig, ParallelConfig, SFTConfig
 from rltrain.data.sft_data import SFTDataset, collate
 from rltrain.models.hf_export import save_hf_checkpoint
-from rltrain.utils.checkpoint import find_latest_valid, save_checkpoint, verify_checkpoint
+from rltrain.utils.checkpoint import resume_path, save_checkpoint
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
 
@@ -214,19 +214,9 @@ class SFTTrainer:
     def _maybe_resume(self) -> int:
         """trainer.resume: auto (the newest intact checkpoint under trainer.ckpt_dir, if any), never, or a PATH.
         Returns the step to continue after (0: from the start)."""
-        mode = self.cfg.trainer.resume
-        if mode == "never":
+        path = resume_path(self.cfg.trainer.resume, self.ckpt_dir)
+        if path is None:
             return 0
-        if mode == "auto":
-            found = find_latest_valid(self.ckpt_dir)
-            if found is None:
-                return 0
-            path = found[1]
-        else:
-            reason = verify_checkpoint(mode)
-            if reason is not None:
-                raise ValueError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}")
-            path = mode
         state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
         shard = torch.load(os.path.join(path, f"rank{_rank()}.pt"), weights_only=False)
         self.engine.load_state_dict(shard["engine"])

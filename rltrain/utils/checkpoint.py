@@ -268,6 +268,22 @@ def find_latest_valid(root: str, log=None) -> tuple[int, str] | None:
     return None
 
 
+def resume_path(mode: str, root: str) -> str | None:
+    """The checkpoint `trainer.resume=mode` continues from: None for `never`, and for `auto` when `root` holds no
+    intact checkpoint (broken ones are reported and skipped); a PATH is verified first (CheckpointError naming
+    why it cannot be resumed). One rule for the RL trainer and SFT."""
+    if mode == "never":
+        return None
+    if mode == "auto":
+        found = find_latest_valid(root)
+        return None if found is None else found[1]
+    reason = verify_checkpoint(mode) if os.path.isdir(mode) else "not a directory"
+    if reason is not None:
+        raise CheckpointError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}; give a step_N "
+                              "directory written by rltrain, or trainer.resume=auto / never")
+    return mode
+
+
 def _prune(root: str, max_to_keep: int) -> None:
     ckpts = list_checkpoints(root)
     for _, path in ckpts[:-max_to_keep] if max_to_keep > 0 else []:
