@@ -100,7 +100,9 @@ def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
     """-> (engine, [micro_batch], loss_fn) for one row on this process's device."""
     import torch
 
-    from rltrain.models.megatron import engine as engine_mod
+    from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, OptimizerConfig, ParallelConfig
+    from rltrain.models.builder import build_engine  # the one engine builder
+    from rltrain.models.megatron import engine as engine_mod  # its build_gpt_model, patched for norms=fp32
 
     cfg = hf_config(row.preset)
     cuda = torch.cuda.is_available()
@@ -110,13 +112,14 @@ def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
     if row.norms == "fp32":
         engine_mod.build_gpt_model = _legacy_norms(orig_build)
     try:
-        eng = engine_mod.MegatronEngine(
-            cfg, role="actor", tp_size=row.tp, params_dtype=dtype, device=device, seed=0, lr=1e-5,
-            fused_linear_logprob=row.head == "fused", fused_linear_logprob_backend="auto",
-            max_tokens_per_micro_batch=row.tokens, make_vocab_size_divisible_by=1,
-            recompute_activations=row.recompute != "none",
-            recompute_granularity="selective" if row.recompute == "selective" else "full",
-            recompute_modules=("mlp",), elementwise_fusion=row.fusion)
+        eng = build_engine(
+            cfg, role="actor", dtype=dtype, device=device, seed=0, total_steps=1000,
+            max_tokens_per_micro_batch=row.tokens,  # vocab padding: EngineConfig's VOCAB_PADDING (1)
+            optim=OptimizerConfig(lr=1e-5), parallel=ParallelConfig(tensor_parallel_size=row.tp),
+            compute=LayerComputeConfig(recompute_activations=row.recompute != "none",
+                                       recompute_granularity="selective" if row.recompute == "selective" else "full",
+                                       recompute_modules=["mlp"], elementwise_fusion=row.fusion),
+            head=LogprobHeadConfig(fused_linear_logprob=row.head == "fused", fused_linear_logprob_backend="auto"))
     finally:
         engine_mod.build_gpt_model = orig_build
     if row.optim == "foreach":  # torch's default AdamW on CUDA, as the engine used before
