@@ -61,7 +61,11 @@ class SandboxUnavailableError(UserError, RuntimeError):
 
 
 def sandbox_isolation(*, allow_unisolated: bool = False, allow_exec: bool = False) -> str:
-    """The isolation tool code gets on this machine, e.g. "namespaces:user,pid,net + landlock:7 + seccomp".
+    """The isolation tool code gets on this machine (the run log's line; docs/security.md), e.g.
+    "namespaces:user,mnt,pid,ipc,net + root:private(tmpfs 64 MiB) + caps:none + landlock:7 +
+    seccomp(sockets:unix,inet,inet6) + limits:cgroup-v1(memory 1024 MiB, pids 34 per call)": new namespaces, a
+    private read-only root with a size-limited tmpfs as the only writable place, no capabilities, Landlock, a
+    seccomp filter with a socket-family allowlist, and a cgroup per call.
 
     Raises SandboxUnavailableError (saying why, and how to allow it knowingly) when the kernel cannot
     isolate it and allow_unisolated (config `sandbox.allow_unisolated`) is off."""

@@ -69,9 +69,11 @@ class SandboxResult:
     exit_code: int | None  # None when the process ended by a signal or was killed by us
     duration_s: float
     message: str = ""  # one line saying why a non-ok run ended (empty when ok)
-    # kernel isolation the child got, e.g. "namespaces:user,pid,net + landlock:7 + seccomp", or "none"
+    # kernel isolation the child got, e.g. "namespaces:user,mnt,pid,ipc,net + root:private(tmpfs 64 MiB) +
+    # caps:none + landlock:7 + seccomp(sockets:unix,inet,inet6) + limits:...", or "none"
     isolation: str = ""
-    isolated: bool = False  # namespaces, Landlock and seccomp held (the code ran behind the kernel boundary)
+    # namespaces, private root, capability drop, Landlock and seccomp held (the code ran behind the kernel boundary)
+    isolated: bool = False
     sandbox_id: str = ""  # marker in the child's environment, for finding its processes
 
     def ok(self) -> bool:
