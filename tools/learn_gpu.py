@@ -604,14 +604,8 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
     out = {"before": before, "runs": runs, "comparison": compare_runs(runs, before["n"], args.engine)}
     if isolation:
         out["sandbox_isolation"] = isolation
-    if out["comparison"].get("engines"):
-        e = out["comparison"]["engines"]
-        log(f"{stage}: {e['reference']} vs {e['engine']}: mean |gap| {e['gap_engines']:.3f} vs seed noise "
-            f"{e['gap_seeds']:.3f} (+2 SE {e['two_se']:.3f}) -> within noise: {e['within_noise']}")
-    if out["comparison"].get("gap_fused_unfused") is not None:
-        c = out["comparison"]
-        log(f"{stage}: fused vs unfused: mean |gap| {c['gap_fused_unfused']:.3f} vs seed noise "
-            f"{c['gap_seeds']:.3f} (+2 SE {c['two_se']:.3f}) -> within noise: {c['within_noise']}")
+    for line in comparison_lines(out["comparison"]):
+        log(f"{stage}: {line}")
     plot_grpo(lay, stage, runs, before)
     return out
 
@@ -678,19 +672,41 @@ def stage_plots(lay: Layout) -> dict:
     return {"plots": sorted(os.listdir(lay.plots)) if os.path.isdir(lay.plots) else []}
 
 
+def results(summary: dict, stages=("sft", "retool_sft", "grpo", "retool_grpo")):
+    """(stage, name, entry, before, after) of every finished SFT stage (entry: its summary; name: its parameters)
+    and every GRPO run (entry: the run's summary) of `stages`: the rows of summary.md and benchmarks.md."""
+    for stage in stages:
+        s = summary.get(stage) or {}
+        if "runs" in s:
+            yield from ((stage, n, r, r.get("before", s["before"]), r.get("after")) for n, r in s["runs"].items())
+        elif "after" in s:
+            yield stage, f"{s['parameters'] / 1e6:.1f}M", s, s["before"], s["after"]
+
+
+def _tool_calls(e: dict | None) -> str:
+    return f"{e['correct_tool_call']:.3f}" if e and "correct_tool_call" in e else "-"
+
+
+def comparison_lines(comparison: dict | None) -> list[str]:
+    """The rollout-engine and fused-vs-materialized comparisons of a GRPO stage against seed noise, as sentences."""
+    out, e, c = [], (comparison or {}).get("engines"), comparison or {}
+    if e:
+        out.append(f"Rollout engines: mean |held-out accuracy gap| {e['gap_engines']:.3f} ({e['reference']} vs "
+                   f"{e['engine']}); seed noise {e['gap_seeds']:.3f} ({e['seed_a']} vs {e['seed_b']}); 2 SE "
+                   f"{e['two_se']:.3f}; within noise: {e['within_noise']}")
+    if c.get("gap_fused_unfused") is not None:
+        out.append(f"Fused vs materialized logits: mean |held-out accuracy gap| {c['gap_fused_unfused']:.3f} "
+                   f"({c['fused']} vs {c['unfused']}); seed noise {c['gap_seeds']:.3f} ({c['fused']} vs "
+                   f"{c['other_seed']}); 2 SE {c['two_se']:.3f}; within noise: {c['within_noise']}")
+    return out
+
+
 def report(summary: dict) -> str:
     """summary.md: one table of held-out accuracy before/after each stage, and the timing per phase."""
-    def tc(e):
-        return f"{e['correct_tool_call']:.3f}" if e and "correct_tool_call" in e else "-"
-
-    rows = [(stage, f"{s['parameters'] / 1e6:.1f}M random init -> SFT", f"{s['before']['accuracy']:.3f}",
-             f"{s['after']['accuracy']:.3f}", tc(s["before"]), tc(s["after"]), f"{s['wall_s']:.0f}")
-            for stage in ("sft", "retool_sft") for s in [summary.get(stage)] if s and "after" in s]
-    rows += [(stage, f"{name} ({r['steps_done']}/{r['total_steps']} steps)", f"{r.get('before', s['before'])['accuracy']:.3f}",
-              f"{r['after']['accuracy'] if r.get('after') else float('nan'):.3f}", tc(r.get("before", s["before"])),
-              tc(r.get("after")), f"{r['wall_s']:.0f}")
-             for stage in ("grpo", "retool_grpo") for s in [summary.get(stage)] if s and "runs" in s
-             for name, r in s["runs"].items()]
+    rows = [(stage, f"{name} random init -> SFT" if "runs" not in summary[stage] else
+             f"{name} ({e['steps_done']}/{e['total_steps']} steps)", f"{b['accuracy']:.3f}",
+             f"{a['accuracy'] if a else float('nan'):.3f}", _tool_calls(b), _tool_calls(a), f"{e['wall_s']:.0f}")
+            for stage, name, e, b, a in results(summary)]
     lines = [f"# Learning recipe ({summary.get('device', '?')}, scale {summary.get('scale')}, {summary.get('date')})", "",
              md_table(["stage", "model", "held-out accuracy before", "after", "correct tool calls before", "after",
                        "wall s"], rows)]
@@ -704,52 +720,28 @@ def report(summary: dict) -> str:
                   f"{t.get('update_weights_s', 0):.2f}", f"{t['step_s']:.2f}", f"{t['gen_response_tokens_per_s']:.0f}",
                   f"{t['old_log_prob_tokens_per_s']:.0f}", f"{t['update_actor_tokens_per_s']:.0f}",
                   f"{t['tokens_per_s_end_to_end']:.0f}") for name, r in s["runs"].items() for t in [r["timing"]] if t])]
-            e = (s.get("comparison") or {}).get("engines")
-            if e:
-                lines += ["", f"Rollout engines: mean |held-out accuracy gap| {e['gap_engines']:.3f} ({e['reference']} "
-                          f"vs {e['engine']}); seed noise {e['gap_seeds']:.3f} ({e['seed_a']} vs {e['seed_b']}); "
-                          f"2 SE {e['two_se']:.3f}; within noise: {e['within_noise']}"]
-            if (s.get("comparison") or {}).get("gap_fused_unfused") is not None:
-                c = s["comparison"]
-                lines += ["", f"Fused vs materialized logits: mean |held-out accuracy gap| {c['gap_fused_unfused']:.3f} "
-                          f"({c['fused']} vs {c['unfused']}); seed noise {c['gap_seeds']:.3f} ({c['fused']} vs "
-                          f"{c['other_seed']}); 2 SE {c['two_se']:.3f}; within noise: {c['within_noise']}"]
+            lines += [x for line in comparison_lines(s.get("comparison")) for x in ("", line)]
     return "\n".join(lines) + "\n"
 
 
 def bench_table(summary: dict) -> str:
     """benchmarks.md: the rows for docs/benchmarks.md's "Learning recipe" section (command, device, wall time,
     tokens/s per phase, held-out accuracy before -> after)."""
-    dev, date = summary.get("device", "?"), summary.get("date", "?")
     rows = []
-
-    def acc(b, a):
-        return f"{b['accuracy']:.3f} -> {a['accuracy']:.3f}" if a else f"{b['accuracy']:.3f} -> (unfinished)"
-
-    def tc(b, a):
-        return f"{b['correct_tool_call']:.3f} -> {a['correct_tool_call']:.3f}" if a and "correct_tool_call" in a else "-"
-
-    for stage in ("sft", "grpo", "retool_sft", "retool_grpo"):
-        s = summary.get(stage)
-        if not s:
-            continue
-        cmd = f"`{s.get('command', '?')}`"
-        if "runs" not in s:
-            if "after" in s:
-                tok = f"train {s['tokens_per_s']:.0f}" if "tokens_per_s" in s else "-"
-                rows.append((stage, f"{s['parameters'] / 1e6:.1f}M from random init", cmd, f"{s['wall_s']:.0f}",
-                             s["steps"], tok, acc(s["before"], s["after"]), tc(s["before"], s["after"])))
-            continue
-        for name, r in s["runs"].items():
-            t = r.get("timing") or {}
-            tok = (f"gen {t['gen_response_tokens_per_s']:.0f} (response), log-prob {t['old_log_prob_tokens_per_s']:.0f}, "
-                   f"update {t['update_actor_tokens_per_s']:.0f}, end-to-end {t['tokens_per_s_end_to_end']:.0f}"
-                   if t else "-")
-            rows.append((stage, name, cmd, f"{r['wall_s']:.0f}", f"{r['steps_done']}/{r['total_steps']}", tok,
-                         acc(r.get("before", s["before"]), r.get("after")), tc(r.get("before", s["before"]), r.get("after"))))
-    return "\n".join([f"Device: {dev}; date {date}; scale {summary.get('scale')}.", "", md_table(
-        ["stage", "run", "driver command", "wall s", "steps", "tokens/s per phase", "held-out accuracy",
-         "correct tool calls"], rows)]) + "\n"
+    for stage, name, e, b, a in results(summary, ("sft", "grpo", "retool_sft", "retool_grpo")):
+        t, sft = e.get("timing") or {}, "runs" not in summary[stage]
+        tok = (f"gen {t['gen_response_tokens_per_s']:.0f} (response), log-prob {t['old_log_prob_tokens_per_s']:.0f}, "
+               f"update {t['update_actor_tokens_per_s']:.0f}, end-to-end {t['tokens_per_s_end_to_end']:.0f}" if t
+               else f"train {e['tokens_per_s']:.0f}" if "tokens_per_s" in e else "-")
+        rows.append((stage, f"{name} from random init" if sft else name, f"`{summary[stage].get('command', '?')}`",
+                     f"{e['wall_s']:.0f}", e["steps"] if sft else f"{e['steps_done']}/{e['total_steps']}", tok,
+                     f"{b['accuracy']:.3f} -> " + (f"{a['accuracy']:.3f}" if a else "(unfinished)"),
+                     f"{b['correct_tool_call']:.3f} -> {a['correct_tool_call']:.3f}"
+                     if a and "correct_tool_call" in a else "-"))
+    return "\n".join([f"Device: {summary.get('device', '?')}; date {summary.get('date', '?')}; scale "
+                      f"{summary.get('scale')}.", "", md_table(
+                          ["stage", "run", "driver command", "wall s", "steps", "tokens/s per phase",
+                           "held-out accuracy", "correct tool calls"], rows)]) + "\n"
 
 
 EXPORT_FILES = ("summary.md", "summary.json", "benchmarks.md")
