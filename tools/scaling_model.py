@@ -37,6 +37,7 @@ sys.path.insert(0, REPO)
 
 from rltrain.config.schema import ActorConfig  # noqa: E402
 from rltrain.models.presets import QWEN3_0_6B, QWEN3_4B, QWEN3_8B  # noqa: E402
+from rltrain.plan.memory import kv_bytes_per_token  # noqa: E402
 from rltrain.utils.flops import matmul_params, num_params, peak_flops, train_flops  # noqa: E402
 
 GB = 1e9
@@ -61,11 +62,6 @@ class Num:
 
 def shape(name: str) -> SimpleNamespace:
     return SimpleNamespace(**SHAPES[name], model_type="qwen3")
-
-
-def kv_bytes_per_token(cfg) -> int:
-    """bf16 K and V of every layer for one token (vLLM's KV cache)."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
 
 
 # --------------------------------------------------------------------------- inputs
@@ -231,7 +227,7 @@ class DecodeCal:
 def decode_step_terms(cfg, batch: int, ctx: float, tp: int, hbm_bw: float, gemm: float) -> dict:
     """One decode step of `batch` sequences at mean context `ctx`, per GPU of a TP group (bytes and seconds)."""
     w_bytes = 2 * matmul_params(cfg) / tp
-    kv_bytes = batch * ctx * kv_bytes_per_token(cfg) / tp
+    kv_bytes = batch * ctx * kv_bytes_per_token(cfg, tp, 2)  # bf16, per rank (the planner's rule)
     flops = 2 * matmul_params(cfg) * batch / tp
     return {"weight_bytes": w_bytes, "kv_bytes": kv_bytes,
             "mem_s": max(w_bytes / hbm_bw, flops / gemm) + kv_bytes / hbm_bw}
@@ -474,7 +470,7 @@ def memory(cfg, layout: Layout, recipe: Recipe, batch: int, inp: dict[str, Num])
     8k-token micro-batch is the measured one (4B at TP=1: 114.7 GiB peak on one H200, issue 17)."""
     actor = inp["static_bytes_per_param"].value * num_params(cfg) / (layout.tp * layout.pp) / GB
     vllm_w = 2 * num_params(cfg) / layout.rollout_tp / GB
-    kv = batch * recipe.seq_len * kv_bytes_per_token(cfg) / layout.rollout_tp / GB
+    kv = batch * recipe.seq_len * kv_bytes_per_token(cfg, layout.rollout_tp, 2) / GB
     hbm = inp["hbm_bytes_h200"].value / GB
     if layout.placement == "colocated":  # rollout.gpu_memory_utilization must leave the actor's state room
         resident = actor + vllm_w + kv

@@ -65,8 +65,9 @@ def test_toy_bytes_moved_by_hand():
     assert sync["load_s"] == pytest.approx(2 * 1176 * 1e-3)
     # TP all-gather of the bf16 weights: (2-1)/2 of 2,352 B per rank
     assert sync["gather_s"] == pytest.approx(1176 / bw + lat)
-    # KV cache: K and V x 2 layers x 1 head x 4 x 2 B
-    assert sm.kv_bytes_per_token(TOY) == 32
+    # KV cache (the planner's rule, rltrain/plan/memory.py): K and V x 2 layers x 1 head x 4 x 2 B; at least one
+    # KV head per rank, so TP 2 of TOY's single head still holds all of it
+    assert sm.kv_bytes_per_token(TOY, 1, 2) == sm.kv_bytes_per_token(TOY, 2, 2) == 32
 
 
 def test_calibration_points_are_reproduced():
