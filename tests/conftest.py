@@ -49,3 +49,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_dist_env():
+    """An in-process worker publishes torch.distributed's variables in this process and must take them back
+    (LocalWorkerGroup.shutdown). One left behind is inherited by every later subprocess, whose rendezvous then
+    meets this process's store on the same port (EADDRINUSE in CI once): the test that leaks fails, named."""
+    before = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    after = {k: os.environ.get(k) for k in _DIST_ENV}
+    if after != before:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        pytest.fail(f"the test left torch.distributed variables in the environment: "
+                    f"{ {k: v for k, v in after.items() if before[k] != v} }")

@@ -80,15 +80,15 @@ class PPOTrainer:
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
         t = self.cfg.trainer
-        self.global_step = self._maybe_resume()
         last: dict = {}
-        if t.val_before_train and self.global_step == 0 and t.test_freq > 0:
-            val = self.validate()
-            self.tracker.log(val, step=0)
-            last.update(val)
-        bar = _progress(t, self.global_step)
-        completed = False
-        try:
+        bar, completed = None, False
+        try:  # whatever fails (resume included), the workers are shut down
+            self.global_step = self._maybe_resume()
+            if t.val_before_train and self.global_step == 0 and t.test_freq > 0:
+                val = self.validate()
+                self.tracker.log(val, step=0)
+                last.update(val)
+            bar = _progress(t, self.global_step)
             while self.global_step < t.total_steps:
                 self.global_step += 1
                 step = self.global_step
