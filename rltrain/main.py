@@ -17,17 +17,15 @@ import os
 import sys
 from typing import Callable
 
-import hydra
 from omegaconf import DictConfig
 
 from rltrain.config import config_main, register_configs, validate_config
+from rltrain.config.entry import CONFIG_DIR
 from rltrain.utils.errors import find_user_error
 from rltrain.utils.rundir import lock_run_dir, mark_finished, resume_command
 from rltrain.utils.stacks import enable_stack_dumps
 
 register_configs()
-
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Callable[[DictConfig], object]) -> None:

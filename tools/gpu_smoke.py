@@ -25,7 +25,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import REPO, device_name, gemm_tflops, md_table, report_header, run_child, time_ms, write_report
+from harness import device_name, gemm_tflops, md_table, report_header, run_child, time_ms, write_report
 from harness.cases import GRPO_06B_OVERRIDES, policy_loss_fn, policy_micro_batch  # noqa: F401 (GRPO_06B: docs)
 from harness.host_profile import profile_call
 from harness.host_profile import to_markdown as profile_markdown
@@ -72,17 +72,14 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     """profile_gen: the last step's generation (the steps-th generate call: one per step here, no validation,
     no dynamic sampling) runs under cProfile (harness/host_profile.py; written to profile_gen_<engine>.md) and that
     step is left out of the means."""
-    from hydra import compose, initialize_config_dir
-
-    from rltrain.config import register_configs, validate_config
+    from rltrain.config import validate_config
+    from rltrain.config.entry import compose_config
     from rltrain.trainer.ppo import run_from_config
     from rltrain.utils.tracking import read_metrics
 
-    register_configs()
     overrides = ["trainer.use_ray=false", *GRPO_06B_OVERRIDES, f"trainer.total_steps={steps}"] + (
         ["rollout=vllm"] if engine == "vllm" else []) + list(extra)  # vllm colocated: sleeps during the update
-    with initialize_config_dir(config_dir=os.path.join(REPO, "configs"), version_base=None):
-        cfg = compose(config_name="grpo_tiny", overrides=overrides)
+    cfg = compose_config("grpo_tiny", overrides)
     validate_config(cfg)
     run_dir = os.path.join(out_dir, f"grpo_run_{engine}")
     torch.cuda.reset_peak_memory_stats()

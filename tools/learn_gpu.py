@@ -243,17 +243,10 @@ def stage_overrides(stage: str, lay: Layout, args, run: RunSpec | None = None) -
 
 
 def compose(stage: str, overrides: list[str], scale: Scale):
-    """The composed config a trainer command of `stage` would run with (hydra.* overrides dropped)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    """The composed config a trainer command of `stage` would run with."""
+    from rltrain.config.entry import compose_config
 
-    from rltrain.config import register_configs
-    from rltrain.main import CONFIG_DIR
-
-    register_configs()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return hydra_compose(config_name=CONFIG_OF[stage] + scale.suffix,
-                             overrides=[o for o in overrides if not o.startswith("hydra.")])
+    return compose_config(CONFIG_OF[stage] + scale.suffix, overrides)
 
 
 def validated(stage: str, overrides: list[str], scale: Scale) -> dict:

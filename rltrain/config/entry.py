@@ -10,11 +10,32 @@ It must not run anything: composition and the schema only.
 from __future__ import annotations
 
 import functools
+import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from rltrain.config.schema import RLConfig
+from rltrain.config.schema import RLConfig, register_configs
 from rltrain.utils.errors import UserError
+
+# the recipes (configs/*.yaml): the one place their folder is named
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def compose_config(config_name: str, overrides: Sequence[str] = ()):
+    """The config `python -m rltrain.main --config-name NAME OVERRIDES` runs with, composed with Hydra's compose API
+    from configs/ (the schema registered; `hydra.*` overrides, which only steer Hydra's own run, dropped), for tools
+    and the planner that need it without starting a run. Returns the DictConfig; not validated."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()  # a caller under Hydra or an earlier compose left it initialized
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            return compose(config_name=config_name,
+                           overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def composition_error(config_dir: str, config_name: str, argv: list[str], schema: type = RLConfig) -> str | None:

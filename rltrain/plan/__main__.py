@@ -10,36 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
-
-
-def compose(config_name: str, overrides: list[str]):
-    """The composed config, as rltrain.main's @hydra.main builds it from configs/."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from rltrain.config import register_configs
-
-    register_configs()
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+from rltrain.config.entry import CONFIG_DIR, composition_error, compose_config
 
 
 def _composition_error(config_name: str, overrides: list[str]) -> str | None:
-    """rltrain.config.entry's refusal of the command line (as rltrain.main prints it), where that gate exists."""
-    from rltrain.config import register_configs
-
-    try:
-        from rltrain.config.entry import composition_error
-    except ImportError:  # an older tree: compose() below reports Hydra's error
-        return None
-    register_configs()
+    """rltrain.config.entry's refusal of the command line, as rltrain.main prints it."""
     return composition_error(CONFIG_DIR, config_name, ["--config-name", config_name, *overrides])
 
 
@@ -69,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rltrain: {why}", file=sys.stderr, flush=True)
             return 2
         try:
-            cfg = compose(args.config_name, args.overrides)
+            cfg = compose_config(args.config_name, args.overrides)
         except Exception as err:  # hydra's composition errors: a bad key or value, a missing config
             if find_user_error(err) is not None:
                 raise

@@ -65,9 +65,9 @@ def compose(overrides: list[str]) -> dict:
 def _compose(overrides: tuple[str, ...]) -> dict:
     from omegaconf import OmegaConf
 
-    from rltrain.plan.__main__ import compose as hydra_compose
+    from rltrain.config.entry import compose_config
 
-    return OmegaConf.to_container(hydra_compose("grpo_tiny", list(overrides)), resolve=True)  # type: ignore
+    return OmegaConf.to_container(compose_config("grpo_tiny", list(overrides)), resolve=True)  # type: ignore
 
 
 def bench_overrides(row: dict) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rltrain.config.validate import DATA_SOURCES, DEVICES, MODEL_DTYPES, PLAN_CHECKS
-from rltrain.plan.__main__ import compose
+from rltrain.config.entry import compose_config as compose
 
 
 def test_devices_are_what_the_trainer_resolves():

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from rltrain.plan import PlanError, check, make_plan
 from rltrain.plan import calibration as cal
-from rltrain.plan.__main__ import compose, main
+from rltrain.config.entry import compose_config as compose
+from rltrain.plan.__main__ import main
 from rltrain.plan.inputs import PlanInputError, model_shape, read
 from rltrain.plan.memory import (activation_bytes, kv_bytes_per_token, micro_batch_tokens, role_params, train_static,
                                  update_phase)

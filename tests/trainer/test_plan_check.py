@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from rltrain.plan import PlanError
-from rltrain.plan.__main__ import compose
+from rltrain.config.entry import compose_config as compose
 from rltrain.trainer.setup import plan_check, plan_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
