@@ -31,23 +31,6 @@ class MicroBatch:
 
     FIELDS = ("input_ids", "seq_lens", "label_mask", "sample_idx", "loss_scale")
 
-    # Access by name (mb["loss_mask"], mb["loss_scale"] = x): transitional, for the callers that still index the
-    # flat dict layout (trainer/sft.py's SFTLoss, issue #32); a field's name gives the field, any other an extra.
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key) if key in self.FIELDS else self.extras[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in self.FIELDS:
-            setattr(self, key, value)
-        else:
-            self.extras[key] = value
-
-    def __contains__(self, key: str) -> bool:
-        return (key in self.FIELDS and getattr(self, key) is not None) or key in self.extras
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
-
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> MicroBatch:
         """A micro-batch from the flat dict layout (tools and tests build those by hand): the named fields are
@@ -74,16 +57,6 @@ class ModelOutputs:
     logprobs: Tensor | None = None  # [b, s] log p(x_t | x_<t) at the given temperature (log-prob models)
     entropy: Tensor | None = None  # [b, s] entropy of that distribution; carries grad iff loss_fn.needs_entropy_grad
     values: Tensor | None = None  # [b, s] V(x_<t) (value models)
-
-    # outputs["logprobs"], outputs.get("entropy"): transitional, as MicroBatch's access by name
-    def __getitem__(self, key: str) -> Tensor | None:
-        if key not in ("logprobs", "entropy", "values"):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return default if key not in ("logprobs", "entropy", "values") or getattr(self, key) is None \
-            else getattr(self, key)
 
 
 def as_outputs(out: ModelOutputs | Mapping[str, Tensor]) -> ModelOutputs:

@@ -36,19 +36,20 @@ from rltrain.config.convert import as_config, as_dict
 from rltrain.config.schema import LogprobHeadConfig, ParallelConfig, SFTConfig
 from rltrain.data.sft_data import SFTDataset, collate
 from rltrain.models.hf_export import save_hf_checkpoint
+from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
 from rltrain.utils.checkpoint import resume_path, save_checkpoint
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
 
 
 class SFTLoss:
-    """loss_fn for MegatronEngine.train_step: token mean of -log-prob over mb["loss_mask"] [b, S].
+    """loss_fn for the engine's train step (models/loss_protocol.LossFn): token mean of -log-prob over the
+    micro-batch's extras["loss_mask"] [b, S].
 
     Also accumulates the summed NLL, entropy and token count of the step for exact logging.
     """
 
     needs_entropy_grad = False
-    temperature = 1.0
 
     def __init__(self) -> None:
         self.reset()
@@ -56,14 +57,14 @@ class SFTLoss:
     def reset(self) -> None:
         self.nll = self.entropy = self.tokens = 0.0
 
-    def __call__(self, outputs: dict[str, torch.Tensor], mb: dict[str, torch.Tensor]):
-        lp = outputs["logprobs"]  # [b, S] fp32, 0 outside label_mask
-        mask = mb["loss_mask"].to(lp.device, torch.float32)  # [b, S]
+    def __call__(self, outputs: ModelOutputs, mb: MicroBatch):
+        lp = outputs.logprobs  # [b, S] fp32, 0 outside label_mask
+        mask = mb.extras["loss_mask"].to(lp.device, torch.float32)  # [b, S]
         n = mask.sum()
         nll = -(lp * mask).sum()
         self.nll += float(nll.detach())
         self.tokens += float(n)
-        ent = outputs.get("entropy")
+        ent = outputs.entropy
         if ent is not None:
             self.entropy += float((ent.detach() * mask).sum())
         return nll / n.clamp(min=1.0), {}
@@ -169,9 +170,9 @@ class SFTTrainer:
         mbs = self.engine.make_micro_batches(tensors, batch["seq_lens"])
         total = self.engine.data_parallel_sum([float(mask.sum())])[0]
         for mb in mbs:  # token share of the global step; x dp_size because the engine averages over ranks
-            mb["loss_scale"] = float(mb["loss_mask"].sum()) / max(total, 1.0) * self.dp_size
+            mb.loss_scale = float(mb.extras["loss_mask"].sum()) / max(total, 1.0) * self.dp_size
         self.loss.reset()
-        out = self.engine.train_step(mbs, self.loss)
+        out = self.engine.train_step(mbs, self.loss, temperature=1.0)  # SFT: the model's own distribution
         nll, ent, tokens = self.engine.data_parallel_sum([self.loss.nll, self.loss.entropy, self.loss.tokens])
         return {"sft/loss": nll / max(tokens, 1.0), "sft/entropy": ent / max(tokens, 1.0),
                 "sft/grad_norm": float(out["grad_norm"]), "sft/lr": float(out["lr"]), "sft/tokens": tokens}

@@ -84,7 +84,7 @@ def test_micro_batch_from_mapping_splits_fields_and_extras():
     mb = as_micro_batch({"input_ids": ids, "seq_lens": [4, 2], "loss_scale": 0.5, "old": torch.ones(2, 4)})
     assert mb.loss_scale == 0.5 and mb.seq_lens.tolist() == [4, 2] and mb.label_mask is None
     assert set(mb.extras) == {"old"} and as_micro_batch(mb) is mb
-    mb["loss_scale"] = 0.25  # access by name (transitional, trainer/sft.py)
-    assert mb.loss_scale == 0.25 and mb["old"] is mb.extras["old"] and mb.get("missing", 1) == 1
+    with pytest.raises(TypeError):  # fields by attribute only (the name-access shim of #32's migration is gone)
+        mb["loss_scale"]
     with pytest.raises(ValueError, match="seq_lens"):
         as_micro_batch({"input_ids": ids})
