@@ -8,7 +8,7 @@ tests/plan/test_calibration.py checks these values equal that refit); every othe
 held out and compared in docs/plan.md ("Predicted vs measured"). ASSUMED constants are datasheet or code values,
 not measurements.
 
-Paths are under tools/results/ (the raw GPU results; docs/gpu_results/ before 2026-11-25).
+Paths are under tools/results/ (the raw GPU results).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 Each fitted constant is solved from ONE run (role "fit"); every other run is "held out" and only compared. Rows of
 the engine before the 2026-11-23 levers (fp32 norms, foreach AdamW: "legacy") are compared too, but the model
 describes the current engine, so their error is reported apart. The runs are read from tools/results/ (the raw GPU
-results; docs/gpu_results/ in older trees).
+results).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def results_dir() -> str:
-    for rel in ("tools/results", "docs/gpu_results"):
-        if os.path.isdir(os.path.join(ROOT, rel)):
-            return os.path.join(ROOT, rel)
-    raise FileNotFoundError("no tools/results (or docs/gpu_results) directory with the measured GPU runs")
+    path = os.path.join(ROOT, "tools", "results")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no {path} directory with the measured GPU runs")
+    return path
 
 
 def load(rel: str) -> dict:
