@@ -26,9 +26,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import Deadline, device_name, md_table, plot_lines, pyplot, report_header, run_child, run_rows
+from harness import Deadline, device_name, md_table, report_header
+from harness import run_trainer as harness_run_trainer
 from harness import write_report as write_files
 from harness.cases import GRPO_06B_OVERRIDES
+
+from rltrain.utils.plotting import plot_lines, pyplot
 
 
 ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true"]
@@ -44,18 +47,12 @@ PHASES = ("timing_s/gen_wait", "timing_s/gen", "timing_s/old_log_prob", "timing_
 
 def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: float) -> dict:
     """One training run in a fresh process; returns {"rows", "wall_s", "returncode", "log_tail"}."""
-    os.makedirs(run_dir, exist_ok=True)
     env = dict(os.environ, WANDB_MODE="offline", RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")
-    cmd = [sys.executable, "-m", "rltrain.main", "--config-name", config, *overrides, f"hydra.run.dir={run_dir}"]
-    log_path = os.path.join(run_dir, "run.log")
-    if os.path.exists(log_path):
-        os.remove(log_path)
     # the deadline stops the run and the Ray workers it started (its process group)
-    r = run_child(cmd, log_path, timeout_s=max(1.0, timeout_s), env=env, poll_s=1.0,
-                  stop=((signal.SIGTERM, 20), (signal.SIGKILL, 10)))
-    rows = run_rows(run_dir)
-    return {"rows": rows, "wall_s": r["wall_s"], "returncode": "stopped at the deadline" if r["timed_out"] else r["rc"],
-            "log_tail": r["tail"], "command": " ".join(cmd)}
+    r = harness_run_trainer(config, overrides, run_dir, timeout_s=max(1.0, timeout_s), env=env, poll_s=1.0,
+                            stop=((signal.SIGTERM, 20), (signal.SIGKILL, 10)))
+    return {"rows": r["rows"], "wall_s": r["wall_s"], "log_tail": r["tail"], "command": " ".join(r["command"]),
+            "returncode": "stopped at the deadline" if r["timed_out"] else r["rc"]}
 
 
 def speed_summary(rows: list[dict], skip: int = 2) -> dict:

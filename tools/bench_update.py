@@ -36,18 +36,18 @@ import dataclasses
 import fnmatch
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, gemm_tflops, md_table, report_header, run_child, time_ms, times_ms, write_report
+from harness import device_name, gemm_tflops, md_table, report_header, run_json_child, time_ms, times_ms, write_report
 from harness.cases import LEVER_SETS, PRESETS, Row, build_for_row, hf_config  # noqa: F401 (tests import them here)
 from harness.update_profile import profile_train_step
 
 from rltrain.utils.flops import peak_flops, train_flops
+from rltrain.workers.base import free_port, publish_dist_env
 
 SHORT = {"qwen3-0.6b": "06b", "qwen3-4b": "4b", "tiny": "tiny"}
 
@@ -177,8 +177,7 @@ def run_row(row: Row, reps: int, out_dir: str) -> dict:
 
 
 def _tp_worker(rank: int, row_json: str, reps: int, out_dir: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    publish_dist_env(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, local_rank=rank)
     import torch
 
     torch.cuda.set_device(rank)
@@ -199,10 +198,7 @@ def child(row: Row, reps: int, out_dir: str) -> None:
             import torch.multiprocessing as mp
 
             assert torch.cuda.device_count() >= row.tp, f"row {row.name} needs {row.tp} GPUs"
-            with socket.socket() as so:
-                so.bind(("127.0.0.1", 0))
-                port = so.getsockname()[1]
-            mp.spawn(_tp_worker, args=(json.dumps(dataclasses.asdict(row)), reps, out_dir, port), nprocs=row.tp)
+            mp.spawn(_tp_worker, args=(json.dumps(dataclasses.asdict(row)), reps, out_dir, free_port()), nprocs=row.tp)
             return
         res = run_row(row, reps, out_dir)
     except torch.OutOfMemoryError as err:
@@ -361,30 +357,21 @@ def main() -> None:
     if args.list:
         return
     start = time.time()
-    run_child([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out]
-              + (["--no-attention-probe"] if args.no_attention_probe else []), None, timeout_s=300)
-    try:
-        with open(os.path.join(args.out, "probe.json")) as f:
-            probe = json.load(f)
-    except OSError:
-        probe = {"device": "unknown (probe failed)", "torch": "?", "gemm_tflops": 0.0}
+    probe, _ = run_json_child([sys.executable, os.path.abspath(__file__), "--probe", "--out", args.out]
+                              + (["--no-attention-probe"] if args.no_attention_probe else []),
+                              os.path.join(args.out, "probe.json"), timeout_s=300)
+    probe = probe or {"device": "unknown (probe failed)", "torch": "?", "gemm_tflops": 0.0}
     res = {**report_header("bench_update", probe["device"]), **probe, "plan": args.plan, "rows": []}
     for r, pred in zip(rows, preds):
         elapsed = time.time() - start
         if elapsed + pred > args.budget_s:
             out = {"row": dataclasses.asdict(r), "status": "skipped (budget)"}
         else:
-            path = os.path.join(args.out, f"row_{r.name}.json")
-            if os.path.exists(path):
-                os.remove(path)
             cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(dataclasses.asdict(r)),
                    "--out", args.out, "--reps", str(args.reps)]
-            t0 = time.time()
-            run = run_child(cmd, None, timeout_s=max(120.0, 3 * pred))  # the row's output streams to the console
-            if os.path.exists(path):
-                with open(path) as f:
-                    out = json.load(f)
-            else:
+            t0 = time.time()  # the row's output streams to the console
+            out, run = run_json_child(cmd, os.path.join(args.out, f"row_{r.name}.json"), timeout_s=max(120.0, 3 * pred))
+            if out is None:
                 rc = "timeout" if run["timed_out"] else run["rc"]
                 out = {"row": dataclasses.asdict(r), "status": f"died (exit {rc})"}
             out["wall_s"] = time.time() - t0

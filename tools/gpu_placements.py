@@ -42,16 +42,18 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
-from harness import Deadline, device_name, md_table, report_header, run_child, run_rows, write_report
+from harness import Deadline, device_name, md_table, report_header, run_rows, write_report
+from harness import run_trainer as run_trainer_child
+from harness.cases import GRPO_06B_OVERRIDES
 
 from rltrain.rollout.vllm import TP_MIN_HEAD_DIM  # the head_dim rule of vLLM TP > 1 on GPUs
+from rltrain.workers.base import free_port
 
 PLACEMENTS = {
     "colocated_dp2": ["trainer.n_gpus_per_node=2"],
@@ -66,10 +68,9 @@ PLACEMENTS = {
 TWO_GPUS = ["colocated_dp2", "colocated_tp2", "split_1p1", "pp2"]  # the default matrix
 GPU = ["trainer.use_ray=true", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.logger=[console,jsonl]", "trainer.fused_linear_logprob_backend=auto"]
-QWEN06B = ["model=qwen3_0.6b_random", "trainer.fused_linear_logprob_backend=triton", "trainer.test_freq=-1",
-           "trainer.val_before_train=false", "data.train_batch_size=32", "rollout.n=8", "rollout.max_response_length=64",
-           "data.max_prompt_length=64", "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
-           "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256"]
+# harness/cases.py's Qwen3-0.6B GRPO run; the device and GPU count are the run's and the placement's
+QWEN06B = [o for o in GRPO_06B_OVERRIDES if not o.startswith(("trainer.device=", "trainer.n_gpus_per_node="))]
+QWEN06B.append("trainer.val_before_train=false")
 ROLES = ["algorithm=gae", "actor.use_kl_loss=true", "trainer.test_freq=-1", "trainer.val_before_train=false",
          "rollout.n=1", "data.train_batch_size=16", "actor.ppo_mini_batch_size=8", "critic.lr=1e-3"]
 PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "update_weights",
@@ -137,9 +138,7 @@ def _nccl_child(rank: int, world: int, mode: str, port: int, sizes_mib: list[int
 def section_nccl(out_dir: str, world: int = 2) -> dict:
     out: dict = {}
     for mode in ("isolated", "shared"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         path = os.path.join(out_dir, f"nccl_{mode}.json")
         env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT")
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--nccl-child", str(r), str(world), mode,
@@ -161,12 +160,6 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
                 device: str = "cuda") -> dict:
     """One `python -m rltrain.main` run joining the cluster; progress from its metrics.jsonl."""
     run_dir = os.path.join(out_dir, "runs", name)
-    os.makedirs(run_dir, exist_ok=True)
-    cmd = [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", f"trainer.device={device}", *GPU, *overrides,
-           f"trainer.ray_address={ray_address}", f"hydra.run.dir={run_dir}"]
-    log_path = os.path.join(run_dir, "run.log")
-    if os.path.exists(log_path):
-        os.remove(log_path)
     last_seen, t0 = [-1], time.time()
 
     def poll(_name: str) -> None:
@@ -182,17 +175,17 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
         log(f"{name}: over {timeout_s:.0f} s: Python stacks of {dumped} processes asked for, then killed")
         time.sleep(5)  # the dumps reach the log through Ray's log streaming
 
-    run = run_child(cmd, log_path, timeout_s=timeout_s, poll_s=5.0, poll_every_s=0.0, on_poll=poll, on_timeout=over,
-                    stop=((signal.SIGKILL, 30),))
-    rows = run_rows(run_dir)
+    over_rides = [f"trainer.device={device}", *GPU, *overrides, f"trainer.ray_address={ray_address}"]
+    run = run_trainer_child("grpo_tiny", over_rides, run_dir, timeout_s=timeout_s, poll_s=5.0, poll_every_s=0.0,
+                            on_poll=poll, on_timeout=over, stop=((signal.SIGKILL, 30),))
     with open(os.path.join(run_dir, "run.log"), errors="replace") as f:
         text = f.read()
     checks = log_checks(text)
     if checks["mnnvl_lines"]:
         log(f"{name}: NVLink multicast (mnnvl) in the log: {checks['mnnvl_lines'][0]}")
-    return {"rc": run["rc"], "seconds": run["wall_s"], "rows": rows, "log_tail": text[-1500:],
+    return {"rc": run["rc"], "seconds": run["wall_s"], "rows": run["rows"], "log_tail": text[-1500:],
             "process_tails": process_tails(text) if run["rc"] != 0 else {},
-            "command": " ".join(cmd[1:]), "log_checks": checks}
+            "command": " ".join(run["command"][1:]), "log_checks": checks}
 
 
 def ray_worker_pids() -> list[int]:

@@ -25,12 +25,13 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import device_name, gemm_tflops, md_table, report_header, run_child, time_ms, write_report
-from harness.cases import GRPO_06B_OVERRIDES, policy_loss_fn, policy_micro_batch  # noqa: F401 (GRPO_06B: docs)
+from harness import device_name, gemm_tflops, md_table, report_header, run_json_child, time_ms, write_report
+from harness.cases import GRPO_06B_OVERRIDES, actor_engine, policy_loss_fn, policy_micro_batch
 from harness.host_profile import profile_call
 from harness.host_profile import to_markdown as profile_markdown
 
 from rltrain.utils.flops import peak_flops, train_flops
+from rltrain.workers.base import free_port, publish_dist_env
 
 
 def qwen3_06b_config():
@@ -43,16 +44,12 @@ def peak_tflops() -> float:
     return peak_flops(device_name()) / 1e12
 
 
-def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536, lr=1e-5,
+def build_engine(cfg, *, fused: bool, backend: str = "auto", tp: int = 1, max_tokens: int = 65536,
                  recompute: bool = False):
-    from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, OptimizerConfig, ParallelConfig
-    from rltrain.models.builder import build_engine as build  # the one engine builder
+    from rltrain.config.schema import LayerComputeConfig
 
-    return build(cfg, role="actor", dtype=torch.bfloat16, device="cuda", seed=0, total_steps=1000,
-                 max_tokens_per_micro_batch=max_tokens, optim=OptimizerConfig(lr=lr, weight_decay=0.0),
-                 parallel=ParallelConfig(tensor_parallel_size=tp),
-                 compute=LayerComputeConfig(recompute_activations=recompute),
-                 head=LogprobHeadConfig(fused_linear_logprob=fused, fused_linear_logprob_backend=backend))
+    return actor_engine(cfg, tokens=max_tokens, device="cuda", dtype=torch.bfloat16, tp=tp, fused=fused,
+                        backend=backend, compute=LayerComputeConfig(recompute_activations=recompute), weight_decay=0.0)
 
 
 def timed_update(engine, mb: dict, reps: int = 2) -> dict:
@@ -197,8 +194,7 @@ def section_step(tokens: int, fused: bool, backend: str = "triton", recompute: b
 
 
 def _tp2_worker(rank: int, port: int, path: str, tokens: int):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    publish_dist_env(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, local_rank=rank)
     torch.cuda.set_device(rank)
     cfg = qwen3_06b_config()
     sd = torch.load(os.path.join(path, "weights.pt"))
@@ -213,8 +209,6 @@ def _tp2_worker(rank: int, port: int, path: str, tokens: int):
 
 
 def section_tp2(tokens: int = 8192) -> dict:
-    import socket
-
     import torch.multiprocessing as mp
 
     assert torch.cuda.device_count() >= 2, "tp2 needs 2 GPUs"
@@ -237,13 +231,11 @@ def section_tp2(tokens: int = 8192) -> dict:
     label_mask = (torch.arange(s)[None, :] < seq_lens[:, None])
     label_mask[:, 0] = False
     torch.save({"ids": ids, "seq_lens": seq_lens, "label_mask": label_mask}, os.path.join(path, "inputs.pt"))
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
+    port = free_port()
     mp.spawn(_tp2_worker, args=(port, path, tokens), nprocs=2, join=True)
     tp2 = torch.load(os.path.join(path, "tp2.pt"))
     # TP=1 on the same weights, in this process
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + 1))
+    publish_dist_env(rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port(), local_rank=0)
     eng = build_engine(cfg, fused=True, backend="triton", tp=1)
     eng.load_hf_weights({k: v.float() for k, v in sd.items()})
     lp1, ent1 = eng.forward_logprobs(ids, seq_lens, label_mask, with_entropy=True)
@@ -351,12 +343,8 @@ def main() -> None:
                "--grpo-steps", str(args.grpo_steps), "--grpo-engine", args.grpo_engine,
                *(["--grpo-set", *args.grpo_set] if args.grpo_set else []),
                *(["--profile-gen"] if args.profile_gen else [])]
-        run = run_child(cmd, None)  # its output streams to the console
-        path = os.path.join(args.out, f"section_{name}.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                res[name] = json.load(f)
-        else:
+        res[name], run = run_json_child(cmd, os.path.join(args.out, f"section_{name}.json"))  # output: the console
+        if res[name] is None:
             res[name] = {"error": f"section process exited with {run['rc']} and wrote nothing"}
         res.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
         print(f"[gpu_smoke] {name}: {time.time() - t0:.0f} s", flush=True)

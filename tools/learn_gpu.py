@@ -48,11 +48,12 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
-from harness import REPO, Deadline, device_name, md_table, plot_lines, run_child, run_children, run_rows
-from harness import write_json, write_report
+from harness import REPO, Deadline, device_name, md_table, run_child, run_children, run_rows
+from harness import trainer_command, write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
 from rltrain.utils.flops import num_params, peak_flops
+from rltrain.utils.plotting import plot_lines
 
 STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval", "plots")
 TASK_OF = {"sft": "add", "grpo": "add", "retool_sft": "mul_tool", "retool_grpo": "mul_tool"}
@@ -263,8 +264,7 @@ def validated(stage: str, overrides: list[str], scale: Scale) -> dict:
 
 def command(stage: str, overrides: list[str], scale: Scale, run_dir: str) -> list[str]:
     module = "rltrain.sft" if stage in ("sft", "retool_sft") else "rltrain.main"
-    return [sys.executable, "-m", module, "--config-name", CONFIG_OF[stage] + scale.suffix, *overrides,
-            f"hydra.run.dir={run_dir}"]
+    return trainer_command(CONFIG_OF[stage] + scale.suffix, overrides, run_dir, module)
 
 
 # ---------------------------------------------------------------------------- running trainers

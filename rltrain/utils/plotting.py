@@ -1,4 +1,5 @@
-"""PNG plots of a run's curves (reward, entropy, grad norm, response length, validation accuracy).
+"""PNG plots of a run's curves (reward, entropy, grad norm, response length, validation accuracy), and the one
+panel-of-curves plotter the tools draw with (plot_lines; CSV where matplotlib is missing).
 
 Reads metrics.jsonl only; for people without a wandb account. Never imports torch or the trainer.
 """
@@ -6,6 +7,7 @@ Reads metrics.jsonl only; for people without a wandb account. Never imports torc
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 from rltrain.utils.tracking import read_metrics
 
@@ -18,13 +20,23 @@ PLOTS = {
 }
 
 
-def plot_run(run_dir: str) -> list[str]:
-    """Write one PNG per known curve into run_dir; returns the paths written."""
-    import matplotlib
-
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_run(run_dir: str) -> list[str]:
+    """Write one PNG per known curve into run_dir; returns the paths written."""
+    plt = pyplot()
+    if plt is None:
+        raise ImportError("plot_run needs matplotlib (pip install matplotlib)")
     rows = read_metrics(run_dir)
     written = []
     for fname, (key, title) in PLOTS.items():
@@ -43,3 +55,38 @@ def plot_run(run_dir: str) -> list[str]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_lines(path: str, panels: Sequence[dict], *, suptitle: str | None = None) -> str:
+    """Side-by-side panels of curves as a PNG at `path`; where matplotlib is missing, the points as CSV
+    (series,x,y with series "<panel title>:<label>") at `path` with .csv for .png. Returns the file written.
+    A panel: {"title", "xlabel", "series": {label: [(x, y), ...]}} and optionally "ylabel", "ylim", "logy"."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    plt = pyplot()
+    if plt is None:
+        path = os.path.splitext(path)[0] + ".csv"
+        with open(path, "w") as f:
+            f.write("series,x,y\n")
+            for p in panels:
+                for label, pts in p["series"].items():
+                    f.writelines(f"{p['title']}:{label},{x},{y}\n" for x, y in pts)
+        return path
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), dpi=100, squeeze=False)
+    for ax, p in zip(axes[0], panels):
+        for label, pts in p["series"].items():
+            if pts:
+                ax.plot([q[0] for q in pts], [q[1] for q in pts], lw=1.4, marker="o" if len(pts) < 30 else None, ms=3,
+                        label=label)
+        ax.set(title=p["title"], xlabel=p["xlabel"], ylabel=p.get("ylabel"))
+        if p.get("logy"):
+            ax.set_yscale("log")
+        if p.get("ylim"):
+            ax.set_ylim(*p["ylim"])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

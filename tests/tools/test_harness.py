@@ -110,14 +110,3 @@ def test_report_header(monkeypatch):
         "date": datetime.date.today().isoformat(), "device": "2 x GPU", "torch": torch.__version__,
         "command": "python tools/bench_x.py --out o"}
     assert harness.report_header("bench_x")["device"] == harness.device_name()
-
-
-def test_plot_lines_draws_panels_and_falls_back_to_csv(tmp_path, monkeypatch):
-    panels = [{"title": "acc", "xlabel": "step", "ylim": (0, 1), "series": {"a": [(0, 0.1), (10, 0.5)], "b": []}},
-              {"title": "loss", "xlabel": "step", "logy": True, "series": {"a": [(1, 2.0), (2, 1.0)]}}]
-    png = harness.plot_lines(str(tmp_path / "p" / "curves.png"), panels, suptitle="t")
-    assert png.endswith("curves.png") and os.path.getsize(png) > 5_000
-    monkeypatch.setattr(harness, "pyplot", lambda: None)  # no matplotlib: the points as CSV
-    csv = harness.plot_lines(str(tmp_path / "p" / "curves.png"), panels)
-    assert csv == str(tmp_path / "p" / "curves.csv")
-    assert open(csv).read() == "series,x,y\nacc:a,0,0.1\nacc:a,10,0.5\nloss:a,1,2.0\nloss:a,2,1.0\n"

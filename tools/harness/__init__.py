@@ -180,6 +180,34 @@ def run_child(cmd: list[str], log_path: str | None, **kw) -> dict:
     return res
 
 
+def run_json_child(cmd: list[str], path: str, **kw) -> tuple[object | None, dict]:
+    """cmd, which writes its result as JSON at `path`, run as run_child runs it with its output on the console (an
+    earlier file at `path` removed first) -> (what it wrote, None where it wrote nothing; run_child's result)."""
+    if os.path.exists(path):
+        os.remove(path)
+    run = run_child(cmd, None, **kw)
+    if not os.path.exists(path):
+        return None, run
+    with open(path) as f:
+        return json.load(f), run
+
+
+def trainer_command(config: str, overrides: Sequence[str], run_dir: str, module: str = "rltrain.main") -> list[str]:
+    """`python -m <module> --config-name <config> <overrides> hydra.run.dir=<run_dir>`: one trainer run."""
+    return [sys.executable, "-m", module, "--config-name", config, *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def run_trainer(config: str, overrides: Sequence[str], run_dir: str, log_name: str = "run.log", **kw) -> dict:
+    """trainer_command's run as run_child runs it (kw), its log at <run_dir>/<log_name> started afresh -> run_child's
+    result with "rows" (its metrics.jsonl, run_rows) and "command" (the argv)."""
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = trainer_command(config, overrides, run_dir)
+    log_path = os.path.join(run_dir, log_name)
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    return {**run_child(cmd, log_path, **kw), "rows": run_rows(run_dir), "command": cmd}
+
+
 # ---------------------------------------------------------------------------- reports
 def run_rows(run_dir: str) -> list[dict]:
     """A trainer run's metrics.jsonl rows, one per step (rltrain.utils.tracking.read_metrics); [] before it logged."""
@@ -247,51 +275,3 @@ def hub_rows(tool: str, repo_id: str, *, config: str | None = None, split: str =
     for f in sorted(files):
         rows += pq.read_table(huggingface_hub.hf_hub_download(repo_id, f, repo_type="dataset")).to_pylist()
     return rows
-
-
-# ---------------------------------------------------------------------------- plots
-def pyplot():
-    """matplotlib.pyplot on the Agg backend, or None where matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_lines(path: str, panels: Sequence[dict], *, suptitle: str | None = None) -> str:
-    """Side-by-side panels of curves as a PNG at `path`; where matplotlib is missing, the points as CSV
-    (series,x,y with series "<panel title>:<label>") at `path` with .csv for .png. Returns the file written.
-    A panel: {"title", "xlabel", "series": {label: [(x, y), ...]}} and optionally "ylabel", "ylim", "logy"."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    plt = pyplot()
-    if plt is None:
-        path = os.path.splitext(path)[0] + ".csv"
-        with open(path, "w") as f:
-            f.write("series,x,y\n")
-            for p in panels:
-                for label, pts in p["series"].items():
-                    f.writelines(f"{p['title']}:{label},{x},{y}\n" for x, y in pts)
-        return path
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), dpi=100, squeeze=False)
-    for ax, p in zip(axes[0], panels):
-        for label, pts in p["series"].items():
-            if pts:
-                ax.plot([q[0] for q in pts], [q[1] for q in pts], lw=1.4, marker="o" if len(pts) < 30 else None, ms=3,
-                        label=label)
-        ax.set(title=p["title"], xlabel=p["xlabel"], ylabel=p.get("ylabel"))
-        if p.get("logy"):
-            ax.set_yscale("log")
-        if p.get("ylim"):
-            ax.set_ylim(*p["ylim"])
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path

@@ -1,5 +1,5 @@
 """Benchmark cases more than one tool runs, defined once: the actor update step of a random model (bench_update,
-profile_update, gpu_smoke) and the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, bench_async).
+profile_update, gpu_smoke) and the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, bench_async, gpu_placements).
 Must not time or report anything: the tools do.
 """
 
@@ -96,30 +96,39 @@ def _legacy_norms(build):
     return wrapped
 
 
+def actor_engine(cfg, *, tokens: int, device: str, dtype, tp: int = 1, fused: bool = True, backend: str = "auto",
+                 compute=None, weight_decay: float | None = None):
+    """The actor engine of a case through the one engine builder (models/builder.py): lr 1e-5, `tokens` per
+    micro-batch, TP `tp`, the fused head or materialized logits; compute: a LayerComputeConfig (default: none)."""
+    from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, OptimizerConfig, ParallelConfig
+    from rltrain.models.builder import build_engine
+
+    optim = OptimizerConfig(lr=1e-5, **({} if weight_decay is None else {"weight_decay": weight_decay}))
+    return build_engine(cfg, role="actor", dtype=dtype, device=device, seed=0, total_steps=1000, optim=optim,
+                        max_tokens_per_micro_batch=tokens,  # vocab padding: EngineConfig's VOCAB_PADDING (1)
+                        parallel=ParallelConfig(tensor_parallel_size=tp), compute=compute or LayerComputeConfig(),
+                        head=LogprobHeadConfig(fused_linear_logprob=fused, fused_linear_logprob_backend=backend))
+
+
 def build_for_row(row: Row, device: str | None = None, tp_rank_seed: int = 1):
     """-> (engine, [micro_batch], loss_fn) for one row on this process's device."""
     import torch
 
-    from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, OptimizerConfig, ParallelConfig
-    from rltrain.models.builder import build_engine  # the one engine builder
+    from rltrain.config.schema import LayerComputeConfig
     from rltrain.models.megatron import engine as engine_mod  # its build_gpt_model, patched for norms=fp32
 
     cfg = hf_config(row.preset)
     cuda = torch.cuda.is_available()
     device = device or ("cuda" if cuda else "cpu")
-    dtype = torch.bfloat16 if cuda else torch.float32
     orig_build = engine_mod.build_gpt_model
     if row.norms == "fp32":
         engine_mod.build_gpt_model = _legacy_norms(orig_build)
     try:
-        eng = build_engine(
-            cfg, role="actor", dtype=dtype, device=device, seed=0, total_steps=1000,
-            max_tokens_per_micro_batch=row.tokens,  # vocab padding: EngineConfig's VOCAB_PADDING (1)
-            optim=OptimizerConfig(lr=1e-5), parallel=ParallelConfig(tensor_parallel_size=row.tp),
-            compute=LayerComputeConfig(recompute_activations=row.recompute != "none",
-                                       recompute_granularity="selective" if row.recompute == "selective" else "full",
-                                       recompute_modules=["mlp"], elementwise_fusion=row.fusion),
-            head=LogprobHeadConfig(fused_linear_logprob=row.head == "fused", fused_linear_logprob_backend="auto"))
+        eng = actor_engine(cfg, tokens=row.tokens, device=device, dtype=torch.bfloat16 if cuda else torch.float32,
+                           tp=row.tp, fused=row.head == "fused", compute=LayerComputeConfig(
+                               recompute_activations=row.recompute != "none", recompute_modules=["mlp"],
+                               recompute_granularity="selective" if row.recompute == "selective" else "full",
+                               elementwise_fusion=row.fusion))
     finally:
         engine_mod.build_gpt_model = orig_build
     if row.optim == "foreach":  # torch's default AdamW on CUDA, as the engine used before
