@@ -289,6 +289,10 @@ def _trainer(e: list, cfg) -> None:
     _positive(e, "trainer.n_gpus_per_node", t.n_gpus_per_node)
     _positive(e, "trainer.nnodes", t.nnodes)
     _positive(e, "trainer.max_staleness", t.max_staleness)
+    if t.max_staleness != 1 and not t.async_rollout:
+        e.append(f"trainer.max_staleness={t.max_staleness} bounds how many batches asynchronous rollout generates "
+                 "ahead; a synchronous run trains every batch fresh: set trainer.async_rollout=true (with "
+                 "trainer.colocate=false) or leave trainer.max_staleness at 1")
     if t.async_rollout and t.colocate:
         e.append("trainer.async_rollout=true overlaps generation with training on separate workers; it needs "
                  "split placement: set trainer.colocate=false (or trainer.async_rollout=false)")

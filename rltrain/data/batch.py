@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 # Optional per-token fields in the response layout, and the optional per-row ones.
-_TOKEN_FIELDS = ("sampler_logprobs", "old_logprobs", "ref_logprobs", "values", "token_rewards", "advantages", "returns")
+_TOKEN_FIELDS = ("sampler_logprobs", "old_logprobs", "ref_logprobs", "values", "token_rewards", "advantages", "returns",
+                 "weight_versions")
 _ROW_FIELDS = ("scores", "group_ids", "dummy_mask")
 
 
@@ -41,6 +42,8 @@ class Batch:
     token_rewards: Tensor | None = None  # [B, R] per-token reward (score on the last token, minus KL-in-reward)
     advantages: Tensor | None = None  # [B, R] A_t from the advantage estimator
     returns: Tensor | None = None  # [B, R] value targets (PPO)
+    weight_versions: Tensor | None = None  # [B, R] int64 policy version of the rollout weights that sampled each token
+    #   (the number of updates they reflect; set by trainer/rollout_source.py), 0 outside response_mask
     scores: Tensor | None = None  # [B] fp32 scalar reward of each response from the reward function
     # ---- ids ----
     group_ids: Tensor | None = None  # [B] int64 rows sharing a prompt (the n samples of GRPO) share an id

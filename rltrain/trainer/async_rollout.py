@@ -1,59 +1,83 @@
-"""Asynchronous rollout (`trainer.async_rollout`): the rollout group generates the batch of step k+1 while
-the train group updates on the batch of step k; the pipeline of a RolloutSource (trainer/rollout_source.py), which
-owns it. It must not touch Ray (group.py's submit/wait does) or losses.
+"""Asynchronous rollout (`trainer.async_rollout`): the rollout group generates the batches of the next steps while the
+train group updates on this one, up to `trainer.max_staleness` = k batches ahead; the pipeline of a RolloutSource
+(trainer/rollout_source.py), which owns it. It must not touch Ray (group.py's submit/wait does) or losses.
 
-Schedule (split placement, one batch in flight). Policy version v = number of completed updates; during step
-k the actor is at v = k-1. At the boundary of step k (`boundary`):
+Versions. The policy version v is the number of completed updates: during step s the actor is at v = s-1. The
+rollout weights carry the version of the last push (`RolloutSource.weight_version`); every generated token is
+stamped with it (`Batch.weight_versions`, by the source when the generation is collected: a rollout worker runs its
+calls in submission order, so the version at submit time is the version that generates). A sample's staleness
+is (s-1) - its version (the oldest of its tokens'); it is logged per step as `rollout/staleness_mean` / `_max` over
+the samples trained and as the share of trained tokens per staleness, `rollout/tokens_staleness_<j>`
+(`staleness_metrics`).
 
-  1. wait for the in-flight batch of step k (generated with rollout weights v_gen);
-  2. push the actor's weights (v = k-1) to the rollout group: both groups are idle here, so the only stall
-     is the transfer itself (the actor side waits for generation only when generation is the slower side);
-  3. staleness = (k-1) - v_gen. In steady state v_gen = k-2, i.e. staleness 1: the batch of step k+1 is
-     generated with the weights of step k-1 while step k trains. A batch with staleness > max_staleness is
-     never trained on: it is dropped (counted) and its prompts are generated again with the weights just
-     pushed (staleness 0);
-  4. submit the batch of step k+1 (after the step's DAPO refills when dynamic sampling is on, so the prompt
-     order is the synchronous run's and the refills, generated at the boundary, are fresh).
+Schedule. A batch for step t sampled with version v is trained at staleness (t-1) - v, so version v may generate the
+steps t <= v + k + 1, and at the boundary of step s at most k steps (s+1 .. s+k) may be queued:
 
-The loss corrects the staleness with the sampler's log-probs as behaviour policy (actor.tis, truncated
-importance sampling). Validation uses the current weights: it waits for the in-flight batch and pushes the
-actor's weights first (`before_validation`); that batch keeps its generation version and is used next step.
+  1. `boundary(s)` waits for the batch of step s (the oldest queued: the worker's calls finish in order);
+  2. when no other batch is queued the rollout group is idle: the actor's weights (v = s-1) are pushed then (unless
+     no step is left to generate for), so the push never waits for a generation (a push is a collective of both
+     groups: with a batch still generating it would stall the trainer until that generation ends). With batches
+     queued nothing is pushed;
+  3. a batch staler than k (only possible from a checkpoint written with a larger k) is never trained on: its
+     samples are dropped (`rollout/dropped_samples`) and its prompts generated again, same seed, with the weights
+     pushed first (staleness 0);
+  4. `fill(s)` submits the next steps while t <= min(s + k, v + k + 1, total_steps): generation is paced by the
+     bound. It produces only samples that will be trained within it; past the bound the rollout group waits for
+     the next push instead of generating samples to drop.
 
-Checkpoints: the in-flight batch is SAVED, not regenerated. `state_dict` waits for it and stores it with its
-version and prompts, and reports the data position from before its prompts were drawn; `load_state_dict`
-restores it and the position after the draw. An async resume therefore continues exactly as the uninterrupted
-run (same batch, same staleness); a synchronous resume of the same checkpoint draws those prompts again. A batch
-is never lost and never trained twice. Errors of the in-flight calls (a dead rollout worker) surface from
-`WorkerGroup.wait` at the next boundary, unchanged.
+In steady state a push happens every k steps and generates the next k batches: the staleness of steps b+1 .. b+k
+after the push at the boundary of step b is 1, 2, .., k (k = 1: every step, staleness 1). Validation pushes the
+actor's weights first (after the queued batches: it waits for them) and DAPO refills push them before the step's
+first refill: both sample with the current weights, and a later fill may then reach further. With refills the
+next batches are submitted after the step's refills (`fill` from RolloutSource.next_batch), so at k = 1 prompts
+are drawn in the synchronous order; at k > 1 the queued batches were drawn before the refills of the steps between.
+
+Checkpoints. The queued batches are SAVED, not regenerated (their weights are gone): `state_dict` waits for them
+and stores each with its stamps, version, prompts and seed, the data position now and the rollout weights' version;
+the top-level data position is the one from before the oldest queued batch was drawn (a synchronous resume draws
+those prompts again). `load_state_dict` restores the batches, the position and the version of the last push: the
+trainer pushed the restored (newer) weights on resume, but the schedule never generates with them before its next
+push (after step s's fill the bound v + k + 1 is reached; refills, validation and regeneration push first), which
+re-pushes the same weights. An async resume, SIGKILL mid-step included, therefore continues exactly as the
+uninterrupted run: same batches, same versions, same pushes; a batch is never lost and never trained twice. Errors
+of the queued calls (a dead rollout worker) surface from `WorkerGroup.wait` at the boundary that waits, unchanged.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rltrain.data.batch import Batch
 from rltrain.utils.timing import timer
+
+# rollout/tokens_staleness_<j> for j = 0 .. min(k, STALENESS_KEYS); past it one `<STALENESS_KEYS>plus` key
+STALENESS_KEYS = 8
 
 
 @dataclass
 class _Rollout:
-    """One generation of a step's first batch, in flight (`submitted` set) or done (`batch` set)."""
+    """The first batch of one step, queued: in flight (`submitted` set) or generated (`batch` set)."""
 
     step: int  # the training step it is for
     version: int  # policy version of the rollout weights that generate it
     prompts: list[dict]
     seed: int
     data_before: dict  # {"sampler": state, "next_group_id": int} before its prompts were drawn
-    data_after: dict  # the same after the draw
     submitted: Any = None  # RolloutSource.submit_generate's handle
     batch: Batch | None = None
     metrics: dict = field(default_factory=dict)
 
 
+_SAVED = ("step", "version", "prompts", "seed", "data_before", "batch", "metrics")
+
+
 class AsyncRollout:
-    """The one-batch-in-flight pipeline of a RolloutSource (uses its sampler, `next_group_id`, `rollout_seed`,
+    """The k-deep pipeline of a RolloutSource (uses its sampler, `next_group_id`, `weight_version`, `rollout_seed`,
     `submit_generate`, `collect_generate`, `generate`). push_weights(): the driver's weight push (WeightSync.push)."""
 
     def __init__(self, source, push_weights: Callable[[], None], *, max_staleness: int, total_steps: int,
@@ -61,55 +85,42 @@ class AsyncRollout:
         assert max_staleness >= 1, max_staleness
         self.source, self.push_weights = source, push_weights
         # idle_probe(): metrics read from the rollout group while it is idle (its per-GPU memory), taken just
-        # before each submit. A Ray actor runs one call at a time, so asking a generating group would block the
-        # driver outside every phase timer until generation ends (issue 35: that wait made async steps look 2.3x
-        # faster than sync ones); the trainer reads `idle_metrics` instead.
+        # before a submit when nothing is in flight. A Ray actor runs one call at a time, so asking a generating
+        # group would block the driver outside every phase timer until generation ends (issue 35: that wait made
+        # async steps look 2.3x faster than sync ones); the trainer reads `idle_metrics` instead.
         self.idle_probe = idle_probe
         self.idle_metrics: dict = {}
         self.max_staleness, self.total_steps, self.refills = max_staleness, total_steps, refills
-        self.rollout_version = 0  # both groups start from the same seeded or pretrained weights
-        self.in_flight: _Rollout | None = None
-        self.ready: _Rollout | None = None  # generated, waiting for its step
+        self.queue: deque[_Rollout] = deque()  # submitted, not yet trained, in step order
+        self.next_step = 1  # the next step whose batch is submitted
         self.current: _Rollout | None = None  # the batch of the step being trained
 
     # ------------------------------------------------------------------ the schedule
-    def submit(self, step: int) -> None:
-        """Start generating the first batch of `step` with the rollout group's current weights (no-op when it
-        is already generated or in flight, or past the last step)."""
-        if step > self.total_steps or any(r is not None and r.step >= step for r in (self.in_flight, self.ready)):
-            return
-        src = self.source
-        before = {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}
-        if self.idle_probe is not None:
-            self.idle_metrics = self.idle_probe()
-        prompts = src.sampler.next_batch()
-        seed = src.rollout_seed(step, 1)
-        handle = src.submit_generate(prompts, validate=False, seed=seed)
-        after = {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}
-        self.in_flight = _Rollout(step, self.rollout_version, prompts, seed, before, after, submitted=handle)
-
     def boundary(self, step: int, m: dict) -> None:
-        """Start of step `step`: wait for its batch, push the weights, drop it if too stale, submit the next."""
+        """Start of step `step`: wait for its batch, push the weights if the rollout group is idle, drop the batch
+        if too stale, submit the next ones (without refills)."""
         actor_version = step - 1
-        if self.in_flight is None and self.ready is None:
-            self.submit(step)  # the first step (or a resume without a saved batch): nothing to overlap with
+        if not self.queue:  # the first step (or a resume without saved batches): nothing to overlap with
+            self.next_step = step
+            self._submit()
         with timer("gen_wait", m):
-            self._drain()
-        r, self.ready = self.ready, None
-        assert r is not None and r.step == step, (step, r and r.step)
+            r = self.queue.popleft()
+            self._collect(r)
+        assert r.step == step, (step, r.step)
         with timer("update_weights", m):
-            self._push_weights(actor_version)
-        staleness, dropped = actor_version - r.version, 0
-        if staleness > self.max_staleness:  # never trained on: the same prompts again with the current weights
-            dropped = 1
+            if not self.queue and self.next_step <= self.total_steps:  # idle, and a next batch will sample with them
+                self._push_weights(actor_version)
+        dropped = 0
+        if actor_version - r.version > self.max_staleness:  # never trained on: the same prompts, fresh weights
+            dropped = len(r.batch)
             with timer("gen_regenerate", m):
+                self._push_weights(actor_version)
                 r.batch, r.metrics = self.source.generate(r.prompts, validate=False, seed=r.seed)
-            r.version, staleness = actor_version, 0
+            r.version = actor_version
         self.current = r
-        m["rollout/staleness"] = staleness
-        m["rollout/stale_batches_dropped"] = dropped
+        m["rollout/dropped_samples"] = dropped
         if not self.refills:
-            self.submit(step + 1)
+            self.fill(step)
 
     def take(self) -> tuple[Batch, dict]:
         """The batch `boundary` prepared for this step, and its rollout metrics."""
@@ -117,42 +128,93 @@ class AsyncRollout:
         assert r is not None and r.batch is not None
         return r.batch, dict(r.metrics)
 
+    def fill(self, step: int) -> None:
+        """Submit the batches of the steps after `step` that may generate now (no-op when none may)."""
+        k = self.max_staleness
+        last = min(self.total_steps, step + k, self.source.weight_version + k + 1)
+        while self.next_step <= last:
+            self._submit()
+
+    def before_refill(self, step: int) -> None:
+        """A DAPO refill of step `step` samples with the current weights (it queues behind the batches in flight)."""
+        self._push_weights(step - 1)
+
     def before_validation(self, actor_version: int) -> None:
-        """Validation samples with the current weights: finish the in-flight batch, then push them."""
-        self._drain()
+        """Validation samples with the current weights: finish the batches in flight, then push them."""
+        for r in self.queue:
+            self._collect(r)
         self._push_weights(actor_version)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Entries for the trainer's checkpoint state: the generated next batch and the data position from
-        before its prompts were drawn (overriding the source's `sampler` / `next_group_id`)."""
-        self._drain()
-        r = self.ready
-        if r is None:
+        """Entries for the trainer's checkpoint state: the queued batches (waited for), and the data position from
+        before the oldest was drawn (overriding the source's `sampler` / `next_group_id`, for a synchronous resume)."""
+        if not self.queue:
             return {}
-        saved = {k: getattr(r, k) for k in ("step", "version", "prompts", "seed", "data_before", "data_after",
-                                            "batch", "metrics")}
-        return {**r.data_before, "async_rollout": saved}
+        for r in self.queue:
+            self._collect(r)
+        src = self.source
+        saved = {"batches": [{k: getattr(r, k) for k in _SAVED} for r in self.queue], "next_step": self.next_step,
+                 "weight_version": src.weight_version,
+                 "data_now": {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}}
+        return {**self.queue[0].data_before, "async_rollout": saved}
 
     def load_state_dict(self, state: dict, step: int) -> None:
         """After the source restored `state` (checkpoint of step `step`) and the trainer pushed the restored weights."""
-        self.rollout_version = step
+        src = self.source
+        src.weight_version = step
         saved = state.get("async_rollout")
         if saved is None:
             return
-        self.source.sampler.load_state_dict(saved["data_after"]["sampler"])
-        self.source.next_group_id = saved["data_after"]["next_group_id"]
-        self.ready = _Rollout(**saved)
+        src.sampler.load_state_dict(saved["data_now"]["sampler"])
+        src.next_group_id = saved["data_now"]["next_group_id"]
+        src.weight_version = saved["weight_version"]  # the schedule's: see the module docstring
+        self.queue = deque(_Rollout(**b) for b in saved["batches"])
+        self.next_step = saved["next_step"]
 
     # ------------------------------------------------------------------ internals
-    def _drain(self) -> None:
-        r, self.in_flight = self.in_flight, None
-        if r is not None:
+    def _submit(self) -> None:
+        """Start generating the first batch of step `next_step` with the rollout group's current weights."""
+        src, step = self.source, self.next_step
+        if self.idle_probe is not None and all(r.submitted is None for r in self.queue):
+            self.idle_metrics = self.idle_probe()
+        before = {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}
+        prompts = src.sampler.next_batch()
+        seed = src.rollout_seed(step, 1)
+        handle = src.submit_generate(prompts, validate=False, seed=seed)
+        self.queue.append(_Rollout(step, src.weight_version, prompts, seed, before, submitted=handle))
+        self.next_step = step + 1
+
+    def _collect(self, r: _Rollout) -> None:
+        if r.submitted is not None:
             r.batch, r.metrics = self.source.collect_generate(r.submitted)
             r.submitted = None
-            self.ready = r
 
     def _push_weights(self, version: int) -> None:
-        if self.rollout_version != version:
+        if self.source.weight_version != version:
             self.push_weights()
-            self.rollout_version = version
+            self.source.weight_version = version
+
+
+def staleness_metrics(weight_versions: torch.Tensor, loss_mask: torch.Tensor, actor_version: int,
+                      max_staleness: int) -> dict[str, float]:
+    """The staleness of a trained batch: weight_versions [B, R] (Batch.weight_versions), loss_mask [B, R] (the
+    generated tokens), actor_version = the policy version being trained. A sample's staleness is that of its oldest
+    token. rollout/staleness_mean and _max over the samples with a generated token; rollout/tokens_staleness_<j>:
+    the share of generated tokens j versions old, j = 0 .. min(max_staleness, STALENESS_KEYS) (the last key
+    `<STALENESS_KEYS>plus` when max_staleness is larger)."""
+    mask = loss_mask.bool()
+    token = actor_version - weight_versions.long()  # [B, R]
+    rows = mask.any(-1)
+    per_sample = token.masked_fill(~mask, torch.iinfo(torch.long).min).amax(-1)[rows].double()  # [B']
+    out = {"rollout/staleness_mean": per_sample.mean().item() if rows.any() else 0.0,
+           "rollout/staleness_max": per_sample.max().item() if rows.any() else 0.0}
+    tokens = token[mask]
+    n = max(tokens.numel(), 1)
+    top = min(max_staleness, STALENESS_KEYS)
+    for j in range(top + 1):
+        if j == top and max_staleness > top:
+            out[f"rollout/tokens_staleness_{j}plus"] = (tokens >= j).sum().item() / n
+        else:
+            out[f"rollout/tokens_staleness_{j}"] = (tokens == j).sum().item() / n
+    return out

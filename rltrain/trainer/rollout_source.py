@@ -1,7 +1,12 @@
 """Where the trainer's batches come from: `RolloutSource` owns the prompt sampler, the group ids, the sampling seeds,
-DAPO's dynamic-sampling refills and, with `trainer.async_rollout`, the one batch in flight and its staleness
-(trainer/async_rollout.py). The trainer asks it for the next scored batch and never sees how it was made.
-It must not compute log-probs, advantages or losses, nor touch Ray (workers/group.py's submit/wait does).
+DAPO's dynamic-sampling refills, the version stamps of generated tokens and, with `trainer.async_rollout`, the
+batches in flight and their staleness (trainer/async_rollout.py). The trainer asks it for the next scored batch and
+never sees how it was made. It must not compute log-probs, advantages or losses, nor touch Ray (workers/group.py's
+submit/wait does).
+
+Version stamps: `weight_version` is the policy version (number of updates) of the rollout group's weights; every
+generation is stamped with its value at submit time (`Batch.weight_versions`, per token). The synchronous schedule
+pushes the actor's weights after every update, so step s samples with version s-1; the pipeline tracks its pushes.
 
 Seeds: the k-th try of step s samples with seed * 100_003 + s * 101 + k; rollout replica r adds r. Group ids
 number the prompts in the order drawn, across steps (checkpointed with the sampler).
@@ -17,6 +22,7 @@ import torch
 
 from rltrain.algorithms import filter_informative_groups
 from rltrain.data.batch import Batch
+from rltrain.trainer.async_rollout import staleness_metrics
 from rltrain.utils.timing import timer
 from rltrain.workers.group import mean_metrics
 
@@ -40,18 +46,22 @@ class RolloutSource:
         self.want_groups, self.dynamic_sampling = want_groups, dynamic_sampling
         self.max_response_length, self.multi_turn = max_response_length, multi_turn
         self.next_group_id = 0
-        self.pipeline = None  # AsyncRollout when the next batch generates while this one trains (use_pipeline)
+        self.weight_version = 0  # both groups start from the same seeded or pretrained weights
+        self.pipeline = None  # AsyncRollout when the next batches generate while this one trains (use_pipeline)
 
     def use_pipeline(self, pipeline) -> None:
         """Asynchronous rollout: `pipeline` (trainer/async_rollout.AsyncRollout over this source) makes each
-        step's first batch while the previous step trains."""
+        step's first batch while the previous steps train."""
         self.pipeline = pipeline
 
     # ------------------------------------------------------------------ the trainer's calls
     def boundary(self, step: int, m: dict) -> None:
-        """Start of step `step` (async: wait for its batch, push the weights, submit the next; sync: nothing)."""
+        """Start of step `step` (async: wait for its batch, push the weights when due, submit the next ones; sync: the
+        rollout weights are the actor's, pushed after the previous update or restored on resume)."""
         if self.pipeline is not None:
             self.pipeline.boundary(step, m)
+        else:
+            self.weight_version = step - 1
 
     def next_batch(self, step: int, m: dict) -> tuple[Batch, dict]:
         """Sample n responses per prompt and score them; with DAPO dynamic sampling, keep only groups whose scores
@@ -66,6 +76,8 @@ class RolloutSource:
             if tries == 1 and self.pipeline is not None:
                 batch, gm = self.pipeline.take()  # generated while the previous step trained
             else:
+                if self.pipeline is not None:
+                    self.pipeline.before_refill(step)
                 prompts = self.sampler.next_batch()
                 batch, gm = self.generate(prompts, validate=False, seed=self.rollout_seed(step, tries))
             gen_metrics = gm if not gen_metrics else gen_metrics
@@ -83,7 +95,7 @@ class RolloutSource:
             if n_groups >= self.want_groups or tries >= ds.max_tries:
                 break
         if self.pipeline is not None:
-            self.pipeline.submit(step + 1)  # after the refills (no-op if already in flight)
+            self.pipeline.fill(step)  # after the refills (no-op when already submitted)
         if ds.enable and n_groups == 0:  # nothing kept (before: an IndexError on the empty list, not this message)
             raise RuntimeError("dynamic sampling found no group with differing scores in "
                                f"{tries} tries; raise algorithm.dynamic_sampling.max_tries or disable it")
@@ -92,6 +104,9 @@ class RolloutSource:
             gen_metrics["dynamic_sampling/dropped_groups"] = dropped_total
             gen_metrics["dynamic_sampling/tries"] = tries
         gen_metrics.update(self._batch_metrics(batch))
+        if self.pipeline is not None:
+            gen_metrics.update(staleness_metrics(batch.weight_versions, batch.loss_mask, step - 1,
+                                                 self.pipeline.max_staleness))
         return batch, gen_metrics
 
     def before_validation(self, actor_version: int) -> None:
@@ -115,22 +130,25 @@ class RolloutSource:
             shard = prompts[k * per:(k + 1) * per]
             args.append((shard, self.next_group_id + k * per, validate, seed + k))
         self.next_group_id += len(prompts)
-        return g.submit_per_replica("generate", args), [bool(a[0]) for a in args]
+        # a worker runs its calls in order: the weights it holds now are the ones that generate (a push comes after)
+        return g.submit_per_replica("generate", args), [bool(a[0]) for a in args], self.weight_version
 
     def collect_generate(self, submitted) -> tuple[Batch, dict]:
-        handle, nonempty = submitted
+        """The batch of `submit_generate`'s handle, each response token stamped with the version that sampled it."""
+        handle, nonempty, version = submitted
         outs = [o for o, keep in zip(self.rollout_group.wait(handle), nonempty) if keep]
         batch = Batch.concat([o[0] for o in outs])
+        batch = batch.replace(weight_versions=batch.response_mask.long() * version)
         metrics = mean_metrics([o[1] for o in outs])
         return batch, metrics
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The trainer checkpoint's data position: {"sampler", "next_group_id"} (async: from before the batch in
-        flight was drawn) and, async, that batch ("async_rollout")."""
+        """The trainer checkpoint's data position: {"sampler", "next_group_id"} (async: from before the oldest batch
+        in flight was drawn) and, async, the batches in flight ("async_rollout")."""
         state = {"next_group_id": self.next_group_id, "sampler": self.sampler.state_dict()}
         if self.pipeline is not None:
-            state.update(self.pipeline.state_dict())  # the batch in flight is saved, not lost
+            state.update(self.pipeline.state_dict())  # the batches in flight are saved, not lost
         return state
 
     def load_state_dict(self, state: dict, step: int) -> None:

@@ -30,7 +30,7 @@ LEARN = ["trainer.colocate=false", "trainer.num_cpus=2", "data.train_batch_size=
          f"trainer.total_steps={STEPS}", "trainer.logger=[jsonl]", "trainer.plots=false", "trainer.seed=2"]
 ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true", f"trainer.save_freq={SAVE_AT}"]
 COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "rollout/mismatch_abs_mean",
-            "rollout/is_weight_mean", "rollout/staleness"]
+            "rollout/is_weight_mean", "rollout/staleness_max"]
 
 
 def _run(run_dir, overrides, *, kill_after=None):
@@ -74,9 +74,9 @@ def test_async_learns_like_sync_bounded_staleness_and_exact_resume_after_sigkill
     steps = [r for r in async_rows if "timing_s/step" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     # staleness never exceeds the bound; in steady state every batch is one policy version old
-    assert max(r["rollout/staleness"] for r in steps) <= 1
-    assert [r["rollout/staleness"] for r in steps[1:]] == [1] * (STEPS - 1)
-    assert all(r["rollout/stale_batches_dropped"] == 0 for r in steps)
+    assert max(r["rollout/staleness_max"] for r in steps) <= 1
+    assert [r["rollout/staleness_max"] for r in steps[1:]] == [1] * (STEPS - 1)
+    assert all(r["rollout/dropped_samples"] == 0 for r in steps)
     # the mismatch: exact weight sync gives ~0 in the synchronous run; the stale sampler differs in async
     assert max(r["rollout/mismatch_abs_mean"] for r in sync_rows if "timing_s/step" in r) < 1e-3
     assert min(r["rollout/mismatch_abs_mean"] for r in steps[1:]) > 1e-3

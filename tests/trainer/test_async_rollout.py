@@ -1,196 +1,279 @@
-"""Asynchronous rollout: the one-batch-in-flight schedule (staleness, weight pushes at the boundary, drop and
-regenerate past max_staleness, checkpoint state, errors of the in-flight call) on a recording fake rollout source,
-and the configurations that cannot be asynchronous."""
+"""Asynchronous rollout, k batches in flight (trainer.max_staleness = k): the schedule (pushes when the rollout group is
+idle, pacing by the bound, the staleness of each step), version stamps checked against the weights a fake rollout
+group really held, drop and regenerate past the bound, checkpoints that resume exactly (every save point, k = 1..4,
+with validation and DAPO refills), errors of the in-flight calls, and the configurations that cannot be asynchronous.
+
+The fake rollout group runs its calls in submission order like a Ray actor: a generation uses the weights the group
+holds when it is submitted (a push submitted later runs after it). Each row records those weights in
+non_tensor["held"]: the reference the stamps (Batch.weight_versions, set by the source) are checked against."""
+
+import random
 
 import pytest
 import torch
 
 from rltrain.config import ConfigError
+from rltrain.config.schema import DynamicSamplingConfig
 from rltrain.data.batch import Batch
 from rltrain.data.dataset import PromptSampler
-from rltrain.trainer.async_rollout import AsyncRollout
+from rltrain.trainer.async_rollout import AsyncRollout, staleness_metrics
+from rltrain.trainer.rollout_source import RolloutSource
 
 
-class FakeTrainer:
-    """The RolloutSource members AsyncRollout uses and the driver's weight push, recording calls. A generated batch's rows carry the prompt
-    ids as group ids and the rollout weights' version in `scores`, so tests can read where a batch came from."""
+class FakeGroup:
+    """One rollout replica, recording calls; 2 samples per prompt."""
 
-    def __init__(self, n_prompts=40, batch_size=2, fail_on_wait=None):
-        self.sampler = PromptSampler([{"prompt_ids": [i], "id": i} for i in range(n_prompts)], batch_size, seed=0)
-        self.next_group_id = 0
-        self.rollout_weights = 0  # version of the weights the fake rollout group holds
-        self.actor_version = 0
+    num_replicas = 1
+
+    def __init__(self, held=0, fail_on_wait=None):
+        self.held = held  # the version of the weights the group holds
         self.log: list[tuple] = []
         self.fail_on_wait = fail_on_wait
 
-    def rollout_seed(self, step, tries):
-        return 1000 * step + tries
+    def submit_per_replica(self, method, args):
+        (prompts, offset, validate, seed), = args
+        self.log.append(("submit", seed, self.held))
+        return prompts, offset, seed, self.held
 
-    def submit_generate(self, prompts, *, validate, seed):
-        self.next_group_id += len(prompts)
-        self.log.append(("submit", seed, self.rollout_weights))
-        return prompts, seed, self.rollout_weights
-
-    def collect_generate(self, submitted):
-        prompts, seed, version = submitted
+    def wait(self, handle):
+        prompts, offset, seed, held = handle
         self.log.append(("wait", seed))
         if self.fail_on_wait is not None:
             raise self.fail_on_wait
-        n = len(prompts)
-        batch = Batch(prompt_ids=torch.zeros(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
-                      response_ids=torch.zeros(n, 1, dtype=torch.long), response_mask=torch.ones(n, 1, dtype=torch.long),
-                      loss_mask=torch.ones(n, 1, dtype=torch.long), scores=torch.full((n,), float(version)),
-                      group_ids=torch.tensor([p["id"] for p in prompts]))
-        return batch, {"seed": seed}
+        n = 2 * len(prompts)
+        ones = torch.ones(n, 2, dtype=torch.long)
+        batch = Batch(prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
+                      response_ids=ones, response_mask=ones, loss_mask=ones,
+                      group_ids=torch.arange(len(prompts)).repeat_interleave(2) + offset,
+                      non_tensor={"id": [p["id"] for p in prompts for _ in range(2)], "held": [held] * n,
+                                  "seed": [seed] * n})
+        return [(batch, {"seed": float(seed)})]
 
-    def generate(self, prompts, *, validate, seed):
-        return self.collect_generate(self.submit_generate(prompts, validate=validate, seed=seed))
+
+class Run:
+    """PPOTrainer's calls on a real RolloutSource + AsyncRollout over a FakeGroup: boundary, next_batch, (update),
+    validation, save, per step. refills: DAPO dynamic sampling, where a group is informative unless its prompt id
+    plus the sampling seed is a multiple of 3."""
+
+    def __init__(self, k, total_steps, *, refills=False, held=0, fail_on_wait=None, probe=False):
+        self.group = FakeGroup(held, fail_on_wait)
+        self.actor_version = held
+        sampler = PromptSampler([{"prompt_ids": [i], "id": i} for i in range(400)], 2, seed=0)
+        self.source = RolloutSource(self.group, sampler, seed=1, score=self._score, want_groups=2,
+                                    dynamic_sampling=DynamicSamplingConfig(enable=refills, max_tries=4),
+                                    max_response_length=2, multi_turn=False)
+        self.probes: list[bool] = []
+        self.pipe = AsyncRollout(self.source, self.push, max_staleness=k, total_steps=total_steps, refills=refills,
+                                 idle_probe=self._probe if probe else None)
+        self.source.use_pipeline(self.pipe)
+        self.rows: list[dict] = []
 
     def push(self):
-        self.log.append(("push", self.actor_version))
-        self.rollout_weights = self.actor_version
+        self.group.log.append(("push", self.actor_version))
+        self.group.held = self.actor_version
+
+    def _probe(self):
+        self.probes.append(any(r.submitted is not None for r in self.pipe.queue))
+        return {"probe": float(len(self.probes))}
+
+    @staticmethod
+    def _score(batch):
+        informative = [(i + s) % 3 != 0 for i, s in zip(batch.non_tensor["id"], batch.non_tensor["seed"])]
+        scores = [float(j % 2) if inf else 1.0 for j, inf in enumerate(informative)]
+        return batch.replace(scores=torch.tensor(scores)), {}
+
+    def train(self, steps, start=1, validate_at=(), save_at=None):
+        state = None
+        for step in range(start, start + steps):
+            m = {}
+            self.source.boundary(step, m)
+            batch, gm = self.source.next_batch(step, m)
+            held = torch.tensor(batch.non_tensor["held"])
+            # the stamps are the weights that generated each row, on every response token
+            assert torch.equal(batch.weight_versions, held[:, None] * batch.response_mask), step
+            self.rows.append({"step": step, "ids": batch.non_tensor["id"], "held": held.tolist(),
+                              "staleness": step - 1 - held.min().item(), "dropped": m["rollout/dropped_samples"],
+                              "queued": len(self.pipe.queue), **gm})
+            self.group.log.append(("train", step))
+            self.actor_version = step
+            if step in validate_at:
+                self.source.before_validation(step)
+            if step == save_at:
+                state = {"step": step, **self.source.state_dict()}
+        return state
+
+    def events(self, kinds=("submit", "push", "train")):
+        return [e for e in self.group.log if e[0] in kinds]
 
 
-def _train(trainer, pipe, steps, start=1):
-    """The PPOTrainer loop's calls: boundary, take, (train = one update), per step; returns step metrics."""
-    rows = []
-    for step in range(start, start + steps):
-        m = {}
-        pipe.boundary(step, m)
-        batch, gm = pipe.take()
-        m["versions"] = sorted(set(batch.scores.tolist()))
-        m["prompt_ids"] = batch.group_ids.tolist()
-        pipe.submit(step + 1)  # no-op unless refills (it is already in flight)
-        trainer.log.append(("train", step))
-        trainer.actor_version = step
-        rows.append({k: v for k, v in m.items() if not k.startswith("timing_s/")})
-    return rows
+def _seed(step):  # RolloutSource.rollout_seed(step, 1) with seed 1
+    return 1 * 100_003 + step * 101 + 1
 
 
-def test_steady_state_staleness_is_one_and_weights_are_pushed_at_each_boundary():
-    tr = FakeTrainer()
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=4, refills=False)
-    rows = _train(tr, pipe, 4)
-    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1, 1]
-    assert [r["versions"] for r in rows] == [[0.0], [0.0], [1.0], [2.0]]  # batch k+1 sampled with weights k-1
-    assert all(r["rollout/stale_batches_dropped"] == 0 for r in rows)
+def test_one_batch_in_flight_staleness_one_and_a_push_at_each_boundary():
+    run = Run(k=1, total_steps=4)
+    run.train(4)
+    assert [r["staleness"] for r in run.rows] == [0, 1, 1, 1]
+    assert [r["held"][0] for r in run.rows] == [0, 0, 1, 2]  # batch k+1 sampled with the weights of step k-1
+    assert all(r["dropped"] == 0 for r in run.rows)
     # the next batch is submitted before the step trains, the push happens when both sides are idle, and
     # nothing is submitted past the last step
-    assert tr.log == [("submit", 1001, 0), ("wait", 1001), ("submit", 2001, 0), ("train", 1),
-                      ("wait", 2001), ("push", 1), ("submit", 3001, 1), ("train", 2),
-                      ("wait", 3001), ("push", 2), ("submit", 4001, 2), ("train", 3),
-                      ("wait", 4001), ("push", 3), ("train", 4)]
+    s = _seed
+    assert run.group.log == [("submit", s(1), 0), ("wait", s(1)), ("submit", s(2), 0), ("train", 1),
+                             ("wait", s(2)), ("push", 1), ("submit", s(3), 1), ("train", 2),
+                             ("wait", s(3)), ("push", 2), ("submit", s(4), 2), ("train", 3),
+                             ("wait", s(4)), ("train", 4)]  # no push: nothing left to sample with it
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_k_in_flight_push_every_k_steps_and_staleness_cycles_one_to_k(k):
+    steps = 3 * k + 2
+    run = Run(k=k, total_steps=steps)
+    run.train(steps)
+    # hand-worked: version 0 generates steps 1..k+1; the push at the boundary of step b = 1 + j*k (j >= 1: the
+    # pipeline is empty) generates steps b+1..b+k, trained at staleness 1..k
+    expected = [0] + [(s - 2) % k + 1 for s in range(2, steps + 1)]
+    assert [r["staleness"] for r in run.rows] == expected
+    assert max(expected) == k
+    pushes = [e[1] for e in run.events(("push",))]
+    # the actor's version at those boundaries (none at the last step: nothing left to generate)
+    assert pushes == [b - 1 for b in range(k + 1, steps, k)]
+    assert all(r["queued"] <= k for r in run.rows) and max(r["queued"] for r in run.rows) == k
+    assert all(r["dropped"] == 0 for r in run.rows)  # paced: nothing generated past the bound
+    assert len(run.events(("submit",))) == steps  # each batch generated once, none past the last step
+    # the logged metrics: every sample of a step's batch has the same staleness here
+    for r in run.rows:
+        assert r["rollout/staleness_max"] == r["rollout/staleness_mean"] == r["staleness"]
+        assert r[f"rollout/tokens_staleness_{r['staleness']}"] == 1.0
+        assert sorted(key for key in r if key.startswith("rollout/tokens_")) == sorted(
+            f"rollout/tokens_staleness_{j}" for j in range(k + 1))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_prompt_order_equals_the_synchronous_order(k):
+    run = Run(k=k, total_steps=9)
+    run.train(9)
+    ref = PromptSampler(list(range(400)), 2, seed=0)
+    assert [r["ids"] for r in run.rows] == [[i for i in ref.next_indices() for _ in range(2)] for _ in range(9)]
 
 
 def test_the_rollout_group_is_probed_only_while_idle():
     """Issue 35: the trainer read the rollout group's per-GPU memory after each step, while the group generated
     the next batch; a Ray actor runs one call at a time, so that read waited for the generation outside every
-    phase timer. The pipeline probes the group just before each submit, when nothing is in flight."""
-    tr = FakeTrainer()
-    in_flight = []
-
-    def probe():
-        in_flight.append(pipe.in_flight is not None)
-        tr.log.append(("probe",))
-        return {"perf/max_memory_allocated_gb/rollout_rank0": float(len(in_flight))}
-
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=False, idle_probe=probe)
-    _train(tr, pipe, 3)
-    assert in_flight == [False, False, False]  # one probe per submitted batch, none while one generates
-    assert [e for e in tr.log if e[0] in ("probe", "submit", "wait")] == [
-        ("probe",), ("submit", 1001, 0), ("wait", 1001), ("probe",), ("submit", 2001, 0),
-        ("wait", 2001), ("probe",), ("submit", 3001, 1), ("wait", 3001)]
-    assert pipe.idle_metrics == {"perf/max_memory_allocated_gb/rollout_rank0": 3.0}
+    phase timer. The pipeline probes the group only before a submit with nothing in flight."""
+    for k in (1, 3):
+        run = Run(k=k, total_steps=7, probe=True)
+        run.train(7)
+        assert run.probes and not any(run.probes), k
+    # k = 3: before the submits of steps 1 and 2 (batch 1 is collected before the fill), then after the push at the
+    # boundary of step 4; none at step 7 (nothing left to submit)
+    assert len(run.probes) == 3
+    assert run.pipe.idle_metrics == {"probe": 3.0}
 
 
-def test_prompt_order_equals_the_synchronous_order():
-    tr = FakeTrainer()
-    ref = PromptSampler(list(range(40)), 2, seed=0)
-    rows = _train(tr, AsyncRollout(tr, tr.push, max_staleness=1, total_steps=5, refills=False), 5)
-    assert [r["prompt_ids"] for r in rows] == [ref.next_indices() for _ in range(5)]
+@pytest.mark.parametrize("k", [1, 2])
+def test_validation_pushes_current_weights_and_keeps_the_batches_in_flight(k):
+    run = Run(k=k, total_steps=8)
+    run.train(3)
+    queued = [r.step for r in run.pipe.queue]
+    run.source.before_validation(3)
+    assert run.group.held == 3 and run.group.log[-1] == ("push", 3)
+    assert [r.step for r in run.pipe.queue] == queued and all(r.batch is not None for r in run.pipe.queue)
+    run.train(5, start=4)
+    # the queued batches keep their versions; the batches submitted after the validation push sample with it
+    held = [r["held"][0] for r in run.rows]
+    # k = 1: batch 4 was submitted with version 2 before the validation; k = 2: batches 4, 5 with version 2, then
+    # batch 6 with the validation's version 3 (the bound 3 + k + 1 lets it go), and the push at the boundary of 6
+    assert held == ([0, 0, 1, 2, 3, 4, 5, 6] if k == 1 else [0, 0, 0, 2, 2, 3, 5, 5])
+    assert max(r["staleness"] for r in run.rows) <= k
 
 
-def test_validation_pushes_current_weights_and_keeps_the_in_flight_batch():
-    tr = FakeTrainer()
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=False)
-    _train(tr, pipe, 2)  # batch 3 is in flight with weights 1; the actor is at 2
-    pipe.before_validation(actor_version=2)
-    assert tr.log[-2:] == [("wait", 3001), ("push", 2)] and tr.rollout_weights == 2
-    rows = _train(tr, pipe, 1, start=3)
-    assert rows[0]["rollout/staleness"] == 1 and rows[0]["versions"] == [1.0]  # no second push, no regeneration
-    assert ("push", 2) == tr.log[-2] and tr.log[-1] == ("train", 3)
+def test_a_batch_staler_than_the_bound_is_dropped_and_its_prompts_regenerated():
+    run = Run(k=4, total_steps=12)
+    state = run.train(3, save_at=3)  # queued: steps 4 and 5 (version 0)
+    assert [b["version"] for b in state["async_rollout"]["batches"]] == [0, 0]
+    resumed = Run(k=2, total_steps=12, held=3)  # the same checkpoint resumed with max_staleness=2
+    resumed.source.load_state_dict(state, 3)
+    resumed.train(3, start=4)
+    rows = resumed.rows
+    assert [r["dropped"] for r in rows] == [4, 4, 0]  # staleness 3 and 4 > 2: all 2x2 samples of each dropped
+    assert [r["staleness"] for r in rows] == [0, 0, 2]  # regenerated with the weights pushed first
+    assert [r["held"][0] for r in rows] == [3, 4, 3]
+    saved_ids = [b["batch"].non_tensor["id"] for b in state["async_rollout"]["batches"]]
+    assert [r["ids"] for r in rows[:2]] == saved_ids  # the same prompts, with the same seeds
+    assert resumed.events(("submit",)) == [("submit", _seed(4), 3), ("submit", _seed(6), 3),
+                                           ("submit", _seed(5), 4), ("submit", _seed(7), 4)]
 
 
-def test_a_batch_older_than_max_staleness_is_dropped_and_its_prompts_regenerated():
-    tr = FakeTrainer()
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=8, refills=False)
-    _train(tr, pipe, 2)
-    state = {"step": 2, **pipe.state_dict()}  # holds batch 3, generated with weights 1
-    # resume that checkpoint at a later policy version (as if the run had gone on to step 4 without it)
-    tr2 = FakeTrainer()
-    tr2.actor_version = tr2.rollout_weights = 4
-    pipe2 = AsyncRollout(tr2, tr2.push, max_staleness=1, total_steps=8, refills=False)
-    pipe2.load_state_dict(state, step=4)
-    pipe2.ready.step = 5
-    rows = _train(tr2, pipe2, 1, start=5)
-    assert rows[0]["rollout/stale_batches_dropped"] == 1 and rows[0]["rollout/staleness"] == 0
-    assert rows[0]["versions"] == [4.0]  # regenerated with the current weights
-    assert rows[0]["prompt_ids"] == state["async_rollout"]["batch"].group_ids.tolist()  # the same prompts
-    assert tr2.log[0] == ("submit", 3001, 4)  # with the same seed
-
-
-def test_state_dict_saves_the_in_flight_batch_and_resume_continues_identically():
-    full = FakeTrainer()
-    rows_full = _train(full, AsyncRollout(full, full.push, max_staleness=1, total_steps=6, refills=False), 6)
-
-    tr = FakeTrainer()
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=6, refills=False)
-    _train(tr, pipe, 3)
-    state = {"step": 3, "sampler": tr.sampler.state_dict(), "next_group_id": tr.next_group_id}
-    state.update(pipe.state_dict())  # what PPOTrainer.save writes
-    # the data position saved is from before the in-flight batch's prompts were drawn (a synchronous resume
-    # draws them again), the batch itself is saved with its version
-    assert state["sampler"]["position"] == 3 and state["next_group_id"] == 6
-    assert state["async_rollout"]["step"] == 4 and state["async_rollout"]["version"] == 2
-
-    resumed = FakeTrainer()  # a new process: restores the sampler, then the pipeline
-    resumed.sampler.load_state_dict(state["sampler"])
-    resumed.next_group_id = state["next_group_id"]
-    resumed.actor_version = resumed.rollout_weights = 3  # the trainer loaded step 3 and pushed it
-    pipe2 = AsyncRollout(resumed, resumed.push, max_staleness=1, total_steps=6, refills=False)
-    pipe2.load_state_dict(state, step=3)
-    rows = _train(resumed, pipe2, 3, start=4)
-    for a, b in zip(rows_full[3:], rows):
-        assert a == b  # same batches, versions, staleness; nothing trained twice or skipped
-    assert resumed.sampler.state_dict() == full.sampler.state_dict()
+@pytest.mark.parametrize("k,refills", [(1, False), (2, False), (3, False), (4, False), (1, True), (2, True),
+                                       (4, True)])
+def test_resume_from_every_save_point_continues_exactly(k, refills):
+    """The reference is the uninterrupted run; a checkpoint at each step, resumed in a new 'process' whose rollout
+    group holds the restored weights (the trainer pushed them), must give the same batches, versions, pushes and
+    metrics for every later step; validation at random steps moves the pushes."""
+    steps = 13
+    validate_at = set(random.Random(k).sample(range(1, steps + 1), 3))
+    full = Run(k=k, total_steps=steps, refills=refills)
+    full.train(steps, validate_at=validate_at)
+    if refills:
+        assert any(r.get("dynamic_sampling/tries", 1) > 1 for r in full.rows)
+    assert max(r["staleness"] for r in full.rows) <= k and all(r["dropped"] == 0 for r in full.rows)
+    for save_at in range(1, steps):
+        first = Run(k=k, total_steps=steps, refills=refills)
+        state = first.train(save_at, validate_at=validate_at, save_at=save_at)
+        if state.get("async_rollout"):  # the data position of a synchronous resume: before the oldest queued batch
+            assert state["sampler"] == state["async_rollout"]["batches"][0]["data_before"]["sampler"]
+        resumed = Run(k=k, total_steps=steps, refills=refills, held=save_at)
+        resumed.source.load_state_dict(state, save_at)
+        resumed.train(steps - save_at, start=save_at + 1, validate_at=validate_at)
+        assert resumed.rows == full.rows[save_at:], (k, save_at)  # nothing lost, nothing trained twice
+        done = len(first.events())  # the interrupted run's submits and pushes (its validation's included)
+        assert resumed.events() == full.events()[done:], (k, save_at)  # same submits (versions) and pushes
+        assert resumed.source.sampler.state_dict() == full.source.sampler.state_dict()
 
 
 def test_error_of_the_in_flight_call_surfaces_at_the_boundary():
     class WorkerDied(RuntimeError):
         pass
 
-    tr = FakeTrainer(fail_on_wait=WorkerDied("rollout worker 0 died"))
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=False)
+    run = Run(k=2, total_steps=3, fail_on_wait=WorkerDied("rollout worker 0 died"))
     with pytest.raises(WorkerDied, match="rollout worker 0 died"):
-        pipe.boundary(1, {})
+        run.source.boundary(1, {})
 
 
-def test_with_refills_the_next_batch_is_submitted_after_the_step_draws_its_refills():
-    tr = FakeTrainer()
-    pipe = AsyncRollout(tr, tr.push, max_staleness=1, total_steps=3, refills=True)
-    m = {}
-    pipe.boundary(1, m)
-    pipe.take()
-    assert pipe.in_flight is None  # nothing submitted yet: the step may still refill
-    tr.generate(tr.sampler.next_batch(), validate=False, seed=1002)  # a DAPO refill, synchronous
-    pipe.submit(2)
-    assert [e[0] for e in tr.log] == ["submit", "wait", "submit", "wait", "submit"] and tr.log[-1][1] == 2001
+def test_with_refills_the_next_batches_are_submitted_after_the_refills_with_fresh_weights():
+    run = Run(k=2, total_steps=8, refills=True)
+    run.train(4)
+    log = run.group.log
+    # step 4 (actor version 3) refills while its batches were generated with version 2: it pushes first, and the
+    # next batches are submitted after the refill, with the pushed weights
+    refill = next(i for i, e in enumerate(log) if e[0] == "submit" and e[1] % 101 != _seed(0) % 101)
+    assert any(r.get("dynamic_sampling/tries", 1) > 1 for r in run.rows)
+    step = next(r["step"] for r in run.rows if r.get("dynamic_sampling/tries", 1) > 1)
+    assert log[refill][2] == step - 1  # refills sample with the current weights
+    assert all(r["staleness"] <= 2 for r in run.rows)
+
+
+def test_staleness_metrics_by_hand():
+    # actor version 5; row 0 sampled at 5 (staleness 0, 2 tokens), row 1 at 3 (2 tokens), row 2: a partial
+    # rollout's tokens from versions 4 and 3 (staleness 1 and 2: the sample counts as 2), row 3 has no token
+    versions = torch.tensor([[5, 5, 0], [3, 3, 3], [4, 3, 0], [7, 0, 0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [0, 0, 0]])
+    out = staleness_metrics(versions, mask, 5, max_staleness=2)
+    assert out == {"rollout/staleness_mean": 4 / 3, "rollout/staleness_max": 2.0,
+                   "rollout/tokens_staleness_0": 2 / 6, "rollout/tokens_staleness_1": 1 / 6,
+                   "rollout/tokens_staleness_2": 3 / 6}
+    big = staleness_metrics(torch.tensor([[0, 1, 2, 9]]), torch.ones(1, 4), 12, max_staleness=20)
+    assert big["rollout/tokens_staleness_3"] == 1 / 4 and big["rollout/tokens_staleness_8plus"] == 3 / 4
+    assert len([key for key in big if "tokens_" in key]) == 9 and big["rollout/staleness_max"] == 12.0
 
 
 @pytest.mark.parametrize("overrides,match", [
     (["trainer.async_rollout=true"], "trainer.colocate=false"),
     (["trainer.async_rollout=true", "trainer.colocate=false", "trainer.use_ray=false"], "trainer.use_ray"),
     (["trainer.async_rollout=true", "trainer.colocate=false", "trainer.max_staleness=0"], "trainer.max_staleness"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "trainer.max_staleness=-2"], "trainer.max_staleness"),
+    (["trainer.max_staleness=4"], "trainer.max_staleness=4 .* trainer.async_rollout=true"),
     (["actor.tis.mode=geometric"], "actor.tis.mode"),
     (["actor.tis.cap=0.5"], "actor.tis.cap"),
 ])
@@ -199,16 +282,21 @@ def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides,
         cfg_for(*overrides)
 
 
-def test_entry_point_refuses_colocated_async_with_exit_code_2(capsys):
+@pytest.mark.parametrize("overrides,words", [
+    (["trainer.async_rollout=true"], ["trainer.async_rollout=true", "trainer.colocate=false"]),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "trainer.max_staleness=0"],
+     ["trainer.max_staleness=0", "> 0"]),
+])
+def test_entry_point_refuses_bad_async_configs_with_exit_code_2(capsys, overrides, words):
     from hydra import compose, initialize_config_dir
 
     from rltrain.config import validate_config
     from rltrain.main import CONFIG_DIR, run_entry
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="grpo_tiny", overrides=["trainer.async_rollout=true"])  # colocated by default
+        cfg = compose(config_name="grpo_tiny", overrides=overrides)
     with pytest.raises(SystemExit) as exit_info:
         run_entry(cfg, validate_config, lambda c: pytest.fail("the run must not start"))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "trainer.async_rollout=true" in err and "trainer.colocate=false" in err and "Traceback" not in err
+    assert all(w in err for w in words) and "Traceback" not in err
