@@ -299,9 +299,9 @@ class TrainerConfig(LogprobHeadConfig):
     n_gpus_per_node: int = 1  # devices per node, one worker process each (on CPU: processes per node)
     nnodes: int = 1  # > 1: join a Ray cluster (ray_address) and place one bundle per node
     num_cpus: Optional[int] = None
-    # asynchronous rollout (split placement only): the rollout group generates the next batch while the
-    # train group updates on this one; a batch whose rollout weights lag the actor by more than
-    # max_staleness policy versions is dropped and regenerated, never trained on
+    # asynchronous rollout (split placement only): the rollout group generates the next batches while the
+    # train group updates on this one, up to max_staleness batches ahead; generation is paced so that no sample
+    # is trained more than max_staleness policy versions after the weights that sampled it (docs/architecture.md)
     async_rollout: bool = False
     max_staleness: int = 1
     # checkpoints
