@@ -36,29 +36,53 @@ main()
 """
 
 
-def _main(gib: float, *overrides: str, run_dir) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHILD, str(gib), "--config-name", "grpo_tiny", *FAST, *overrides,
-                           f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+# the three entry-point runs below, by name: (GPU GiB, overrides)
+RUNS = {"refused": (0.5, ["trainer.plan_check=error"]), "warned": (0.5, ["trainer.plan_check=warn"]),
+        "fits": (80.0, [])}  # trainer.plan_check=error is the default
 
 
-def test_error_refuses_a_config_that_does_not_fit_with_exit_2(tmp_path):
-    res = _main(0.5, "trainer.plan_check=error", run_dir=tmp_path / "run")
+@pytest.fixture(scope="module")
+def main_runs(tmp_path_factory):
+    """The runs of RUNS started at once (independent one-thread processes; each test reads its own) -> name ->
+    (CompletedProcess with the stderr, run directory)."""
+    d = tmp_path_factory.mktemp("plan_check")
+    started = {}
+    for name, (gib, overrides) in RUNS.items():
+        with open(d / f"{name}.stderr", "w") as err:
+            started[name] = subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(gib), "--config-name", "grpo_tiny", *FAST, *overrides,
+                 f"hydra.run.dir={d / name}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    done = {}
+    try:
+        for name, proc in started.items():
+            proc.wait(timeout=600)
+            done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, None,
+                                                      (d / f"{name}.stderr").read_text()), d / name)
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+    return done
+
+
+def test_error_refuses_a_config_that_does_not_fit_with_exit_2(main_runs):
+    res, run_dir = main_runs["refused"]
     assert res.returncode == 2, res.stderr[-3000:]
     assert "rltrain: the plan does not fit the GPUs (rltrain.plan): GPU 0 (actor, rollout) does not fit" in res.stderr
     assert "trainer.plan_check=warn" in res.stderr and "Traceback" not in res.stderr
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before any step
+    assert not (run_dir / "metrics.jsonl").exists()  # stopped before any step
 
 
-def test_warn_prints_the_refusal_and_trains(tmp_path):
-    res = _main(0.5, "trainer.plan_check=warn", run_dir=tmp_path / "run")
+def test_warn_prints_the_refusal_and_trains(main_runs):
+    res, run_dir = main_runs["warned"]
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rltrain: warning: trainer.plan_check=warn: the plan does not fit" in res.stderr
     assert "The run starts anyway." in res.stderr
-    assert (tmp_path / "run" / "metrics.jsonl").read_text().strip()
+    assert (run_dir / "metrics.jsonl").read_text().strip()
 
 
-def test_error_passes_a_config_that_fits_and_prints_the_prediction_once(tmp_path):
-    res = _main(80.0, run_dir=tmp_path / "run")  # trainer.plan_check=error is the default
+def test_error_passes_a_config_that_fits_and_prints_the_prediction_once(main_runs):
+    res, _ = main_runs["fits"]
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stderr.count("rltrain.plan: peak ") == 1 and "(fits)" in res.stderr
 
