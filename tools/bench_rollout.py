@@ -31,20 +31,16 @@ from harness import md_table, report_header, write_report
 
 
 def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
-    from transformers import AutoModelForCausalLM
+    """The random-init model every role starts from (workers/hybrid.initial_hf_model: the built-in preset, seeded,
+    weights N(0, 0.02)); tiny with 64 tokens and the head_dim vLLM's CPU kernels take (>= 32)."""
+    from types import SimpleNamespace
 
-    from rltrain.models.presets import hf_config_for
+    from rltrain.workers.hybrid import initial_hf_model
 
-    overrides = {"head_dim": 32} if shape == "tiny" else {}  # vLLM's CPU kernels take head_dim >= 32
+    overrides = {"head_dim": 32} if shape == "tiny" else {}
     overrides.update(extra or {})
-    cfg = hf_config_for(path=None, builtin=shape, vocab_size=64 if shape == "tiny" else None, overrides=overrides)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.02)
-    return model.to(dtype).eval()
+    _, model = initial_hf_model({"builtin": shape, "overrides": overrides}, SimpleNamespace(vocab_size=64), seed, dtype)
+    return model.eval()
 
 
 def timed(fn, device: str):
