@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+from types import SimpleNamespace
 
 import torch
 
@@ -212,16 +213,11 @@ def section_tp2(tokens: int = 8192) -> dict:
     import torch.multiprocessing as mp
 
     assert torch.cuda.device_count() >= 2, "tp2 needs 2 GPUs"
-    cfg = qwen3_06b_config()
-    path = tempfile.mkdtemp()
-    from transformers import Qwen3ForCausalLM
+    from rltrain.workers.hybrid import initial_hf_model  # the random init every role starts from
 
-    torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.02)
+    path = tempfile.mkdtemp()
+    # (qwen3-0.6b keeps its own vocabulary: the tokenizer's size is not read)
+    cfg, hf = initial_hf_model({"builtin": "qwen3-0.6b"}, SimpleNamespace(vocab_size=1), 0, torch.float32)
     sd = {k: v.detach().to(torch.bfloat16) for k, v in hf.state_dict().items()}
     del hf
     torch.save(sd, os.path.join(path, "weights.pt"))
