@@ -27,18 +27,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import device_name, gemm_tflops, md_table, report_header, run_json_child, time_ms, write_report
-from harness.cases import GRPO_06B_OVERRIDES, actor_engine, policy_loss_fn, policy_micro_batch
+from harness.cases import GRPO_06B_OVERRIDES, actor_engine, hf_config, policy_loss_fn, policy_micro_batch
 from harness.host_profile import profile_call
 from harness.host_profile import to_markdown as profile_markdown
 
 from rltrain.utils.flops import peak_flops, train_flops
 from rltrain.workers.base import free_port, publish_dist_env
-
-
-def qwen3_06b_config():
-    from rltrain.models.presets import hf_config_for
-
-    return hf_config_for(path=None, builtin="qwen3-0.6b")
 
 
 def peak_tflops() -> float:
@@ -98,7 +92,7 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     finite = all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
                  for r in rows for v in r.values() if isinstance(v, (int, float)))
     assert finite, "non-finite metric in the GPU GRPO run"
-    hf_cfg = qwen3_06b_config()
+    hf_cfg = hf_config("qwen3-0.6b")
     # update phase: actor forward+backward over every token of the batch (prompt + response)
     tok = sum(r["perf/total_num_tokens"] for r in steady) / len(steady)
     seq = tok / samples
@@ -141,7 +135,7 @@ def section_parity() -> dict:
     weights, and both vs the transformers model in fp32 (the reference)."""
     from transformers import Qwen3ForCausalLM
 
-    cfg = qwen3_06b_config()
+    cfg = hf_config("qwen3-0.6b")
     cfg.num_hidden_layers = 4  # parity needs the layer math, not depth; keeps the fp32 reference small
     torch.manual_seed(0)
     hf = Qwen3ForCausalLM(cfg).cuda()
@@ -178,7 +172,7 @@ def section_parity() -> dict:
 
 
 def section_step(tokens: int, fused: bool, backend: str = "triton", recompute: bool = False) -> dict:
-    cfg = qwen3_06b_config()
+    cfg = hf_config("qwen3-0.6b")
     try:
         eng = build_engine(cfg, fused=fused, backend=backend, max_tokens=tokens, recompute=recompute)
         ids = torch.randint(0, cfg.vocab_size, (1, tokens))
@@ -197,7 +191,7 @@ def section_step(tokens: int, fused: bool, backend: str = "triton", recompute: b
 def _tp2_worker(rank: int, port: int, path: str, tokens: int):
     publish_dist_env(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, local_rank=rank)
     torch.cuda.set_device(rank)
-    cfg = qwen3_06b_config()
+    cfg = hf_config("qwen3-0.6b")
     sd = torch.load(os.path.join(path, "weights.pt"))
     inputs = torch.load(os.path.join(path, "inputs.pt"))
     eng = build_engine(cfg, fused=True, backend="triton", tp=2)
