@@ -92,16 +92,63 @@ def _rope_emb_on_cpu(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
     return emb[:, None, None, :]  # [s, 1, 1, dim]
 
 
+def _router_gating_on_cpu(self, input: torch.Tensor) -> torch.Tensor:
+    """Router.gating without its move of the router weight to the current CUDA device."""
+    from megatron.core.transformer.moe.moe_utils import router_gating_linear
+
+    dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, input.dtype)
+    return router_gating_linear(input, self.weight, self.bias, dtype)
+
+
+def define_te_gemm_when_absent() -> None:
+    """megatron-core 0.16.1's MoE router GEMM (moe_utils.RouterGatingLinearFunction) tests `te_general_gemm is not
+    None`, a name its module defines only when Transformer Engine imports: without TE (CPU, our GPU images) every
+    MoE forward raised NameError. Define it as None there (torch's matmul path, the one megatron meant). Idempotent;
+    applies on every device."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _alltoall_splits_on_cpu(self, point: str, tokens_per_expert=None):
+    """MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize for CPU tensors: no side stream, no event; the
+    all-to-all split sizes become host arrays at the same point, as the CUDA path makes them."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
+def patch_moe_dispatch_for_cpu() -> None:
+    """Let megatron's all-to-all MoE token dispatcher (expert parallelism) run on CPU over gloo: it creates a
+    CUDA stream for its device-to-host copies of the split sizes and synchronizes on a CUDA event. No-op with
+    CUDA; idempotent."""
+    if cuda_enabled():
+        return
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    if MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
+        MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "cpu: no side stream"  # the constructor makes none then
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _alltoall_splits_on_cpu
+
+
 def patch_model_for_cpu(model: torch.nn.Module) -> torch.nn.Module:
     """Make a freshly built megatron model runnable on CPU (no-op with CUDA): RoPE modules keep
-    their frequencies on the CPU instead of moving them to `torch.cuda.current_device()`."""
+    their frequencies on the CPU instead of moving them to `torch.cuda.current_device()`, and MoE routers
+    their weights."""
     if cuda_enabled():
         return model
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.moe.router import Router
 
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.get_emb = _rope_emb_on_cpu.__get__(module)
+        elif isinstance(module, Router):
+            module.gating = _router_gating_on_cpu.__get__(module)
     return model
 
 

@@ -48,10 +48,25 @@ class ParallelConfig(Section):
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Mixture-of-Experts models: experts split over this many ranks (it divides the data-parallel size; each
+    # expert's matrices are split over the tensor-parallel ranks as the dense MLP's)
+    expert_parallel_size: int = 1
     # data parallel > 1: grads averaged in buckets of this many MiB (one all-reduce each), started during the
     # last micro-batch's backward when overlap_grad_reduce (models/megatron/grad_reduce.py)
     grad_reduce_bucket_mb: float = 64.0
     overlap_grad_reduce: bool = True
+
+
+@dataclass
+class MoEConfig(Section):
+    """The router of a Mixture-of-Experts actor (actor.*; ignored by dense models)."""
+
+    # load-balancing loss (Switch/GShard, per micro-batch) and router z-loss added to the actor's loss; 0 = off.
+    # RL starts from a trained router: the peers' RL recipes keep both off or tiny
+    moe_aux_loss_coeff: float = 0.0
+    moe_z_loss_coeff: float = 0.0
+    # rollout routing replay: the actor's forwards use the experts the rollout engine routed each token to
+    moe_routing_replay: bool = False
 
 
 @dataclass
@@ -187,9 +202,9 @@ class OffPolicyConfig:
 
 
 @dataclass
-class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig):
-    # optimizer keys: OptimizerConfig; tensor/pipeline_parallel_size, grad_reduce_bucket_mb,
-    # overlap_grad_reduce: ParallelConfig; recompute_*, elementwise_fusion: LayerComputeConfig
+class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig, MoEConfig):
+    # optimizer keys: OptimizerConfig; tensor/pipeline/expert_parallel_size, grad_reduce_bucket_mb,
+    # overlap_grad_reduce: ParallelConfig; recompute_*, elementwise_fusion: LayerComputeConfig; moe_*: MoEConfig
     ppo_epochs: int = 1
     # mini-batch size in prompts (each prompt contributes rollout.n samples); one optimizer step each
     ppo_mini_batch_size: int = 16

@@ -185,6 +185,14 @@ def _actor(e: list, cfg) -> None:
     _positive(e, "actor.grad_reduce_bucket_mb", a.grad_reduce_bucket_mb)
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
+    _positive(e, "actor.expert_parallel_size", a.expert_parallel_size)
+    if a.expert_parallel_size > 1 and a.pipeline_parallel_size > 1:
+        e.append(f"actor.expert_parallel_size={a.expert_parallel_size} with actor.pipeline_parallel_size="
+                 f"{a.pipeline_parallel_size} is not supported yet (the pipeline schedule does not pair the expert "
+                 "collectives of ranks with different micro-batch counts); use one of the two")
+    for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        if not 0.0 <= getattr(a, key) < math.inf:
+            e.append(f"actor.{key}={getattr(a, key)} is impossible; it must be >= 0 and finite (0 = off)")
     _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)
     if not 1.0 <= a.tis.cap < math.inf:
         e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 and finite (the ratio's upper truncation)")

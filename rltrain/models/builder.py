@@ -1,6 +1,6 @@
 """The one builder of a model engine: the actor, the reference and the critic (workers/), SFT (trainer/sft.py) and
 the tools get their MegatronEngine from `build_engine`, which maps the schema's key groups (config/schema.py:
-OptimizerConfig, ParallelConfig, LayerComputeConfig, LogprobHeadConfig) onto the engine's arguments in this one
+OptimizerConfig, ParallelConfig, LayerComputeConfig, LogprobHeadConfig, MoEConfig) onto the engine's arguments in this one
 place, into the engine's typed EngineConfig (models/engine_config.py). A group not given takes the schema's defaults,
 so every key has one default: the schema's.
 
@@ -14,14 +14,15 @@ from typing import Any
 
 import torch
 
-from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, OptimizerConfig, ParallelConfig
+from rltrain.config.schema import LayerComputeConfig, LogprobHeadConfig, MoEConfig, OptimizerConfig, ParallelConfig
 from rltrain.models.engine_config import EngineConfig
 
 
 def build_engine(hf_config: Any, *, role: str, max_tokens_per_micro_batch: int, total_steps: int, device: str,
                  dtype: torch.dtype, seed: int, optim: OptimizerConfig | None = None,
                  parallel: ParallelConfig | None = None, compute: LayerComputeConfig | None = None,
-                 head: LogprobHeadConfig | None = None, hf_state_dict: dict | None = None):
+                 head: LogprobHeadConfig | None = None, moe: MoEConfig | None = None,
+                 hf_state_dict: dict | None = None):
     """A MegatronEngine of `role` ("actor", "ref", "critic") for the model `hf_config` describes on this rank,
     loaded from `hf_state_dict` (HF names -> full tensors) when given. total_steps: optimizer steps of the lr
     schedule."""
@@ -29,6 +30,7 @@ def build_engine(hf_config: Any, *, role: str, max_tokens_per_micro_batch: int, 
 
     config = EngineConfig(optim=optim or OptimizerConfig(), parallel=parallel or ParallelConfig(),
                           compute=compute or LayerComputeConfig(), head=head or LogprobHeadConfig(),
+                          moe=moe or MoEConfig(),
                           max_tokens_per_micro_batch=max_tokens_per_micro_batch, total_steps=total_steps)
     engine = MegatronEngine(hf_config, config, role=role, params_dtype=dtype, device=device, seed=seed)
     if hf_state_dict is not None:

@@ -15,6 +15,7 @@ from rltrain.config.schema import (
     ActorConfig,
     LayerComputeConfig,
     LogprobHeadConfig,
+    MoEConfig,
     OptimizerConfig,
     ParallelConfig,
 )
@@ -36,6 +37,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     compute: LayerComputeConfig = field(default_factory=LayerComputeConfig)
     head: LogprobHeadConfig = field(default_factory=LogprobHeadConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
     max_tokens_per_micro_batch: int = ActorConfig.max_tokens_per_micro_batch
     total_steps: int = 1000  # optimizer steps of the lr schedule (the builder passes the run's)
     make_vocab_size_divisible_by: int = VOCAB_PADDING
@@ -43,6 +45,9 @@ class EngineConfig:
     # flat engine keyword -> (group or "", field): the names tests and tools pass to MegatronEngine(...)
     FLAT = {
         "tp_size": ("parallel", "tensor_parallel_size"), "pp_size": ("parallel", "pipeline_parallel_size"),
+        "ep_size": ("parallel", "expert_parallel_size"),
+        "moe_aux_loss_coeff": ("moe", "moe_aux_loss_coeff"), "moe_z_loss_coeff": ("moe", "moe_z_loss_coeff"),
+        "moe_routing_replay": ("moe", "moe_routing_replay"),
         "grad_reduce_bucket_mb": ("parallel", "grad_reduce_bucket_mb"),
         "overlap_grad_reduce": ("parallel", "overlap_grad_reduce"),
         "fused_linear_logprob": ("head", "fused_linear_logprob"),
@@ -64,7 +69,7 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(self.FLAT)}")
         out = dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g)) for g in
-                                           ("optim", "parallel", "compute", "head")})
+                                           ("optim", "parallel", "compute", "head", "moe")})
         for name, value in flat.items():
             group, key = self.FLAT[name]
             setattr(getattr(out, group) if group else out, key, value)

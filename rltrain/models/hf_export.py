@@ -4,7 +4,8 @@ actor's export (workers/hybrid.py), SFT's output (trainer/sft.py) and the rollou
 
 It writes on the rank that calls it (transformers' save_pretrained writes on rank 0 only once torch.distributed is
 up, while every vLLM rank reads its own copy); callers decide which ranks write. Tensor names are checked against the
-architecture's own (built on the meta device, no memory); a tied LM head is not written twice.
+architecture's own (built on the meta device, no memory), in the checkpoint layout (Mixture-of-Experts: one tensor per
+expert, models/hf_experts.py); a tied LM head is not written twice.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import shutil
 from typing import Iterable, Mapping
 
 import torch
+
+from rltrain.models.hf_experts import checkpoint_names
 
 
 def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Tensor] | Iterable, *,
@@ -28,7 +31,8 @@ def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Te
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    expected = {k for k in meta.state_dict() if not (tied and k == "lm_head.weight")}
+    names = checkpoint_names((k, v.shape) for k, v in meta.state_dict().items())  # MoE: one tensor per expert
+    expected = {k for k in names if not (tied and k == "lm_head.weight")}
     tensors = {k: v for k, v in tensors.items() if not (tied and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     assert not missing and not unexpected, (missing[:5], unexpected[:5])

@@ -2,7 +2,7 @@
 
 `tiny` is the CPU default's Qwen3-architecture model, `small` the learning recipe's (~55M); `qwen3-0.6b`,
 `qwen3-4b` and `qwen3-8b` have Qwen3-0.6B's, Qwen3-4B's and Qwen3-8B's real shapes and vocab size for GPU
-benchmarks. Must not build Megatron models or load weights (that is models/megatron, models/hf).
+benchmarks. `tiny-moe`, `small-moe` and `qwen3-30b-a3b` are their Mixture-of-Experts (Qwen3-MoE) counterparts. Must not build Megatron models or load weights (that is models/megatron, models/hf).
 """
 
 from __future__ import annotations
@@ -55,8 +55,24 @@ SMALL = dict(
     rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
 )
 
+# Mixture-of-Experts presets (Qwen3-MoE architecture). The tiny and small ones keep their dense twin's attention and
+# active FFN width (top-2 of experts half the dense MLP wide), so they compare with it at the same active size.
+TINY_MOE = dict(TINY, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=96,
+                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+SMALL_MOE = dict(SMALL, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+# Facts from the public Hugging Face Qwen3-30B-A3B config.json (48 layers, 128 experts, top-8, expert FFN 768).
+QWEN3_30B_A3B = dict(
+    model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+    num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+    num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    hidden_act="silu", attention_bias=False,
+)
+
 BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B,
-                           "qwen3-8b": QWEN3_8B}
+                           "qwen3-8b": QWEN3_8B, "tiny-moe": TINY_MOE, "small-moe": SMALL_MOE,
+                           "qwen3-30b-a3b": QWEN3_30B_A3B}
 
 
 def model_hf_config(model_cfg, tokenizer):
@@ -77,7 +93,7 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
 
     vocab_size: the tokenizer's size, used by `tiny` and `small` (qwen3-0.6b keeps its real vocab unless overridden).
     """
-    from transformers import AutoConfig, Qwen3Config
+    from transformers import AutoConfig, Qwen3Config, Qwen3MoeConfig
 
     overrides = dict(overrides or {})
     if builtin is not None:
@@ -89,7 +105,7 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
                 raise ValueError(f"model.builtin={builtin} needs the tokenizer's vocab size")
             kw["vocab_size"] = vocab_size
         kw.update(overrides)
-        return Qwen3Config(**kw)
+        return (Qwen3MoeConfig if kw.pop("model_type", "qwen3") == "qwen3_moe" else Qwen3Config)(**kw)
     if not path:
         raise ValueError("model.path is not set; give an HF model id or a local directory, or set model.builtin")
     if os.path.sep in path and not os.path.exists(path):

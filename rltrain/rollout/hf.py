@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 import torch
 
+from rltrain.models.hf_experts import per_expert_views
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 
 
@@ -194,7 +195,9 @@ class HFEngine(Engine):
         if self._asleep_level == 2:
             raise RuntimeError("HFEngine.update_weights after sleep(level=2): call wake_up() first "
                                "(it allocates empty weights for the update to fill)")
-        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            targets.update(per_expert_views(name, param))  # MoE: checkpoint names of the fused expert tensors
         targets.update(self.model.named_buffers(remove_duplicate=False))
         loaded = 0
         for name, tensor in named_tensors:
@@ -207,7 +210,7 @@ class HFEngine(Engine):
                 raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
                                  f"the rollout model expects {tuple(target.shape)}")
             target.copy_(tensor)  # converts dtype/device without keeping a second copy
-            self._missing_params.discard(id(target))
+            self._missing_params.discard(id(target._base if target._base is not None else target))
             loaded += 1
         return loaded
 

@@ -19,6 +19,7 @@ from rltrain.config.schema import (
     ActorConfig,
     LayerComputeConfig,
     LogprobHeadConfig,
+    MoEConfig,
     OffPolicyConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -201,7 +202,7 @@ class ActorRole:
                                    seed=seed, total_steps=total_steps,
                                    max_tokens_per_micro_batch=actor_cfg.max_tokens_per_micro_batch,
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
-                                   compute=actor_cfg.group(LayerComputeConfig),
+                                   compute=actor_cfg.group(LayerComputeConfig), moe=actor_cfg.group(MoEConfig),
                                    head=trainer_cfg.group(LogprobHeadConfig))
         self.loss = PolicyLoss.from_config(actor_cfg)
 

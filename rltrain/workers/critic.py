@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from rltrain.algorithms import value_loss
-from rltrain.config.schema import ActorConfig, CriticConfig, OptimizerConfig, ParallelConfig, TrainerConfig
+from rltrain.config.schema import (ActorConfig, CriticConfig, MoEConfig, OptimizerConfig, ParallelConfig,
+                                   TrainerConfig)
 from rltrain.data.batch import Batch
 from rltrain.models.builder import build_engine
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_outputs
@@ -52,7 +53,8 @@ class CriticRole:
         self.engine = build_engine(hf_config, role="critic", hf_state_dict=hf_state_dict, device=device, dtype=dtype,
                                    seed=seed, total_steps=total_steps,
                                    max_tokens_per_micro_batch=critic_cfg.max_tokens_per_micro_batch,
-                                   optim=critic_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig))
+                                   optim=critic_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
+                                   moe=actor_cfg.group(MoEConfig))
         self.loss = ValueLoss(clip=critic_cfg.value_clip, agg=critic_cfg.loss_agg_mode)
 
     @torch.no_grad()

@@ -106,20 +106,26 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
     e: list[str] = []
     per_node, nnodes = t.n_gpus_per_node, t.nnodes
     tp, pp, rtp = a.tensor_parallel_size, a.pipeline_parallel_size, r.tensor_parallel_size
-    if min(per_node, nnodes, tp, pp, rtp) < 1:
+    if min(per_node, nnodes, tp, pp, rtp, a.expert_parallel_size) < 1:
         return []  # the range checks of validate_config report these
     world = per_node * nnodes
     where = "trainer.n_gpus_per_node * trainer.nnodes" + (" (on CPU: worker processes)" if device != "cuda" else "")
+    ep = a.expert_parallel_size
     if not t.use_ray:
-        if world != 1 or tp * pp != 1:
-            e.append(f"trainer.use_ray=false runs one in-process worker, but the config asks for {max(world, tp * pp)} "
-                     "(trainer.n_gpus_per_node / actor.tensor_parallel_size / actor.pipeline_parallel_size); "
-                     "enable Ray (trainer.use_ray=true) or use 1")
+        if world != 1 or tp * pp * ep != 1:
+            e.append(f"trainer.use_ray=false runs one in-process worker, but the config asks for "
+                     f"{max(world, tp * pp, ep)} (trainer.n_gpus_per_node / actor.tensor_parallel_size / "
+                     "actor.pipeline_parallel_size / actor.expert_parallel_size); enable Ray (trainer.use_ray=true) "
+                     "or use 1")
         return e
     if world % (tp * pp):
         e.append(f"{where} = {world} devices cannot hold actor.tensor_parallel_size * actor.pipeline_parallel_size = "
                  f"{tp} * {pp} model-parallel ranks a whole number of times; set trainer.n_gpus_per_node to a "
                  f"multiple of {tp * pp}" + (" (on CPU each device is one worker process)" if device != "cuda" else ""))
+    if ep > 1 and world % (tp * pp) == 0 and (world // (tp * pp)) % ep:
+        e.append(f"actor.expert_parallel_size={ep} must divide the data-parallel size {world // (tp * pp)} ({where} "
+                 f"= {world} / actor.tensor_parallel_size {tp} / actor.pipeline_parallel_size {pp}): the experts are "
+                 "split over data-parallel ranks; use an expert-parallel size that divides it")
     if nnodes > 1 and per_node % tp:
         e.append(f"actor.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node={per_node}: a "
                  "tensor-parallel group would span nodes; use a TP size that divides the GPUs of a node")

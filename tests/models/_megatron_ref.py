@@ -27,6 +27,38 @@ def random_hf_model(vocab_size: int = 101, seed: int = 0, **cfg) -> Qwen3ForCaus
     return model
 
 
+def tiny_moe_config(vocab_size: int = 101, **cfg):
+    """A tiny Qwen3-MoE config: 4 experts, top-2, renormalized, every layer sparse unless `cfg` says otherwise;
+    head_dim 24 (not hidden / heads) as the dense tiny model's."""
+    from transformers import Qwen3MoeConfig
+
+    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24, num_experts=4,
+              num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=1,
+              tie_word_embeddings=False, max_position_embeddings=256, attention_dropout=0.0,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    kw.update(cfg)
+    return Qwen3MoeConfig(**kw)
+
+
+def random_moe_model(vocab_size: int = 101, seed: int = 0, **cfg):
+    """A tiny random Qwen3MoeForCausalLM in fp32 (fused in-memory experts, as transformers 5 holds them), weights
+    scaled as random_hf_model's, the router's too (sharper routing: fewer near-ties between experts)."""
+    from transformers import Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(tiny_moe_config(vocab_size, **cfg)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)  # transformers initializes the router to zeros: every expert tied
+            else:
+                p.mul_(3.0)
+    return model
+
+
 def random_batch(vocab_size: int, seq_lens: list[int], seed: int = 1):
     """Right-padded input_ids [B, S] (pad id vocab_size-1), seq_lens [B], label_mask [B, S] (a
     'response' suffix of each row: t >= prompt_len, t < seq_len)."""
@@ -52,6 +84,33 @@ def hf_logprobs(model, ids, mask, temperature: float = 1.0):
     lp = torch.cat([zero, torch.where(m, lp, 0.0)], 1)
     ent = torch.cat([zero, torch.where(m, ent, 0.0)], 1)
     return lp, ent
+
+
+def ppo_batch(hf, vocab_size: int, seq_lens: list[int], seed: int):
+    """A PPO mini-batch for `hf`: random rows, old log-probs near the model's own (+ noise), random advantages."""
+    ids, lens, mask = random_batch(vocab_size, seq_lens, seed=seed)
+    with torch.no_grad():
+        ref_lp, _ = hf_logprobs(hf, ids, mask)
+    g = torch.Generator().manual_seed(seed + 1)
+    old = (ref_lp.float() + 0.3 * torch.randn(ids.shape, generator=g)) * mask
+    adv = torch.randn(ids.shape, generator=g) * mask
+    return {"input_ids": ids, "label_mask": mask, "old_logprobs": old, "advantages": adv}, lens
+
+
+def hf_loss_inputs(hf, batch, lens):
+    """(ModelOutputs, MicroBatch) of the whole mini-batch on transformers, with grad: log-probs and entropy from
+    materialized fp32 logits, 0 at t = 0 and outside the label mask, for a loss_fn to compare with the engine's."""
+    from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
+
+    logits = hf(batch["input_ids"]).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1)
+    zero = torch.zeros(len(lens), 1)
+    lp = torch.cat([zero, logp.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)], 1)
+    ent = torch.cat([zero, -(logp.exp() * logp).sum(-1)], 1)
+    m = batch["label_mask"].clone()
+    m[:, 0] = False
+    mb = MicroBatch.from_mapping({**batch, "seq_lens": torch.as_tensor(lens), "label_mask": m})
+    return ModelOutputs(logprobs=lp * m, entropy=ent * m), mb
 
 
 def ppo_loss_with_entropy(outputs, mb):

@@ -10,9 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen3ForTokenClassification
 
 from rltrain.algorithms import policy_loss, value_loss
-from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
 from rltrain.models.megatron import MegatronEngine, padded_vocab_size, tiny_qwen3_config
-from _megatron_ref import hf_logprobs, random_batch, random_hf_model
+from _megatron_ref import hf_logprobs, hf_loss_inputs, ppo_batch, random_batch, random_hf_model
 
 V = 101  # not a multiple of 128: megatron pads to 128, the padded rows must not count
 
@@ -105,13 +104,7 @@ class _PPOLoss:
 
 
 def _ppo_batch(hf, seq_lens, seed):
-    ids, lens, mask = random_batch(V, seq_lens, seed=seed)
-    with torch.no_grad():
-        ref_lp, _ = hf_logprobs(hf, ids, mask)
-    g = torch.Generator().manual_seed(seed + 1)
-    old = (ref_lp.float() + 0.3 * torch.randn(ids.shape, generator=g)) * mask
-    adv = torch.randn(ids.shape, generator=g) * mask
-    return {"input_ids": ids, "label_mask": mask, "old_logprobs": old, "advantages": adv}, lens
+    return ppo_batch(hf, V, seq_lens, seed)
 
 
 def test_fused_loss_never_allocates_a_tokens_by_vocab_tensor():
@@ -152,15 +145,7 @@ def test_ppo_step_matches_the_same_step_on_transformers(fused):
     # the same step on transformers, whole mini-batch at once
     opt = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
     hf.train()
-    logits = hf(batch["input_ids"]).logits.float()
-    logp = torch.log_softmax(logits[:, :-1], -1)
-    lp = torch.cat([torch.zeros(len(lens), 1), logp.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)], 1)
-    ent = torch.cat([torch.zeros(len(lens), 1), -(logp.exp() * logp).sum(-1)], 1)
-    m = batch["label_mask"].clone()
-    m[:, 0] = False
-    lp, ent = lp * m, ent * m
-    loss, _ = _PPOLoss()(ModelOutputs(logprobs=lp, entropy=ent),
-                         MicroBatch.from_mapping({**batch, "seq_lens": torch.as_tensor(lens), "label_mask": m}))
+    loss, _ = _PPOLoss()(*hf_loss_inputs(hf, batch, lens))
     loss.backward()
     ref_norm = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), 0.5))
     opt.step()

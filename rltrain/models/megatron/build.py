@@ -1,10 +1,16 @@
-"""Build a megatron-core GPTModel from a Hugging Face config (Qwen3, Qwen2, Llama) with TP/PP.
+"""Build a megatron-core GPTModel from a Hugging Face config (Qwen3, Qwen3-MoE, Qwen2, Llama) with TP/PP/EP.
 It must not load weights (weights.py) or wrap the output layer (head.py); it only builds modules.
 
 Mapping choices:
 - Qwen3: RMSNorm, SwiGLU (gated fc1 = [gate; up]), RoPE with `rope_theta`, GQA, per-head q/k
   RMSNorm (`qk_layernorm`), explicit `head_dim` (kv_channels), tied or untied embeddings.
 - Qwen2: like Qwen3 without q/k norm and with q/k/v biases. Llama: no biases, no q/k norm.
+- Qwen3-MoE: Qwen3's attention with megatron-core's own MoE layers (TopKRouter + SequentialMLP experts, or
+  Transformer Engine's grouped expert GEMMs where TE is installed). Routing as transformers computes it:
+  softmax over all experts in fp32, top-k, renormalized when `norm_topk_prob` (megatron: top-k of the logits,
+  then softmax over the k, the same numbers), else not (megatron: `moe_router_pre_softmax`). Dense and sparse
+  layers mixed by `mlp_only_layers` / `decoder_sparse_step` (megatron: a `moe_layer_freq` list); dense layers
+  have `intermediate_size`, experts `moe_intermediate_size`. Shared experts (Qwen2-MoE) and Mixtral are refused.
 - Only the default RoPE type is supported (scaled RoPE variants raise a ValueError).
 - Refused at build, by field name (UnsupportedModelError), never run wrong: a sliding attention window
   on any layer (`use_sliding_window` / `sliding_window` / `layer_types`; attention here is always full
@@ -27,11 +33,11 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
-from rltrain.compat.megatron import cuda_enabled, patch_model_for_cpu
+from rltrain.compat.megatron import (cuda_enabled, define_te_gemm_when_absent, patch_model_for_cpu,
+                                     patch_moe_dispatch_for_cpu)
 from rltrain.models.engine_config import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 from rltrain.utils.errors import UserError
 
@@ -44,9 +50,17 @@ except ImportError:
 
 # HF model_type -> architecture flags. One row per supported family.
 ARCHITECTURES: dict[str, dict[str, bool]] = {
-    "qwen3": {"qk_layernorm": True, "qkv_bias": False},
-    "qwen2": {"qk_layernorm": False, "qkv_bias": True},
-    "llama": {"qk_layernorm": False, "qkv_bias": False},
+    "qwen3": {"qk_layernorm": True, "qkv_bias": False, "moe": False},
+    "qwen3_moe": {"qk_layernorm": True, "qkv_bias": False, "moe": True},
+    "qwen2": {"qk_layernorm": False, "qkv_bias": True, "moe": False},
+    "llama": {"qk_layernorm": False, "qkv_bias": False, "moe": False},
+}
+# MoE families transformers has that this backend does not build, and what to use instead.
+REFUSED_MOE = {
+    "mixtral": "Mixtral (model_type 'mixtral') is not built by the Megatron backend yet: its experts are named "
+               "w1/w2/w3 and it uses a sliding window; use a Qwen3-MoE model (model_type 'qwen3_moe')",
+    "qwen2_moe": "Qwen2-MoE (model_type 'qwen2_moe') has shared experts with a gate, which the Megatron backend "
+                 "does not build; use a Qwen3-MoE model (model_type 'qwen3_moe')",
 }
 
 
@@ -60,6 +74,8 @@ class UnsupportedModelError(UserError, ValueError):
 
 def architecture(hf_config: Any) -> dict[str, bool]:
     model_type = _hf_get(hf_config, "model_type")
+    if model_type in REFUSED_MOE:
+        raise UnsupportedModelError(REFUSED_MOE[model_type])
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"model.path config has model_type={model_type!r}; supported: {sorted(ARCHITECTURES)}"
@@ -131,11 +147,64 @@ def padded_vocab_size(vocab_size: int, tp_size: int, make_vocab_size_divisible_b
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
+def moe_layer_pattern(hf_config: Any) -> list[int]:
+    """Per layer, 1 where transformers builds a sparse MoE block and 0 where a dense MLP (Qwen3MoeDecoderLayer's
+    rule: not in `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`); all 0 for a dense family."""
+    n = int(hf_config.num_hidden_layers)
+    if not architecture(hf_config)["moe"] or not int(_hf_get(hf_config, "num_experts", 0) or 0):
+        return [0] * n
+    step = int(_hf_get(hf_config, "decoder_sparse_step", 1) or 1)
+    dense = set(_hf_get(hf_config, "mlp_only_layers", None) or [])
+    return [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
+
+
+def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: float, z_loss_coeff: float,
+                routing_replay: bool) -> dict:
+    """TransformerConfig's MoE keys for a Qwen3-MoE config (empty for a dense model; ep_size must then be 1)."""
+    pattern = moe_layer_pattern(hf_config)
+    if not any(pattern):
+        if ep_size != 1:
+            raise UnsupportedModelError(f"actor.expert_parallel_size={ep_size} needs a Mixture-of-Experts model; "
+                                        f"model_type={_hf_get(hf_config, 'model_type')!r} has no sparse layers")
+        return {}
+    experts, topk = int(hf_config.num_experts), int(hf_config.num_experts_per_tok)
+    ffn = int(hf_config.moe_intermediate_size)
+    problems = []
+    if not 1 <= topk <= experts:
+        problems.append(f"num_experts_per_tok={topk} must be between 1 and num_experts={experts}")
+    if experts % ep_size:
+        problems.append(f"actor.expert_parallel_size={ep_size} must divide num_experts={experts}")
+    if ffn % tp_size:
+        problems.append(f"actor.tensor_parallel_size={tp_size} must divide moe_intermediate_size={ffn} (experts are "
+                        "split over the tensor-parallel ranks too)")
+    if problems:
+        raise UnsupportedModelError("MoE model config not supported: " + "; ".join(problems))
+    if aux_loss_coeff < 0 or z_loss_coeff < 0:
+        raise ValueError(f"moe_aux_loss_coeff={aux_loss_coeff} and moe_z_loss_coeff={z_loss_coeff} must be >= 0")
+    return dict(
+        num_moe_experts=experts, moe_ffn_hidden_size=ffn, moe_router_topk=topk,
+        # norm_topk_prob: softmax over the k chosen logits (= the renormalized top-k of the full softmax)
+        moe_router_pre_softmax=not bool(_hf_get(hf_config, "norm_topk_prob", True)),
+        moe_layer_freq=pattern, moe_router_dtype="fp32",
+        moe_router_load_balancing_type="aux_loss" if aux_loss_coeff > 0 else "none",
+        moe_aux_loss_coeff=float(aux_loss_coeff), moe_z_loss_coeff=float(z_loss_coeff) or None,
+        expert_model_parallel_size=ep_size,
+        # all-to-all exchanges only the routed tokens, and each rank may hold a different number of tokens
+        moe_token_dispatcher_type="alltoall" if ep_size > 1 else "allgather",
+        moe_grouped_gemm=HAVE_TE, moe_permute_fusion=False,
+        moe_enable_routing_replay=bool(routing_replay),
+    )
+
+
 def transformer_config_from_hf(
     hf_config: Any,
     *,
     tp_size: int = 1,
     pp_size: int = 1,
+    ep_size: int = 1,
+    moe_aux_loss_coeff: float = 0.0,
+    moe_z_loss_coeff: float = 0.0,
+    moe_routing_replay: bool = False,
     params_dtype: torch.dtype = torch.float32,
     sequence_parallel: bool = False,
     recompute_activations: bool = False,
@@ -160,6 +229,8 @@ def transformer_config_from_hf(
         )
     if hf_config.num_hidden_layers % pp_size:
         raise ValueError(f"pp_size={pp_size} must divide num_hidden_layers={hf_config.num_hidden_layers}")
+    moe = _moe_kwargs(hf_config, tp_size=tp_size, ep_size=ep_size, aux_loss_coeff=moe_aux_loss_coeff,
+                      z_loss_coeff=moe_z_loss_coeff, routing_replay=moe_routing_replay)
     return TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -192,6 +263,7 @@ def transformer_config_from_hf(
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         **(_recompute_kwargs(recompute_granularity, recompute_modules) if recompute_activations else {}),
+        **moe,
     )
 
 
@@ -239,8 +311,19 @@ class SDPACoreAttention(MegatronModule):
         return ctx.permute(2, 0, 1, 3).reshape(sq, b, -1)
 
 
-def layer_spec(config: TransformerConfig) -> ModuleSpec:
-    """TE layer spec when Transformer Engine is installed, else the local spec with SDPA attention."""
+def layer_spec(config: TransformerConfig):
+    """TE layer spec when Transformer Engine is installed, else the local spec with SDPA attention. For an MoE
+    config: megatron's block spec (a dense or MoE layer spec per layer, by `moe_layer_freq`)."""
+    if config.num_moe_experts:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        define_te_gemm_when_absent()
+        patch_moe_dispatch_for_cpu()
+        block = get_gpt_decoder_block_spec(config, use_transformer_engine=HAVE_TE, normalization="RMSNorm")
+        if not HAVE_TE:
+            for spec in block.layer_specs:
+                spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+        return block
     if HAVE_TE:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
@@ -260,6 +343,9 @@ def build_gpt_model(
     recompute_activations: bool = False,
     recompute_granularity: str = "full",
     recompute_modules: tuple[str, ...] = ("mlp",),
+    moe_aux_loss_coeff: float = 0.0,
+    moe_z_loss_coeff: float = 0.0,
+    moe_routing_replay: bool = False,
 ) -> GPTModel:
     """GPTModel for this pipeline stage, on `device`. Needs compat.setup_parallel() first.
 
@@ -274,8 +360,11 @@ def build_gpt_model(
     """
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
+    ep = parallel_state.get_expert_model_parallel_world_size()
     config = transformer_config_from_hf(
-        hf_config, tp_size=tp, pp_size=pp, params_dtype=params_dtype, sequence_parallel=sequence_parallel,
+        hf_config, tp_size=tp, pp_size=pp, ep_size=ep, moe_aux_loss_coeff=moe_aux_loss_coeff,
+        moe_z_loss_coeff=moe_z_loss_coeff, moe_routing_replay=moe_routing_replay,
+        params_dtype=params_dtype, sequence_parallel=sequence_parallel,
         recompute_activations=recompute_activations, recompute_granularity=recompute_granularity,
         recompute_modules=tuple(recompute_modules),
     )

@@ -46,15 +46,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
+def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: int = 1) -> None:
     """Initialize torch.distributed (if needed) and megatron's model-parallel groups, then seed.
 
     Without an existing process group: uses RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
     environment when set (torchrun, Ray workers), else a single-process group on a free local port.
-    Backend: nccl with CUDA, gloo without. Idempotent for the same (tp_size, pp_size).
+    Backend: nccl with CUDA, gloo without. Idempotent for the same (tp_size, pp_size, ep_size).
+
+    ep_size: expert parallelism (MoE). Experts are split over ep_size ranks within each pipeline stage, and each
+    expert's matrices over the tensor-parallel ranks (megatron's expert_tensor_parallel_size = tp_size), so
+    tp_size * ep_size must divide the ranks of a stage (world / pp_size): ep_size divides the data-parallel size.
     """
-    if tp_size < 1 or pp_size < 1:
-        raise ValueError(f"tp_size and pp_size must be >= 1, got tp_size={tp_size}, pp_size={pp_size}")
+    if tp_size < 1 or pp_size < 1 or ep_size < 1:
+        raise ValueError(f"tp_size, pp_size and ep_size must be >= 1, got tp_size={tp_size}, pp_size={pp_size}, "
+                         f"ep_size={ep_size}")
     if parallel_state.model_parallel_is_initialized() and not _megatron_groups_alive():
         parallel_state.destroy_model_parallel()  # its world was destroyed (e.g. by a vLLM engine that owned it)
     if not dist.is_initialized():
@@ -72,21 +77,26 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0) -> None:
         raise ValueError(
             f"world size {world} is not divisible by tp_size*pp_size = {tp_size}*{pp_size}"
         )
+    if (world // pp_size) % (tp_size * ep_size):
+        raise ValueError(f"expert parallelism: ep_size={ep_size} must divide the data-parallel size "
+                         f"{world // (tp_size * pp_size)} (world {world} / tp_size {tp_size} / pp_size {pp_size})")
     if parallel_state.model_parallel_is_initialized():
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
         )
-        if have != (tp_size, pp_size):
+        if have != (tp_size, pp_size, ep_size):
             raise ValueError(
-                f"megatron model parallelism is already initialized with (tp, pp)={have}, "
-                f"cannot switch to {(tp_size, pp_size)} in the same process"
+                f"megatron model parallelism is already initialized with (tp, pp, ep)={have}, "
+                f"cannot switch to {(tp_size, pp_size, ep_size)} in the same process"
             )
     else:
         if cuda_enabled():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size
+            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size,
+            expert_model_parallel_size=ep_size,
         )
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     if cuda_enabled():
@@ -114,7 +124,8 @@ def parallel_coordinates() -> dict[str, int]:
     """This rank's place in megatron's mesh, as parallel_state reports it: {"tp", "pp", "dp"} ranks."""
     return {"tp": parallel_state.get_tensor_model_parallel_rank(),
             "pp": parallel_state.get_pipeline_model_parallel_rank(),
-            "dp": parallel_state.get_data_parallel_rank()}
+            "dp": parallel_state.get_data_parallel_rank(),
+            "ep": parallel_state.get_expert_model_parallel_rank()}
 
 
 def teardown_parallel() -> None:

@@ -25,6 +25,7 @@ elementwise work runs, `recompute_granularity` what activation recomputation kee
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable
@@ -39,13 +40,26 @@ from rltrain.models.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
-from rltrain.models.megatron.build import build_gpt_model
+from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_gpt_model, moe_layer_pattern
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
 from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
 from rltrain.models.megatron.micro_batch import make_micro_batches
+from rltrain.models.megatron.moe import RouterStats, set_aux_loss_scale
 from rltrain.models.megatron.optim import EngineOptimizer
 
 ROLES = ("actor", "ref", "critic")
+
+
+def _expert_collectives_on_cpu(method):
+    """Run `method` under compat's CPU device shim when MoE tokens are dispatched over ranks: megatron's token
+    dispatch allocates its collective buffers on `torch.cuda.current_device()`, forward and backward (a no-op with
+    CUDA; pipeline-parallel calls take the same shim in pipeline.py)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with pipeline_mod.cpu_schedule_shim() if self._dispatch_collectives else contextlib.nullcontext():
+            return method(self, *args, **kwargs)
+    return run
+
 
 class MegatronEngine:
     """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
@@ -72,7 +86,7 @@ class MegatronEngine:
                              f"got {comp.elementwise_fusion!r}")
         if not par.grad_reduce_bucket_mb > 0:
             raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {par.grad_reduce_bucket_mb}")
-        setup_parallel(tp_size, pp_size, seed)
+        setup_parallel(tp_size, pp_size, seed, ep_size=par.expert_parallel_size)
         self.role = role
         self.device = resolve_device(device)
         self.params_dtype = params_dtype
@@ -81,15 +95,33 @@ class MegatronEngine:
         self.chunk_size = head.logprobs_chunk_size
         self.max_tokens_per_micro_batch = c.max_tokens_per_micro_batch
         self.pp_size = pp_size
+        self.ep_size = par.expert_parallel_size
         self.vocab_size = int(hf_config.vocab_size)
+        moe = any(moe_layer_pattern(hf_config))
+        # megatron's MoE layers train under tensor parallelism only with sequence parallelism, and its norms take
+        # sequence parallelism only from Transformer Engine; dense models keep full sequences on every TP rank
+        self.sequence_parallel = tp_size > 1 and moe and HAVE_TE
+        if tp_size > 1 and moe and not HAVE_TE and role != "ref":
+            raise UnsupportedModelError(
+                f"actor.tensor_parallel_size={tp_size} with a Mixture-of-Experts model: megatron-core trains MoE "
+                "layers under tensor parallelism only with sequence parallelism, which it builds only with "
+                "Transformer Engine (not installed); split the experts with actor.expert_parallel_size instead "
+                "and keep actor.tensor_parallel_size=1")
+        self.tp_size = tp_size
+        # megatron's MoE token dispatch over several ranks allocates on the CUDA device (compat's CPU shim)
+        self._dispatch_collectives = moe and (par.expert_parallel_size > 1 or tp_size > 1)
         with pipeline_mod.cpu_schedule_shim() if pp_size > 1 else contextlib.nullcontext():
             self.model = build_gpt_model(
                 hf_config, params_dtype=params_dtype, device=self.device,
-                make_vocab_size_divisible_by=c.make_vocab_size_divisible_by,
+                make_vocab_size_divisible_by=c.make_vocab_size_divisible_by, sequence_parallel=self.sequence_parallel,
                 recompute_activations=comp.recompute_activations and role != "ref",
                 recompute_granularity=comp.recompute_granularity, recompute_modules=tuple(comp.recompute_modules),
+                moe_aux_loss_coeff=c.moe.moe_aux_loss_coeff, moe_z_loss_coeff=c.moe.moe_z_loss_coeff,
+                moe_routing_replay=c.moe.moe_routing_replay,
             )
         ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
+        self.router_stats = RouterStats(self.model)  # empty for a dense model
+        self._aux_losses = bool(self.router_stats) and (c.moe.moe_aux_loss_coeff > 0 or c.moe.moe_z_loss_coeff > 0)
         # Only the last pipeline stage has the head (output layer / value head).
         self.last_stage = pp_size == 1 or parallel_state.is_pipeline_last_stage()
         if pp_size > 1:
@@ -189,12 +221,24 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------- forward
 
-    def _trunk(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[b, s] ids -> [b, s, H] hidden (hidden modes) or [b, s, V_local_padded] logits."""
+    def _trunk(self, input_ids: torch.Tensor, seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, s] ids -> [b, s, H] hidden (hidden modes) or [b, s, V_local_padded] logits. seq_lens: the rows'
+        lengths, for the MoE router statistics (which count real tokens only)."""
         input_ids = self._to_device(input_ids)
         b, s = input_ids.shape
-        position_ids = torch.arange(s, device=self.device).unsqueeze(0).expand(b, s)
-        return self.model(input_ids, position_ids, None)
+        width = s
+        if self.sequence_parallel and s % self.tp_size:  # the sequence is split over the TP ranks: pad it (on the
+            width = s + self.tp_size - s % self.tp_size  # right, where causal attention keeps it from real tokens)
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(b, width - s)], dim=1)
+        position_ids = torch.arange(width, device=self.device).unsqueeze(0).expand(b, width)
+        if self.router_stats.recording and seq_lens is not None:  # megatron's token order is [s, b]
+            lens = self._to_device(torch.as_tensor(seq_lens))
+            valid = (position_ids < lens.unsqueeze(1)).t()
+            if self.sequence_parallel:  # this TP rank's routers see its block of the sequence
+                valid = valid.chunk(self.tp_size)[parallel_state.get_tensor_model_parallel_rank()]
+            self.router_stats.valid = valid.reshape(-1)
+        out = self.model(input_ids, position_ids, None)
+        return out if width == s else out[:, :s]
 
     @staticmethod
     def _valid(mask: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -230,7 +274,7 @@ class MegatronEngine:
         trunk_out: the model output [b, s, X] when already computed (pipeline last stage)."""
         rows, labels, check = self._head_rows_and_labels(input_ids, seq_lens, label_mask)
         input_ids = self._to_device(input_ids)
-        out = self._trunk(input_ids) if trunk_out is None else trunk_out  # [b, s, X]
+        out = self._trunk(input_ids, seq_lens) if trunk_out is None else trunk_out  # [b, s, X]
         b, s = input_ids.shape
         prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
         kwargs = dict(rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
@@ -248,10 +292,31 @@ class MegatronEngine:
     def _token_values(self, input_ids, seq_lens, mask, trunk_out=None):
         """-> values [b, s] fp32: entry t = V(x_<t) from the hidden state at t-1; 0 outside mask."""
         valid = self._valid(mask.to(self.device), seq_lens)
-        hidden = self._trunk(input_ids) if trunk_out is None else trunk_out  # [b, s, H]
+        hidden = self._trunk(input_ids, seq_lens) if trunk_out is None else trunk_out  # [b, s, H]
         v = self.model.value_head(hidden[:, :-1]).squeeze(-1).float()  # [b, s-1]
         v = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
         return torch.where(valid, v, torch.zeros_like(v))
+
+    def _expert_padding_passes(self, n_local: int) -> int:
+        """Under expert parallelism every MoE layer's forward and backward is a collective of the expert-parallel
+        ranks, so every data-parallel rank must run as many micro-batches as the one with the most (their token
+        budgets split their rows differently): how many idle passes this rank adds. 0 without EP (no collective)."""
+        if self.ep_size == 1:
+            return 0
+        n = torch.tensor([n_local], dtype=torch.int64, device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
+        return int(n.item()) - n_local
+
+    def _idle_pass(self, backward: bool = False) -> None:
+        """A forward (and zero backward) of one 2-token row that joins the experts' collectives and changes
+        nothing: no grad (x 0), no router statistics (no real token), no aux loss (scale 0)."""
+        ids = torch.zeros(1, 2, dtype=torch.long)
+        with torch.enable_grad() if backward else contextlib.nullcontext():
+            out = self._trunk(ids, torch.zeros(1, dtype=torch.long))
+            if backward:
+                if self._aux_losses:
+                    set_aux_loss_scale(0.0, self.device)
+                (out.float().sum() * 0.0).backward()
 
     def _check_rows(self, input_ids, seq_lens):
         if input_ids.dim() != 2:
@@ -261,6 +326,7 @@ class MegatronEngine:
         return torch.as_tensor(seq_lens).long()
 
     @torch.no_grad()
+    @_expert_collectives_on_cpu
     def forward_logprobs(self, input_ids, seq_lens, label_mask, *, temperature: float = 1.0,
                          with_entropy: bool = True):
         """input_ids [B, S] right-padded, seq_lens [B], label_mask [B, S] bool ->
@@ -291,7 +357,9 @@ class MegatronEngine:
             if with_entropy:
                 pipeline_mod.broadcast_from_last_stage(ent_out, self.device)
             return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
-        for mb in self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens):
+        mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens)
+        idle = self._expert_padding_passes(len(mbs))  # agreed before any rank enters an expert collective
+        for mb in mbs:
             lp, ent = self._token_logprobs(mb.input_ids, mb.seq_lens, mb.label_mask,
                                            temperature=temperature, with_entropy=with_entropy,
                                            entropy_grad=False)
@@ -299,9 +367,12 @@ class MegatronEngine:
             lp_out[mb.sample_idx, :w] = lp.cpu()
             if with_entropy:
                 ent_out[mb.sample_idx, :w] = ent.cpu()
+        for _ in range(idle):
+            self._idle_pass()
         return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
 
     @torch.no_grad()
+    @_expert_collectives_on_cpu
     def forward_values(self, input_ids, seq_lens, mask):
         """Critic values [B, S] fp32 (entry t = V(x_<t)), 0 outside mask. No grad."""
         if self.role != "critic":
@@ -318,7 +389,10 @@ class MegatronEngine:
             self._pp_forward_only(self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens),
                                   head)
             return pipeline_mod.broadcast_from_last_stage(out, self.device).to(input_ids.device)
-        for mb in self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens):
+        mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens)
+        for _ in range(self._expert_padding_passes(len(mbs))):
+            self._idle_pass()
+        for mb in mbs:
             v = self._token_values(mb.input_ids, mb.seq_lens, mb.label_mask)
             out[mb.sample_idx, : v.shape[1]] = v.cpu()
         return out.to(input_ids.device)
@@ -397,6 +471,7 @@ class MegatronEngine:
             raise FloatingPointError(f"loss is {bad[0]} in a micro-batch; no optimizer step taken")
         return sums
 
+    @_expert_collectives_on_cpu
     def train_step(self, micro_batches: Sequence[MicroBatch | Mapping[str, Any]],
                    loss_fn: LossFn | Callable[[ModelOutputs, MicroBatch], Any], *,
                    temperature: float = 1.0) -> dict[str, float]:
@@ -424,27 +499,36 @@ class MegatronEngine:
         temperature = float(temperature)
         self.model.train()
         self.optim.zero_grad()
+        if self.router_stats:
+            self.router_stats.start()
         sums: dict[str, Any] = {}  # metric sums: python floats or 0-dim device tensors (summed without a sync)
         losses: list[torch.Tensor] = []  # per micro-batch, checked for NaN/inf after the backward passes
         if self.pp_size > 1:
             sums = self._pp_accumulate(micro_batches, loss_fn, temperature, needs_entropy_grad)
+        for _ in range(self._expert_padding_passes(len(micro_batches)) if self.pp_size == 1 else 0):
+            self._idle_pass(backward=True)  # before the real ones: the last real backward stays the last
         for i, mb in enumerate(micro_batches if self.pp_size == 1 else ()):
             outputs = self._outputs(mb, temperature=temperature, entropy_grad=needs_entropy_grad)
             loss, metrics = loss_fn(outputs, mb)
             losses.append(loss.detach().float().reshape(()))
             scale = 1.0 / len(micro_batches) if mb.loss_scale is None else mb.loss_scale
-            if self._dp_reducer is not None and i == len(micro_batches) - 1:
-                self._dp_reducer.arm()  # the last backward: data-parallel buckets start as their grads complete
+            if i == len(micro_batches) - 1:
+                self.optim.arm()  # the last backward: data-parallel buckets start as their grads complete
+            if self._aux_losses:
+                set_aux_loss_scale(scale, self.device)
             (loss * float(scale)).backward()
             for k, v in {"loss": loss, **metrics}.items():
                 v = v.detach().float().reshape(()) if torch.is_tensor(v) else float(v)
                 sums[k] = sums.get(k, 0.0) + v
         opt_params = self.optim.reduce_grads()
+        moe_stats = self.router_stats.finish() if self.router_stats else {}
         # the step's one host sync: grad norm, every micro-batch loss and the device metric sums in one copy
         tensor_keys = [k for k, v in sums.items() if torch.is_tensor(v)]
         fetched = torch.stack([self._grad_norm(opt_params), *losses,
-                               *(sums[k].to(self.device) for k in tensor_keys)]).tolist()
+                               *(sums[k].to(self.device) for k in tensor_keys), *moe_stats.values()]).tolist()
         grad_norm, fetched = fetched[0], fetched[1:]
+        moe_stats = dict(zip(moe_stats, fetched[len(fetched) - len(moe_stats):]))
+        fetched = fetched[:len(fetched) - len(moe_stats)]
         sums.update(zip(tensor_keys, fetched[len(losses):]))
         bad = [x for x in fetched[:len(losses)] if not math.isfinite(x)]
         if bad or not math.isfinite(grad_norm):
@@ -454,5 +538,5 @@ class MegatronEngine:
         self._clip(opt_params, grad_norm)
         lr = self.optim.step()
         out = {k: v / len(micro_batches) for k, v in sums.items()}
-        out.update(grad_norm=grad_norm, lr=lr)
+        out.update(grad_norm=grad_norm, lr=lr, **moe_stats)
         return out

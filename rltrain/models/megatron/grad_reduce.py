@@ -51,10 +51,15 @@ class DataParallelGradReducer:
     """Averages `params`' grads over `group` in buckets; `arm()` before the step's last backward (starts
     buckets from grad hooks when `overlap`), `finish()` after it (the grads are then the average)."""
 
-    def __init__(self, params: list[torch.Tensor], group, *, bucket_bytes: int = 64 * 2**20, overlap: bool = True):
+    def __init__(self, params: list[torch.Tensor], group, *, bucket_bytes: int = 64 * 2**20, overlap: bool = True,
+                 divisor: int | None = None):
+        """divisor: what the summed grads are divided by (default: the group's size). MoE experts are summed over
+        the expert-data-parallel group but divided by the data-parallel size, as megatron's DDP does: an expert's
+        grad on its rank already holds the tokens every expert-parallel rank sent it."""
         self.params = list(params)
         self.group = group
         self.world = dist.get_world_size(group)
+        self.divisor = self.world if divisor is None else int(divisor)
         self.buckets = plan_buckets(self.params, bucket_bytes)
         self._bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
         self.overlap = overlap
@@ -105,10 +110,14 @@ class DataParallelGradReducer:
         """Start the buckets not started yet, wait for all, divide by the data-parallel size."""
         self._armed = False
         if self.world == 1:
+            if self.divisor != 1:
+                grads = [p.grad for p in self.params if p.grad is not None]
+                if grads:
+                    torch._foreach_div_(grads, self.divisor)
             return
         while self._next < len(self.buckets):
             self._launch(self._next)
         for flat, work in self._inflight:
             work.wait()
-            flat.div_(self.world)
+            flat.div_(self.divisor)
         self._reset()  # ready for the next step, armed or not (pipeline parallel never arms)

@@ -32,14 +32,22 @@ class EngineOptimizer:
         self.masters: list[torch.Tensor] | None = None
         if params_dtype != torch.float32:
             self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        # MoE experts under expert parallelism (megatron marks them allreduce=False) are distinct per expert-parallel
+        # rank: their grads are summed over the expert-data-parallel group only (expert_reducer)
+        self.experts = [p for p in self.params if not getattr(p, "allreduce", True)]
+        dense = [p for p in self.params if getattr(p, "allreduce", True)]
         self.dp_reducer: DataParallelGradReducer | None = None
+        self.expert_reducer: DataParallelGradReducer | None = None
         dp_group = parallel_state.get_data_parallel_group()
-        if dist.get_world_size(dp_group) > 1:
-            # under pipeline parallelism megatron's schedule runs the backward: no hook knows which is the last
-            # micro-batch's, so the buckets start after it
-            self.dp_reducer = DataParallelGradReducer(self.params, dp_group,
-                                                      bucket_bytes=int(grad_reduce_bucket_mb * 2**20),
-                                                      overlap=overlap_grad_reduce and pp_size == 1)
+        dp = dist.get_world_size(dp_group)
+        # under pipeline parallelism megatron's schedule runs the backward: no hook knows which is the last
+        # micro-batch's, so the buckets start after it
+        bucketing = dict(bucket_bytes=int(grad_reduce_bucket_mb * 2**20), overlap=overlap_grad_reduce and pp_size == 1)
+        if dp > 1:
+            self.dp_reducer = DataParallelGradReducer(dense, dp_group, **bucketing)
+            if self.experts:
+                self.expert_reducer = DataParallelGradReducer(
+                    self.experts, parallel_state.get_expert_data_parallel_group(), divisor=dp, **bucketing)
         # Replicated params whose grads are per-rank partial sums under TP (megatron's
         # finalize_model_grads sums them): q/k layer norms (each rank sees its own heads) and,
         # with sequence parallelism, the norms marked `sequence_parallel`.
@@ -58,6 +66,12 @@ class EngineOptimizer:
             self.optimizer, lambda step: schedule(step, warmup_steps, total_steps, min_lr_ratio)
         )
 
+    def arm(self) -> None:
+        """The next backward is the step's last: data-parallel buckets start as their grads complete."""
+        for reducer in (self.dp_reducer, self.expert_reducer):
+            if reducer is not None:
+                reducer.arm()
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)
@@ -66,8 +80,9 @@ class EngineOptimizer:
         """After the backward passes: average over data-parallel ranks, sum TP partial grads, sum the tied
         embedding over pipeline stages, move bf16 grads onto the fp32 masters. Returns the params the optimizer
         steps (masters or the model's)."""
-        if self.dp_reducer is not None:  # averaged over data-parallel ranks (sums commute with the TP one below)
-            self.dp_reducer.finish()
+        for reducer in (self.dp_reducer, self.expert_reducer):  # averaged over data-parallel ranks (sums commute
+            if reducer is not None:                               # with the TP one below)
+                reducer.finish()
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             group = parallel_state.get_tensor_model_parallel_group()
             for p in self.tp_partial:
@@ -85,18 +100,30 @@ class EngineOptimizer:
         """Global L2 grad norm over the TP group (replicated params counted once) and pipeline stages, as a
         0-dim fp32 tensor on the device (no host sync)."""
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        expert_ids = {id(p) for p in self.experts}
         grads = [p.grad.detach() for p, model_p in zip(params, self.params)
-                 if p.grad is not None
+                 if p.grad is not None and id(model_p) not in expert_ids
                  and not (self.pp_size > 1 and pipeline_mod.is_stage_duplicate(model_p))  # counted on stage 0
                  and (getattr(model_p, "tensor_model_parallel", False) or tp_rank == 0)]
-        sq = torch.zeros((), dtype=torch.float32, device=self.device)
-        if grads:
-            sq = sq + torch.stack(torch._foreach_norm(grads)).float().pow(2).sum()
+        sq = self._sq_norm(grads)
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sq, group=parallel_state.get_tensor_model_parallel_group())
+        if self.experts:  # each expert shard lives on one rank of its expert-tensor x expert-parallel group
+            expert_sq = self._sq_norm([p.grad.detach() for p, model_p in zip(params, self.params)
+                                       if p.grad is not None and id(model_p) in expert_ids])
+            group = parallel_state.get_expert_tensor_and_model_parallel_group()
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(expert_sq, group=group)
+            sq = sq + expert_sq
         if self.pp_size > 1:
             pipeline_mod.all_reduce_over_stages(sq)
         return sq.sqrt()
+
+    def _sq_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
+        if grads:
+            sq = sq + torch.stack(torch._foreach_norm(grads)).float().pow(2).sum()
+        return sq
 
     def clip(self, params: list[torch.Tensor], norm: float) -> None:
         if self.grad_clip and self.grad_clip > 0:

@@ -13,6 +13,12 @@ Layouts (tp = tensor-parallel size, r = this rank):
   [ng, np/ng + 2, hn, ...]; rank r holds groups [r*ng/tp, (r+1)*ng/tp). Weights and biases.
 - `gate_up`: fc1 on rank r = [gate rows of r; up rows of r] (each split in tp row blocks).
 
+- Mixture-of-Experts (Qwen3-MoE): the router `mlp.gate` is replicated; each expert's `gate_proj`/`up_proj`
+  (`expert_gate_up`) and `down_proj` (`expert_row`) are laid out as the dense MLP's, over the expert-tensor-parallel
+  ranks. Expert parallelism: EP rank r holds experts [r*E/ep, (r+1)*E/ep) under local indices; the table's `{e}`
+  is the global expert index. HF tensors are the checkpoint layout (one per expert); a transformers 5 state dict
+  with fused expert tensors is read through hf_experts.CheckpointLayout. Export gathers the experts over EP.
+
 Pipeline parallelism: a stage holds layers [stage*L/pp, (stage+1)*L/pp) under local indices; the
 table's `{i}` is the global index. `export_hf_weights` yields the tensors of this stage only; the engine
 merges the stages (pipeline.merge_stages) so that every rank gets the whole model.
@@ -20,6 +26,7 @@ merges the stages (pipeline.merge_stages) so that every rank gets the whole mode
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+
+from rltrain.models.hf_experts import CheckpointLayout
 
 # (megatron name template, HF name templates, layout). `{i}` is the global layer index.
 WEIGHT_RULES: list[tuple[str, tuple[str, ...], str]] = [
@@ -47,6 +56,18 @@ WEIGHT_RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("decoder.layers.{i}.mlp.linear_fc1.weight",
      ("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"), "gate_up"),
     ("decoder.layers.{i}.mlp.linear_fc2.weight", ("model.layers.{i}.mlp.down_proj.weight",), "row"),
+    # Mixture-of-Experts layers (megatron's TopKRouter + SequentialMLP; TEGroupedMLP names its experts weight{e})
+    ("decoder.layers.{i}.mlp.router.weight", ("model.layers.{i}.mlp.gate.weight",), "replicated"),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight",
+     ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", "model.layers.{i}.mlp.experts.{e}.up_proj.weight"),
+     "expert_gate_up"),
+    ("decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight",
+     ("model.layers.{i}.mlp.experts.{e}.down_proj.weight",), "expert_row"),
+    ("decoder.layers.{i}.mlp.experts.linear_fc1.weight{e}",
+     ("model.layers.{i}.mlp.experts.{e}.gate_proj.weight", "model.layers.{i}.mlp.experts.{e}.up_proj.weight"),
+     "expert_gate_up"),
+    ("decoder.layers.{i}.mlp.experts.linear_fc2.weight{e}",
+     ("model.layers.{i}.mlp.experts.{e}.down_proj.weight",), "expert_row"),
     ("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"),
     ("output_layer.weight", ("lm_head.weight",), "vocab"),
     # Critic value head (HF *ForTokenClassification with num_labels=1 names it `score`).
@@ -70,19 +91,31 @@ class _Layout:
 
 
 def _rule_regex(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(r"\{i\}", r"(\d+)") + "$")
+    pattern = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
+    return re.compile("^" + pattern + "$")
 
 
 _RULES = [(_rule_regex(m), m, hf, layout) for m, hf, layout in WEIGHT_RULES]
+_EXPERT_LAYOUTS = {"expert_gate_up": "gate_up", "expert_row": "row"}
 
 
-def _match(megatron_name: str) -> tuple[tuple[str, ...], str, int | None]:
-    """(HF names with the local layer index still in, layout, local layer index) for a param name."""
+def _match(megatron_name: str) -> tuple[tuple[str, ...], str, dict[str, int]]:
+    """(HF name templates, layout, {"i": local layer, "e": local expert} as far as the name has them)."""
     for regex, _, hf, layout in _RULES:
         m = regex.match(megatron_name)
         if m:
-            return hf, layout, int(m.group(1)) if m.groups() else None
+            return hf, layout, {k: int(v) for k, v in m.groupdict().items()}
     raise KeyError(f"no HF<->Megatron rule for megatron parameter {megatron_name!r}")
+
+
+def _hf_names(templates: tuple[str, ...], local: dict[str, int], layer_offset: int,
+              expert_offset: int) -> list[str]:
+    idx = {}
+    if "i" in local:
+        idx["i"] = local["i"] + layer_offset
+    if "e" in local:
+        idx["e"] = local["e"] + expert_offset
+    return [t.format(**idx) for t in templates]
 
 
 def _layout(model) -> _Layout:
@@ -98,9 +131,25 @@ def _layout(model) -> _Layout:
     )
 
 
+def _expert_layout(lay: _Layout) -> _Layout:
+    """The layout of expert matrices: split over the expert-tensor-parallel ranks instead of the TP ranks."""
+    return dataclasses.replace(lay, tp=parallel_state.get_expert_tensor_parallel_world_size(),
+                               rank=parallel_state.get_expert_tensor_parallel_rank())
+
+
 def _layer_offset(model) -> int:
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     return parallel_state.get_pipeline_model_parallel_rank() * (model.config.num_layers // pp)
+
+
+def _local_experts(model) -> int:
+    """Experts per expert-parallel rank (0 for a dense model)."""
+    experts = model.config.num_moe_experts or 0
+    return experts // parallel_state.get_expert_model_parallel_world_size()
+
+
+def _expert_offset(model) -> int:
+    return parallel_state.get_expert_model_parallel_rank() * _local_experts(model)
 
 
 # ---- layout transforms: HF full tensors -> this rank's shard, and all ranks' shards -> HF ----
@@ -116,6 +165,8 @@ def _qkv_full(hf: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
 
 
 def hf_to_local(hf: list[torch.Tensor], layout: str, lay: _Layout) -> torch.Tensor:
+    if layout in _EXPERT_LAYOUTS:
+        return hf_to_local(hf, _EXPERT_LAYOUTS[layout], _expert_layout(lay))
     if layout == "replicated":
         return hf[0]
     if layout == "vocab":
@@ -136,6 +187,8 @@ def hf_to_local(hf: list[torch.Tensor], layout: str, lay: _Layout) -> torch.Tens
 
 
 def locals_to_hf(shards: list[torch.Tensor], layout: str, lay: _Layout) -> list[torch.Tensor]:
+    if layout in _EXPERT_LAYOUTS:
+        return locals_to_hf(shards, _EXPERT_LAYOUTS[layout], _expert_layout(lay))
     if layout == "replicated":
         return [shards[0]]
     if layout == "vocab":
@@ -189,6 +242,8 @@ def _as_source(state_dict_or_path) -> Mapping[str, torch.Tensor]:
         if not os.path.isdir(path):
             raise FileNotFoundError(f"HF weights directory {path!r} does not exist (check model.path)")
         return _SafetensorsDir(path)
+    if CheckpointLayout.needed(state_dict_or_path):  # transformers 5's in-memory fused experts
+        return CheckpointLayout(state_dict_or_path)
     return state_dict_or_path
 
 
@@ -210,12 +265,11 @@ def load_hf_weights(model, state_dict_or_path, *, strict: bool = True) -> None:
     `lm_head.weight`, rotary buffers, and `score.*` for non-critics excepted)."""
     src = _as_source(state_dict_or_path)
     keys = {_strip_prefix(k): k for k in src.keys()}
-    lay, offset = _layout(model), _layer_offset(model)
+    lay, offset, e_offset = _layout(model), _layer_offset(model), _expert_offset(model)
     used: set[str] = set()
     for name, param in _named_params(model):
-        hf_templates, layout, local_i = _match(name)
-        idx = {} if local_i is None else {"i": local_i + offset}
-        hf_names = [t.format(**idx) for t in hf_templates]
+        hf_templates, layout, local = _match(name)
+        hf_names = _hf_names(hf_templates, local, offset, e_offset)
         missing = [n for n in hf_names if n not in keys]
         if missing and all(n.startswith("score.") for n in hf_names):
             continue  # a critic started from a causal-LM checkpoint keeps its fresh value head
@@ -242,6 +296,9 @@ def load_hf_weights(model, state_dict_or_path, *, strict: bool = True) -> None:
             m = re.match(r"model\.layers\.(\d+)\.", k)
             if m and int(m.group(1)) not in stage_layers:
                 continue  # another pipeline stage's layer
+            ex = re.match(r"model\.layers\.\d+\.mlp\.experts\.(\d+)\.", k)
+            if ex and not e_offset <= int(ex.group(1)) < e_offset + _local_experts(model):
+                continue  # another expert-parallel rank's expert
             if parallel_state.get_pipeline_model_parallel_world_size() > 1 and not m:
                 continue  # embedding / final norm / head of another stage
             unused.append(k)
@@ -249,37 +306,52 @@ def load_hf_weights(model, state_dict_or_path, *, strict: bool = True) -> None:
             raise KeyError(f"HF weights not used by the megatron model (wrong architecture?): {unused[:8]}")
 
 
-def _gather_tp(t: torch.Tensor, layout: str) -> list[torch.Tensor]:
-    if layout == "replicated" or parallel_state.get_tensor_model_parallel_world_size() == 1:
-        return [t]
-    group = parallel_state.get_tensor_model_parallel_group()
+def _all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, t.contiguous(), group=group)
     return out
 
 
+def _gather_tp(t: torch.Tensor, layout: str) -> list[torch.Tensor]:
+    if layout in _EXPERT_LAYOUTS:
+        if parallel_state.get_expert_tensor_parallel_world_size() == 1:
+            return [t]
+        return _all_gather(t, parallel_state.get_expert_tensor_parallel_group())
+    if layout == "replicated" or parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return [t]
+    return _all_gather(t, parallel_state.get_tensor_model_parallel_group())
+
+
+def _gather_experts(t: torch.Tensor, layout: str) -> list[torch.Tensor]:
+    """The same local expert's tensor from every expert-parallel rank (rank order = expert blocks), or [t]."""
+    if layout not in _EXPERT_LAYOUTS or parallel_state.get_expert_model_parallel_world_size() == 1:
+        return [t]
+    return _all_gather(t, parallel_state.get_expert_model_parallel_group())
+
+
 @torch.no_grad()
 def export_hf_weights(model, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, full HF tensor) for this pipeline stage's parameters, gathered over TP.
+    """Yield (HF name, full HF tensor) for this pipeline stage's parameters, gathered over TP (and, for experts,
+    over the expert-parallel ranks: every rank yields every expert).
 
-    Every TP rank must iterate (the gathers are collective) and gets the same tensors. Parameters
+    Every TP (and EP) rank must iterate (the gathers are collective) and gets the same tensors. Parameters
     are gathered `bucket_bytes` (full size) at a time and yielded per bucket, so peak extra memory
     is about one bucket (or one tensor when a tensor is larger). The tied lm_head is not emitted
     (HF re-ties it from `tie_word_embeddings`).
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    lay, offset = _layout(model), _layer_offset(model)
+    lay, offset, n_local = _layout(model), _layer_offset(model), _local_experts(model)
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, param in _named_params(model):
-        hf_templates, layout, local_i = _match(name)
-        idx = {} if local_i is None else {"i": local_i + offset}
-        hf_names = [t.format(**idx) for t in hf_templates]
-        tensors = locals_to_hf(_gather_tp(param.detach(), layout), layout, lay)
-        for n, t in zip(hf_names, tensors):
-            bucket.append((n, t.clone() if layout == "replicated" else t))
-            size += t.numel() * t.element_size()
+        hf_templates, layout, local = _match(name)
+        for ep_rank, full in enumerate(_gather_experts(param.detach(), layout)):
+            hf_names = _hf_names(hf_templates, local, offset, ep_rank * n_local)
+            tensors = locals_to_hf(_gather_tp(full, layout), layout, lay)
+            for n, t in zip(hf_names, tensors):
+                bucket.append((n, t.clone() if layout == "replicated" else t))
+                size += t.numel() * t.element_size()
         if size >= bucket_bytes:
             yield from bucket
             bucket, size = [], 0

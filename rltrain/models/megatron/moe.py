@@ -1,0 +1,95 @@
+"""What the engine adds around megatron-core's MoE layers (the layers themselves are megatron's): the per-step router
+statistics it logs, and the aux-loss scale of each micro-batch. No routing math of our own: the statistics read
+the router's outputs through forward hooks.
+
+Statistics, over the real tokens of a train step (padding is excluded; it is routed like any token, and a row
+padded with one repeated id would otherwise pile onto a few experts):
+- `moe_aux_loss`: the Switch/GShard load-balancing statistic `E / (k T^2) * sum_e P_e * n_e` per MoE layer
+  (P_e: the sum over tokens of the full-softmax probability of expert e, n_e: tokens routed to e, k: top-k,
+  T: tokens), averaged over layers. 1.0 when the load is perfectly balanced; it is megatron's `aux_loss` before its
+  coefficient, logged whether or not the coefficient is 0 (the loss only adds it when it is > 0).
+- `moe_load_max_over_mean`: the worst layer's max over mean of tokens per expert (1.0 = balanced, E/k = all on
+  k experts).
+Both are over the whole data-parallel batch (one small all-reduce per step) and, under pipeline parallelism,
+over the layers of the stage that reports (the last).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+
+class RouterStats:
+    """Counts tokens per expert and the summed routing probabilities of every MoE router of `model`, while
+    `recording`; `valid` ([s*b] bool, megatron's sequence-major token order) marks the real tokens of the next
+    forward."""
+
+    def __init__(self, model: torch.nn.Module):
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+        self.recording = False
+        self.valid: torch.Tensor | None = None
+        self._counts: list[torch.Tensor] = []
+        self._probs: list[torch.Tensor] = []
+        self._tokens: list[torch.Tensor] = []
+        for i, router in enumerate(self.routers):
+            router.register_forward_hook(self._hook(i))
+
+    def __bool__(self) -> bool:
+        return bool(self.routers)
+
+    def start(self) -> None:
+        n, e = len(self.routers), self.routers[0].config.num_moe_experts if self.routers else 0
+        device = self.routers[0].weight.device if self.routers else "cpu"
+        self._counts = [torch.zeros(e, dtype=torch.float32, device=device) for _ in range(n)]
+        self._probs = [torch.zeros(e, dtype=torch.float32, device=device) for _ in range(n)]
+        self._tokens = [torch.zeros((), dtype=torch.float32, device=device) for _ in range(n)]
+        self.recording = True
+
+    def _hook(self, i: int):
+        def on_forward(router, inputs, output) -> None:
+            if not self.recording:
+                return
+            with torch.no_grad():
+                x = inputs[0].reshape(-1, inputs[0].shape[-1])
+                routing_map = output[1].reshape(x.shape[0], -1)
+                if self.valid is not None and self.valid.numel() == x.shape[0]:
+                    x, routing_map = x[self.valid], routing_map[self.valid]
+                scores = torch.softmax(torch.nn.functional.linear(x.float(), router.weight.float()), dim=-1)
+                self._counts[i] += routing_map.float().sum(0)
+                self._probs[i] += scores.sum(0)
+                self._tokens[i] += float(x.shape[0])
+        return on_forward
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """Stop recording; the step's statistics as 0-dim device tensors (summed over data-parallel ranks)."""
+        self.recording = False
+        if not self.routers:
+            return {}
+        counts, probs, tokens = torch.stack(self._counts), torch.stack(self._probs), torch.stack(self._tokens)
+        groups = [parallel_state.get_data_parallel_group()]
+        if self.routers[0].config.sequence_parallel:  # each TP rank routed its own block of the sequence
+            groups.append(parallel_state.get_tensor_model_parallel_group())
+        groups = [g for g in groups if dist.get_world_size(g) > 1]
+        if groups:
+            flat = torch.cat([counts.reshape(-1), probs.reshape(-1), tokens])
+            for group in groups:
+                dist.all_reduce(flat, group=group)
+            n = counts.numel()
+            counts, probs, tokens = flat[:n].view_as(counts), flat[n:2 * n].view_as(probs), flat[2 * n:]
+        e, k = counts.shape[1], self.routers[0].topk
+        t = tokens.clamp(min=1.0)
+        aux = (probs * counts).sum(1) * e / (k * t * t)
+        imbalance = counts.max(1).values / (counts.mean(1)).clamp(min=1e-9)
+        return {"moe_aux_loss": aux.mean(), "moe_load_max_over_mean": imbalance.max()}
+
+
+def set_aux_loss_scale(scale: float, device: torch.device) -> None:
+    """The weight of the next backward's router aux and z losses: the micro-batch's loss scale, as its main loss
+    (megatron applies them with scale 1.0 per micro-batch otherwise: the coefficient times the micro-batch count)."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(float(scale), dtype=torch.float32, device=device))
