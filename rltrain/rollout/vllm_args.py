@@ -115,6 +115,12 @@ def checkpoint_kv_cache_bytes(model: str, *, dtype: str, tensor_parallel_size: i
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5  # rollout.gpu_memory_utilization's default too
 
+def checkpoint_is_moe(model: str) -> bool:
+    """Whether a local HF checkpoint directory holds a Mixture-of-Experts model (num_experts > 0)."""
+    hf_config = _checkpoint_config(model)
+    return hf_config is not None and int(getattr(hf_config, "num_experts", 0) or 0) > 0
+
+
 def checkpoint_head_dim(model: str) -> int | None:
     """head_dim of a local HF checkpoint directory (hidden_size / num_attention_heads where unset); None for a hub
     name or a directory without config.json."""
