@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from rltrain.models.hf_experts import checkpoint_names
+from rltrain.models.hf_experts import CheckpointLayout, checkpoint_names
 
 
 def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Tensor] | Iterable, *,
@@ -28,6 +28,8 @@ def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Te
     from transformers import AutoModelForCausalLM
 
     tensors = dict(tensors)
+    if CheckpointLayout.needed(tensors):  # a transformers 5 MoE state dict (fused experts): one tensor per expert
+        tensors = dict(CheckpointLayout(tensors).items())
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(hf_config)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))

