@@ -207,3 +207,28 @@ def test_refusals_name_the_problem():
         transformer_config_from_hf(tiny_qwen3_config(V), ep_size=2)
     with pytest.raises(ValueError, match="ep_size=2 must divide the data-parallel size 1"):
         MegatronEngine(tiny_moe_config(V), role="ref", ep_size=2)
+
+
+def test_exported_weights_reach_the_hf_rollout_engine_and_a_fused_state_dict_saves(tmp_path):
+    """The engine's per-expert export loads into a transformers MoE model holding fused experts (the hf rollout
+    engine's weight update): it then generates as a model built from those weights; and a fused in-memory state
+    dict saves as a checkpoint that transformers reloads exactly."""
+    from rltrain.data.tokenizer import CharTokenizer
+    from rltrain.models.hf_export import save_hf_checkpoint
+    from rltrain.rollout.base import SamplingParams
+    from rltrain.rollout.hf import HFEngine
+
+    tok = CharTokenizer()
+    target = random_moe_model(tok.vocab_size, seed=12, **SHAPES["dense_first_tied"])
+    eng = _engine(target, role="ref")
+    rollout = HFEngine(random_moe_model(tok.vocab_size, seed=13, **SHAPES["dense_first_tied"]), tokenizer=tok,
+                       eos_token_id=tok.eos_token_id)
+    assert rollout.update_weights(eng.export_hf_weights(bucket_bytes=4096)) == len(dict(eng.export_hf_weights()))
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=8)
+    prompts = [[1, 5, 20, 31], [1], [9, 10, 11]]
+    want = HFEngine(target, tokenizer=tok, eos_token_id=tok.eos_token_id).generate(prompts, greedy)
+    assert [r.token_ids for r in rollout.generate(prompts, greedy)] == [r.token_ids for r in want]
+
+    save_hf_checkpoint(str(tmp_path / "fused"), target.config, target.state_dict())
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "fused", dtype=torch.float32)
+    assert all(torch.equal(v, target.state_dict()[k]) for k, v in again.state_dict().items())
