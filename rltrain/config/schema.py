@@ -65,8 +65,6 @@ class MoEConfig(Section):
     # RL starts from a trained router: the peers' RL recipes keep both off or tiny
     moe_aux_loss_coeff: float = 0.0
     moe_z_loss_coeff: float = 0.0
-    # rollout routing replay: the actor's forwards use the experts the rollout engine routed each token to
-    moe_routing_replay: bool = False
 
 
 @dataclass

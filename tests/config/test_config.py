@@ -67,6 +67,10 @@ def test_required_keys_exist_with_their_defaults():
         ("actor.recompute_granularity=partial", "actor.recompute_granularity"),
         ("actor.recompute_modules=[layernorm]", "actor.recompute_modules"),
         ("actor.elementwise_fusion=fast", "actor.elementwise_fusion"),
+        ("actor.expert_parallel_size=0", "actor.expert_parallel_size"),
+        ("actor.expert_parallel_size=2", "actor.expert_parallel_size"),  # one in-process worker: no ranks to split
+        ("actor.moe_aux_loss_coeff=-0.1", "actor.moe_aux_loss_coeff"),
+        ("actor.moe_z_loss_coeff=inf", "actor.moe_z_loss_coeff"),
     ],
 )
 def test_impossible_values_fail_naming_the_key(override, key):

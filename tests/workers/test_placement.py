@@ -103,6 +103,8 @@ def test_cpu_devices_are_processes():
     (dict(rollout__tensor_parallel_size=2), ["rollout.tensor_parallel_size", "hf engine"]),
     (dict(rollout__num_replicas=2), ["rollout.num_replicas"]),
     (dict(trainer__use_ray=False, trainer__n_gpus_per_node=2), ["trainer.use_ray"]),
+    (dict(trainer__n_gpus_per_node=4, actor__tensor_parallel_size=2, actor__expert_parallel_size=4),
+     ["actor.expert_parallel_size=4 must divide the data-parallel size 2"]),
 ])
 def test_impossible_placements_name_the_keys(over, keys):
     errors = placement_errors(cfg(**over), device="cuda")

@@ -158,8 +158,7 @@ def moe_layer_pattern(hf_config: Any) -> list[int]:
     return [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
 
 
-def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: float, z_loss_coeff: float,
-                routing_replay: bool) -> dict:
+def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: float, z_loss_coeff: float) -> dict:
     """TransformerConfig's MoE keys for a Qwen3-MoE config (empty for a dense model; ep_size must then be 1)."""
     pattern = moe_layer_pattern(hf_config)
     if not any(pattern):
@@ -192,7 +191,6 @@ def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: f
         # all-to-all exchanges only the routed tokens, and each rank may hold a different number of tokens
         moe_token_dispatcher_type="alltoall" if ep_size > 1 else "allgather",
         moe_grouped_gemm=HAVE_TE, moe_permute_fusion=False,
-        moe_enable_routing_replay=bool(routing_replay),
     )
 
 
@@ -204,7 +202,6 @@ def transformer_config_from_hf(
     ep_size: int = 1,
     moe_aux_loss_coeff: float = 0.0,
     moe_z_loss_coeff: float = 0.0,
-    moe_routing_replay: bool = False,
     params_dtype: torch.dtype = torch.float32,
     sequence_parallel: bool = False,
     recompute_activations: bool = False,
@@ -230,7 +227,7 @@ def transformer_config_from_hf(
     if hf_config.num_hidden_layers % pp_size:
         raise ValueError(f"pp_size={pp_size} must divide num_hidden_layers={hf_config.num_hidden_layers}")
     moe = _moe_kwargs(hf_config, tp_size=tp_size, ep_size=ep_size, aux_loss_coeff=moe_aux_loss_coeff,
-                      z_loss_coeff=moe_z_loss_coeff, routing_replay=moe_routing_replay)
+                      z_loss_coeff=moe_z_loss_coeff)
     return TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -345,7 +342,6 @@ def build_gpt_model(
     recompute_modules: tuple[str, ...] = ("mlp",),
     moe_aux_loss_coeff: float = 0.0,
     moe_z_loss_coeff: float = 0.0,
-    moe_routing_replay: bool = False,
 ) -> GPTModel:
     """GPTModel for this pipeline stage, on `device`. Needs compat.setup_parallel() first.
 
@@ -363,7 +359,7 @@ def build_gpt_model(
     ep = parallel_state.get_expert_model_parallel_world_size()
     config = transformer_config_from_hf(
         hf_config, tp_size=tp, pp_size=pp, ep_size=ep, moe_aux_loss_coeff=moe_aux_loss_coeff,
-        moe_z_loss_coeff=moe_z_loss_coeff, moe_routing_replay=moe_routing_replay,
+        moe_z_loss_coeff=moe_z_loss_coeff,
         params_dtype=params_dtype, sequence_parallel=sequence_parallel,
         recompute_activations=recompute_activations, recompute_granularity=recompute_granularity,
         recompute_modules=tuple(recompute_modules),

@@ -117,7 +117,6 @@ class MegatronEngine:
                 recompute_activations=comp.recompute_activations and role != "ref",
                 recompute_granularity=comp.recompute_granularity, recompute_modules=tuple(comp.recompute_modules),
                 moe_aux_loss_coeff=c.moe.moe_aux_loss_coeff, moe_z_loss_coeff=c.moe.moe_z_loss_coeff,
-                moe_routing_replay=c.moe.moe_routing_replay,
             )
         ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
         self.router_stats = RouterStats(self.model)  # empty for a dense model

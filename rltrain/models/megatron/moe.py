@@ -10,8 +10,9 @@ padded with one repeated id would otherwise pile onto a few experts):
   coefficient, logged whether or not the coefficient is 0 (the loss only adds it when it is > 0).
 - `moe_load_max_over_mean`: the worst layer's max over mean of tokens per expert (1.0 = balanced, E/k = all on
   k experts).
-Both are over the whole data-parallel batch (one small all-reduce per step) and, under pipeline parallelism,
-over the layers of the stage that reports (the last).
+Both are over the whole data-parallel batch (one small all-reduce per step). Under pipeline parallelism each stage
+counts its own layers, padding included (megatron's schedule runs the layers, not the engine's trunk call), and the
+step's metrics are those of the rank that reports them.
 """
 
 from __future__ import annotations
