@@ -65,7 +65,7 @@ def speed_summary(rows: list[dict], skip: int = 2) -> dict:
     times = sorted(r["timing_s/step"] for r in steady)
     out = {"steps": len(steps), "steady_steps": len(steady), "mean": mean, "median_step_s": times[len(times) // 2],
            "tokens_per_s": tokens / max(sum(r["timing_s/step"] for r in steady), 1e-9),
-           "max_staleness_seen": max((r.get("rollout/staleness", 0) for r in steps), default=0),
+           "max_staleness_seen": max((r.get("rollout/staleness_max", 0) for r in steps), default=0),
            "mismatch_abs_mean": sum(r.get("rollout/mismatch_abs_mean", 0.0) for r in steady) / len(steady),
            "mismatch_kl": sum(r.get("rollout/mismatch_kl", 0.0) for r in steady) / len(steady)}
     return out
@@ -237,7 +237,7 @@ def run_learning(args, res: dict, place: list[str], gpu: bool, budget: Deadline,
         curves = {m: learning_curve(r["rows"]) for m, r in pair.items() if r["rows"]}
         entry = {"overrides": ov, "curves": curves,
                  "wall_s": {m: r["wall_s"] for m, r in pair.items()},
-                 "max_staleness_seen": max((row.get("rollout/staleness", 0) for r in pair.values()
+                 "max_staleness_seen": max((row.get("rollout/staleness_max", 0) for r in pair.values()
                                             for row in r["rows"]), default=0)}
         if {"sync", "async"} <= set(curves):
             entry["compare"] = compare_learning(curves["sync"], curves["async"])
