@@ -54,15 +54,15 @@ class RouterStats:
         def on_forward(router, inputs, output) -> None:
             if not self.recording:
                 return
-            with torch.no_grad():
+            with torch.no_grad():  # masked sums, not boolean indexing: no host sync inside the step
                 x = inputs[0].reshape(-1, inputs[0].shape[-1])
                 routing_map = output[1].reshape(x.shape[0], -1)
-                if self.valid is not None and self.valid.numel() == x.shape[0]:
-                    x, routing_map = x[self.valid], routing_map[self.valid]
+                real = (self.valid if self.valid is not None and self.valid.numel() == x.shape[0]
+                        else torch.ones(x.shape[0], dtype=torch.bool, device=x.device)).float()[:, None]
                 scores = torch.softmax(torch.nn.functional.linear(x.float(), router.weight.float()), dim=-1)
-                self._counts[i] += routing_map.float().sum(0)
-                self._probs[i] += scores.sum(0)
-                self._tokens[i] += float(x.shape[0])
+                self._counts[i] += (routing_map.float() * real).sum(0)
+                self._probs[i] += (scores * real).sum(0)
+                self._tokens[i] += real.sum()
         return on_forward
 
     def finish(self) -> dict[str, torch.Tensor]:
