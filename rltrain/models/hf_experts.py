@@ -52,38 +52,20 @@ def checkpoint_names(named_shapes: Iterable[tuple[str, torch.Size | tuple]]) -> 
 
 class CheckpointLayout(Mapping):
     """A read-only mapping in the checkpoint layout over a state dict that may hold fused expert tensors (views,
-    no copies); other names pass through."""
+    no copies: per_expert_views); other names pass through."""
 
     def __init__(self, state_dict: Mapping[str, torch.Tensor]):
-        self._src = state_dict
-        self._where: dict[str, tuple[str, int, int]] = {}  # checkpoint name -> (fused name, expert, part)
-        self._plain: dict[str, None] = {}  # insertion-ordered set
-        for name in state_dict.keys():
-            t = state_dict[name]
-            m = _is_fused(name, t.dim())
-            if m is None:
-                self._plain[name] = None
-                continue
-            for j in range(t.shape[0]):
-                for k, p in enumerate(FUSED[m["kind"]]):
-                    self._where[f"{m['prefix']}.{j}.{p}.weight"] = (name, j, k)
+        self._views = dict(pair for name in state_dict.keys() for pair in per_expert_views(name, state_dict[name]))
 
     @staticmethod
     def needed(state_dict: Mapping[str, torch.Tensor]) -> bool:
         return any(_FUSED_NAME.match(k) for k in state_dict.keys())
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        if key in self._where:
-            name, j, k = self._where[key]
-            fused = self._src[name]
-            return fused[j].chunk(len(FUSED[_FUSED_NAME.match(name)["kind"]]), dim=0)[k]
-        if key in self._plain:
-            return self._src[key]
-        raise KeyError(key)
+        return self._views[key]
 
     def __iter__(self):
-        yield from self._plain
-        yield from self._where
+        return iter(self._views)
 
     def __len__(self) -> int:
-        return len(self._plain) + len(self._where)
+        return len(self._views)

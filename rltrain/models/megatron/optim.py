@@ -35,6 +35,7 @@ class EngineOptimizer:
         # MoE experts under expert parallelism (megatron marks them allreduce=False) are distinct per expert-parallel
         # rank: their grads are summed over the expert-data-parallel group only (expert_reducer)
         self.experts = [p for p in self.params if not getattr(p, "allreduce", True)]
+        self._expert_ids = {id(p) for p in self.experts}
         dense = [p for p in self.params if getattr(p, "allreduce", True)]
         self.dp_reducer: DataParallelGradReducer | None = None
         self.expert_reducer: DataParallelGradReducer | None = None
@@ -100,7 +101,7 @@ class EngineOptimizer:
         """Global L2 grad norm over the TP group (replicated params counted once) and pipeline stages, as a
         0-dim fp32 tensor on the device (no host sync)."""
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        expert_ids = {id(p) for p in self.experts}
+        expert_ids = self._expert_ids
         grads = [p.grad.detach() for p, model_p in zip(params, self.params)
                  if p.grad is not None and id(model_p) not in expert_ids
                  and not (self.pp_size > 1 and pipeline_mod.is_stage_duplicate(model_p))  # counted on stage 0
