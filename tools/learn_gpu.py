@@ -44,7 +44,6 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
@@ -52,7 +51,6 @@ from harness import REPO, Deadline, device_name, md_table, run_child, run_childr
 from harness import trainer_command, write_json, write_report
 
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
-from rltrain.utils.flops import num_params, peak_flops
 from rltrain.utils.plotting import plot_lines
 
 STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval", "plots")
@@ -338,55 +336,14 @@ def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None
     return cfg
 
 
-# ---------------------------------------------------------------------------- GPU time estimates
-# Calibration points from docs/benchmarks/2026-11-22-gpu-end-to-end.md (one H100, tools/gpu_smoke.py): the HF rollout decoded
-# 256 rows x 64 tokens of a 28-layer Qwen3-0.6B in 2.233 s (35 ms per decode step, launch-bound: ~1.1 ms per
-# layer plus the 151,936-column head), and the actor update reached 11.9% MFU on 69-token sequences.
-DECODE_MS_PER_LAYER = 1.1
-DECODE_MS_FIXED = 2.0  # sampling + the per-row Python loop of the hf engine
-MFU = 0.10  # short sequences, small matrices: a little under the 0.6B model's 11.9%
-PEAK_FLOPS = peak_flops("H100")  # dense bf16 (rltrain/utils/flops.py)
-STEP_OVERHEAD_S = {"sft": 0.04, "grpo": 0.5}  # optimizer step, Python, Ray round trips, weight sync per step
-STARTUP_S = {"sft": 40, "grpo": 75}  # imports, model build, Triton compile; + Ray start for GRPO
-TOOL_CALL_S = 0.06  # one sandboxed interpreter (CPU seconds), run tool_max_workers at a time
+def stage_estimate(stage: str, cfg: dict, scale: Scale, runs: int = 1) -> int:
+    """Seconds of the stage on one H100 (rltrain/plan/learn.py); GRPO stages: at the SFT config's model."""
+    from rltrain.plan.learn import stage_estimate as estimate
 
-
-def estimate_seconds(stage: str, cfg: dict, *, params: int, layers: int, seq_tokens: float, runs: int = 1) -> float:
-    """Predicted wall seconds of one stage on one H100 from FLOP counts and the calibration above.
-
-    SFT: steps x max(6 N T / (MFU x peak), overhead), T = batch x sequence tokens. GRPO: per step, decoding
-    max_response_length steps per model turn x (layers x 1.1 ms + 2 ms) (the batch waits for its longest row),
-    8 N T FLOPs of log-probs + update, sandbox calls, and a fixed overhead; validation every test_freq steps;
-    concurrent runs share the GPU, counted as 1 + 0.25 per extra run (decoding leaves the GPU mostly idle)."""
-    t = cfg["trainer"]
-    if stage in ("sft", "retool_sft"):
-        tokens = cfg["data"]["batch_size"] * seq_tokens
-        step = max(6 * params * tokens / (MFU * PEAK_FLOPS), STEP_OVERHEAD_S["sft"])
-        return STARTUP_S["sft"] + t["total_steps"] * step + 20
-    r = cfg["rollout"]
-    mt = r["multi_turn"]
-    turns = 2 if mt["enable"] else 1
-    decode = turns * r["max_response_length"] * (layers * DECODE_MS_PER_LAYER + DECODE_MS_FIXED) / 1e3
-    rows = cfg["data"]["train_batch_size"] * r["n"]
-    flops = 8 * params * rows * seq_tokens
-    tools = rows * TOOL_CALL_S / mt["tool_max_workers"] if mt["enable"] else 0.0
-    step = decode + flops / (MFU * PEAK_FLOPS) + tools + STEP_OVERHEAD_S["grpo"]
-    n_val = (t["total_steps"] // max(t["test_freq"], 1) + 1) if t["test_freq"] > 0 else 0
-    val = n_val * (decode + (256 * TOOL_CALL_S / mt["tool_max_workers"] if mt["enable"] else 0.0))
-    return (STARTUP_S["grpo"] + t["total_steps"] * step + val + 15) * (1 + 0.25 * (runs - 1))
-
-
-def stage_estimate(stage: str, cfg: dict, scale: Scale, runs: int = 1) -> float:
-    from rltrain.models.presets import BUILTINS
-
-    sft_cfg = cfg if stage in ("sft", "retool_sft") else None
-    model = (sft_cfg or {}).get("model") or {"builtin": "small" if scale.suffix == "" else "tiny",
-                                             "overrides": {} if scale.suffix == "" else
-                                             {"hidden_size": 128, "intermediate_size": 384, "head_dim": 32}}
-    shape = {**BUILTINS[model["builtin"]], **model["overrides"], "vocab_size": 300}
-    params = num_params(SimpleNamespace(**shape))
-    return round(estimate_seconds(stage, cfg, params=params, layers=shape["num_hidden_layers"],
-                                  seq_tokens=scale.seq_tokens[TASK_OF[stage]], runs=runs))
+    sft = stage in ("sft", "retool_sft")
+    cpu = {"builtin": "tiny", "overrides": {"hidden_size": 128, "intermediate_size": 384, "head_dim": 32}}
+    model = cfg["model"] if sft else {"builtin": "small"} if scale.suffix == "" else cpu
+    return estimate(sft, cfg, model, scale.seq_tokens[TASK_OF[stage]], runs=runs)
 
 
 # ---------------------------------------------------------------------------- stages
