@@ -218,6 +218,10 @@ class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig, MoEConfig
     kl_loss_type: str = "low_var_kl"
     tis: TISConfig = field(default_factory=TISConfig)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    # rollout routing replay (MoE actors, docs/moe.md): the rollout engine returns the experts it routed each token
+    # to, and the actor's old-log-prob and update forwards route through them; null: on where it was measured to
+    # help (MoE with rollout.engine=vllm on GPU), off elsewhere
+    moe_routing_replay: Optional[bool] = None
 
 
 @dataclass

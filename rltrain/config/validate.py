@@ -153,6 +153,22 @@ def _rollout(e: list, cfg) -> None:
         _positive(e, "rollout.multi_turn.tool_max_workers", mt.tool_max_workers)
 
 
+def _routing_replay(e: list, cfg) -> None:
+    """Where actor.moe_routing_replay=true cannot apply (the model's being MoE is checked where it is built)."""
+    a, r = cfg.actor, cfg.rollout
+    why = []
+    if r.multi_turn.enable:
+        why.append("rollout.multi_turn.enable=true (the routing of tool turns is not collected yet)")
+    if a.pipeline_parallel_size > 1 or a.tensor_parallel_size > 1:
+        why.append("actor.pipeline_parallel_size / tensor_parallel_size > 1 (replay is wired for whole layer stacks "
+                   "and full sequences per rank; split the experts with actor.expert_parallel_size)")
+    if r.engine == "vllm" and cfg.trainer.device == "cpu":
+        why.append("rollout.engine=vllm on CPU (vLLM's CPU build returns no routed experts; rollout.engine=hf does)")
+    if why:
+        e.append("actor.moe_routing_replay=true is not supported with " + "; ".join(why)
+                 + "; set actor.moe_routing_replay=false")
+
+
 def _actor(e: list, cfg) -> None:
     from rltrain.algorithms import (
         AGG_MODES,
@@ -193,6 +209,8 @@ def _actor(e: list, cfg) -> None:
     for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
         if not 0.0 <= getattr(a, key) < math.inf:
             e.append(f"actor.{key}={getattr(a, key)} is impossible; it must be >= 0 and finite (0 = off)")
+    if a.moe_routing_replay:
+        _routing_replay(e, cfg)
     _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)
     if not 1.0 <= a.tis.cap < math.inf:
         e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 and finite (the ratio's upper truncation)")

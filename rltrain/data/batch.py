@@ -23,6 +23,9 @@ from torch import Tensor
 _TOKEN_FIELDS = ("sampler_logprobs", "old_logprobs", "ref_logprobs", "values", "token_rewards", "advantages", "returns",
                  "weight_versions")
 _ROW_FIELDS = ("scores", "group_ids", "dummy_mask")
+# MoE routing of each token ([B, width, L, k] expert ids): the prompt's in the prompt layout, the response's in the
+# response layout.
+_ROUTING_FIELDS = {"prompt_routed_experts": "prompt_ids", "routed_experts": "response_ids"}
 
 
 @dataclass
@@ -44,6 +47,9 @@ class Batch:
     returns: Tensor | None = None  # [B, R] value targets (PPO)
     weight_versions: Tensor | None = None  # [B, R] int64 policy version of the rollout weights that sampled each token
     #   (the number of updates they reflect; set by trainer/rollout_source.py), 0 outside response_mask
+    # ---- MoE routing the rollout engine used (rollout routing replay, docs/moe.md): expert ids per token ----
+    prompt_routed_experts: Tensor | None = None  # [B, P, L, k] uint8/int16 (L: the MoE layers), LEFT-padded
+    routed_experts: Tensor | None = None  # [B, R, L, k] the response tokens' experts, RIGHT-padded
     scores: Tensor | None = None  # [B] fp32 scalar reward of each response from the reward function
     # ---- ids ----
     group_ids: Tensor | None = None  # [B] int64 rows sharing a prompt (the n samples of GRPO) share an id
@@ -63,6 +69,12 @@ class Batch:
         for name in _ROW_FIELDS:
             t = getattr(self, name)
             assert t is None or t.shape == (b,), f"{name} has shape {tuple(t.shape)}, expected ({b},)"
+        for name, like in _ROUTING_FIELDS.items():
+            t = getattr(self, name)
+            assert t is None or (t.dim() == 4 and t.shape[:2] == getattr(self, like).shape), (
+                f"{name} has shape {tuple(t.shape)}, expected {tuple(getattr(self, like).shape)} + (layers, top-k)")
+        assert (self.prompt_routed_experts is None) == (self.routed_experts is None), \
+            "prompt_routed_experts and routed_experts are set together"
         assert self.response_ids.shape[0] == b
         for k, v in self.non_tensor.items():
             assert len(v) == b, f"non_tensor[{k!r}] has {len(v)} entries for {b} rows"
@@ -141,9 +153,9 @@ class Batch:
             if any(t is None for t in ts):
                 missing = [i for i, t in enumerate(ts) if t is None]
                 raise ValueError(f"field {name!r} is set in some batches but None in batches {missing}")
-            if name in ("prompt_ids", "prompt_mask"):
+            if name in ("prompt_ids", "prompt_mask", "prompt_routed_experts"):
                 ts = [_pad_cols(t, p, left=True) for t in ts]
-            elif name in ("response_ids", "response_mask", "loss_mask", *_TOKEN_FIELDS):
+            elif name in ("response_ids", "response_mask", "loss_mask", "routed_experts", *_TOKEN_FIELDS):
                 ts = [_pad_cols(t, r, left=False) for t in ts]
             kw[name] = torch.cat(ts, dim=0)
         kw["non_tensor"] = {k: [x for b in batches for x in b.non_tensor[k]] for k in batches[0].non_tensor}
@@ -207,6 +219,22 @@ class Batch:
         valid = cols < seq_lens[:, None]
         input_ids = torch.where(valid, both.gather(1, src.clamp(max=p + r - 1)), torch.full_like(both, pad_token_id))
         return input_ids, valid.to(self.prompt_mask.dtype), seq_lens, prompt_lens
+
+    def full_routed_experts(self) -> Tensor:
+        """The routing of full_sequences()' tokens: [B, P+R, L, k] int64 expert ids, position t the experts
+        input_ids[:, t] went to. Padding holds experts 0..k-1 (any valid ids: causal attention keeps padding
+        from the real tokens, and the model's outputs there are not read)."""
+        if self.routed_experts is None:
+            raise ValueError("this batch carries no MoE routing (the rollout engine returned none)")
+        b, p = self.prompt_ids.shape
+        r = self.response_ids.shape[1]
+        layers, k = self.routed_experts.shape[2:]
+        seq_lens = self.prompt_lengths + self.response_lengths
+        src = torch.arange(p + r).expand(b, -1) + (p - self.prompt_lengths)[:, None]  # as full_sequences
+        both = torch.cat([self.prompt_routed_experts, self.routed_experts], dim=1).long()  # [B, P+R, L, k]
+        got = both.gather(1, src.clamp(max=p + r - 1)[:, :, None, None].expand(b, p + r, layers, k))
+        valid = (torch.arange(p + r)[None, :] < seq_lens[:, None])[:, :, None, None]
+        return torch.where(valid, got, torch.arange(k).expand(b, p + r, layers, k))
 
     def response_from_full(self, full: Tensor, response_start: Tensor | None = None) -> Tensor:
         """Cut a per-token result on the full_sequences layout ([B, P+R] or [B, P+R, ...]) back to the

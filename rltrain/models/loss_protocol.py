@@ -26,10 +26,11 @@ class MicroBatch:
     label_mask: Tensor | None = None  # [b, s] bool: the positions whose log-prob / value is computed (t >= 1)
     sample_idx: Tensor | None = None  # [b] long, the rows' indices in the batch they were cut from
     loss_scale: float | None = None  # the micro-batch's share of the step's loss; None: 1 / number of micro-batches
+    routed_experts: Tensor | None = None  # [b, s, L, k] expert ids the MoE layers route each token to (routing replay)
     extras: dict[str, Tensor] = field(default_factory=dict)  # the loss's own per-row tensors, [b, s] or [b, ...];
     #                                                          the engine trims and moves them, never reads them
 
-    FIELDS = ("input_ids", "seq_lens", "label_mask", "sample_idx", "loss_scale")
+    FIELDS = ("input_ids", "seq_lens", "label_mask", "sample_idx", "loss_scale", "routed_experts")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> MicroBatch:
@@ -40,7 +41,7 @@ class MicroBatch:
         scale = d.get("loss_scale")
         return cls(input_ids=d["input_ids"], seq_lens=torch.as_tensor(d["seq_lens"]).long(),
                    label_mask=d.get("label_mask"), sample_idx=d.get("sample_idx"),
-                   loss_scale=None if scale is None else float(scale),
+                   loss_scale=None if scale is None else float(scale), routed_experts=d.get("routed_experts"),
                    extras={k: v for k, v in d.items() if k not in cls.FIELDS})
 
 

@@ -93,6 +93,9 @@ class RolloutResponse:
                   max turns), "abort".
     stop_reason:  what stopped it, as in vLLM: the stop string (str), the stop token id (int), or
                   None for EOS / length.
+    routed_experts: [N, L, k] the experts each token of prompt + response was routed to in each of the L MoE
+                  layers, when the engine was asked for them (MoE models; rollout routing replay); N = prompt +
+                  response length, or one less (the last token is never fed to the model).
     """
 
     prompt_index: int
@@ -103,6 +106,7 @@ class RolloutResponse:
     stop_reason: str | int | None = None
     num_turns: int = 1
     tool_calls: int = 0
+    routed_experts: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.loss_mask:

@@ -9,6 +9,10 @@ rectangular. A row finishes on an EOS id, a `stop_token_ids` id (both kept in `t
 the decoded text of its generated tokens contains a `stop` string (the completing token is kept;
 only generated text is searched, never the prompt).
 
+With return_routed_experts (Mixture-of-Experts models, for rollout routing replay) each response carries the experts
+every MoE router picked for each token it processed, prompt then response (`RolloutResponse.routed_experts`),
+recorded by forward hooks on transformers' routers.
+
 Sampler log-probs are log softmax(logits / T) of the sampled token before top-k/top-p filtering
 (log softmax(logits) when greedy), computed in fp32 from the same logits the sample is drawn from.
 
@@ -84,11 +88,13 @@ class HFEngine(Engine):
     eos_token_id: int or list; default tokenizer.eos_token_id, else the model's generation config.
     pad_token_id: filler id for left padding (masked out); default tokenizer pad, else EOS, else 0.
     max_batch_size: rows (prompts x n) per forward batch.
+    return_routed_experts: record the MoE routing of every token (RolloutResponse.routed_experts).
     """
 
     def __init__(self, model, *, tokenizer=None, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, max_batch_size: int = 64,
-                 eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None) -> None:
+                 eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
+                 return_routed_experts: bool = False) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"HFEngine max_batch_size must be an int >= 1, got {max_batch_size!r}")
         if isinstance(model, (str, os.PathLike)):
@@ -114,6 +120,7 @@ class HFEngine(Engine):
         self._asleep_level = 0
         self._buffers_backup: dict[str, torch.Tensor] = {}
         self._missing_params: set[int] = set()  # ids of parameters still empty after a level-2 wake_up
+        self._routing = _RoutingRecorder(self.model) if return_routed_experts else None
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -154,6 +161,7 @@ class HFEngine(Engine):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1)
         next_position = position_ids[:, -1:] + 1  # [B, 1]
+        routing = [self._routing.take(batch)] if self._routing else []  # [B, width, L, k], then [B, 1, L, k] a step
 
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
@@ -183,9 +191,15 @@ class HFEngine(Engine):
             out = self.model(input_ids=next_tokens[:, None].to(self.device), attention_mask=attention_mask,
                              position_ids=next_position, past_key_values=out.past_key_values, use_cache=True)
             next_position = next_position + 1
+            if self._routing:
+                routing.append(self._routing.take(batch))
         del out  # the KV cache dies with this call
+        if routing:  # row b: its real prompt tokens, then the response tokens it was fed (all but possibly the last)
+            routing = torch.cat(routing, dim=1)
+            routing = [routing[b, width - len(rows[b][1]):width + len(tokens[b])] for b in range(batch)]
         return [RolloutResponse(prompt_index=rows[b][0], token_ids=tokens[b], logprobs=logprobs[b],
-                                finish_reason=finish[b], stop_reason=stop_reason[b]) for b in range(batch)]
+                                finish_reason=finish[b], stop_reason=stop_reason[b],
+                                routed_experts=routing[b] if routing else None) for b in range(batch)]
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -245,6 +259,31 @@ class HFEngine(Engine):
             self._buffers_backup = {}
             self._missing_params = {id(p) for p in self.model.parameters()}
         self._asleep_level = 0
+
+
+class _RoutingRecorder:
+    """The experts each MoE router of a transformers model (Qwen3-MoE's `mlp.gate`: a TopKRouter whose forward
+    returns (logits, top-k weights, top-k indices)) picked for each token of a forward, in layer order."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+        if not self.routers:
+            raise ValueError(f"return_routed_experts needs a Mixture-of-Experts model; {type(model).__name__} has "
+                             "no MoE router")
+        self.dtype = torch.uint8 if self.routers[0].num_experts <= 256 else torch.int16
+        self._picked: list[torch.Tensor] = []
+        for router in self.routers:
+            router.register_forward_hook(self._on_forward)
+
+    def _on_forward(self, router, inputs, output) -> None:
+        self._picked.append(output[2].to(self.dtype))  # [tokens, k], tokens batch-major
+
+    def take(self, batch: int) -> torch.Tensor:
+        """[batch, s, L, k] (on the host) of the forward since the last take."""
+        if len(self._picked) != len(self.routers):
+            raise RuntimeError(f"expected one routing per MoE layer ({len(self.routers)}), got {len(self._picked)}")
+        picked, self._picked = torch.stack(self._picked, dim=1), []
+        return picked.view(batch, -1, *picked.shape[1:]).cpu()
 
 
 def _first_stop_string(text: str, stops: tuple[str, ...]) -> str | None:

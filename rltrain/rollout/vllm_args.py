@@ -121,6 +121,15 @@ def checkpoint_is_moe(model: str) -> bool:
     return hf_config is not None and int(getattr(hf_config, "num_experts", 0) or 0) > 0
 
 
+def checkpoint_moe_layers(model: str) -> list[int]:
+    """The indices of a local HF checkpoint's sparse (MoE) layers: the rows of vLLM's routed-experts output that
+    hold routing (it keeps one per hidden layer, dense ones zero). Empty for a dense model or no config."""
+    from rltrain.models.hf_experts import sparse_layers
+
+    hf_config = _checkpoint_config(model)
+    return [] if hf_config is None else [i for i, s in enumerate(sparse_layers(hf_config)) if s]
+
+
 def checkpoint_head_dim(model: str) -> int | None:
     """head_dim of a local HF checkpoint directory (hidden_size / num_attention_heads where unset); None for a hub
     name or a directory without config.json."""

@@ -195,9 +195,13 @@ class ActorRole:
     """The policy (role="actor", trains) or the frozen reference (role="ref", forward only)."""
 
     def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: ActorConfig,
-                 trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int):
+                 trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int,
+                 routing_replay: bool = False):
         assert role in ("actor", "ref"), role
         self.role, self.actor_cfg, self.trainer_cfg = role, actor_cfg, trainer_cfg
+        # rollout routing replay (workers/hybrid.routing_replay): the policy's forwards route as the rollout did;
+        # the reference keeps its own routing
+        self.routing_replay = routing_replay and role == "actor"
         self.engine = build_engine(hf_config, role=role, hf_state_dict=hf_state_dict, device=device, dtype=dtype,
                                    seed=seed, total_steps=total_steps,
                                    max_tokens_per_micro_batch=actor_cfg.max_tokens_per_micro_batch,
@@ -213,7 +217,7 @@ class ActorRole:
         input_ids, seq_lens, start, label_mask = label_masks(
             batch, response_only=self.trainer_cfg.logprobs_response_only, loss_mask_only=False)
         lp, ent = self.engine.forward_logprobs(input_ids, seq_lens, label_mask, temperature=temperature,
-                                               with_entropy=with_entropy)
+                                               with_entropy=with_entropy, routed_experts=self._routing(batch))
         lp = batch.response_from_full(lp.float().cpu(), start)
         ent = None if ent is None else batch.response_from_full(ent.float().cpu(), start)
         return lp, ent
@@ -243,8 +247,19 @@ class ActorRole:
             else None,
             ref_logprobs=to_full(batch, batch.ref_logprobs, start, s) if self.loss.use_kl_loss else None)
         tensors = {"input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask, **inputs.tensors()}
+        if self.routing_replay:
+            tensors["routed_experts"] = self._routing(batch)
         return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
                            seed=seed, prefix="actor", temperature=temperature)
+
+    def _routing(self, batch: Batch) -> torch.Tensor | None:
+        """The batch's rollout routing on the full layout [B, S, L, k] when this role replays it, else None."""
+        if not self.routing_replay:
+            return None
+        if batch.routed_experts is None:
+            raise RuntimeError("actor.moe_routing_replay is on but the batch carries no routed experts: the rollout "
+                               "engine was not asked for them")
+        return batch.full_routed_experts()
 
     def export_weights(self, bucket_bytes: int):
         return self.engine.export_hf_weights(bucket_bytes=bucket_bytes)

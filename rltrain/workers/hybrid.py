@@ -54,6 +54,24 @@ def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype):
     return hf_config, model
 
 
+def routing_replay(cfg, hf_config, device: str) -> bool:
+    """actor.moe_routing_replay for this run's model, decided once (the rollout role records the routing, the actor
+    replays it; both read this): as set, or (null) on for an MoE model served by vLLM on GPU in a placement that
+    supports it (docs/moe.md: where it was measured). True for a dense model is a user error."""
+    from rltrain.models.hf_experts import sparse_layers
+    from rltrain.utils.errors import UserError
+
+    a, r = cfg.actor, cfg.rollout
+    moe = any(sparse_layers(hf_config))
+    if a.moe_routing_replay and not moe:
+        raise UserError(f"actor.moe_routing_replay=true needs a Mixture-of-Experts model; model_type="
+                        f"{getattr(hf_config, 'model_type', '?')!r} has no sparse layers: set it to false")
+    if a.moe_routing_replay is not None:
+        return bool(a.moe_routing_replay)
+    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable
+            and a.pipeline_parallel_size == 1 and a.tensor_parallel_size == 1)
+
+
 class HybridWorker(Worker):
     def __init__(self, cfg, roles: list[str], rank: int = 0, world_size: int = 1):
         from rltrain.config.convert import as_config
@@ -87,11 +105,13 @@ class HybridWorker(Worker):
         hf_config = self.hf_config
         sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         total = t.total_steps * max(1, cfg.actor.ppo_epochs)
+        replay = routing_replay(cfg, hf_config, self.device)
         if "actor" in self.roles:
             from rltrain.workers.actor import ActorRole
 
             self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg.actor, trainer_cfg=t,
-                                   device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
+                                   device=self.device, dtype=train_dtype, seed=seed, total_steps=total,
+                                   routing_replay=replay)
         if "ref" in self.roles:
             from rltrain.workers.actor import ActorRole
 
@@ -111,7 +131,7 @@ class HybridWorker(Worker):
 
             self.rollout = RolloutRole(engine=cfg.rollout.engine, model=hf_model, tokenizer=self.tokenizer,
                                        rollout_cfg=cfg.rollout, device=self.device, dtype=train_dtype,
-                                       sync=method, seed=seed, sandbox_cfg=cfg.sandbox)
+                                       sync=method, seed=seed, sandbox_cfg=cfg.sandbox, routed_experts=replay)
         else:
             del hf_model
         self.weight_sync = build_weight_sync(method, engine=None if self.rollout is None else self.rollout.engine,

@@ -20,10 +20,11 @@ from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 
 class RolloutRole:
     """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from.
-    sync: how weights will reach the engine (rollout/sync/: "local", "gloo", "nccl")."""
+    sync: how weights will reach the engine (rollout/sync/: "local", "gloo", "nccl"). routed_experts: the batches
+    carry the MoE routing the engine used (rollout routing replay)."""
 
     def __init__(self, *, engine: str, model, tokenizer, rollout_cfg, device: str, dtype: torch.dtype,
-                 sync: str = "local", seed: int = 0, sandbox_cfg=None):
+                 sync: str = "local", seed: int = 0, sandbox_cfg=None, routed_experts: bool = False):
         from rltrain.config.convert import as_config
         from rltrain.config.schema import RolloutConfig, SandboxConfig
 
@@ -33,10 +34,11 @@ class RolloutRole:
         self.sleep_level = 2 if engine == "vllm" and sync == "local" else 1
         if engine == "hf":
             self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
-                                       max_batch_size=rollout_cfg.max_batch_size)
+                                       max_batch_size=rollout_cfg.max_batch_size, return_routed_experts=routed_experts)
         else:
             assert engine == "vllm", engine  # config validation allows hf | vllm
-            self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed)
+            self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed,
+                                      routed_experts=routed_experts)
         self.multi_turn = None
         mt = rollout_cfg.multi_turn
         if mt.enable:
@@ -84,10 +86,14 @@ class RolloutRole:
             "num_turns": out.num_turns.tolist(),
             "tool_calls": out.tool_calls.tolist(),
         }
+        routing = {}
+        if responses[0].routed_experts is not None:
+            routing = routing_fields(responses, prompt_mask.sum(-1).tolist(), prompt_ids.shape[1],
+                                     out.response_ids.shape[1])
         batch = Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=out.response_ids,
                       response_mask=out.response_mask, loss_mask=out.loss_mask,
                       sampler_logprobs=out.sampler_logprobs,
-                      group_ids=out.prompt_index + group_offset, non_tensor=non_tensor)
+                      group_ids=out.prompt_index + group_offset, non_tensor=non_tensor, **routing)
         # the engine's own time (multi-turn: with its tool calls); timing_s/gen minus this is the trainer's side
         # (dispatch, batching, rewards)
         return batch, {**out.metrics(), "timing_s/gen_engine": engine_s}
@@ -107,7 +113,27 @@ class RolloutRole:
             close()
 
 
-def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int):
+def routing_fields(responses, prompt_lens: list[int], p: int, r: int) -> dict[str, torch.Tensor]:
+    """Batch.prompt_routed_experts [B, P, L, k] (left-padded) and routed_experts [B, R, L, k] (right-padded) from
+    each response's routing over its prompt + response tokens (a token the engine never fed, the last one, keeps
+    experts 0..k-1: nothing reads the model's output there)."""
+    first = responses[0].routed_experts
+    layers, k = first.shape[1:]
+    prompt = torch.zeros((len(responses), p, layers, k), dtype=first.dtype)
+    response = torch.arange(k, dtype=first.dtype).expand(len(responses), r, layers, k).clone()
+    for row, (resp, lp) in enumerate(zip(responses, prompt_lens)):
+        got = resp.routed_experts
+        if got is None or got.shape[1:] != (layers, k) or got.shape[0] < lp:
+            raise RuntimeError(f"the rollout engine's routed experts of response {row} have shape "
+                               f"{None if got is None else tuple(got.shape)}; expected [>= {lp}, {layers}, {k}]")
+        prompt[row, p - lp:] = got[:lp]
+        tail = got[lp:lp + len(resp.token_ids)]
+        response[row, :len(tail)] = tail
+    return {"prompt_routed_experts": prompt, "routed_experts": response}
+
+
+def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int,
+                routed_experts: bool = False):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
     from rltrain.config.convert import as_config
@@ -132,7 +158,7 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     kv_gb = c.kv_cache_memory_gb
     kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)  # unset: the engine fixes a small model's (vllm.py)
     common = dict(tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."), seed=seed,
-                  tensor_parallel_size=tp, enforce_eager=c.enforce_eager,
+                  tensor_parallel_size=tp, enforce_eager=c.enforce_eager, return_routed_experts=routed_experts,
                   eos_token_id=getattr(tokenizer, "eos_token_id", None))
     k = c.engines_per_gpu
     try:

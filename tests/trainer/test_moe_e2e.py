@@ -1,7 +1,9 @@
 """grpo_tiny with a Mixture-of-Experts actor (model.builtin=tiny-moe: tiny's attention, 4 experts of half its MLP
 width, top-2, so the same active size) trains end to end on CPU: held-out accuracy rises, and the router statistics
 are logged every step. Measured on the 2-core box (docs/benchmarks/2026-11-26-moe-on-two-gpus.md, section 3): held-out
-0.062 -> 0.391 at step 100 and 0.617 at 300 (the dense default: 0.023 -> 0.852 at 300)."""
+0.062 -> 0.391 at step 100 and 0.617 at 300 (the dense default: 0.023 -> 0.852 at 300). The run replays the rollout's
+routing (actor.moe_routing_replay=true: the hf engine records it, the actor's forwards route through it), so the
+whole path of rollout routing replay trains here too."""
 
 import json
 import math
@@ -19,7 +21,7 @@ def test_grpo_tiny_with_an_moe_actor_learns_and_logs_its_routers(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", "model.builtin=tiny-moe",
-         "trainer.total_steps=100", "trainer.test_freq=50", "trainer.logger=[jsonl]", f"hydra.run.dir={run_dir}"],
+         "actor.moe_routing_replay=true", "trainer.total_steps=100", "trainer.test_freq=50", "trainer.logger=[jsonl]", f"hydra.run.dir={run_dir}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -31,3 +33,4 @@ def test_grpo_tiny_with_an_moe_actor_learns_and_logs_its_routers(tmp_path):
     for r in trained:  # 4 experts, top-2: max/mean tokens per expert lies in [1, 2]
         assert 1.0 <= r["actor/moe_load_max_over_mean"] <= 2.0 + 1e-6
         assert math.isfinite(r["actor/moe_aux_loss"]) and r["actor/moe_aux_loss"] > 0
+        assert r["rollout/mismatch_abs_mean"] < 1e-4  # fp32, same routing: sampler and actor agree

@@ -39,6 +39,7 @@ from megatron.core.utils import divide
 from rltrain.compat.megatron import (cuda_enabled, define_te_gemm_when_absent, patch_model_for_cpu,
                                      patch_moe_dispatch_for_cpu)
 from rltrain.models.engine_config import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
+from rltrain.models.hf_experts import sparse_layers
 from rltrain.utils.errors import UserError
 
 try:  # Transformer Engine is optional (GPU images); the local spec is used without it.
@@ -150,12 +151,9 @@ def padded_vocab_size(vocab_size: int, tp_size: int, make_vocab_size_divisible_b
 def moe_layer_pattern(hf_config: Any) -> list[int]:
     """Per layer, 1 where transformers builds a sparse MoE block and 0 where a dense MLP (Qwen3MoeDecoderLayer's
     rule: not in `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`); all 0 for a dense family."""
-    n = int(hf_config.num_hidden_layers)
-    if not architecture(hf_config)["moe"] or not int(_hf_get(hf_config, "num_experts", 0) or 0):
-        return [0] * n
-    step = int(_hf_get(hf_config, "decoder_sparse_step", 1) or 1)
-    dense = set(_hf_get(hf_config, "mlp_only_layers", None) or [])
-    return [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
+    if not architecture(hf_config)["moe"]:
+        return [0] * int(hf_config.num_hidden_layers)
+    return sparse_layers(hf_config)
 
 
 def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: float, z_loss_coeff: float) -> dict:
@@ -191,6 +189,8 @@ def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: f
         # all-to-all exchanges only the routed tokens, and each rank may hold a different number of tokens
         moe_token_dispatcher_type="alltoall" if ep_size > 1 else "allgather",
         moe_grouped_gemm=HAVE_TE, moe_permute_fusion=False,
+        # a RouterReplay per router (idle unless the engine sets targets: rollout routing replay, moe.RoutingReplay)
+        moe_enable_routing_replay=True,
     )
 
 

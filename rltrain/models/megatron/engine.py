@@ -44,7 +44,7 @@ from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
 from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
 from rltrain.models.megatron.micro_batch import make_micro_batches
-from rltrain.models.megatron.moe import RouterStats, set_aux_loss_scale
+from rltrain.models.megatron.moe import ExpertPasses, RouterStats, RoutingReplay, set_aux_loss_scale
 from rltrain.models.megatron.optim import EngineOptimizer
 
 ROLES = ("actor", "ref", "critic")
@@ -61,7 +61,7 @@ def _expert_collectives_on_cpu(method):
     return run
 
 
-class MegatronEngine:
+class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
     """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
     when it trains."""
 
@@ -120,6 +120,7 @@ class MegatronEngine:
             )
         ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
         self.router_stats = RouterStats(self.model)  # empty for a dense model
+        self.routing_replay = RoutingReplay(self.model)
         self._aux_losses = bool(self.router_stats) and (c.moe.moe_aux_loss_coeff > 0 or c.moe.moe_z_loss_coeff > 0)
         # Only the last pipeline stage has the head (output layer / value head).
         self.last_stage = pp_size == 1 or parallel_state.is_pipeline_last_stage()
@@ -220,9 +221,18 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------- forward
 
-    def _trunk(self, input_ids: torch.Tensor, seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    def _trunk(self, input_ids: torch.Tensor, seq_lens: torch.Tensor | None = None,
+               routed_experts: torch.Tensor | None = None) -> torch.Tensor:
         """[b, s] ids -> [b, s, H] hidden (hidden modes) or [b, s, V_local_padded] logits. seq_lens: the rows'
-        lengths, for the MoE router statistics (which count real tokens only)."""
+        lengths, for the MoE router statistics (which count real tokens only). routed_experts [b, s, L, k]: the
+        experts the MoE layers route the tokens to (routing replay; None: the router's own top-k)."""
+        if routed_experts is not None:
+            if self.pp_size > 1 or self.sequence_parallel:
+                raise ValueError("routing replay needs the whole layer stack and sequence on each rank "
+                                 "(pipeline_parallel_size = 1, no sequence parallelism)")
+            self.routing_replay.set(self._to_device(routed_experts[:, :input_ids.shape[1]]))
+        elif self.routing_replay.active:
+            self.routing_replay.clear()
         input_ids = self._to_device(input_ids)
         b, s = input_ids.shape
         width = s
@@ -268,12 +278,12 @@ class MegatronEngine:
         return self._to_device(index), self._to_device(labels), False
 
     def _token_logprobs(self, input_ids, seq_lens, label_mask, *, temperature, with_entropy, entropy_grad,
-                        trunk_out=None):
+                        trunk_out=None, routed_experts=None):
         """-> logprobs [b, s] fp32, entropy [b, s] fp32 | None (0 outside the valid mask).
         trunk_out: the model output [b, s, X] when already computed (pipeline last stage)."""
         rows, labels, check = self._head_rows_and_labels(input_ids, seq_lens, label_mask)
         input_ids = self._to_device(input_ids)
-        out = self._trunk(input_ids, seq_lens) if trunk_out is None else trunk_out  # [b, s, X]
+        out = self._trunk(input_ids, seq_lens, routed_experts) if trunk_out is None else trunk_out  # [b, s, X]
         b, s = input_ids.shape
         prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
         kwargs = dict(rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
@@ -296,27 +306,6 @@ class MegatronEngine:
         v = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
         return torch.where(valid, v, torch.zeros_like(v))
 
-    def _expert_padding_passes(self, n_local: int) -> int:
-        """Under expert parallelism every MoE layer's forward and backward is a collective of the expert-parallel
-        ranks, so every data-parallel rank must run as many micro-batches as the one with the most (their token
-        budgets split their rows differently): how many idle passes this rank adds. 0 without EP (no collective)."""
-        if self.ep_size == 1:
-            return 0
-        n = torch.tensor([n_local], dtype=torch.int64, device=self.device)
-        dist.all_reduce(n, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
-        return int(n.item()) - n_local
-
-    def _idle_pass(self, backward: bool = False) -> None:
-        """A forward (and zero backward) of one 2-token row that joins the experts' collectives and changes
-        nothing: no grad (x 0), no router statistics (no real token), no aux loss (scale 0)."""
-        ids = torch.zeros(1, 2, dtype=torch.long)
-        with torch.enable_grad() if backward else contextlib.nullcontext():
-            out = self._trunk(ids, torch.zeros(1, dtype=torch.long))
-            if backward:
-                if self._aux_losses:
-                    set_aux_loss_scale(0.0, self.device)
-                (out.float().sum() * 0.0).backward()
-
     def _check_rows(self, input_ids, seq_lens):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
@@ -327,10 +316,11 @@ class MegatronEngine:
     @torch.no_grad()
     @_expert_collectives_on_cpu
     def forward_logprobs(self, input_ids, seq_lens, label_mask, *, temperature: float = 1.0,
-                         with_entropy: bool = True):
+                         with_entropy: bool = True, routed_experts: torch.Tensor | None = None):
         """input_ids [B, S] right-padded, seq_lens [B], label_mask [B, S] bool ->
         (logprobs [B, S] fp32, entropy [B, S] fp32 | None); entry t = log p(x_t | x_<t) where
-        label_mask (t >= 1, t < seq_len), 0 elsewhere. No grad. Micro-batched by token budget."""
+        label_mask (t >= 1, t < seq_len), 0 elsewhere. No grad. Micro-batched by token budget.
+        routed_experts [B, S, L, k]: route the MoE layers' tokens to these experts (rollout routing replay)."""
         if self.role == "critic":
             raise ValueError("forward_logprobs is for role 'actor' or 'ref'; the critic has forward_values")
         if temperature <= 0:
@@ -356,12 +346,15 @@ class MegatronEngine:
             if with_entropy:
                 pipeline_mod.broadcast_from_last_stage(ent_out, self.device)
             return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
-        mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens)
+        tensors = {"input_ids": input_ids, "label_mask": label_mask}
+        if routed_experts is not None:
+            tensors["routed_experts"] = routed_experts
+        mbs = self.make_micro_batches(tensors, seq_lens)
         idle = self._expert_padding_passes(len(mbs))  # agreed before any rank enters an expert collective
         for mb in mbs:
             lp, ent = self._token_logprobs(mb.input_ids, mb.seq_lens, mb.label_mask,
                                            temperature=temperature, with_entropy=with_entropy,
-                                           entropy_grad=False)
+                                           entropy_grad=False, routed_experts=mb.routed_experts)
             w = lp.shape[1]
             lp_out[mb.sample_idx, :w] = lp.cpu()
             if with_entropy:
@@ -396,35 +389,6 @@ class MegatronEngine:
             out[mb.sample_idx, : v.shape[1]] = v.cpu()
         return out.to(input_ids.device)
 
-    # ---------------------------------------------------------------- pipeline parallelism
-
-    def _pp_schedule(self, micro_batches: list[MicroBatch], last_stage_fn, *, forward_only: bool) -> None:
-        """Run megatron's schedule over `micro_batches` in shape-uniform groups (pipeline.py):
-        last_stage_fn(mb, out) gets the real [b, s] slice of the last stage's output and returns
-        the micro-batch's loss (or None when forward_only)."""
-        shapes = [tuple(mb.input_ids.shape) for mb in micro_batches]
-        for group in pipeline_mod.group_micro_batches(shapes, self.max_tokens_per_micro_batch):
-            b = max(shapes[i][0] for i in group)
-            s = max(shapes[i][1] for i in group)
-            ids = [pipeline_mod.pad_ids(micro_batches[i].input_ids, b, s) for i in group]
-
-            def fn(k, out, group=group):
-                mb = micro_batches[group[k]]
-                mb_b, mb_s = mb.input_ids.shape
-                loss = last_stage_fn(mb, out[:mb_b, :mb_s])
-                if loss is None:
-                    return torch.zeros((), device=self.device)
-                return loss * len(group)  # the schedule divides by the group's micro-batch count
-
-            pipeline_mod.run_schedule(self.model, ids, fn, forward_only=forward_only, device=self.device)
-
-    def _pp_forward_only(self, micro_batches: list[MicroBatch], head) -> None:
-        def fn(mb, out):
-            head(mb, out)
-            return None
-
-        self._pp_schedule(micro_batches, fn, forward_only=True)
-
     # ---------------------------------------------------------------- training
 
     def _grad_norm(self, params: list[torch.Tensor]) -> torch.Tensor:  # engine methods: profilers wrap them
@@ -441,34 +405,9 @@ class MegatronEngine:
         if self.role == "critic":
             return ModelOutputs(values=self._token_values(mb.input_ids, seq_lens, mb.label_mask, trunk_out=trunk_out))
         lp, ent = self._token_logprobs(mb.input_ids, seq_lens, mb.label_mask, temperature=temperature,
-                                       with_entropy=True, entropy_grad=entropy_grad, trunk_out=trunk_out)
+                                       with_entropy=True, entropy_grad=entropy_grad, trunk_out=trunk_out,
+                                       routed_experts=mb.routed_experts)
         return ModelOutputs(logprobs=lp, entropy=ent)
-
-    def _pp_accumulate(self, micro_batches: list[MicroBatch], loss_fn: LossFn, temperature: float,
-                       needs_entropy_grad: bool) -> dict[str, float]:
-        """Pipeline-parallel forward/backward of all micro-batches (grads accumulate in .grad);
-        the loss runs on the last stage. Returns the metric sums, the same on every stage; a
-        non-finite loss raises FloatingPointError on every stage (after the schedule, grads cleared)."""
-        for mb in micro_batches:
-            self._check_rows(mb.input_ids, mb.seq_lens)
-        sums: dict[str, float] = {}
-        bad: list[float] = []
-
-        def last_stage(mb: MicroBatch, out):
-            outputs = self._outputs(mb, temperature=temperature, entropy_grad=needs_entropy_grad, trunk_out=out)
-            loss, metrics = loss_fn(outputs, mb)
-            if not bool(torch.isfinite(loss.detach())):
-                bad.append(float(loss))
-            for k, v in {"loss": loss, **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
-            return loss * float(1.0 / len(micro_batches) if mb.loss_scale is None else mb.loss_scale)
-
-        self._pp_schedule(micro_batches, last_stage, forward_only=False)
-        sums, bad = pipeline_mod.broadcast_object_from_last_stage((sums, bad))
-        if bad:
-            self.model.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"loss is {bad[0]} in a micro-batch; no optimizer step taken")
-        return sums
 
     @_expert_collectives_on_cpu
     def train_step(self, micro_batches: Sequence[MicroBatch | Mapping[str, Any]],

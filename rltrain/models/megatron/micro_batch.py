@@ -14,8 +14,8 @@ def make_micro_batches(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor,
     padded tokens (rows x longest row; a single longer row gets a micro-batch of its own).
 
     tensors: name -> [B, ...]; those with a second dim equal to input_ids' S are trimmed to the
-    micro-batch's longest row. `input_ids` and `label_mask` become the MicroBatch's fields of those names, every
-    other tensor (but a `seq_lens` entry, which is the argument's) goes to its `extras` under its name. Each
+    micro-batch's longest row. `input_ids`, `label_mask` and `routed_experts` become the MicroBatch's fields of those
+    names, every other tensor (but a `seq_lens` entry, which is the argument's) goes to its `extras` under its name. Each
     micro-batch also carries `seq_lens` [b] and `sample_idx` [b] (row indices into the batch). Rows are ordered
     longest first.
     """
@@ -46,5 +46,5 @@ def make_micro_batches(tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor,
             rows[k] = v[:, :width] if v.dim() >= 2 and v.shape[1] == S else v
         input_ids, label_mask = rows.pop("input_ids"), rows.pop("label_mask", None)
         micro_batches.append(MicroBatch(input_ids=input_ids, seq_lens=seq_lens[idx], label_mask=label_mask,
-                                        sample_idx=idx, extras=rows))
+                                        sample_idx=idx, routed_experts=rows.pop("routed_experts", None), extras=rows))
     return micro_batches

@@ -17,9 +17,36 @@ step's metrics are those of the rank that reports them.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+
+
+class ExpertPasses:
+    """MegatronEngine's part for expert parallelism (a mixin: it reads the engine's ep_size, device and trunk)."""
+
+    def _expert_padding_passes(self, n_local: int) -> int:
+        """Under expert parallelism every MoE layer's forward and backward is a collective of the expert-parallel
+        ranks, so every data-parallel rank must run as many micro-batches as the one with the most (their token
+        budgets split their rows differently): how many idle passes this rank adds. 0 without EP (no collective)."""
+        if self.ep_size == 1:
+            return 0
+        n = torch.tensor([n_local], dtype=torch.int64, device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
+        return int(n.item()) - n_local
+
+    def _idle_pass(self, backward: bool = False) -> None:
+        """A forward (and zero backward) of one 2-token row that joins the experts' collectives and changes
+        nothing: no grad (x 0), no router statistics (no real token), no aux loss (scale 0)."""
+        ids = torch.zeros(1, 2, dtype=torch.long)
+        with torch.enable_grad() if backward else contextlib.nullcontext():
+            out = self._trunk(ids, torch.zeros(1, dtype=torch.long))
+            if backward:
+                if self._aux_losses:
+                    set_aux_loss_scale(0.0, self.device)
+                (out.float().sum() * 0.0).backward()
 
 
 class RouterStats:
@@ -94,3 +121,39 @@ def set_aux_loss_scale(scale: float, device: torch.device) -> None:
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(float(scale), dtype=torch.float32, device=device))
+
+
+class RoutingReplay:
+    """Rollout routing replay through megatron-core's RouterReplay (`moe_enable_routing_replay`, one per router):
+    `set(routed)` makes every MoE layer of `model` route the next forward's tokens to the given experts (top-k
+    weights still come from this model's router scores, so the router keeps its gradient); `clear()` returns to
+    computed routing. Megatron keeps its instances in one process-wide list; this drives only `model`'s own (the
+    reference beside it routes for itself). The targets stay set through the backward, so a recomputed layer
+    routes as its forward did."""
+
+    def __init__(self, model: torch.nn.Module):
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.replays = [m.router_replay for m in model.modules()
+                        if isinstance(m, TopKRouter) and m.router_replay is not None]
+        self.active = False
+
+    def set(self, routed: torch.Tensor) -> None:
+        """routed: [b, s, L, k] expert ids of this micro-batch's tokens (L: the model's MoE layers, in order)."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        if routed.dim() != 4 or routed.shape[2] != len(self.replays):
+            raise ValueError(f"routed experts must be [b, s, {len(self.replays)} MoE layers, top-k]; got "
+                             f"{tuple(routed.shape)}")
+        order = routed.long().transpose(0, 1)  # megatron's tokens are sequence-major: [s, b, L, k]
+        for i, replay in enumerate(self.replays):
+            replay.clear_indices()
+            replay.set_target_indices(order[:, :, i].reshape(-1, routed.shape[3]))
+            replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+        self.active = True
+
+    def clear(self) -> None:
+        for replay in self.replays:
+            replay.clear_indices()
+            replay.clear_router_replay_action()
+        self.active = False

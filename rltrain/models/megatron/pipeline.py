@@ -28,6 +28,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rltrain.compat.megatron import cpu_schedule_shim
+from rltrain.models.loss_protocol import LossFn, MicroBatch
 
 
 def group_micro_batches(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
@@ -219,3 +220,61 @@ def all_reduce_over_stages(t: torch.Tensor) -> torch.Tensor:
     """In-place sum of `t` over this rank's pipeline group."""
     dist.all_reduce(t, group=parallel_state.get_pipeline_model_parallel_group())
     return t
+
+
+class PipelineStages:
+    """The pipeline-parallel half of MegatronEngine (a mixin: it reads the engine's model, micro-batch budget and
+    device): megatron's schedule over shape-uniform groups of micro-batches, forward-only and with the loss."""
+
+    def _pp_schedule(self, micro_batches: list[MicroBatch], last_stage_fn, *, forward_only: bool) -> None:
+        """Run megatron's schedule over `micro_batches` in shape-uniform groups (pipeline.py):
+        last_stage_fn(mb, out) gets the real [b, s] slice of the last stage's output and returns
+        the micro-batch's loss (or None when forward_only)."""
+        shapes = [tuple(mb.input_ids.shape) for mb in micro_batches]
+        for group in group_micro_batches(shapes, self.max_tokens_per_micro_batch):
+            b = max(shapes[i][0] for i in group)
+            s = max(shapes[i][1] for i in group)
+            ids = [pad_ids(micro_batches[i].input_ids, b, s) for i in group]
+
+            def fn(k, out, group=group):
+                mb = micro_batches[group[k]]
+                mb_b, mb_s = mb.input_ids.shape
+                loss = last_stage_fn(mb, out[:mb_b, :mb_s])
+                if loss is None:
+                    return torch.zeros((), device=self.device)
+                return loss * len(group)  # the schedule divides by the group's micro-batch count
+
+            run_schedule(self.model, ids, fn, forward_only=forward_only, device=self.device)
+
+    def _pp_forward_only(self, micro_batches: list[MicroBatch], head) -> None:
+        def fn(mb, out):
+            head(mb, out)
+            return None
+
+        self._pp_schedule(micro_batches, fn, forward_only=True)
+
+    def _pp_accumulate(self, micro_batches: list[MicroBatch], loss_fn: LossFn, temperature: float,
+                       needs_entropy_grad: bool) -> dict[str, float]:
+        """Pipeline-parallel forward/backward of all micro-batches (grads accumulate in .grad);
+        the loss runs on the last stage. Returns the metric sums, the same on every stage; a
+        non-finite loss raises FloatingPointError on every stage (after the schedule, grads cleared)."""
+        for mb in micro_batches:
+            self._check_rows(mb.input_ids, mb.seq_lens)
+        sums: dict[str, float] = {}
+        bad: list[float] = []
+
+        def last_stage(mb: MicroBatch, out):
+            outputs = self._outputs(mb, temperature=temperature, entropy_grad=needs_entropy_grad, trunk_out=out)
+            loss, metrics = loss_fn(outputs, mb)
+            if not bool(torch.isfinite(loss.detach())):
+                bad.append(float(loss))
+            for k, v in {"loss": loss, **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
+            return loss * float(1.0 / len(micro_batches) if mb.loss_scale is None else mb.loss_scale)
+
+        self._pp_schedule(micro_batches, last_stage, forward_only=False)
+        sums, bad = broadcast_object_from_last_stage((sums, bad))
+        if bad:
+            self.model.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"loss is {bad[0]} in a micro-batch; no optimizer step taken")
+        return sums
