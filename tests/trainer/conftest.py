@@ -65,5 +65,7 @@ def _train_retool_sft(d, *overrides: str, timeout: float = 300):
 
 
 @pytest.fixture(scope="session")
-def train_retool_sft():
-    return _train_retool_sft
+def retool_sft_model(tmp_path_factory):
+    """The tiny ReTool SFT model, trained once for every test that needs it (the hf ReTool tests and the vLLM
+    ones): head_dim 32, which vLLM's CPU kernels take (the hf engine takes any) -> _train_retool_sft's triple."""
+    return _train_retool_sft(tmp_path_factory.mktemp("retool_sft"), "+model.overrides.head_dim=32", timeout=600)

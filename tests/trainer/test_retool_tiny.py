@@ -14,9 +14,9 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.sandbox]
 
 
 @pytest.fixture(scope="module")
-def sft_model(tmp_path_factory, train_retool_sft):
-    """Data files and the HF model written by `python -m rltrain.sft --config-name retool_tiny_sft`."""
-    paths, out, run_dir = train_retool_sft(tmp_path_factory.mktemp("retool_tiny"))
+def sft_model(retool_sft_model):
+    """Data files and the HF model written by `python -m rltrain.sft --config-name retool_tiny_sft` (conftest.py)."""
+    paths, out, run_dir = retool_sft_model
     rows = read_metrics(run_dir)
     assert rows[-1]["sft/loss"] < 0.1 * rows[0]["sft/loss"]
     return paths, out

@@ -63,10 +63,9 @@ def test_grpo_tiny_on_vllm_learns(tmp_path, ray_session, cfg_for):
 
 
 @pytest.fixture(scope="module")
-def sft_model_hd32(tmp_path_factory, train_retool_sft):
-    """The tiny ReTool SFT model (stage 1 of the pipeline) with head_dim 32, and its data files."""
-    paths, out, _ = train_retool_sft(tmp_path_factory.mktemp("retool_vllm"), "+model.overrides.head_dim=32",
-                                  timeout=600)
+def sft_model_hd32(retool_sft_model):
+    """The tiny ReTool SFT model (stage 1 of the pipeline; head_dim 32, conftest.py), and its data files."""
+    paths, out, _ = retool_sft_model
     return paths, out
 
 
