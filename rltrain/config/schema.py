@@ -65,6 +65,9 @@ class MoEConfig(Section):
     # RL starts from a trained router: the peers' RL recipes keep both off or tiny
     moe_aux_loss_coeff: float = 0.0
     moe_z_loss_coeff: float = 0.0
+    # the experts' GEMMs as one torch._grouped_mm per projection over all local experts (megatron's SequentialMLP,
+    # used without Transformer Engine, loops over them); false: megatron's loop
+    moe_grouped_gemm: bool = True
 
 
 @dataclass

@@ -47,6 +47,7 @@ class EngineConfig:
         "tp_size": ("parallel", "tensor_parallel_size"), "pp_size": ("parallel", "pipeline_parallel_size"),
         "ep_size": ("parallel", "expert_parallel_size"),
         "moe_aux_loss_coeff": ("moe", "moe_aux_loss_coeff"), "moe_z_loss_coeff": ("moe", "moe_z_loss_coeff"),
+        "moe_grouped_gemm": ("moe", "moe_grouped_gemm"),
 
         "grad_reduce_bucket_mb": ("parallel", "grad_reduce_bucket_mb"),
         "overlap_grad_reduce": ("parallel", "overlap_grad_reduce"),

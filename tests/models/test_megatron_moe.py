@@ -232,3 +232,28 @@ def test_exported_weights_reach_the_hf_rollout_engine_and_a_fused_state_dict_sav
     save_hf_checkpoint(str(tmp_path / "fused"), target.config, target.state_dict())
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "fused", dtype=torch.float32)
     assert all(torch.equal(v, target.state_dict()[k]) for k, v in again.state_dict().items())
+
+
+def test_grouped_expert_gemm_trains_as_megatrons_loop_over_experts():
+    """moe_grouped_gemm (default): the experts' GEMMs as torch._grouped_mm over all local experts give megatron's
+    SequentialMLP loop's log-probs, grad norm and updated weights; widths the grouped GEMM cannot take keep the loop."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from rltrain.models.megatron.moe import use_grouped_expert_gemm
+
+    hf = random_moe_model(V, seed=int(torch.randint(0, 1000, ())), **SHAPES["dense_first_tied"])
+    batch, lens = _ppo_batch(hf, [14, 9, 1 + 1, 5], seed=3)
+    out = {}
+    for grouped in (True, False):
+        eng = _engine(hf, moe_grouped_gemm=grouped, lr=1e-3, max_tokens_per_micro_batch=28)
+        experts = [m for m in eng.model.modules() if isinstance(m, SequentialMLP)]
+        assert len(experts) == 2 and all(hasattr(m, "_rltrain_loop_forward") == grouped for m in experts)
+        lp, _ = eng.forward_logprobs(batch["input_ids"], lens, batch["label_mask"])
+        metrics = eng.train_step(eng.make_micro_batches(batch, lens), _PPOLoss())
+        out[grouped] = lp, metrics["grad_norm"], dict(eng.export_hf_weights())
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
+    assert out[True][1] == pytest.approx(out[False][1], rel=1e-5)
+    for name, w in out[False][2].items():
+        torch.testing.assert_close(out[True][2][name], w, atol=1e-6, rtol=0, msg=name)
+    odd = _engine(random_moe_model(V, seed=1, moe_intermediate_size=30), moe_grouped_gemm=False)
+    assert use_grouped_expert_gemm(odd.model) == 0  # 2 x 30 fp32 columns: rows not a multiple of 16 bytes

@@ -44,7 +44,8 @@ from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
 from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
 from rltrain.models.megatron.micro_batch import make_micro_batches
-from rltrain.models.megatron.moe import ExpertPasses, RouterStats, RoutingReplay, set_aux_loss_scale
+from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingReplay, set_aux_loss_scale,
+                                        use_grouped_expert_gemm)
 from rltrain.models.megatron.optim import EngineOptimizer
 
 ROLES = ("actor", "ref", "critic")
@@ -119,6 +120,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                 moe_aux_loss_coeff=c.moe.moe_aux_loss_coeff, moe_z_loss_coeff=c.moe.moe_z_loss_coeff,
             )
         ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
+        if c.moe.moe_grouped_gemm:
+            use_grouped_expert_gemm(self.model)
         self.router_stats = RouterStats(self.model)  # empty for a dense model
         self.routing_replay = RoutingReplay(self.model)
         self._aux_losses = bool(self.router_stats) and (c.moe.moe_aux_loss_coeff > 0 or c.moe.moe_z_loss_coeff > 0)

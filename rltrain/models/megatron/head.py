@@ -33,7 +33,8 @@ _PAD_LOGIT = -1e30  # exp(_PAD_LOGIT - max) == 0 in fp32; finite so 0 * logit st
 
 
 class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the incoming gradient contiguous. GPTModel transposes our
+    """Identity whose backward makes the incoming gradient contiguous (also before moe.py's grouped expert GEMMs,
+    whose backward rejects an expanded gradient). GPTModel transposes our
     [s, b, H] output to [b, s, H], so the gradient reaching the TP region op is a transposed view,
     and megatron's in-place all-reduce of a non-contiguous gradient is silently lost on gloo."""
 

@@ -157,3 +157,51 @@ class RoutingReplay:
             replay.clear_indices()
             replay.clear_router_replay_action()
         self.active = False
+
+
+def _grouped_experts_forward(experts, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor):
+    """megatron's SequentialMLP.forward (fc1 -> SwiGLU x routing prob -> fc2 per local expert over its contiguous
+    block of the permuted tokens) as two grouped GEMMs over all local experts, on the same parameters (stacked per
+    call: the copy is the experts' weights once, against one GEMM launch and one host sync per expert)."""
+    from rltrain.models.megatron.head import _ContiguousGrad  # torch._grouped_mm's backward rejects expanded grads
+
+    cfg = experts.config
+    if hidden.shape[0] == 0:
+        return experts._rltrain_loop_forward(hidden, tokens_per_expert, probs)
+    offs = tokens_per_expert.to(device=hidden.device).cumsum(0).to(torch.int32)
+    w1 = torch.stack([e.linear_fc1.weight for e in experts.local_experts])  # [E, 2I, H]
+    w2 = torch.stack([e.linear_fc2.weight for e in experts.local_experts])  # [E, H, I]
+    h = _ContiguousGrad.apply(torch._grouped_mm(hidden, w1.transpose(1, 2), offs=offs))  # [T, 2I]
+    if cfg.bias_activation_fusion:  # as megatron's MLP does under the same flag (fusion.py "mcore")
+        from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
+
+        inter = weighted_bias_swiglu_impl(h, None, probs.unsqueeze(-1), cfg.activation_func_fp8_input_store)
+    else:
+        gate, up = torch.chunk(h, 2, dim=-1)
+        inter = (cfg.activation_func(gate) * up * probs.unsqueeze(-1)).to(h.dtype)
+    return _ContiguousGrad.apply(torch._grouped_mm(inter, w2.transpose(1, 2), offs=offs)), None
+
+
+def use_grouped_expert_gemm(model: torch.nn.Module) -> int:
+    """Run every SequentialMLP of `model` (megatron's experts without Transformer Engine or the grouped_gemm package)
+    through torch._grouped_mm: one GEMM per projection for all local experts instead of a Python loop. Where the
+    grouped GEMM does not apply (no SwiGLU, biases, fp8, probabilities on the input, widths not a multiple of 16
+    bytes) the loop stays. Returns how many expert layers were switched."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    switched = 0
+    for experts in model.modules():
+        if not isinstance(experts, SequentialMLP) or not hasattr(torch, "_grouped_mm"):
+            continue
+        cfg = experts.config
+        w1 = experts.local_experts[0].linear_fc1.weight
+        align = 16 // w1.element_size()
+        if (not cfg.gated_linear_unit or cfg.activation_func is not torch.nn.functional.silu or cfg.add_bias_linear
+                or cfg.fp8 or cfg.fp4 or cfg.moe_apply_probs_on_input or cfg.activation_func_clamp_value is not None
+                or cfg.glu_linear_offset or w1.shape[0] % (2 * align) or w1.shape[1] % align):
+            continue
+        experts._rltrain_loop_forward = experts.forward
+        experts.forward = lambda hidden, tokens_per_expert, probs, experts=experts: _grouped_experts_forward(
+            experts, hidden, tokens_per_expert, probs)
+        switched += 1
+    return switched
