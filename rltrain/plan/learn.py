@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from rltrain.plan.inputs import model_shape
 from rltrain.plan.memory import ns
-from rltrain.utils.flops import num_params, peak_flops
+from rltrain.utils.flops import active_params, peak_flops
 
 # Calibration points from docs/benchmarks/2026-11-22-gpu-end-to-end.md (one H100, tools/gpu_smoke.py): the HF rollout decoded
 # 256 rows x 64 tokens of a 28-layer Qwen3-0.6B in 2.233 s (35 ms per decode step, launch-bound: ~1.1 ms per
@@ -52,8 +52,9 @@ def estimate_seconds(sft: bool, cfg: Mapping[str, Any], *, params: int, layers: 
 def stage_estimate(sft: bool, cfg: Mapping[str, Any], model: Mapping[str, Any], seq_tokens: float,
                    runs: int = 1) -> int:
     """estimate_seconds of a stage whose model is `model` (a `model.*` dict with a builtin preset: a GRPO stage's
-    SFT model does not exist before its run), its parameters counted at the recipe's vocabulary, rounded."""
+    SFT model does not exist before its run), its parameters counted at the recipe's vocabulary (a Mixture-of-Experts
+    model's active ones: the FLOPs go through k experts), rounded."""
     overrides = {**(model.get("overrides") or {}), "vocab_size": VOCAB}
     shape = model_shape({"builtin": model["builtin"], "overrides": overrides})
-    return round(estimate_seconds(sft, cfg, params=num_params(ns(shape)), layers=shape.num_hidden_layers,
+    return round(estimate_seconds(sft, cfg, params=active_params(ns(shape)), layers=shape.num_hidden_layers,
                                   seq_tokens=seq_tokens, runs=runs))
