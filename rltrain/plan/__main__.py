@@ -13,10 +13,12 @@ import json
 import sys
 
 from rltrain.config.entry import CONFIG_DIR, composition_error, compose_config
+from rltrain.config.schema import register_configs
 
 
 def _composition_error(config_name: str, overrides: list[str]) -> str | None:
     """rltrain.config.entry's refusal of the command line, as rltrain.main prints it."""
+    register_configs()  # the schema the recipes' defaults lists name (rltrain.main registers it at import)
     return composition_error(CONFIG_DIR, config_name, ["--config-name", config_name, *overrides])
 
 

@@ -226,10 +226,10 @@ def test_bad_key_and_bad_value_exit_2(capsys):
 def test_imports_no_gpu_library_and_starts_nothing():
     code = ("import sys; from rltrain.plan.__main__ import main; rc = main(['--config-name', 'grpo_qwen3', "
             "'--json']); bad = [m for m in ('vllm', 'ray', 'megatron', 'triton', 'transformers') if m in sys.modules]; "
-            "import torch; assert not torch.cuda.is_initialized(); print('BAD', bad)")
+            "import torch; assert not torch.cuda.is_initialized(); print('BAD', bad, 'RC', rc)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert "BAD []" in r.stdout, r.stdout + r.stderr
+    assert "BAD [] RC 0" in r.stdout, r.stdout + r.stderr  # a fresh process: the schema registered by the CLI
 
 
 def test_impossible_placement_exits_2(capsys):
