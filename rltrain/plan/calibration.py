@@ -107,18 +107,29 @@ TIME: dict[str, Const] = {
     "tp2_efficiency": Const(
         0.6999, "fraction", "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: "
                             "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2))"),
-    # short-sequence GRPO phases: a fixed cost per micro-batch on top of the FLOPs at the rates above
-    "update_mb_overhead_s": Const(
-        0.1109, "s per micro-batch", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the "
-                                     "Qwen3-0.6B GRPO step (2 mini-batches of one 8,832-token micro-batch)"),
-    "fwd_mb_overhead_s": Const(
-        0.0517, "s per forward pass", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s "
-                                      "(17,664 tokens in 2 micro-batches, forward only)"),
+    # short-sequence GRPO phases: a fixed cost per micro-batch and layer (kernel launches, Python) on top of the FLOPs
+    # at the rates above (per layer: the 8-layer dense twin of 2026-11-26 took 0.19 s where 28 layers' fixed cost
+    # alone would be 0.22 s)
+    "update_mb_layer_s": Const(
+        0.00396, "s per micro-batch x layer",
+        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
+        "mini-batches of one 8,832-token micro-batch, 28 layers)"),
+    "fwd_mb_layer_s": Const(
+        0.001847, "s per forward pass x layer",
+        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s (17,664 tokens in 2 micro-batches, "
+        "forward only, 28 layers)"),
+    # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
+    # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
+    "moe_expert_pass_s": Const(
+        0.0004044, "s per local expert x sparse layer x forward pass",
+        "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
+        "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
+        "passes) less its active FLOPs at the update rate and update_mb_layer_s"),
     "vllm_step_overhead_s": Const(
-        0.0131, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
+        0.01307, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
                                      "steps of 256 sequences (host-bound engine in the trainer's process)"),
     "hf_step_s": Const(
-        0.0386, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
+        0.03864, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
                                      "steps of 256 sequences (rltrain's own decoder, one Python loop per token)"),
     "vllm_wake_s": Const(
         0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),

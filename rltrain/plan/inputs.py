@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from rltrain.utils import flops
 from rltrain.utils.errors import UserError
 
 
@@ -49,6 +50,21 @@ class Shape:
     max_position_embeddings: int
     tie_word_embeddings: bool
     model_type: str = "qwen3"
+    # Mixture-of-Experts (Qwen3-MoE; 0 experts: dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    @property
+    def sparse(self) -> tuple[int, ...]:
+        """Per layer, 1 where a sparse MoE block (utils/flops.sparse_layers: Qwen3-MoE's rule)."""
+        return tuple(flops.sparse_layers(self))
+
+    @property
+    def moe(self) -> bool:
+        return any(self.sparse)
 
     @property
     def q_dim(self) -> int:
@@ -74,7 +90,11 @@ def shape_from_fields(name: str, f: Mapping[str, Any]) -> Shape:
                  num_attention_heads=heads, num_key_value_heads=int(f.get("num_key_value_heads") or heads),
                  head_dim=int(hd), max_position_embeddings=int(f.get("max_position_embeddings") or 4096),
                  tie_word_embeddings=bool(f.get("tie_word_embeddings", False)),
-                 model_type=str(f.get("model_type", "qwen3")))
+                 model_type=str(f.get("model_type", "qwen3")),
+                 num_experts=int(f.get("num_experts") or 0), num_experts_per_tok=int(f.get("num_experts_per_tok") or 0),
+                 moe_intermediate_size=int(f.get("moe_intermediate_size") or 0),
+                 decoder_sparse_step=int(f.get("decoder_sparse_step") or 1),
+                 mlp_only_layers=tuple(int(i) for i in (f.get("mlp_only_layers") or ())))
 
 
 def _hf_cache_config(hub_name: str) -> str | None:
@@ -160,6 +180,7 @@ class Inputs:
     device: str
     use_ray: bool
     async_rollout: bool
+    ep: int = 1  # actor.expert_parallel_size: the experts split over this many (data-parallel) ranks
     extra: dict = field(default_factory=dict)
 
     @property
@@ -234,7 +255,7 @@ def read(cfg: Any) -> Inputs:
             train_batch_size=int(d["train_batch_size"]), max_prompt_length=int(d["max_prompt_length"]),
             colocate=bool(t.get("colocate", True)), n_gpus_per_node=int(t.get("n_gpus_per_node", 1)),
             nnodes=int(t.get("nnodes", 1)), device=str(t.get("device", "auto")), use_ray=bool(t.get("use_ray", True)),
-            async_rollout=bool(t.get("async_rollout", False)),
+            async_rollout=bool(t.get("async_rollout", False)), ep=int(a.get("expert_parallel_size", 1) or 1),
         )
     except KeyError as err:
         raise PlanInputError(f"the config has no key {err}; rltrain.plan reads a composed RL config "

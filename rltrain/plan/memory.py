@@ -1,12 +1,14 @@
 """Peak memory per GPU and phase, by part. Pure arithmetic on the shape and the config (no torch).
 
 Parts, per GPU (bytes; P = this rank's parameters of a role: its pipeline stage's layers with the matrices split
-over TP, the embedding / LM head split over TP on the first / last stage, norms whole):
+over TP, the embedding / LM head split over TP on the first / last stage, norms whole; Mixture-of-Experts: a sparse
+layer's router whole and its E experts split over actor.expert_parallel_size ranks (E / EP each), each / TP):
 
   weights            P x dtype bytes (2 for bf16)
   fp32 master        P x 4 when the params are bf16 (models/megatron/engine.py: AdamW steps fp32 copies)
   optimizer          P x 8 (AdamW's two fp32 moments; NOT sharded over data-parallel ranks: plain torch AdamW per
-                     rank, no distributed optimizer; sharded over TP and PP only, like the weights)
+                     rank, no distributed optimizer; sharded over TP and PP only, like the weights, and the
+                     experts over EP)
   gradients          backward: P x dtype bytes (.grad in the params' dtype; with more than one micro-batch the
                      whole set is there while the next micro-batch's activations are); optimizer step: P x 4 (the
                      fp32 grads of the masters, each bf16 grad dropped as it is cast)
@@ -14,7 +16,9 @@ over TP, the embedding / LM head split over TP on the first / last stage, norms 
                      at most the mini-batch's tokens on this DP rank), per layer of the stage, per pipeline
                      micro-batch in flight (1F1B: pp - stage):
                        no recompute    act_none_<fusion> x W,          W = h + (q + kv + ffn) / TP
+                                       (sparse layer: ffn / TP -> E + k x (h + moe_intermediate_size / TP))
                        selective (mlp) act_selective x W_attn,         W_attn = h + (q + kv) / TP
+                                       (sparse layers: as no recompute; megatron's "mlp" skips MoE layers)
                        full            h x dtype bytes (each layer's input) + one layer's act_full_working x W
   LM head            fused: the fp32 [V/TP, h] weight-grad accumulator + the kernel's working memory (Triton:
                      fused_head_triton_gib; torch: its chunk budget, ops/chunking.py) + the fp32 grad of the
@@ -56,14 +60,20 @@ TORCH_HEAD_CHUNK_BYTES = 2 * 2**30
 def ns(shape: Shape) -> SimpleNamespace:
     return SimpleNamespace(**{k: getattr(shape, k) for k in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "tie_word_embeddings", "model_type")})
+        "num_key_value_heads", "head_dim", "tie_word_embeddings", "model_type", "num_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers")})
 
 
-def layer_params(shape: Shape, tp: int) -> float:
-    """One decoder layer on one TP rank: matrices / TP, the two RMSNorms and Qwen3's q/k norms whole."""
+def layer_params(shape: Shape, tp: int, *, sparse: bool = False, ep: int = 1) -> float:
+    """One decoder layer on one rank: attention matrices / TP, the two RMSNorms and Qwen3's q/k norms whole; the
+    MLP / TP, or for a sparse layer the router (h x E, whole on every rank) and E / EP experts, each / TP (megatron's
+    expert tensor-parallel size is the TP size)."""
     s = ns(shape)
-    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.model_type == "qwen3" else 0)
-    return flops.layer_matmul_params(s) / tp + norms
+    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.model_type in ("qwen3", "qwen3_moe") else 0)
+    if not sparse:
+        return flops.layer_matmul_params(s) / tp + norms
+    experts = shape.num_experts / ep * flops.expert_params(s) / tp
+    return flops.attention_params(s) / tp + shape.hidden_size * shape.num_experts + experts + norms
 
 
 def stage_layers(shape: Shape, pp: int, stage: int) -> int:
@@ -72,10 +82,17 @@ def stage_layers(shape: Shape, pp: int, stage: int) -> int:
     return base + (1 if stage < rem else 0)
 
 
-def role_params(shape: Shape, tp: int, pp: int, stage: int, *, critic: bool = False) -> float:
-    """Parameters of one rank (TP rank, pipeline stage `stage`) of the actor/reference (critic: value head)."""
+def stage_sparse(shape: Shape, pp: int, stage: int) -> list[int]:
+    """The sparse-layer flags (1: MoE block) of the layers of pipeline stage `stage`."""
+    start = sum(stage_layers(shape, pp, s) for s in range(stage))
+    return list(shape.sparse[start:start + stage_layers(shape, pp, stage)])
+
+
+def role_params(shape: Shape, tp: int, pp: int, stage: int, *, critic: bool = False, ep: int = 1) -> float:
+    """Parameters of one rank (TP rank, pipeline stage `stage`, expert-parallel rank) of the actor/reference
+    (critic: value head)."""
     h, V = shape.hidden_size, shape.vocab_size
-    p = stage_layers(shape, pp, stage) * layer_params(shape, tp)
+    p = sum(layer_params(shape, tp, sparse=bool(f), ep=ep) for f in stage_sparse(shape, pp, stage))
     first, last = stage == 0, stage == pp - 1
     if first:
         p += V * h / tp  # input embedding
@@ -89,14 +106,19 @@ def role_params(shape: Shape, tp: int, pp: int, stage: int, *, critic: bool = Fa
 
 
 def full_params(shape: Shape) -> float:
-    """Every parameter of the checkpoint (what the rollout engine holds and the weight sync moves)."""
+    """Every parameter of the checkpoint, all experts (what the rollout engine holds and the weight sync moves)."""
     return float(flops.num_params(ns(shape)))
 
 
-def widths(shape: Shape, tp: int) -> tuple[float, float]:
-    """(W, W_attn) of one layer on one TP rank (calibration.py's activation constants are per unit of these)."""
+def widths(shape: Shape, tp: int, *, sparse: bool = False) -> tuple[float, float]:
+    """(W, W_attn) of one layer on one TP rank (calibration.py's activation constants are per unit of these). A
+    sparse layer's MLP term is its router's scores (E) and, per token, k routed copies of its hidden state (h: the
+    dispatched expert input) each through an expert of width moe_intermediate_size / TP, in place of ffn / TP."""
     h, q, kv, ffn = shape.hidden_size, shape.q_dim, shape.kv_dim, shape.intermediate_size
-    return h + (q + kv + ffn) / tp, h + (q + kv) / tp
+    w_attn = h + (q + kv) / tp
+    if sparse:
+        return w_attn + shape.num_experts + shape.num_experts_per_tok * (h + shape.moe_intermediate_size / tp), w_attn
+    return h + (q + kv + ffn) / tp, w_attn
 
 
 def kv_bytes_per_token(shape: Shape, tp: int, dtype_bytes: int) -> float:
@@ -190,20 +212,22 @@ def n_micro_batches(x: Inputs, budget: int, seq_len: int) -> int:
 
 
 def activation_bytes(x: Inputs, T: int, stage: int) -> tuple[float, str]:
-    """Activations one update micro-batch of T tokens keeps on a rank of `stage` (all layers of the stage)."""
+    """Activations one update micro-batch of T tokens keeps on a rank of `stage` (all layers of the stage; a sparse
+    layer with its width from widths(): k routed copies of each token through experts of moe_intermediate_size)."""
     shape = x.shape
-    W, W_attn = widths(shape, x.tp)
-    L = stage_layers(shape, x.pp, stage)
+    flags = stage_sparse(shape, x.pp, stage)
+    ws = [widths(shape, x.tp, sparse=bool(f)) for f in flags]
+    k_none = cal.value(f"act_none_fusion_{x.fusion}")
     if not x.recompute:
-        k = cal.value(f"act_none_fusion_{x.fusion}")
-        return k * W * T * L, f"no recompute ({x.fusion} fusion)"
+        return k_none * sum(w for w, _ in ws) * T, f"no recompute ({x.fusion} fusion)"
     if x.recompute_granularity == "selective":
         if "mlp" in x.recompute_modules:
-            return cal.value("act_selective") * W_attn * T * L, "selective recompute"
-        k = cal.value(f"act_none_fusion_{x.fusion}")
-        return k * W * T * L, "selective recompute of core_attn only (counted as none)"
-    return (x.dtype_bytes * shape.hidden_size * T * L + cal.value("act_full_working") * W * T,
-            "full recompute")
+            # megatron recomputes the "mlp" of dense layers only: a sparse layer keeps all it would without recompute
+            kept = sum(k_none * w if f else cal.value("act_selective") * wa for f, (w, wa) in zip(flags, ws))
+            return kept * T, "selective recompute" + (" (MoE layers not recomputed)" if any(flags) else "")
+        return k_none * sum(w for w, _ in ws) * T, "selective recompute of core_attn only (counted as none)"
+    return (x.dtype_bytes * shape.hidden_size * T * len(flags) + cal.value("act_full_working") * max(w for w, _ in ws)
+            * T, "full recompute")
 
 
 def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
@@ -222,7 +246,7 @@ def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
 
 def forward_bytes(x: Inputs, T: int) -> float:
     """A forward-only pass (old log-probs, reference, values): one layer's working memory and the head's."""
-    W, _ = widths(x.shape, x.tp)
+    W = max(widths(x.shape, x.tp, sparse=bool(f))[0] for f in set(x.shape.sparse))
     return cal.value("act_full_working") * W * T + x.dtype_bytes * x.shape.hidden_size * T
 
 
@@ -272,12 +296,12 @@ def hf_engine_bytes(x: Inputs) -> float:
 def train_static(x: Inputs, stage: int) -> dict[str, float]:
     """Memory the training roles hold through the whole step on a rank of `stage`."""
     shape, dt = x.shape, x.dtype_bytes
-    P = role_params(shape, x.tp, x.pp, stage)
+    P = role_params(shape, x.tp, x.pp, stage, ep=x.ep)
     parts = {"actor weights": P * dt, "actor fp32 master": P * 4 if dt == 2 else 0.0, "actor optimizer (AdamW)": P * 8}
     if x.use_ref:
         parts["reference weights"] = P * dt
     if x.use_critic:
-        Pc = role_params(shape, x.tp, x.pp, stage, critic=True)
+        Pc = role_params(shape, x.tp, x.pp, stage, critic=True, ep=x.ep)
         parts.update({"critic weights": Pc * dt, "critic fp32 master": Pc * 4 if dt == 2 else 0.0,
                       "critic optimizer (AdamW)": Pc * 8})
     return {k: v for k, v in parts.items() if v}
@@ -286,7 +310,7 @@ def train_static(x: Inputs, stage: int) -> dict[str, float]:
 def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: bool) -> Phase:
     """The update of the actor (or critic) on a rank of `stage`: the larger of its backward and optimizer step."""
     shape, dt = x.shape, x.dtype_bytes
-    P = role_params(shape, x.tp, x.pp, stage, critic=critic)
+    P = role_params(shape, x.tp, x.pp, stage, critic=critic, ep=x.ep)
     budget = x.critic_mb_tokens if critic else x.mb_tokens
     T = micro_batch_tokens(x, budget, x.seq_len)
     n_mb = n_micro_batches(x, budget, x.seq_len)

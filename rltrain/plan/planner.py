@@ -87,6 +87,11 @@ class Plan:
                 return head + "\nChanges that fit (re-planned; cheapest step time first):\n" + "\n".join(lines)
             lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB" for s in self.suggestions]
             return head + "\nNo single change or pair of changes fits; the ones that help most:\n" + "\n".join(lines)
+        if ph.name != "generation" and g.peak_bytes > g.total_bytes:
+            head += ("\nNo single change or pair of the keys the planner tries lowers this peak: the weights and "
+                     "optimizer state need more GPUs (trainer.n_gpus_per_node / trainer.nnodes"
+                     + (", with actor.expert_parallel_size up to the data-parallel size" if self.inputs.shape.moe
+                        else "") + ").")
         return head
 
 
@@ -133,6 +138,15 @@ def placement_problems(x: Inputs) -> list[str]:
         e.append("more pipeline stages than layers")
     if (x.colocate or not x.use_ray) and x.n_gpus_per_node % x.rollout_tp:
         e.append("rollout TP does not divide the GPUs of a node")
+    if x.ep > 1:
+        if not s.moe:
+            e.append("expert parallelism needs a Mixture-of-Experts model")
+        elif s.num_experts % x.ep:
+            e.append("EP does not divide the experts")
+        if x.world % (x.tp * x.pp) == 0 and x.dp % x.ep:
+            e.append("EP does not divide the data-parallel ranks")
+        if x.pp > 1:
+            e.append("EP with PP is not supported")
     return e
 
 
@@ -197,6 +211,10 @@ def _candidates(c: dict, x: Inputs) -> list[dict[str, Any]]:
     for pp in (2, 4):
         if pp > x.pp:
             out.append({"actor.pipeline_parallel_size": pp})
+    if x.shape.moe:
+        for ep in (2, 4, 8, 16):
+            if ep > x.ep:
+                out.append({"actor.expert_parallel_size": ep})
     if not x.fused_head:
         out.append({"trainer.fused_linear_logprob": True})
     if x.engine != "vllm" and x.max_batch_size > 32:
@@ -280,7 +298,9 @@ def suggestions(c: dict, plan: Plan, dev: str, total: float, pt=None, rt=None, l
             if len(out) == limit:
                 break
         return out
-    helpful = sorted((s for s in tried.values() if s.overrides), key=lambda s: s.peak_gib)
+    # none fits: those that lower the peak most (a change that lowers nothing is no help)
+    helpful = sorted((s for s in tried.values() if s.overrides and s.peak_gib < plan.peak_gib - 0.05),
+                     key=lambda s: s.peak_gib)
     return helpful[:limit]
 
 

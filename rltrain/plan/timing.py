@@ -4,14 +4,15 @@
                1,024 (rollout/vllm.py MAX_NUM_SEQS) or as many as its KV cache holds at full length (hf:
                rollout.max_batch_size); each of max_response_length decode steps costs vllm_step_overhead_s (the
                engine's host work) or (weights + the wave's KV cache at its mean context) / HBM bandwidth, the larger
-               (they overlap; hf:
-               hf_step_s); prefill at the forward rate.
-  log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops) of the
-               step's tokens on one data-parallel rank at the update rate without recompute, + fwd_mb_overhead_s
-               per micro-batch.
+               (they overlap; hf: hf_step_s; MoE: of the experts, those the wave routes to); prefill at the forward
+               rate.
+  log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
+               ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
+               recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch).
   update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none, times
                recompute_<full|selective>_time_factor with recompute (TP > 1: the rate times tp2_efficiency per
-               doubling; PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_overhead_s per micro-batch.
+               doubling; PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch and layer
+               (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute).
   weight sync  colocated vLLM: sleep + wake + bf16 bytes x reload_s_per_gb; hf: its level-1 sleep + wake + the same
                reload; split: bf16 bytes x split_sync_s_per_gb.
 The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
@@ -43,6 +44,28 @@ def step_seqs(x: Inputs) -> int:
     return x.train_batch_size * x.n
 
 
+def decode_weight_bytes(x: Inputs, wave: int) -> float:
+    """Weight bytes one decode step of `wave` sequences reads on one rollout GPU: every dense matrix, and of a sparse
+    layer's E experts those the wave's tokens route to (each token picks k: E x (1 - (1 - k/E)^wave) expected)."""
+    shape = x.shape
+    total = full_params(shape)
+    if shape.moe:
+        E, k = shape.num_experts, shape.num_experts_per_tok
+        experts = sum(shape.sparse) * E * flops.expert_params(ns(shape))
+        total -= experts * (1 - k / E) ** wave  # the experts no token of the wave routes to are not read
+    return total * x.dtype_bytes / x.rollout_tp
+
+
+def moe_pass_seconds(x: Inputs) -> float:
+    """One forward pass of one micro-batch through this rank's experts (megatron-core's SequentialMLP without
+    Transformer Engine: one small GEMM set per local expert and sparse layer, launch-bound): sparse layers / PP x
+    E / EP local experts x moe_expert_pass_s. 0 for a dense model."""
+    shape = x.shape
+    if not shape.moe:
+        return 0.0
+    return sum(shape.sparse) / x.pp * shape.num_experts / x.ep * cal.value("moe_expert_pass_s")
+
+
 def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
     shape = x.shape
     replicas = x.rollout_replicas
@@ -55,7 +78,7 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
         wave = max(1, min(seqs, VLLM_MAX_NUM_SEQS * x.engines_per_gpu, fit))
         waves = math.ceil(seqs / wave)
         ctx = prompt + (resp + 1) / 2
-        weights = full_params(shape) * x.dtype_bytes / x.rollout_tp
+        weights = decode_weight_bytes(x, wave)
         # the engine's host work per step and the GPU's reads overlap (CUDA launches are asynchronous): the larger
         step = max(cal.value("vllm_step_overhead_s"), (weights + wave * ctx * kv_tok) / hbm)
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
@@ -75,8 +98,10 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     fwd_rate = update_rate(x, recompute=False)
     n_fwd_mb = max(1, math.ceil(tokens_rank / max(x.mb_tokens, seq)))
     over = 1.0 if loop_overhead else 0.0
-    fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate)
-           + over * n_fwd_mb * cal.value("fwd_mb_overhead_s"))
+    moe = moe_pass_seconds(x)
+    layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
+    fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate) + n_fwd_mb * moe
+           + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s"))
     out["old_log_prob"] = fwd
     if x.use_ref:
         out["ref"] = fwd
@@ -85,10 +110,14 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
-    out["update_actor"] = x.ppo_epochs * (upd + over * n_mb * cal.value("update_mb_overhead_s"))
+    # per micro-batch: the fixed cost of its layers, and the experts' loop forward + backward (2x; one more forward
+    # with full recompute)
+    per_mb = (over * layers * cal.value("update_mb_layer_s")
+              + moe * (4 if x.recompute and x.recompute_granularity == "full" else 3))
+    out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb)
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
-        out["update_critic"] = x.critic_ppo_epochs * (upd + over * n_mbc * cal.value("update_mb_overhead_s"))
+        out["update_critic"] = x.critic_ppo_epochs * (upd + n_mbc * per_mb)
     return out
 
 

@@ -1,0 +1,210 @@
+"""The measured runs the planner is calibrated on and compared with (rltrain/plan/fit.py solves and compares): each a
+Case with the config overrides that reproduce it and the quantities measured, read from tools/results/ (the raw GPU
+results). Must not compute predictions (fit.py does).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def results_dir() -> str:
+    path = os.path.join(ROOT, "tools", "results")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no {path} directory with the measured GPU runs")
+    return path
+
+
+def load(rel: str) -> dict:
+    with open(os.path.join(results_dir(), rel)) as f:
+        return json.load(f)
+
+
+# tools/gpu_smoke.py's GRPO run on the Qwen3-0.6B shape (GRPO_06B_OVERRIDES there), one process, no Ray
+GRPO_06B = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+            "trainer.fused_linear_logprob_backend=triton", "data.train_batch_size=32", "rollout.n=8",
+            "rollout.max_response_length=64", "data.max_prompt_length=64", "actor.ppo_mini_batch_size=16",
+            "actor.use_kl_loss=true", "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
+            "trainer.use_ray=false"]
+GRPO_LENGTHS = dict(prompt_tokens=5, response_tokens=64)  # 17,664 tokens per step = 256 x 69
+
+
+def compose(overrides: list[str]) -> dict:
+    """grpo_tiny with `overrides`, resolved to a plain dict (a fresh copy each call)."""
+    import copy
+
+    return copy.deepcopy(_compose(tuple(overrides)))
+
+
+@functools.lru_cache(maxsize=None)
+def _compose(overrides: tuple[str, ...]) -> dict:
+    from omegaconf import OmegaConf
+
+    from rltrain.config.entry import compose_config
+
+    return OmegaConf.to_container(compose_config("grpo_tiny", list(overrides)), resolve=True)  # type: ignore
+
+
+def bench_overrides(row: dict) -> list[str]:
+    """A tools/bench_update.py row (one sequence of `tokens` in one micro-batch, one AdamW step) as a config."""
+    r = row["row"]
+    T, tp = int(r["tokens"]), int(r.get("tp", 1))
+    fusion = {"none": "none", "compile": "compile", "mcore": "mcore"}[r.get("fusion", "none")]
+    rc = r.get("recompute", "none")
+    ov = ["model=qwen3_0.6b_random", f"model.builtin={r['preset']}", "trainer.device=cuda",
+          f"trainer.n_gpus_per_node={tp}", f"actor.tensor_parallel_size={tp}", "data.train_batch_size=1",
+          "rollout.n=1", "actor.ppo_mini_batch_size=1", f"data.max_prompt_length={T // 2}",
+          f"rollout.max_response_length={T - T // 2}", f"actor.max_tokens_per_micro_batch={T}",
+          "actor.use_kl_loss=false", f"actor.elementwise_fusion={fusion}",
+          f"trainer.fused_linear_logprob={'true' if r.get('head', 'fused') == 'fused' else 'false'}",
+          "trainer.fused_linear_logprob_backend=triton"]
+    if rc != "none":
+        ov += ["actor.recompute_activations=true", f"actor.recompute_granularity={rc}"]
+    return ov
+
+
+def smoke_overrides(fused: bool, recompute: bool, tokens: int) -> dict[str, Any]:
+    """A tools/gpu_smoke.py step8k/longctx row as a bench_update row (legacy engine)."""
+    return {"row": {"tokens": tokens, "tp": 1, "preset": "qwen3-0.6b", "fusion": "none",
+                    "recompute": "full" if recompute else "none", "head": "fused" if fused else "unfused"}}
+
+
+@dataclass
+class Case:
+    name: str
+    source: str  # file, date, device
+    device: str  # h100 | h200
+    overrides: list[str]
+    role: str  # fit | held out | legacy
+    measured: dict[str, float]  # quantity -> value (GiB or s); "fits": 1/0
+    kind: str = "update"  # update (a bench row: the update phase alone) | step (a whole GRPO step)
+    lengths: dict | None = None
+    fits_constant: str = ""
+    fitted: tuple[str, ...] = ()  # role "fit": the quantities a constant was solved from (None: all)
+
+    def role_of(self, quantity: str) -> str:
+        if self.role != "fit" or not self.fitted or quantity in self.fitted:
+            return self.role
+        return "held out"
+
+
+def _dev(device_text: str) -> str:
+    return "h200" if "H200" in device_text else "h100"
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+    fit_rows = {"06b-8k-norms+optim": "act_none_fusion_none", "06b-8k-all": "act_none_fusion_compile",
+                "06b-8k-mcore-tp2": "act_none_fusion_mcore", "06b-32k-all-rc_selective": "act_selective",
+                "06b-64k-all-rc_full": "act_full_working"}
+    for rel in ("update/bench_update.json", "update/bench_update_h100_64k.json", "update/bench_update_h200_4b.json",
+                "update/bench_update_h200_tp2.json"):
+        d = load(rel)
+        for row in d["rows"]:
+            if row.get("status") != "ok":
+                continue
+            name = row["row"]["name"]
+            legacy = row["row"].get("norms") == "fp32"
+            out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), bench_overrides(row),
+                            "fit" if name in fit_rows else ("legacy" if legacy else "held out"),
+                            {"peak_gib": row["peak_gib"], "step_s": row["step_s"],
+                             "reserved_gib": row.get("reserved_gib", 0.0)},
+                            fits_constant=fit_rows.get(name, ""),
+                            fitted=() if name in ("06b-8k-norms+optim", "06b-8k-all") else ("peak_gib",)))
+    d = load("gpu_smoke_h100_steps.json")
+    for sec in ("step8k", "longctx"):
+        for row in d[sec]:
+            if row.get("status") != "ok":
+                continue
+            name = f"smoke-{row['tokens'] // 1024}k-{'fused' if row['fused'] else 'unfused'}-rc{int(row['recompute'])}"
+            out.append(Case(name, f"gpu_smoke_h100_steps.json, {d['date']}, {d['device']}", "h100",
+                            bench_overrides(smoke_overrides(row["fused"], row["recompute"], row["tokens"])),
+                            "legacy", {"peak_gib": row["peak_gib"], "step_s": row["step_s"]}))
+    d = load("gpu_smoke_h100.json")
+    for row in d.get("longctx", []):
+        if row.get("status") == "OOM":
+            name = f"smoke-{row['tokens'] // 1024}k-{'fused' if row['fused'] else 'unfused'}-rc0 (OOM)"
+            out.append(Case(name, f"gpu_smoke_h100.json, {d['date']}, {d['device']}", "h100",
+                            bench_overrides(smoke_overrides(row["fused"], False, row["tokens"])), "legacy",
+                            {"fits": 0.0}))
+    # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
+    fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
+                "grpo vllm": ("generation_s", "weight_sync_s")}
+    steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
+             ("grpo vllm", "vllm/gpu_smoke_grpo_vllm.json", ["rollout=vllm"], "fit"),
+             ("grpo hf, compile", "update/gpu_smoke_grpo_compile.json", ["actor.elementwise_fusion=compile"],
+              "held out"),
+             ("grpo hf", "vllm_x2/gpu_smoke_grpo_hf_h200.json", [], "held out"),
+             ("grpo vllm", "vllm_x2/gpu_smoke_grpo_vllm_h200.json", ["rollout=vllm"], "held out"),
+             ("grpo hf (rerun)", "vllm/pool_h100_2026-11-25/grpo_hf.json", [], "held out"),
+             ("grpo vllm k1", "vllm/pool_h100_2026-11-25/grpo_vllm_k1.json", ["rollout=vllm"], "held out"),
+             ("grpo vllm k2", "vllm/pool_h100_2026-11-25/grpo_vllm_k2.json",
+              ["rollout=vllm", "rollout.engines_per_gpu=2", "rollout.kv_cache_memory_gb=16"], "held out"),
+             ("grpo vllm k4", "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json",
+              ["rollout=vllm", "rollout.engines_per_gpu=4", "rollout.kv_cache_memory_gb=24"], "held out"),
+             ("grpo hf (issue 17 engine)", "gpu_smoke_h100.json", [], "legacy")]
+    for name, rel, extra, role in steps:
+        d = load(rel)
+        m = d["grpo"]["mean"]
+        meas = {"allocator_peak_gib": m["perf/max_memory_allocated_gb"], "generation_s": m["timing_s/gen"],
+                "old_log_prob_s": m["timing_s/old_log_prob"], "update_s": m["timing_s/update_actor"],
+                "weight_sync_s": m["timing_s/update_weights"] + m.get("timing_s/rollout_sleep", 0.0)}
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), GRPO_06B + extra, role, meas,
+                        "step", GRPO_LENGTHS, fitted=fitted_q.get(name, ()) if role == "fit" else ()))
+    out += placement_cases()
+    for name, rel, role in (("vLLM alone, 256 x (128 + 1024)", "vllm/bench_rollout_1k.json", "held out"),
+                            ("vLLM alone, 256 x (64 + 64)", "vllm_x2/bench_rollout_variants_h200.json", "fit")):
+        d = load(rel)
+        r = d["results"][0]
+        ov = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1", "rollout=vllm",
+              "data.train_batch_size=256", "rollout.n=1", f"data.max_prompt_length={d['prompt_len']}",
+              f"rollout.max_response_length={d['response_len']}", "actor.ppo_mini_batch_size=1",
+              "trainer.use_ray=false"]
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role,
+                        {"generation_s": r["gen_s"], "vllm_freed_gib": r["sleep_freed_gib"]}, "rollout",
+                        fitted=("vllm_freed_gib",) if role == "fit" else ()))
+    return out
+
+
+def placement_cases() -> list[Case]:
+    """tools/gpu_placements.py runs (two GPUs, Ray): the Qwen3-0.6B shape's split and colocated TP=2 placements, the
+    Qwen3-30B-A3B slice with EP=2 (vLLM, replay off/on, the hf engine) and its dense twin."""
+    out: list[Case] = []
+    # tools/gpu_placements.py runs: the Qwen3-0.6B shape (2026-11-23), the Qwen3-30B-A3B slice with EP=2 and its
+    # dense twin (2026-11-26; docs/benchmarks/2026-11-26-moe-on-two-gpus.md); (name, file, key, role, fitted)
+    moe, moe_r = "moe_h200x2_2026-11-26/", "moe_replay_h200x2_2026-11-26/"
+    placements = [("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1.json", "split_1p1", "fit",
+                   ("weight_sync_s",)),  # split_sync_s_per_gb is solved from its weight sync
+                  ("placement colocated TP=2", "vllm_x2/placements_qwen06b_colocated_tp2.json", "colocated_tp2",
+                   "held out", ()),
+                  ("MoE slice EP=2, vLLM", moe + "moe_slice_gpu_placements.json", "colocated_dp2", "fit",
+                   ("update_s",)),  # moe_expert_pass_s is solved from its update
+                  ("dense twin of the MoE slice, vLLM", moe + "dense_twin_gpu_placements.json", "colocated_dp2",
+                   "held out", ()),
+                  ("MoE slice EP=2, vLLM, replay off", moe_r + "replay_off_gpu_placements.json", "colocated_dp2",
+                   "held out", ()),
+                  ("MoE slice EP=2, vLLM, replay on", moe_r + "replay_on_gpu_placements.json", "colocated_dp2",
+                   "held out", ()),
+                  ("MoE slice EP=2, vLLM, replay on (first run)", moe_r + "replay_on_first_run_gpu_placements.json",
+                   "colocated_dp2", "held out", ()),
+                  ("MoE slice EP=2, hf engine", moe_r + "hf_engine_gpu_placements.json", "colocated_dp2", "held out",
+                   ())]
+    for name, rel, key, role, fitted in placements:
+        d = load(rel)
+        r = d["qwen06b"][key]
+        ov = [o for o in r["command"].split()[4:] if not o.startswith(("trainer.ray_address", "hydra."))]
+        peaks = r["peak_gib_per_gpu"]
+        meas = {"allocator_peak_gib": max(v for k, v in peaks.items() if not k.startswith("rollout")),
+                "old_log_prob_s": r["timing_s"]["old_log_prob"], "update_s": r["timing_s"]["update_actor"],
+                "generation_s": r["timing_s"]["gen"], "weight_sync_s": r["timing_s"]["update_weights"]}
+        if any(k.startswith("rollout") for k in peaks):
+            meas["rollout_allocator_peak_gib"] = max(v for k, v in peaks.items() if k.startswith("rollout"))
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
+                        GRPO_LENGTHS, fitted=fitted))
+    return out
