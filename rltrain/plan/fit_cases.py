@@ -199,6 +199,8 @@ def placement_cases() -> list[Case]:
         d = load(rel)
         r = d["qwen06b"][key]
         ov = [o for o in r["command"].split()[4:] if not o.startswith(("trainer.ray_address", "hydra."))]
+        if "expert_parallel_size" in r["command"] and "moe_grouped_gemm" not in r["command"]:
+            ov.append("actor.moe_grouped_gemm=false")  # the engine of 2026-11-26 looped over the experts
         peaks = r["peak_gib_per_gpu"]
         meas = {"allocator_peak_gib": max(v for k, v in peaks.items() if not k.startswith("rollout")),
                 "old_log_prob_s": r["timing_s"]["old_log_prob"], "update_s": r["timing_s"]["update_actor"],

@@ -181,6 +181,7 @@ class Inputs:
     use_ray: bool
     async_rollout: bool
     ep: int = 1  # actor.expert_parallel_size: the experts split over this many (data-parallel) ranks
+    moe_grouped_gemm: bool = True  # actor.moe_grouped_gemm: torch._grouped_mm over the local experts, not a loop
     extra: dict = field(default_factory=dict)
 
     @property
@@ -256,6 +257,7 @@ def read(cfg: Any) -> Inputs:
             colocate=bool(t.get("colocate", True)), n_gpus_per_node=int(t.get("n_gpus_per_node", 1)),
             nnodes=int(t.get("nnodes", 1)), device=str(t.get("device", "auto")), use_ray=bool(t.get("use_ray", True)),
             async_rollout=bool(t.get("async_rollout", False)), ep=int(a.get("expert_parallel_size", 1) or 1),
+            moe_grouped_gemm=bool(a.get("moe_grouped_gemm", True)),
         )
     except KeyError as err:
         raise PlanInputError(f"the config has no key {err}; rltrain.plan reads a composed RL config "

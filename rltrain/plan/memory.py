@@ -245,9 +245,38 @@ def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
 
 
 def forward_bytes(x: Inputs, T: int) -> float:
-    """A forward-only pass (old log-probs, reference, values): one layer's working memory and the head's."""
+    """A forward-only pass (old log-probs, reference, values): one layer's working memory and the head's (MoE with
+    the grouped GEMM: + one layer's stacked expert weights)."""
     W = max(widths(x.shape, x.tp, sparse=bool(f))[0] for f in set(x.shape.sparse))
-    return cal.value("act_full_working") * W * T + x.dtype_bytes * x.shape.hidden_size * T
+    return (cal.value("act_full_working") * W * T + x.dtype_bytes * x.shape.hidden_size * T
+            + (local_expert_bytes(x) if grouped_gemm(x) else 0.0))
+
+
+def grouped_gemm(x: Inputs) -> bool:
+    """Whether the actor runs its experts as torch._grouped_mm (actor.moe_grouped_gemm, models/megatron/moe.py): an
+    MoE whose expert widths on a rank are multiples of 16 bytes; else megatron's loop over the local experts."""
+    s = x.shape
+    align = 16 // x.dtype_bytes
+    return bool(s.moe and x.moe_grouped_gemm and (2 * s.moe_intermediate_size // x.tp) % (2 * align) == 0
+                and s.hidden_size % align == 0)
+
+
+def local_expert_bytes(x: Inputs) -> float:
+    """One sparse layer's local experts (E / EP, each / TP) in the params' dtype: what the grouped GEMM stacks into
+    one weight tensor per projection each time the layer runs."""
+    s = x.shape
+    return s.num_experts / x.ep * flops.expert_params(ns(s)) / x.tp * x.dtype_bytes
+
+
+def grouped_gemm_update_bytes(x: Inputs, stage: int) -> float:
+    """The grouped GEMM's stacked expert weights in an update: saved for the backward by every sparse layer of the
+    stage (one with full recompute: the layer being recomputed), + one layer's stacked weight gradient."""
+    if not grouped_gemm(x):
+        return 0.0
+    n = sum(stage_sparse(x.shape, x.pp, stage))
+    if x.recompute and x.recompute_granularity == "full":
+        n = min(n, 1)
+    return (n + 1) * local_expert_bytes(x) if n else 0.0
 
 
 def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[str, float], list[str], float]:
@@ -326,6 +355,9 @@ def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: boo
                 f"{who} gradients": grads_bwd}
     if head:
         backward["LM head (fused working + fp32 weight grad)" if x.fused_head else "LM head (logits)"] = head
+    stacked = grouped_gemm_update_bytes(x, stage) * in_flight
+    if stacked:
+        backward["expert weights stacked for the grouped GEMM"] = stacked
     if x.dp > 1:
         backward["data-parallel grad bucket"] = 64 * 2**20
     step = {**static, f"{who} fp32 gradients at the optimizer step" if dt == 2 else f"{who} gradients": P * 4}

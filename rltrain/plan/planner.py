@@ -11,7 +11,7 @@ from typing import Any
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import Inputs, PlanInputError, as_dict, read
-from rltrain.plan.memory import GPU, plan_gpus
+from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
 from rltrain.plan.timing import phase_seconds
 from rltrain.utils.errors import UserError
 
@@ -80,19 +80,22 @@ class Plan:
                 + (f" ({over / GIB:.1f} GiB over)" if over > 0 else "") + f"; the largest parts (GiB): {top}.")
         for r in g.refusals:
             head += " " + r.removeprefix("REFUSE: ") + "."
+        state = sum(v for k, v in ph.parts.items() if k.endswith(("weights", "fp32 master", "optimizer (AdamW)")))
+        more = ""
+        if state > g.total_bytes:
+            more = (f"\nThe training roles' weights and optimizer state alone are {state / GIB:.1f} GiB: more GPUs are "
+                    "needed (trainer.n_gpus_per_node / trainer.nnodes" + (
+                        ", with actor.expert_parallel_size up to the data-parallel size" if self.inputs.shape.moe
+                        else "") + ").")
         if self.suggestions:
             lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB, step {self.seconds['step']:.1f} "
                      f"-> {s.step_s:.1f} s" for s in self.suggestions if s.fits]
             if lines:
                 return head + "\nChanges that fit (re-planned; cheapest step time first):\n" + "\n".join(lines)
             lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB" for s in self.suggestions]
-            return head + "\nNo single change or pair of changes fits; the ones that help most:\n" + "\n".join(lines)
-        if ph.name != "generation" and g.peak_bytes > g.total_bytes:
-            head += ("\nNo single change or pair of the keys the planner tries lowers this peak: the weights and "
-                     "optimizer state need more GPUs (trainer.n_gpus_per_node / trainer.nnodes"
-                     + (", with actor.expert_parallel_size up to the data-parallel size" if self.inputs.shape.moe
-                        else "") + ").")
-        return head
+            return (head + "\nNo single change or pair of changes fits; the ones that help most:\n" + "\n".join(lines)
+                    + more)
+        return head + more
 
 
 def _fmt(v: Any) -> str:
@@ -187,6 +190,11 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
         warnings.append(f"colocated vLLM makes the group's {x.world} processes one tensor-parallel engine "
                         f"(workers/rollout.py): the run needs rollout.tensor_parallel_size={x.world} (now "
                         f"{x.rollout_tp}); planned as configured")
+    if grouped_gemm(x):
+        warnings.append("actor.moe_grouped_gemm=true: the experts' update and log-prob time is planned as their active "
+                        "FLOPs at the dense rate (the grouped GEMM is not measured on a GPU yet); megatron's loop "
+                        f"(actor.moe_grouped_gemm=false) is planned at {cal.value('moe_expert_pass_s') * 1e3:.2f} ms "
+                        "per local expert, sparse layer and pass (measured)")
     return Plan(x, dev, total / GIB, gpus, secs, warnings)
 
 
@@ -287,7 +295,7 @@ def suggestions(c: dict, plan: Plan, dev: str, total: float, pt=None, rt=None, l
             if set(a) & set(b):
                 continue
             consider({**a, **b})
-    fits = sorted((s for s in tried.values() if s.fits and s.overrides), key=lambda s: (s.step_s, len(s.overrides)))
+    fits = sorted((s for s in tried.values() if s.fits and s.overrides), key=lambda s: (s.step_s, len(s.overrides), s.peak_gib))
     if fits:
         # keep the cheapest, and drop a suggestion that merely adds keys to a cheaper one already listed
         out: list[Suggestion] = []

@@ -24,7 +24,8 @@ import math
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import Inputs
-from rltrain.plan.memory import VLLM_MAX_NUM_SEQS, full_params, kv_bytes_per_token, n_micro_batches, ns, vllm_parts
+from rltrain.plan.memory import (VLLM_MAX_NUM_SEQS, full_params, grouped_gemm, kv_bytes_per_token, n_micro_batches, ns,
+                                 vllm_parts)
 from rltrain.utils import flops
 
 
@@ -57,11 +58,12 @@ def decode_weight_bytes(x: Inputs, wave: int) -> float:
 
 
 def moe_pass_seconds(x: Inputs) -> float:
-    """One forward pass of one micro-batch through this rank's experts (megatron-core's SequentialMLP without
-    Transformer Engine: one small GEMM set per local expert and sparse layer, launch-bound): sparse layers / PP x
-    E / EP local experts x moe_expert_pass_s. 0 for a dense model."""
+    """One forward pass of one micro-batch through this rank's experts beyond their FLOPs at the update rate: with
+    megatron-core's loop (actor.moe_grouped_gemm=false, or widths the grouped GEMM cannot take: one small GEMM set
+    per local expert and sparse layer, launch-bound) sparse layers / PP x E / EP local experts x moe_expert_pass_s;
+    0 with the grouped GEMM (its FLOPs planned at the dense rate: not measured on a GPU yet) and for a dense model."""
     shape = x.shape
-    if not shape.moe:
+    if not shape.moe or grouped_gemm(x):
         return 0.0
     return sum(shape.sparse) / x.pp * shape.num_experts / x.ep * cal.value("moe_expert_pass_s")
 

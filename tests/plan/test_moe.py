@@ -18,7 +18,8 @@ from rltrain.config.entry import compose_config
 from rltrain.plan import make_plan
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import PlanInputError, read
-from rltrain.plan.memory import (activation_bytes, full_params, n_micro_batches, ns, role_params, train_static,
+from rltrain.plan.memory import (activation_bytes, full_params, grouped_gemm, grouped_gemm_update_bytes,
+                                 local_expert_bytes, n_micro_batches, ns, role_params, train_static, update_phase,
                                  vllm_parts, widths)
 from rltrain.plan.timing import decode_weight_bytes, moe_pass_seconds, train_seconds, update_rate
 from rltrain.utils import flops
@@ -36,6 +37,7 @@ SLICE = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.use_ray=true
          "actor.use_kl_loss=true", "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
          "trainer.n_gpus_per_node=2", "rollout=vllm", "rollout.tensor_parallel_size=2",
          "model.builtin=qwen3-30b-a3b"]
+LOOP = "actor.moe_grouped_gemm=false"  # the engine of those runs looped over the experts
 H200 = 139.80
 
 
@@ -47,7 +49,7 @@ def compose(*overrides: str) -> dict:
 def toy_cfg() -> dict:
     """Two GPUs, actor DP=2 with EP=2, bf16, the KL loss (a reference), colocated hf rollout; the model is TOY."""
     c = compose("trainer.device=cuda", "trainer.use_ray=true", "trainer.n_gpus_per_node=2", "model.dtype=bfloat16",
-                "actor.use_kl_loss=true", "model.builtin=tiny-moe", "actor.expert_parallel_size=2")
+                "actor.use_kl_loss=true", "model.builtin=tiny-moe", "actor.expert_parallel_size=2", LOOP)
     c["model"]["overrides"] = dict(TOY)
     return c
 
@@ -134,13 +136,13 @@ def test_expert_parallel_placement_is_checked():
 
 def test_qwen3_30b_a3b_slice_plans_as_the_h200_runs_measured():
     # the 8-layer slice with EP=2 ran on two H200s beside vLLM (measured max_memory_allocated 127.2 GiB per GPU)
-    p = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2"),
+    p = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2", LOOP),
                   gpu_memory_gib=H200, prompt_tokens=5, response_tokens=64)
     assert p.fits
     assert max(g.allocator_peak_bytes for g in p.gpus) / GIB == pytest.approx(127.2, rel=0.15)
     # the hf engine instead of vLLM (measured 60.2 GiB per GPU)
     hf = make_plan(compose(*SLICE[:-2], "rollout.engine=hf", "model.builtin=qwen3-30b-a3b",
-                           "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2"),
+                           "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2", LOOP),
                    gpu_memory_gib=H200, prompt_tokens=5, response_tokens=64)
     assert hf.fits
     assert max(g.allocator_peak_bytes for g in hf.gpus) / GIB == pytest.approx(60.2, rel=0.15)
@@ -148,23 +150,25 @@ def test_qwen3_30b_a3b_slice_plans_as_the_h200_runs_measured():
 
 def test_slice_without_expert_parallelism_is_refused_and_ep2_suggested():
     # EP=1 did not fit beside vLLM at 8 layers (docs/benchmarks/2026-11-26-moe-on-two-gpus.md, section 2's "Not run")
-    p = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8"), gpu_memory_gib=H200, prompt_tokens=5,
-                  response_tokens=64)
-    assert not p.fits
-    assert p.suggestions[0].overrides == {"actor.expert_parallel_size": 2} and p.suggestions[0].fits
-    assert "set actor.expert_parallel_size=2" in p.refusal()
+    for grouped in (LOOP, "actor.moe_grouped_gemm=true"):
+        p = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8", grouped), gpu_memory_gib=H200,
+                      prompt_tokens=5, response_tokens=64)
+        assert not p.fits
+        # the cheapest change that fits (with the loop EP=2 also halves each rank's experts' loop)
+        assert p.suggestions[0].overrides == {"actor.expert_parallel_size": 2} and p.suggestions[0].fits
+        assert "set actor.expert_parallel_size=2" in p.refusal()
 
 
 def test_whole_qwen3_30b_a3b_on_two_h200s_does_not_fit_and_says_why():
     p = make_plan(compose(*SLICE, "actor.expert_parallel_size=2"), gpu_memory_gib=H200, prompt_tokens=5,
                   response_tokens=64)
     assert not p.fits and p.peak_gib > 2 * H200
-    assert "need more GPUs" in p.refusal() and "actor.expert_parallel_size" in p.refusal()
+    assert "more GPUs are needed" in p.refusal() and "actor.expert_parallel_size" in p.refusal()
 
 
 def test_cli_prints_the_moe_layout():
     argv = ["--config-name", "grpo_tiny", *SLICE, "+model.overrides.num_hidden_layers=8",
-            "actor.expert_parallel_size=2", "--gpu-memory-gib", str(H200), "--prompt-tokens", "5",
+            "actor.expert_parallel_size=2", LOOP, "--gpu-memory-gib", str(H200), "--prompt-tokens", "5",
             "--response-tokens", "64", "--json"]
     r = subprocess.run([sys.executable, "-m", "rltrain.plan", *argv], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
@@ -172,3 +176,20 @@ def test_cli_prints_the_moe_layout():
     out = json.loads(r.stdout)
     assert out["fits"] and out["layout"]["ep"] == 2
     assert out["phase_seconds"]["update"] == pytest.approx(1.45, rel=0.25)  # measured 1.22-1.45 s
+
+
+def test_grouped_gemm_stacks_the_local_experts_and_skips_the_loop(toy_cfg):
+    x = read(toy_cfg)
+    assert not grouped_gemm(x)  # actor.moe_grouped_gemm=false: megatron's loop
+    c = copy.deepcopy(toy_cfg)
+    c["actor"]["moe_grouped_gemm"] = True
+    assert not grouped_gemm(read(c))  # expert width 6: 2 x 6 x 2 bytes is no multiple of 16, the loop stays
+    c["model"]["overrides"]["moe_intermediate_size"] = 8
+    xg = read(c)
+    assert grouped_gemm(xg) and moe_pass_seconds(xg) == 0.0
+    # one sparse layer's 8 / EP 2 = 4 local experts of 3 x 8 x 8 = 192 params, bf16: 1,536 bytes stacked per run;
+    # the update saves the one sparse layer's stack for the backward + one stacked weight gradient
+    assert local_expert_bytes(xg) == 4 * 192 * 2
+    assert grouped_gemm_update_bytes(xg, 0) == 2 * 1536
+    upd = update_phase(xg, 0, train_static(xg, 0), critic=False)
+    assert upd.name == "update (actor)" and upd.parts["expert weights stacked for the grouped GEMM"] == 2 * 1536
