@@ -112,9 +112,9 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
-    # per micro-batch: the fixed cost of its layers, and the experts' loop forward + backward (2x; one more forward
-    # with full recompute)
-    per_mb = (over * layers * cal.value("update_mb_layer_s")
+    # per micro-batch: the fixed cost of its layers (a stage's; the pipeline's bubble as for the FLOPs), and the
+    # experts' loop forward + backward (2x; one more forward with full recompute)
+    per_mb = (over * layers * cal.value("update_mb_layer_s") * bubble
               + moe * (4 if x.recompute and x.recompute_granularity == "full" else 3))
     out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb)
     if x.use_critic:
