@@ -32,6 +32,12 @@ first refill: both sample with the current weights, and a later fill may then re
 next batches are submitted after the step's refills (`fill` from RolloutSource.next_batch), so at k = 1 prompts
 are drawn in the synchronous order; at k > 1 the queued batches were drawn before the refills of the steps between.
 
+Partial rollouts (rollout.partial, rollout/partial.py). The rollout workers generate in chunks and load a push between
+two chunks, stamping each chunk's tokens with its version: `after_update(s)` pushes the weights of step s right after
+its update while a batch is in flight or left to submit, and the boundary's push is then a no-op. Pacing is the same
+(a sample is as stale as its oldest token, at most k). A checkpoint waits for the batches in flight as below: they
+finish with the weights they hold and are saved with their per-token versions.
+
 Checkpoints. The queued batches are SAVED, not regenerated (their weights are gone): `state_dict` waits for them
 and stores each with its stamps, version, prompts and seed, the data position now and the rollout weights' version;
 the top-level data position is the one from before the oldest queued batch was drawn (a synchronous resume draws

@@ -7,6 +7,8 @@ submit/wait does).
 Version stamps: `weight_version` is the policy version (number of updates) of the rollout group's weights; every
 generation is stamped with its value at submit time (`Batch.weight_versions`, per token). The synchronous schedule
 pushes the actor's weights after every update, so step s samples with version s-1; the pipeline tracks its pushes.
+With partial rollouts (rollout.partial) the rollout workers stamp the tokens per chunk, with the version each push
+names (WeightSync.push(version=...)).
 
 Seeds: the k-th try of step s samples with seed * 100_003 + s * 101 + k; rollout replica r adds r. Group ids
 number the prompts in the order drawn, across steps (checkpointed with the sampler).

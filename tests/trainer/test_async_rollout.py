@@ -353,6 +353,11 @@ def test_staleness_metrics_by_hand():
     (["trainer.max_staleness=4"], "trainer.max_staleness=4 .* trainer.async_rollout=true"),
     (["actor.tis.mode=geometric"], "actor.tis.mode"),
     (["actor.tis.cap=0.5"], "actor.tis.cap"),
+    (["rollout.partial=true"], "rollout.partial=true .* set trainer.async_rollout=true"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.multi_turn.enable=true"], "rollout.partial=true .* rollout.multi_turn.enable"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.tensor_parallel_size=2"], "rollout.partial=true .* rollout.tensor_parallel_size=2"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.engines_per_gpu=2"], "rollout.partial=true .* rollout.engines_per_gpu=2"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.partial_chunk_tokens=0"], "rollout.partial_chunk_tokens"),
 ])
 def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -363,6 +368,7 @@ def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides,
     (["trainer.async_rollout=true"], ["trainer.async_rollout=true", "trainer.colocate=false"]),
     (["trainer.async_rollout=true", "trainer.colocate=false", "trainer.max_staleness=0"],
      ["trainer.max_staleness=0", "> 0"]),
+    (["rollout.partial=true"], ["rollout.partial=true", "trainer.async_rollout=true"]),
 ])
 def test_entry_point_refuses_bad_async_configs_with_exit_code_2(capsys, overrides, words):
     from hydra import compose, initialize_config_dir
