@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import torch
+
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 
 CHUNK_SEED_STRIDE = 1_000_003
@@ -161,7 +163,10 @@ class PartialRunner:
     def submit(self, job_id, fn: Callable[[], object]) -> None:
         """Queue fn() as job `job_id`; `result(job_id)` waits for what it returned (or raises what it raised)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="rltrain-partial-rollout", daemon=True)
+            # OpenMP's thread count is per thread: a new thread starts at the default, and vLLM's CPU attention
+            # checks its count against the one its metadata was built with (this thread's)
+            self._thread = threading.Thread(target=self._loop, args=(torch.get_num_threads(),),
+                                            name="rltrain-partial-rollout", daemon=True)
             self._thread.start()
         self._jobs.put((job_id, fn))
 
@@ -180,7 +185,8 @@ class PartialRunner:
             self._thread.join(timeout=60)
             self._thread = None
 
-    def _loop(self) -> None:
+    def _loop(self, num_threads: int) -> None:
+        torch.set_num_threads(num_threads)
         while (job := self._jobs.get()) is not None:
             job_id, fn = job
             try:

@@ -285,16 +285,20 @@ def test_partial_rollout_continues_across_a_weight_load_as_the_hf_engine_does(en
     the per-token versions say which weights made each token."""
     import contextlib
 
-    from rltrain.rollout.partial import generate_in_chunks
+    from rltrain.rollout.partial import PartialRunner, generate_in_chunks
 
     _, old, new = models
     greedy = SamplingParams(n=2, temperature=0.0, max_tokens=14)
     want = engine.generate(PROMPTS, greedy)
+    runner = PartialRunner()  # the rollout worker generates in the runner's thread: vLLM in process must work there
     for chunk in (3, 14):
-        got, versions = generate_in_chunks(engine, PROMPTS, greedy, chunk_tokens=chunk)
+        runner.submit(chunk, lambda chunk=chunk: generate_in_chunks(engine, PROMPTS, greedy, chunk_tokens=chunk,
+                                                                    gate=runner))
+        got, versions = runner.result(chunk)
         assert _fields(got) == _fields(want) and versions == [[0] * len(r.token_ids) for r in got]
         for g, w in zip(got, want):
             torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
+    runner.close()
 
     class LoadNewAtSecondChunk:
         calls = 0
