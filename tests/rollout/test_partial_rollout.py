@@ -127,43 +127,44 @@ def test_a_stop_string_across_a_chunk_boundary_ends_the_row_where_unchunked_does
     assert versions == [[0] * 4]
 
 
-class SlowEngine:
-    """Wraps an engine: each call after the first sleeps 5 ms (it releases the GIL, so the pausing thread gets in)
-    and `first` is set once the first chunk returned."""
+class HoldSecondChunk:
+    """Wraps an engine: `second` is set when the second chunk starts, which returns only once a pause is requested,
+    so the weight load lands after exactly two chunks."""
 
-    def __init__(self, eng):
-        self.eng, self.first, self.calls = eng, threading.Event(), 0
+    def __init__(self, eng, runner):
+        self.eng, self.runner, self.second, self.calls = eng, runner, threading.Event(), 0
 
     def generate(self, prompts, sampling):
-        if self.calls:
-            time.sleep(0.005)
-        out = self.eng.generate(prompts, sampling)
         self.calls += 1
-        self.first.set()
-        return out
+        if self.calls == 2:
+            self.second.set()
+            deadline = time.monotonic() + 30
+            while not self.runner._pauses and time.monotonic() < deadline:  # the test thread's paused() is waiting
+                time.sleep(0.001)
+        return self.eng.generate(prompts, sampling)
 
 
 def test_the_runner_pauses_between_two_chunks_while_weights_load(models):
-    """A job runs in the runner's thread; a weight load under paused() lands between two chunks: the tokens before
-    it are version 0 with the old weights' log-probs, the ones after version 1 with the new weights'."""
+    """A job runs in the runner's thread; a weight load under paused() lands between two chunks (here after the
+    second): the tokens before it are version 0 with the old weights' log-probs, the ones after version 1 with the
+    new weights'."""
     old, new = models
     eng = engine(old)
-    slow = SlowEngine(eng)
     runner = PartialRunner()
-    sampling = SamplingParams(temperature=1.0, max_tokens=40, seed=3)
-    runner.submit("job", lambda: generate_in_chunks(slow, [PROMPTS[1]], sampling, chunk_tokens=1, gate=runner))
-    assert slow.first.wait(30)
+    held = HoldSecondChunk(eng, runner)
+    sampling = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
+    runner.submit("job", lambda: generate_in_chunks(held, [PROMPTS[1]], sampling, chunk_tokens=3, gate=runner))
+    assert held.second.wait(30)
     with runner.paused():
         eng.update_weights(new.state_dict().items())
         runner.version = 1
     (r,), (versions,) = runner.result("job")
     runner.close()
-    cut = versions.index(1)  # the first token of the new weights
-    assert versions == [0] * cut + [1] * (40 - cut) and 1 <= cut < 40
+    assert versions == [0] * 6 + [1] * 6
     lp = torch.tensor(r.logprobs, dtype=torch.float64)
-    prompt, head, tail = PROMPTS[1], r.token_ids[:cut], r.token_ids[cut:]
-    torch.testing.assert_close(lp[:cut], teacher_forced(old, prompt, head), atol=1e-4, rtol=0)
-    torch.testing.assert_close(lp[cut:], teacher_forced(new, prompt + head, tail), atol=1e-4, rtol=0)
+    prompt, head, tail = PROMPTS[1], r.token_ids[:6], r.token_ids[6:]
+    torch.testing.assert_close(lp[:6], teacher_forced(old, prompt, head), atol=1e-4, rtol=0)
+    torch.testing.assert_close(lp[6:], teacher_forced(new, prompt + head, tail), atol=1e-4, rtol=0)
 
 
 def test_runner_jobs_run_in_order_and_errors_reach_result():
