@@ -76,14 +76,14 @@ def generate_in_chunks(engine: Engine, prompts_token_ids: list[list[int]], sampl
         with gate.chunk() as version:
             outs = engine.generate([r.prompt + r.tokens for r in live], params)
         for r, out in zip(live, outs, strict=True):
-            _extend(r, out, version, sampling, decode)
+            _extend(r, out, version, sampling, decode, budget)
         chunk += 1
     responses = [RolloutResponse(prompt_index=r.prompt_index, token_ids=r.tokens, logprobs=r.logprobs,
                                  finish_reason=r.finish, stop_reason=r.stop_reason) for r in rows]
     return responses, [r.versions for r in rows]
 
 
-def _extend(r: _Row, out: RolloutResponse, version: int, sampling: SamplingParams, decode) -> None:
+def _extend(r: _Row, out: RolloutResponse, version: int, sampling: SamplingParams, decode, budget: int) -> None:
     """Append one chunk's output to row r; decide whether r finished."""
     before = len(r.tokens)
     r.tokens += out.token_ids
@@ -93,7 +93,7 @@ def _extend(r: _Row, out: RolloutResponse, version: int, sampling: SamplingParam
         r.finish, r.stop_reason = "stop", out.stop_reason
     elif out.finish_reason == "abort":
         r.finish = "abort"
-    elif len(r.tokens) >= sampling.max_tokens:
+    elif len(r.tokens) >= sampling.max_tokens or len(out.token_ids) < budget:  # short: the engine's own length limit
         r.finish = "length"
     if sampling.stop and before > 0 and r.finish != "stop":  # a stop string across the chunk boundary
         cut = _stop_string_end(r.tokens, before, sampling.stop, decode)
