@@ -177,3 +177,17 @@ def test_runner_jobs_run_in_order_and_errors_reach_result():
     with pytest.raises(ZeroDivisionError):
         runner.result(2)
     runner.close()
+
+
+def test_a_chunk_the_engine_ends_short_by_length_ends_the_row():
+    """vLLM ends a request at its max_model_len with 'length' before max_tokens: the row ends there, not continued."""
+    from rltrain.rollout.base import RolloutResponse
+
+    class Capped:  # the model's length: prompt + 5 tokens
+        def generate(self, prompts, sampling):
+            return [RolloutResponse(prompt_index=i, token_ids=[7] * min(sampling.max_tokens, 5 - (len(p) - 1)),
+                                    logprobs=[-1.0] * min(sampling.max_tokens, 5 - (len(p) - 1)),
+                                    finish_reason="length") for i, p in enumerate(prompts)]
+
+    got, versions = generate_in_chunks(Capped(), [[1]], SamplingParams(max_tokens=12), chunk_tokens=3)
+    assert [(r.token_ids, r.finish_reason) for r in got] == [([7] * 5, "length")] and versions == [[0] * 5]
