@@ -155,12 +155,12 @@ class RolloutSource:
         """The batch of `submit_generate`'s handle, each response token stamped with the version that sampled it
         (partial: by the workers, per chunk)."""
         handle, nonempty, version = submitted
-        if isinstance(handle, tuple) and handle[0] == "partial":
+        g = self.rollout_group
+        if isinstance(handle, tuple) and handle[0] == "partial":  # queued by generate_start: ask for its result
             _, job, started = handle
-            self.rollout_group.wait(started)
-            g = self.rollout_group
+            g.wait(started)
             handle = g.submit_per_replica("generate_result", [(job,)] * g.num_replicas)
-        outs = [o for o, keep in zip(self.rollout_group.wait(handle), nonempty) if keep]
+        outs = [o for o, keep in zip(g.wait(handle), nonempty) if keep]
         batch = Batch.concat([o[0] for o in outs])
         if version is not None:
             batch = batch.replace(weight_versions=batch.response_mask.long() * version)
