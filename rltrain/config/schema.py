@@ -164,6 +164,11 @@ class RolloutConfig:
     val_temperature: float = 0.0
     val_n: int = 1
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    # partial rollouts (trainer.async_rollout): generation in chunks of partial_chunk_tokens new tokens; a weight
+    # push pauses the generations in flight between two chunks, loads the new weights, and they continue from the
+    # tokens already made (log-probs and per-token versions kept; rollout/partial.py)
+    partial: bool = False
+    partial_chunk_tokens: int = 64
 
 
 @dataclass

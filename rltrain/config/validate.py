@@ -164,6 +164,8 @@ def _routing_replay(e: list, cfg) -> None:
                    "and full sequences per rank; split the experts with actor.expert_parallel_size)")
     if r.engine == "vllm" and cfg.trainer.device == "cpu":
         why.append("rollout.engine=vllm on CPU (vLLM's CPU build returns no routed experts; rollout.engine=hf does)")
+    if r.partial:
+        why.append("rollout.partial=true (the routing of a response's chunks is not joined yet)")
     if why:
         e.append("actor.moe_routing_replay=true is not supported with " + "; ".join(why)
                  + "; set actor.moe_routing_replay=false")
@@ -325,6 +327,27 @@ def _trainer(e: list, cfg) -> None:
     if t.async_rollout and not t.use_ray:
         e.append("trainer.async_rollout=true needs Ray (trainer.use_ray=true): the in-process worker cannot "
                  "generate and train at once")
+    _partial(e, cfg)
+
+
+def _partial(e: list, cfg) -> None:
+    """rollout.partial: where a weight push can pause generations in flight (rollout/partial.py)."""
+    r, t = cfg.rollout, cfg.trainer
+    _positive(e, "rollout.partial_chunk_tokens", r.partial_chunk_tokens)
+    if not r.partial:
+        return
+    if not t.async_rollout:
+        e.append("rollout.partial=true continues generations in flight across a weight push, which only asynchronous "
+                 "rollout makes (a synchronous run pushes between whole generations): set trainer.async_rollout=true "
+                 "(with trainer.colocate=false) or rollout.partial=false")
+    if r.multi_turn.enable:
+        e.append("rollout.partial=true is not supported with rollout.multi_turn.enable=true (a tool loop's turns are "
+                 "not chunked): set rollout.partial=false")
+    if r.tensor_parallel_size > 1 or r.engines_per_gpu > 1:
+        e.append(f"rollout.partial=true pauses one engine per rollout worker between two chunks; with "
+                 f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.engines_per_gpu="
+                 f"{r.engines_per_gpu} the engine's ranks or pool would pause at different chunks: set both to 1 "
+                 "or rollout.partial=false")
 
 
 # one validator per section of RLConfig, in report order

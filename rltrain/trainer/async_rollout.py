@@ -32,6 +32,12 @@ first refill: both sample with the current weights, and a later fill may then re
 next batches are submitted after the step's refills (`fill` from RolloutSource.next_batch), so at k = 1 prompts
 are drawn in the synchronous order; at k > 1 the queued batches were drawn before the refills of the steps between.
 
+Partial rollouts (rollout.partial, rollout/partial.py). The rollout workers generate in chunks and load a push between
+two chunks, stamping each chunk's tokens with its version: `after_update(s)` pushes the weights of step s right after
+its update while a batch is in flight or left to submit, and the boundary's push is then a no-op. Pacing is the same
+(a sample is as stale as its oldest token, at most k). A checkpoint waits for the batches in flight as below: they
+finish with the weights they hold and are saved with their per-token versions.
+
 Checkpoints. The queued batches are SAVED, not regenerated (their weights are gone): `state_dict` waits for them
 and stores each with its stamps, version, prompts and seed, the data position now and the rollout weights' version;
 the top-level data position is the one from before the oldest queued batch was drawn (a synchronous resume draws
@@ -77,10 +83,11 @@ _SAVED = ("step", "version", "prompts", "seed", "data_before", "batch", "metrics
 
 
 class AsyncRollout:
-    """The k-deep pipeline of a RolloutSource (uses its sampler, `next_group_id`, `weight_version`, `rollout_seed`,
-    `submit_generate`, `collect_generate`, `generate`). push_weights(): the driver's weight push (WeightSync.push)."""
+    """The k-deep pipeline of a RolloutSource (uses its sampler, `next_group_id`, `weight_version`, `partial`,
+    `rollout_seed`, `submit_generate`, `collect_generate`, `generate`). push_weights(version=v): the driver's weight
+    push (WeightSync.push) of the actor's weights, policy version v."""
 
-    def __init__(self, source, push_weights: Callable[[], None], *, max_staleness: int, total_steps: int,
+    def __init__(self, source, push_weights: Callable[..., None], *, max_staleness: int, total_steps: int,
                  refills: bool, idle_probe: Callable[[], dict] | None = None):
         assert max_staleness >= 1, max_staleness
         self.source, self.push_weights = source, push_weights
@@ -108,7 +115,10 @@ class AsyncRollout:
             self._collect(r)
         assert r.step == step, (step, r.step)
         with timer("update_weights", m):
-            if not self.queue and self.next_step <= self.total_steps:  # idle, and a next batch will sample with them
+            if self.source.partial:  # the batches in flight pause between two chunks and continue with them
+                if self.queue or self.next_step <= self.total_steps:
+                    self._push_weights(actor_version)
+            elif not self.queue and self.next_step <= self.total_steps:  # idle, and a next batch will sample with them
                 self._push_weights(actor_version)
         dropped = 0
         if actor_version - r.version > self.max_staleness:  # never trained on: the same prompts, fresh weights
@@ -134,6 +144,12 @@ class AsyncRollout:
         last = min(self.total_steps, step + k, self.source.weight_version + k + 1)
         while self.next_step <= last:
             self._submit()
+
+    def after_update(self, step: int) -> None:
+        """rollout.partial: right after the update of step `step`, push its weights (version `step`) into the
+        generations in flight; they pause between two chunks and continue with them. No-op otherwise."""
+        if self.source.partial and (self.queue or self.next_step <= self.total_steps):
+            self._push_weights(step)
 
     def before_refill(self, step: int) -> None:
         """A DAPO refill of step `step` samples with the current weights (it queues behind the batches in flight)."""
@@ -192,7 +208,7 @@ class AsyncRollout:
 
     def _push_weights(self, version: int) -> None:
         if self.source.weight_version != version:
-            self.push_weights()
+            self.push_weights(version=version)
             self.source.weight_version = version
 
 
@@ -202,15 +218,21 @@ def staleness_metrics(weight_versions: torch.Tensor, loss_mask: torch.Tensor, ac
     generated tokens), actor_version = the policy version being trained. A sample's staleness is that of its oldest
     token. rollout/staleness_mean and _max over the samples with a generated token; rollout/tokens_staleness_<j>:
     the share of generated tokens j versions old, j = 0 .. min(max_staleness, STALENESS_KEYS) (the last key
-    `<STALENESS_KEYS>plus` when max_staleness is larger)."""
+    `<STALENESS_KEYS>plus` when max_staleness is larger); rollout/staleness_token_mean: the mean over the generated
+    tokens; rollout/partial_samples_frac: the share of samples whose tokens come from more than one version (partial
+    rollouts continued across a weight push, rollout.partial)."""
     mask = loss_mask.bool()
     token = actor_version - weight_versions.long()  # [B, R]
     rows = mask.any(-1)
     per_sample = token.masked_fill(~mask, torch.iinfo(torch.long).min).amax(-1)[rows].double()  # [B']
+    newest = token.masked_fill(~mask, torch.iinfo(torch.long).max).amin(-1)[rows]  # [B']
     out = {"rollout/staleness_mean": per_sample.mean().item() if rows.any() else 0.0,
-           "rollout/staleness_max": per_sample.max().item() if rows.any() else 0.0}
+           "rollout/staleness_max": per_sample.max().item() if rows.any() else 0.0,
+           # partial rollouts: the share of samples whose tokens come from more than one version
+           "rollout/partial_samples_frac": (per_sample != newest).double().mean().item() if rows.any() else 0.0}
     tokens = token[mask]
     n = max(tokens.numel(), 1)
+    out["rollout/staleness_token_mean"] = tokens.double().sum().item() / n
     top = min(max_staleness, STALENESS_KEYS)
     for j in range(top + 1):
         if j == top and max_staleness > top:

@@ -70,7 +70,7 @@ class PPOTrainer:
                                      want_groups=cfg.data.train_batch_size,
                                      dynamic_sampling=cfg.algorithm.dynamic_sampling,
                                      max_response_length=cfg.rollout.max_response_length,
-                                     multi_turn=cfg.rollout.multi_turn.enable)
+                                     multi_turn=cfg.rollout.multi_turn.enable, partial=cfg.rollout.partial)
         if t.async_rollout:  # the next batch generates while this one trains
             self.rollout.use_pipeline(AsyncRollout(self.rollout, self.weight_sync.push, max_staleness=t.max_staleness,
                                                    total_steps=t.total_steps,
@@ -129,6 +129,7 @@ class PPOTrainer:
             with timer("adv", m):
                 batch = self._advantages(batch, m)
             self._update(batch, m, step, temperature)  # timing_s/update_critic, /update_actor
+            self.rollout.after_update(step, m)  # async + rollout.partial: pushed now, into the batches in flight
             if self.rollout.pipeline is None:  # async: pushed at the next step's boundary
                 with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too)
                     self.weight_sync.push(m)
@@ -267,7 +268,7 @@ class PPOTrainer:
             state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
             self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)
         if not self.colocated:
-            self.weight_sync.push()
+            self.weight_sync.push(version=int(state["step"]))
         set_rng_state(state["rng"])
         self.rollout.load_state_dict(state, int(state["step"]))
         print(f"rltrain: resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)

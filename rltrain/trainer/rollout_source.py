@@ -7,6 +7,8 @@ submit/wait does).
 Version stamps: `weight_version` is the policy version (number of updates) of the rollout group's weights; every
 generation is stamped with its value at submit time (`Batch.weight_versions`, per token). The synchronous schedule
 pushes the actor's weights after every update, so step s samples with version s-1; the pipeline tracks its pushes.
+With partial rollouts (rollout.partial) the rollout workers stamp the tokens per chunk, with the version each push
+names (WeightSync.push(version=...)).
 
 Seeds: the k-th try of step s samples with seed * 100_003 + s * 101 + k; rollout replica r adds r. Group ids
 number the prompts in the order drawn, across steps (checkpointed with the sampler).
@@ -41,13 +43,18 @@ class RolloutSource:
     algorithm.dynamic_sampling (`enable`, `max_tries`); want_groups: data.train_batch_size."""
 
     def __init__(self, rollout_group, sampler, *, seed: int, score: Callable[[Batch], tuple[Batch, dict]],
-                 want_groups: int, dynamic_sampling, max_response_length: int, multi_turn: bool) -> None:
+                 want_groups: int, dynamic_sampling, max_response_length: int, multi_turn: bool,
+                 partial: bool = False) -> None:
         self.rollout_group, self.sampler, self.seed, self.score = rollout_group, sampler, seed, score
         self.want_groups, self.dynamic_sampling = want_groups, dynamic_sampling
         self.max_response_length, self.multi_turn = max_response_length, multi_turn
         self.next_group_id = 0
         self.weight_version = 0  # both groups start from the same seeded or pretrained weights
         self.pipeline = None  # AsyncRollout when the next batches generate while this one trains (use_pipeline)
+        # rollout.partial: generations are queued on the rollout workers (generate_start / generate_result), so a
+        # weight push reaches them mid-generation; the workers stamp each token with the version of its chunk
+        self.partial = partial
+        self.next_job = 0
 
     def use_pipeline(self, pipeline) -> None:
         """Asynchronous rollout: `pipeline` (trainer/async_rollout.AsyncRollout over this source) makes each
@@ -109,6 +116,13 @@ class RolloutSource:
                                                  self.pipeline.max_staleness))
         return batch, gen_metrics
 
+    def after_update(self, step: int, m: dict) -> None:
+        """After the update of step `step`: with partial rollouts, push its weights into the generations in flight
+        (timing_s/update_weights)."""
+        if self.pipeline is not None and self.partial:
+            with timer("update_weights", m):
+                self.pipeline.after_update(step)
+
     def before_validation(self, actor_version: int) -> None:
         """Validation samples with the current weights (async: finish the batch in flight, push them)."""
         if self.pipeline is not None:
@@ -130,15 +144,26 @@ class RolloutSource:
             shard = prompts[k * per:(k + 1) * per]
             args.append((shard, self.next_group_id + k * per, validate, seed + k))
         self.next_group_id += len(prompts)
+        nonempty = [bool(a[0]) for a in args]
+        if self.partial:  # queued on the workers: a later push pauses it between two chunks, not after it
+            job, self.next_job = self.next_job, self.next_job + 1
+            return ("partial", job, g.submit_per_replica("generate_start", [(job, *a) for a in args])), nonempty, None
         # a worker runs its calls in order: the weights it holds now are the ones that generate (a push comes after)
-        return g.submit_per_replica("generate", args), [bool(a[0]) for a in args], self.weight_version
+        return g.submit_per_replica("generate", args), nonempty, self.weight_version
 
     def collect_generate(self, submitted) -> tuple[Batch, dict]:
-        """The batch of `submit_generate`'s handle, each response token stamped with the version that sampled it."""
+        """The batch of `submit_generate`'s handle, each response token stamped with the version that sampled it
+        (partial: by the workers, per chunk)."""
         handle, nonempty, version = submitted
-        outs = [o for o, keep in zip(self.rollout_group.wait(handle), nonempty) if keep]
+        g = self.rollout_group
+        if isinstance(handle, tuple) and handle[0] == "partial":  # queued by generate_start: ask for its result
+            _, job, started = handle
+            g.wait(started)
+            handle = g.submit_per_replica("generate_result", [(job,)] * g.num_replicas)
+        outs = [o for o, keep in zip(g.wait(handle), nonempty) if keep]
         batch = Batch.concat([o[0] for o in outs])
-        batch = batch.replace(weight_versions=batch.response_mask.long() * version)
+        if version is not None:
+            batch = batch.replace(weight_versions=batch.response_mask.long() * version)
         metrics = mean_metrics([o[1] for o in outs])
         return batch, metrics
 

@@ -19,8 +19,10 @@ class WeightSync:
         self.colocated = rollout_group is train_group
         self._connected = False  # split: the weight-sync group is built at the first push
 
-    def push(self, metrics: dict | None = None) -> None:
-        """Actor weights -> rollout engines. `metrics` gets `timing_s/rollout_wake` (colocated)."""
+    def push(self, metrics: dict | None = None, *, version: int | None = None) -> None:
+        """Actor weights -> rollout engines. `metrics` gets `timing_s/rollout_wake` (colocated). version: the policy
+        version of the weights, told to split rollout workers (rollout.partial stamps tokens with it; a partial
+        generation in flight pauses between two chunks while they load)."""
         if self.colocated:
             with timer("rollout_wake", {} if metrics is None else metrics):
                 self.train_group.run("rollout_wake_up")
@@ -29,7 +31,7 @@ class WeightSync:
         if not self._connected:
             self._connect()
         run_together((self.train_group, "weight_sync_send", (self.bucket_bytes,)),
-                     (self.rollout_group, "weight_sync_receive", ()))
+                     (self.rollout_group, "weight_sync_receive", () if version is None else (version,)))
 
     def _connect(self) -> None:
         host, port, nccl_port = self.train_group.run_rank0("weight_sync_address")

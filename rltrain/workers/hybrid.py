@@ -68,7 +68,7 @@ def routing_replay(cfg, hf_config, device: str) -> bool:
                         f"{getattr(hf_config, 'model_type', '?')!r} has no sparse layers: set it to false")
     if a.moe_routing_replay is not None:
         return bool(a.moe_routing_replay)
-    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable
+    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable and not r.partial
             and a.pipeline_parallel_size == 1 and a.tensor_parallel_size == 1)
 
 
@@ -202,9 +202,21 @@ class HybridWorker(Worker):
         self.weight_sync.connect(host=host, port=port, nccl_port=nccl_port, rank=self.rank,
                                  num_rollout_ranks=num_rollout_ranks, sender=self.rollout is None)
 
-    def weight_sync_receive(self) -> int:
-        """Split mode, rollout ranks: load the stream train rank 0 sends into this rank's engine."""
-        return self.weight_sync.receive()
+    def weight_sync_receive(self, version: int | None = None) -> int:
+        """Split mode, rollout ranks: load the stream train rank 0 sends into this rank's engine. version: the policy
+        version of those weights (rollout.partial stamps the tokens generated after it with it); a partial
+        generation in flight is paused between two chunks while they load."""
+        with self.rollout.paused(version):
+            return self.weight_sync.receive()
+
+    # ------------------------------------------------------------------ partial rollouts (rollout.partial)
+    def generate_start(self, job_id: int, prompts: list[dict], group_offset: int, validate: bool = False,
+                       seed: int | None = None) -> None:
+        """Queue a generation (rollout.partial) and return at once; generate_result(job_id) waits for it."""
+        self.rollout.generate_start(job_id, prompts, group_offset=group_offset, validate=validate, seed=seed)
+
+    def generate_result(self, job_id: int):
+        return self.rollout.generate_result(job_id)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

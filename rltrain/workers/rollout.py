@@ -6,6 +6,7 @@ No Ray and no training math here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -52,6 +53,13 @@ class RolloutRole:
             self.multi_turn = MultiTurnRollout(self.engine, tokenizer, tool_executor=tools,
                                                tool_pattern=mt.tool_pattern, max_turns=mt.max_turns,
                                                max_total_tokens=mt.max_total_tokens)
+        # rollout.partial: generation in chunks in a thread of its own (rollout/partial.py), paused between two
+        # chunks while new weights load (weight_sync_receive); it holds the version of the weights loaded
+        self.partial = None
+        if getattr(rollout_cfg, "partial", False):
+            from rltrain.rollout.partial import PartialRunner
+
+            self.partial = PartialRunner()
 
     def sampling(self, *, validate: bool, seed: int | None) -> SamplingParams:
         c = self.cfg
@@ -69,8 +77,11 @@ class RolloutRole:
         sampling = self.sampling(validate=validate, seed=seed)
         ids = [list(p["prompt_ids"]) for p in prompts]
         start = time.perf_counter()
+        versions = None
         if self.multi_turn is not None:
             responses = self.multi_turn.generate(ids, sampling)
+        elif self.partial is not None:
+            responses, versions = self._generate_in_chunks(ids, sampling)
         else:
             responses = self.engine.generate(ids, sampling)
         engine_s = time.perf_counter() - start
@@ -94,12 +105,44 @@ class RolloutRole:
                       response_mask=out.response_mask, loss_mask=out.loss_mask,
                       sampler_logprobs=out.sampler_logprobs,
                       group_ids=out.prompt_index + group_offset, non_tensor=non_tensor, **routing)
+        if versions is not None:  # per token: the version of the weights of each token's chunk
+            batch = batch.replace(weight_versions=_versions_tensor(versions, out.response_ids.shape))
         # the engine's own time (multi-turn: with its tool calls); timing_s/gen minus this is the trainer's side
         # (dispatch, batching, rewards)
         return batch, {**out.metrics(), "timing_s/gen_engine": engine_s}
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         return self.engine.update_weights(named_tensors)
+
+    # ------------------------------------------------------------------ partial rollouts (rollout.partial)
+    def _generate_in_chunks(self, ids: list[list[int]], sampling: SamplingParams):
+        from rltrain.rollout.partial import generate_in_chunks
+
+        decode = self.tokenizer.decode if sampling.stop else None
+        return generate_in_chunks(self.engine, ids, sampling, chunk_tokens=self.cfg.partial_chunk_tokens,
+                                  gate=self.partial, decode=decode)
+
+    def generate_start(self, job_id: int, prompts: list[dict], *, group_offset: int, validate: bool = False,
+                       seed: int | None = None) -> None:
+        """Queue a generation on the partial runner's thread and return at once; `generate_result(job_id)` gives
+        what `generate` would. Calls that load weights meanwhile pause it between two chunks (`paused`)."""
+        self.partial.submit(job_id, lambda: self.generate(prompts, group_offset=group_offset, validate=validate,
+                                                          seed=seed))
+
+    def generate_result(self, job_id: int) -> tuple[Batch, dict[str, float]]:
+        return self.partial.result(job_id)
+
+    @contextlib.contextmanager
+    def paused(self, version: int | None = None):
+        """A block in which the engine's weights may change (partial: generation holds between two chunks); the
+        tokens generated after it are stamped with `version` (when given)."""
+        if self.partial is None:
+            yield
+            return
+        with self.partial.paused():
+            yield
+            if version is not None:
+                self.partial.version = version
 
     def sleep(self) -> None:
         self.engine.sleep(level=self.sleep_level)
@@ -108,6 +151,8 @@ class RolloutRole:
         self.engine.wake_up()
 
     def close(self) -> None:
+        if self.partial is not None:
+            self.partial.close()
         close = getattr(self.engine, "close", None)
         if callable(close):
             close()
@@ -130,6 +175,14 @@ def routing_fields(responses, prompt_lens: list[int], p: int, r: int) -> dict[st
         tail = got[lp:lp + len(resp.token_ids)]
         response[row, :len(tail)] = tail
     return {"prompt_routed_experts": prompt, "routed_experts": response}
+
+
+def _versions_tensor(versions: list[list[int]], shape) -> torch.Tensor:
+    """[B, L] long: row b's per-token versions, 0 on padding."""
+    out = torch.zeros(shape, dtype=torch.long)
+    for b, v in enumerate(versions):
+        out[b, :len(v)] = torch.tensor(v, dtype=torch.long)
+    return out
 
 
 def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int,

@@ -12,6 +12,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from rltrain.rollout import MultiTurnRollout, RolloutOutput, RolloutResponse, SamplingParams, build_engine, engine_class
 from rltrain.rollout.hf import HFEngine, filter_top_k_top_p, sample_next_token
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB = 80
 
 
@@ -61,15 +62,6 @@ def teacher_forced_logprobs(model, prompt, tokens, temperature) -> torch.Tensor:
     full = torch.tensor([prompt + tokens])
     logits = model(full).logits[0, len(prompt) - 1:-1].double() / temperature  # [R, V]
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models on a shared 2-core box run 10-100x faster single-threaded (no spin-waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

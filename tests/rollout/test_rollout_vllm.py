@@ -278,6 +278,56 @@ def test_update_weights_follows_an_hf_engine_holding_the_same_weights(engine, mo
     assert _fields(engine.generate(PROMPTS, greedy)) == _fields(hf_engine(old).generate(PROMPTS, greedy))
 
 
+def test_partial_rollout_continues_across_a_weight_load_as_the_hf_engine_does(engine, models):
+    """rollout.partial on vLLM, through the hf engine's code path (rollout/partial.py): greedy chunked generation
+    equals unchunked while the weights stay; with the new weights loaded before the second chunk, the continuation of
+    prompt + the first chunk and its log-probs are the new model's (an hf engine holding it is the reference) and
+    the per-token versions say which weights made each token."""
+    import contextlib
+
+    from rltrain.rollout.partial import PartialRunner, generate_in_chunks
+
+    _, old, new = models
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=14)
+    want = engine.generate(PROMPTS, greedy)
+    runner = PartialRunner()  # the rollout worker generates in the runner's thread: vLLM in process must work there
+    for chunk in (3, 14):
+        runner.submit(chunk, lambda chunk=chunk: generate_in_chunks(engine, PROMPTS, greedy, chunk_tokens=chunk,
+                                                                    gate=runner))
+        got, versions = runner.result(chunk)
+        assert _fields(got) == _fields(want) and versions == [[0] * len(r.token_ids) for r in got]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
+    runner.close()
+
+    class LoadNewAtSecondChunk:
+        calls = 0
+
+        def chunk(self):
+            if self.calls == 1:
+                engine.update_weights(new.state_dict().items())
+            self.calls += 1
+            return contextlib.nullcontext(int(self.calls > 1))
+
+    try:
+        got, versions = generate_in_chunks(engine, PROMPTS, greedy, chunk_tokens=5, gate=LoadNewAtSecondChunk())
+    finally:
+        engine.update_weights(old.state_dict().items())
+    continued = 0
+    for r, v, w in zip(got, versions, want):
+        head = r.token_ids[:5]
+        assert head == w.token_ids[:5]
+        if len(w.token_ids) <= 5:  # ended within the first chunk
+            assert _fields([r]) == _fields([w]) and v == [0] * len(head)
+            continue
+        tail = hf_engine(new).generate([PROMPTS[r.prompt_index] + head], SamplingParams(temperature=0.0, max_tokens=9))
+        assert r.token_ids[5:] == tail[0].token_ids and r.finish_reason == tail[0].finish_reason
+        assert v == [0] * 5 + [1] * len(tail[0].token_ids)
+        torch.testing.assert_close(torch.tensor(r.logprobs[5:]), torch.tensor(tail[0].logprobs), atol=1e-4, rtol=0)
+        continued += 1
+    assert continued >= 4 and _fields(got) != _fields(want)
+
+
 SENDER = """
 import sys
 from transformers import AutoModelForCausalLM

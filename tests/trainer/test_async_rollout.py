@@ -21,7 +21,9 @@ from rltrain.trainer.rollout_source import RolloutSource
 
 
 class FakeGroup:
-    """One rollout replica, recording calls; 2 samples per prompt."""
+    """One rollout replica, recording calls; 2 samples per prompt. Partial rollouts (generate_start / _result): a
+    queued generation makes one chunk of its 3 tokens per push it sees until it is collected, so token j carries the
+    version of the j-th push after its start (the last one seen beyond it); whole generations: 2 tokens, one version."""
 
     num_replicas = 1
 
@@ -29,24 +31,46 @@ class FakeGroup:
         self.held = held  # the version of the weights the group holds
         self.log: list[tuple] = []
         self.fail_on_wait = fail_on_wait
+        self.jobs: dict[int, tuple] = {}  # partial: job id -> (prompts, offset, seed, [versions seen])
 
     def submit_per_replica(self, method, args):
+        if method == "generate_result":
+            return ("result", args[0][0])
+        if method == "generate_start":
+            (job, prompts, offset, validate, seed), = args
+            self.jobs[job] = (prompts, offset, seed, [self.held])
+            self.log.append(("submit", seed, self.held))
+            return ("started", job)
         (prompts, offset, validate, seed), = args
         self.log.append(("submit", seed, self.held))
-        return prompts, offset, seed, self.held
+        return prompts, offset, seed, [self.held]
+
+    def pushed(self):
+        for _, _, _, seen in self.jobs.values():
+            seen.append(self.held)
 
     def wait(self, handle):
-        prompts, offset, seed, held = handle
+        if handle[0] == "started":
+            return [None]
+        if handle[0] == "result":
+            handle = self.jobs.pop(handle[1])
+            width = 3
+        else:
+            width = 2
+        prompts, offset, seed, seen = handle
         self.log.append(("wait", seed))
         if self.fail_on_wait is not None:
             raise self.fail_on_wait
         n = 2 * len(prompts)
-        ones = torch.ones(n, 2, dtype=torch.long)
+        versions = [seen[min(j, len(seen) - 1)] for j in range(width)]
+        ones = torch.ones(n, width, dtype=torch.long)
         batch = Batch(prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1, dtype=torch.long),
                       response_ids=ones, response_mask=ones, loss_mask=ones,
                       group_ids=torch.arange(len(prompts)).repeat_interleave(2) + offset,
-                      non_tensor={"id": [p["id"] for p in prompts for _ in range(2)], "held": [held] * n,
-                                  "seed": [seed] * n})
+                      non_tensor={"id": [p["id"] for p in prompts for _ in range(2)], "held": [seen[0]] * n,
+                                  "seed": [seed] * n, "versions": [versions] * n})
+        if width == 3:  # partial: the workers stamp the tokens
+            batch = batch.replace(weight_versions=torch.tensor([versions] * n))
         return [(batch, {"seed": float(seed)})]
 
 
@@ -55,22 +79,24 @@ class Run:
     validation, save, per step. refills: DAPO dynamic sampling, where a group is informative unless its prompt id
     plus the sampling seed is a multiple of 3."""
 
-    def __init__(self, k, total_steps, *, refills=False, held=0, fail_on_wait=None, probe=False):
+    def __init__(self, k, total_steps, *, refills=False, held=0, fail_on_wait=None, probe=False, partial=False):
         self.group = FakeGroup(held, fail_on_wait)
         self.actor_version = held
         sampler = PromptSampler([{"prompt_ids": [i], "id": i} for i in range(400)], 2, seed=0)
         self.source = RolloutSource(self.group, sampler, seed=1, score=self._score, want_groups=2,
                                     dynamic_sampling=DynamicSamplingConfig(enable=refills, max_tries=4),
-                                    max_response_length=2, multi_turn=False)
+                                    max_response_length=2, multi_turn=False, partial=partial)
         self.probes: list[bool] = []
         self.pipe = AsyncRollout(self.source, self.push, max_staleness=k, total_steps=total_steps, refills=refills,
                                  idle_probe=self._probe if probe else None)
         self.source.use_pipeline(self.pipe)
         self.rows: list[dict] = []
 
-    def push(self):
+    def push(self, version=None):
+        assert version == self.actor_version  # the pipeline names the version it pushes
         self.group.log.append(("push", self.actor_version))
         self.group.held = self.actor_version
+        self.group.pushed()
 
     def _probe(self):
         self.probes.append(any(r.submitted is not None for r in self.pipe.queue))
@@ -89,13 +115,15 @@ class Run:
             self.source.boundary(step, m)
             batch, gm = self.source.next_batch(step, m)
             held = torch.tensor(batch.non_tensor["held"])
-            # the stamps are the weights that generated each row, on every response token
-            assert torch.equal(batch.weight_versions, held[:, None] * batch.response_mask), step
+            # the stamps are the weights that generated each token
+            assert torch.equal(batch.weight_versions, torch.tensor(batch.non_tensor["versions"])), step
             self.rows.append({"step": step, "ids": batch.non_tensor["id"], "held": held.tolist(),
+                              "versions": batch.non_tensor["versions"][0],
                               "staleness": step - 1 - held.min().item(), "dropped": m["rollout/dropped_samples"],
                               "queued": len(self.pipe.queue), **gm})
             self.group.log.append(("train", step))
             self.actor_version = step
+            self.source.after_update(step, {})  # partial: the push into the batches in flight
             if step in validate_at:
                 self.source.before_validation(step)
             if step == save_at:
@@ -232,6 +260,54 @@ def test_resume_from_every_save_point_continues_exactly(k, refills):
         assert resumed.source.sampler.state_dict() == full.source.sampler.state_dict()
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_partial_pushes_after_each_update_into_the_batches_in_flight(k):
+    """rollout.partial: the weights of step s are pushed right after its update, into the generations in flight,
+    which continue with them: a batch's first chunk keeps its version, the later ones take the pushes it saw."""
+    steps = 8
+    run = Run(k=k, total_steps=steps, partial=True)
+    run.train(steps)
+    # a push after every update while a batch is in flight or left to submit (none after the last one)
+    assert [e[1] for e in run.events(("push",))] == list(range(1, steps))
+    assert all(r["dropped"] == 0 for r in run.rows) and len(run.events(("submit",))) == steps
+    # hand-checked: the batch of step 5 is submitted at the boundary of step 5 - k with version 4 - k and then sees
+    # the pushes of the updates of steps 5 - k .. 4; its 3 tokens take its version and the next two pushes
+    want = {1: [3, 4, 4], 2: [2, 3, 4], 3: [1, 2, 3]}[k]
+    assert run.rows[4]["versions"] == want
+    r = run.rows[4]
+    stale = [4 - v for v in want]
+    assert r["rollout/staleness_max"] == r["staleness"] == max(stale) == k
+    assert r["rollout/staleness_token_mean"] == pytest.approx(sum(stale) / 3)
+    assert r["rollout/partial_samples_frac"] == 1.0
+    for j in range(k + 1):
+        assert r[f"rollout/tokens_staleness_{j}"] == pytest.approx(stale.count(j) / 3)
+    assert max(r["staleness"] for r in run.rows) <= k
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_partial_resume_from_every_save_point_continues_exactly(k):
+    """A checkpoint with partial batches in flight saves them finished (the save waits for them: they end with the
+    weights they hold, their per-token versions saved); a run resumed from it continues exactly as the run that wrote
+    it went on: same batches, per-token versions, submits and pushes (nothing lost, nothing trained twice)."""
+    steps = 11
+    validate_at = set(random.Random(k).sample(range(1, steps + 1), 2))
+    for save_at in range(1, steps):
+        first = Run(k=k, total_steps=steps, partial=True)
+        state = first.train(save_at, validate_at=validate_at, save_at=save_at)
+        done = len(first.events())
+        for b in state.get("async_rollout", {}).get("batches", []):  # saved with their per-token versions
+            assert torch.equal(b["batch"].weight_versions, torch.tensor(b["batch"].non_tensor["versions"]))
+        first.train(steps - save_at, start=save_at + 1, validate_at=validate_at)  # the run that was not killed
+        resumed = Run(k=k, total_steps=steps, held=save_at, partial=True)
+        resumed.source.load_state_dict(state, save_at)
+        resumed.train(steps - save_at, start=save_at + 1, validate_at=validate_at)
+        assert resumed.rows == first.rows[save_at:], (k, save_at)
+        assert resumed.events() == first.events()[done:], (k, save_at)
+        assert max(r["staleness"] for r in first.rows) <= k
+    # the batches that were in flight at a save really were partial in some runs (else this checks little)
+    assert any(r["rollout/partial_samples_frac"] > 0 for r in first.rows)
+
+
 def test_error_of_the_in_flight_call_surfaces_at_the_boundary():
     class WorkerDied(RuntimeError):
         pass
@@ -262,7 +338,8 @@ def test_staleness_metrics_by_hand():
     out = staleness_metrics(versions, mask, 5, max_staleness=2)
     assert out == {"rollout/staleness_mean": 4 / 3, "rollout/staleness_max": 2.0,
                    "rollout/tokens_staleness_0": 2 / 6, "rollout/tokens_staleness_1": 1 / 6,
-                   "rollout/tokens_staleness_2": 3 / 6}
+                   "rollout/tokens_staleness_2": 3 / 6, "rollout/staleness_token_mean": 7 / 6,
+                   "rollout/partial_samples_frac": 1 / 3}
     big = staleness_metrics(torch.tensor([[0, 1, 2, 9]]), torch.ones(1, 4), 12, max_staleness=20)
     assert big["rollout/tokens_staleness_3"] == 1 / 4 and big["rollout/tokens_staleness_8plus"] == 3 / 4
     assert len([key for key in big if "tokens_" in key]) == 9 and big["rollout/staleness_max"] == 12.0
@@ -276,6 +353,11 @@ def test_staleness_metrics_by_hand():
     (["trainer.max_staleness=4"], "trainer.max_staleness=4 .* trainer.async_rollout=true"),
     (["actor.tis.mode=geometric"], "actor.tis.mode"),
     (["actor.tis.cap=0.5"], "actor.tis.cap"),
+    (["rollout.partial=true"], "rollout.partial=true .* set trainer.async_rollout=true"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.multi_turn.enable=true"], "rollout.partial=true .* rollout.multi_turn.enable"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.tensor_parallel_size=2"], "rollout.partial=true .* rollout.tensor_parallel_size=2"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.engines_per_gpu=2"], "rollout.partial=true .* rollout.engines_per_gpu=2"),
+    (["trainer.async_rollout=true", "trainer.colocate=false", "rollout.partial=true", "rollout.partial_chunk_tokens=0"], "rollout.partial_chunk_tokens"),
 ])
 def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -286,6 +368,7 @@ def test_configs_that_cannot_be_async_or_bad_tis_are_refused(cfg_for, overrides,
     (["trainer.async_rollout=true"], ["trainer.async_rollout=true", "trainer.colocate=false"]),
     (["trainer.async_rollout=true", "trainer.colocate=false", "trainer.max_staleness=0"],
      ["trainer.max_staleness=0", "> 0"]),
+    (["rollout.partial=true"], ["rollout.partial=true", "trainer.async_rollout=true"]),
 ])
 def test_entry_point_refuses_bad_async_configs_with_exit_code_2(capsys, overrides, words):
     from hydra import compose, initialize_config_dir
