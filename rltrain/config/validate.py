@@ -164,8 +164,6 @@ def _routing_replay(e: list, cfg) -> None:
                    "and full sequences per rank; split the experts with actor.expert_parallel_size)")
     if r.engine == "vllm" and cfg.trainer.device == "cpu":
         why.append("rollout.engine=vllm on CPU (vLLM's CPU build returns no routed experts; rollout.engine=hf does)")
-    if r.partial:
-        why.append("rollout.partial=true (the routing of a response's chunks is not joined yet)")
     if why:
         e.append("actor.moe_routing_replay=true is not supported with " + "; ".join(why)
                  + "; set actor.moe_routing_replay=false")

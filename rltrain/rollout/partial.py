@@ -7,7 +7,9 @@ A row's tokens, sampler log-probs and weight versions are concatenated over its 
 row with the remaining token budget (`max_tokens` minus the tokens made) under the weights loaded at that chunk's
 start, whose version stamps its tokens. The continuation re-reads prompt + tokens so far (hf: a fresh prefill;
 vLLM: a fresh request, its prefix cache reset at every weight load), so the log-probs of the tokens of a chunk are
-those of the weights that sampled them. A row finishes on EOS / a stop token / a stop string (also one spanning two
+those of the weights that sampled them. MoE routing (routing replay, `RolloutResponse.routed_experts`) is joined the
+same way: each position keeps the routing of the first chunk that fed it to the model (a chunk's last token is fed
+by the next chunk, under that chunk's weights). A row finishes on EOS / a stop token / a stop string (also one spanning two
 chunks: the row is cut after the token completing it), or when its budget is spent ("length").
 
 Sampling seeds: chunk c of a call with seed s samples with seed s + c * CHUNK_SEED_STRIDE (None stays None). Greedy
@@ -39,6 +41,7 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     finish: str | None = None
     stop_reason: str | int | None = None
+    routing: torch.Tensor | None = None  # [positions fed so far, L, k] (MoE routing replay)
 
 
 class FixedVersion:
@@ -79,13 +82,18 @@ def generate_in_chunks(engine: Engine, prompts_token_ids: list[list[int]], sampl
             _extend(r, out, version, sampling, decode, budget)
         chunk += 1
     responses = [RolloutResponse(prompt_index=r.prompt_index, token_ids=r.tokens, logprobs=r.logprobs,
-                                 finish_reason=r.finish, stop_reason=r.stop_reason) for r in rows]
+                                 finish_reason=r.finish, stop_reason=r.stop_reason, routed_experts=r.routing)
+                 for r in rows]
     return responses, [r.versions for r in rows]
 
 
 def _extend(r: _Row, out: RolloutResponse, version: int, sampling: SamplingParams, decode, budget: int) -> None:
     """Append one chunk's output to row r; decide whether r finished."""
     before = len(r.tokens)
+    if out.routed_experts is not None:  # positions this chunk fed first: from the end of what earlier chunks fed
+        have = 0 if r.routing is None else r.routing.shape[0]
+        new = out.routed_experts[have:]
+        r.routing = new if r.routing is None else torch.cat([r.routing, new])
     r.tokens += out.token_ids
     r.logprobs += out.logprobs
     r.versions += [version] * len(out.token_ids)

@@ -68,7 +68,7 @@ def routing_replay(cfg, hf_config, device: str) -> bool:
                         f"{getattr(hf_config, 'model_type', '?')!r} has no sparse layers: set it to false")
     if a.moe_routing_replay is not None:
         return bool(a.moe_routing_replay)
-    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable and not r.partial
+    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable
             and a.pipeline_parallel_size == 1 and a.tensor_parallel_size == 1)
 
 

@@ -84,7 +84,6 @@ def test_impossible_values_fail_naming_the_key(override, key):
     (["rollout.multi_turn.enable=true"], "rollout.multi_turn.enable"),
     (["actor.tensor_parallel_size=2"], "tensor_parallel_size"),
     (["rollout.engine=vllm", "trainer.device=cpu"], "vLLM's CPU build"),
-    (["rollout.partial=true", "trainer.async_rollout=true", "trainer.colocate=false"], "rollout.partial=true"),
 ])
 def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
     with pytest.raises(ConfigError, match="actor.moe_routing_replay=true is not supported") as info:

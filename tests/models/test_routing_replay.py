@@ -184,3 +184,45 @@ def test_the_run_decides_replay_once_from_the_key_and_the_model():
     cfg.actor.moe_routing_replay = False
     cfg.rollout.engine = "vllm"
     assert not routing_replay(cfg, moe, "cuda")
+
+
+def test_partial_rollouts_join_the_routing_of_their_chunks():
+    """generate_in_chunks (rollout.partial): while the weights do not change, the routing joined over chunks of 1 and 3
+    tokens is the one of unchunked generation; after a weight load between two chunks, the positions the second
+    chunk fed first (the first chunk's last token onwards) carry the new weights' routing, the earlier ones the old."""
+    from rltrain.rollout.partial import generate_in_chunks
+
+    hf = random_moe_model(V, seed=13, **SHAPES["dense_first"])
+    eng = HFEngine(hf, eos_token_id=0, return_routed_experts=True)
+    prompts = [[5, 17, 33], [2, 9]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=7)
+    whole = eng.generate(prompts, greedy)
+    for chunk in (1, 3):
+        parts, _ = generate_in_chunks(eng, prompts, greedy, chunk_tokens=chunk)
+        for a, b in zip(parts, whole):
+            assert a.token_ids == b.token_ids
+            n = min(a.routed_experts.shape[0], b.routed_experts.shape[0])
+            assert n >= len(prompts[a.prompt_index]) + len(a.token_ids) - 1
+            torch.testing.assert_close(a.routed_experts[:n], b.routed_experts[:n], rtol=0, atol=0)
+
+    class LoadAfterFirstChunk:  # the gate: version 0 for the first chunk, then new weights (version 1)
+        def __init__(self):
+            self.chunks = 0
+
+        @contextlib.contextmanager
+        def chunk(self):
+            if self.chunks == 1:
+                with torch.no_grad():
+                    for r in _routers(hf):
+                        r.weight.copy_(torch.randn_like(r.weight))
+            self.chunks += 1
+            yield min(self.chunks - 1, 1)
+
+    old = eng.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=3))[0]
+    (got,), (versions,) = generate_in_chunks(eng, [prompts[0]], SamplingParams(temperature=0.0, max_tokens=6),
+                                             chunk_tokens=3, gate=LoadAfterFirstChunk())
+    assert versions == [0, 0, 0, 1, 1, 1]
+    fed_first = len(prompts[0]) + 3 - 1  # the first chunk fed the prompt and its first 2 tokens
+    torch.testing.assert_close(got.routed_experts[:fed_first], old.routed_experts[:fed_first], rtol=0, atol=0)
+    new = eng.generate([prompts[0] + got.token_ids[:3]], SamplingParams(temperature=0.0, max_tokens=3))[0]
+    torch.testing.assert_close(got.routed_experts[fed_first:], new.routed_experts[fed_first:], rtol=0, atol=0)
