@@ -329,6 +329,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         seq_lens = self._check_rows(input_ids, seq_lens)
+        if routed_experts is not None and self.pp_size > 1:
+            raise ValueError("routing replay needs pipeline_parallel_size = 1 (each stage would need its layers' part)")
         self.model.eval()
         B, S = input_ids.shape
         lp_out = torch.zeros(B, S, dtype=torch.float32)
@@ -436,6 +438,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         micro_batches = [as_micro_batch(mb) for mb in micro_batches]
+        if self.pp_size > 1 and any(mb.routed_experts is not None for mb in micro_batches):
+            raise ValueError("routing replay needs pipeline_parallel_size = 1 (each stage would need its layers' part)")
         needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))  # a plain function declares none
         temperature = float(temperature)
         self.model.train()
