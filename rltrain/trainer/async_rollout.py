@@ -182,6 +182,13 @@ class AsyncRollout:
         saved = state.get("async_rollout")
         if saved is None:
             return
+        missing = sorted({"data_now", "weight_version", "batches", "next_step"} - set(saved))
+        if missing:
+            from rltrain.utils.errors import UserError
+
+            raise UserError(f"the checkpoint's asynchronous-rollout state has {sorted(saved)}, not {missing}: it was "
+                            "written by an older rltrain (one batch in flight, no version stamps); resume it with "
+                            "that version, or start afresh (trainer.resume=never, or a new run directory)")
         src.sampler.load_state_dict(saved["data_now"]["sampler"])
         src.next_group_id = saved["data_now"]["next_group_id"]
         src.weight_version = saved["weight_version"]  # the schedule's: see the module docstring

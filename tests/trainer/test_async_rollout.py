@@ -383,3 +383,13 @@ def test_entry_point_refuses_bad_async_configs_with_exit_code_2(capsys, override
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words) and "Traceback" not in err
+
+
+def test_a_checkpoint_of_the_older_one_batch_pipeline_is_refused_naming_what_to_do():
+    from rltrain.utils.errors import UserError
+
+    run = Run(k=2, total_steps=6)
+    old = {"sampler": run.source.sampler.state_dict(), "next_group_id": 4,
+           "async_rollout": {"step": 3, "version": 2, "prompts": [], "seed": 7, "data_before": {}, "batch": None}}
+    with pytest.raises(UserError, match="older rltrain.*trainer.resume=never"):
+        run.source.load_state_dict(old, 3)
