@@ -125,6 +125,13 @@ TIME: dict[str, Const] = {
         "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
         "passes) less its active FLOPs at the update rate and update_mb_layer_s"),
+    # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
+    # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
+    "moe_grouped_layer_pass_s": Const(
+        0.003104, "s per sparse layer x forward pass",
+        "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
+        "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
+        "3 passes) less its active FLOPs at the update rate and update_mb_layer_s"),
     "vllm_step_overhead_s": Const(
         0.01307, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
                                      "steps of 256 sequences (host-bound engine in the trainer's process)"),

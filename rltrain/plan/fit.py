@@ -152,6 +152,8 @@ def fit(verbose: bool = True) -> dict[str, float]:
     stack.enter_context(constant("fwd_mb_layer_s", fitted["fwd_mb_layer_s"]))
     moe = by("MoE slice EP=2, vLLM", "moe_h200x2_2026-11-26/")
     fitted["moe_expert_pass_s"] = _solve("moe_expert_pass_s", moe, "update_s")
+    grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")
+    fitted["moe_grouped_layer_pass_s"] = _solve("moe_grouped_layer_pass_s", grouped, "update_s")
     fitted["hf_step_s"] = _solve("hf_step_s", hf, "generation_s")
     fitted["vllm_step_overhead_s"] = _solve("vllm_step_overhead_s", vl, "generation_s")
     vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]

@@ -178,7 +178,7 @@ def placement_cases() -> list[Case]:
     out: list[Case] = []
     # tools/gpu_placements.py runs: the Qwen3-0.6B shape (2026-11-23), the Qwen3-30B-A3B slice with EP=2 and its
     # dense twin (2026-11-26; docs/benchmarks/2026-11-26-moe-on-two-gpus.md); (name, file, key, role, fitted)
-    moe, moe_r = "moe_h200x2_2026-11-26/", "moe_replay_h200x2_2026-11-26/"
+    moe, moe_r, moe_g = "moe_h200x2_2026-11-26/", "moe_replay_h200x2_2026-11-26/", "moe_grouped_gemm_h200x2_2026-11-26/"
     placements = [("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1.json", "split_1p1", "fit",
                    ("weight_sync_s",)),  # split_sync_s_per_gb is solved from its weight sync
                   ("placement colocated TP=2", "vllm_x2/placements_qwen06b_colocated_tp2.json", "colocated_tp2",
@@ -194,7 +194,11 @@ def placement_cases() -> list[Case]:
                   ("MoE slice EP=2, vLLM, replay on (first run)", moe_r + "replay_on_first_run_gpu_placements.json",
                    "colocated_dp2", "held out", ()),
                   ("MoE slice EP=2, hf engine", moe_r + "hf_engine_gpu_placements.json", "colocated_dp2", "held out",
-                   ())]
+                   ()),
+                  ("MoE slice EP=2, vLLM, grouped GEMM", moe_g + "grouped_true_gpu_placements.json", "colocated_dp2",
+                   "fit", ("update_s",)),  # moe_grouped_layer_pass_s is solved from its update
+                  ("MoE slice EP=2, vLLM, expert loop (same call)", moe_g + "grouped_false_gpu_placements.json",
+                   "colocated_dp2", "held out", ())]
     for name, rel, key, role, fitted in placements:
         d = load(rel)
         r = d["qwen06b"][key]

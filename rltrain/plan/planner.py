@@ -191,10 +191,9 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
                         f"(workers/rollout.py): the run needs rollout.tensor_parallel_size={x.world} (now "
                         f"{x.rollout_tp}); planned as configured")
     if grouped_gemm(x):
-        warnings.append("actor.moe_grouped_gemm=true: the experts' update and log-prob time is planned as their active "
-                        "FLOPs at the dense rate (the grouped GEMM is not measured on a GPU yet); megatron's loop "
-                        f"(actor.moe_grouped_gemm=false) is planned at {cal.value('moe_expert_pass_s') * 1e3:.2f} ms "
-                        "per local expert, sparse layer and pass (measured)")
+        warnings.append("actor.moe_grouped_gemm=true: the experts' time is their active FLOPs at the dense rate plus "
+                        f"{cal.value('moe_grouped_layer_pass_s') * 1e3:.2f} ms per sparse layer and pass, fitted on one "
+                        "run (the Qwen3-30B-A3B slice at EP=2); other shapes are extrapolated")
     return Plan(x, dev, total / GIB, gpus, secs, warnings)
 
 

@@ -61,10 +61,13 @@ def moe_pass_seconds(x: Inputs) -> float:
     """One forward pass of one micro-batch through this rank's experts beyond their FLOPs at the update rate: with
     megatron-core's loop (actor.moe_grouped_gemm=false, or widths the grouped GEMM cannot take: one small GEMM set
     per local expert and sparse layer, launch-bound) sparse layers / PP x E / EP local experts x moe_expert_pass_s;
-    0 with the grouped GEMM (its FLOPs planned at the dense rate: not measured on a GPU yet) and for a dense model."""
+    with the grouped GEMM sparse layers / PP x moe_grouped_layer_pass_s (fitted on one run: a per-layer cost, not
+    split into its token and weight-copy parts); 0 for a dense model."""
     shape = x.shape
-    if not shape.moe or grouped_gemm(x):
+    if not shape.moe:
         return 0.0
+    if grouped_gemm(x):
+        return sum(shape.sparse) / x.pp * cal.value("moe_grouped_layer_pass_s")
     return sum(shape.sparse) / x.pp * shape.num_experts / x.ep * cal.value("moe_expert_pass_s")
 
 
