@@ -192,8 +192,8 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
                         f"{x.rollout_tp}); planned as configured")
     if grouped_gemm(x):
         warnings.append("actor.moe_grouped_gemm=true: the experts' time is their active FLOPs at the dense rate plus "
-                        f"{cal.value('moe_grouped_layer_pass_s') * 1e3:.2f} ms per sparse layer and pass, fitted on one "
-                        "run (the Qwen3-30B-A3B slice at EP=2); other shapes are extrapolated")
+                        f"{cal.value('moe_grouped_layer_pass_s') * 1e3:.2f} ms per sparse layer and pass, fitted on "
+                        "one run (the Qwen3-30B-A3B slice at EP=2); other shapes are extrapolated")
     return Plan(x, dev, total / GIB, gpus, secs, warnings)
 
 
@@ -294,7 +294,8 @@ def suggestions(c: dict, plan: Plan, dev: str, total: float, pt=None, rt=None, l
             if set(a) & set(b):
                 continue
             consider({**a, **b})
-    fits = sorted((s for s in tried.values() if s.fits and s.overrides), key=lambda s: (s.step_s, len(s.overrides), s.peak_gib))
+    fits = sorted((s for s in tried.values() if s.fits and s.overrides),
+                  key=lambda s: (s.step_s, len(s.overrides), s.peak_gib))
     if fits:
         # keep the cheapest, and drop a suggestion that merely adds keys to a cheaper one already listed
         out: list[Suggestion] = []
