@@ -18,6 +18,7 @@ step's metrics are those of the rank that reports them.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 import torch.distributed as dist
@@ -201,7 +202,6 @@ def use_grouped_expert_gemm(model: torch.nn.Module) -> int:
                 or cfg.glu_linear_offset or w1.shape[0] % (2 * align) or w1.shape[1] % align):
             continue
         experts._rltrain_loop_forward = experts.forward
-        experts.forward = lambda hidden, tokens_per_expert, probs, experts=experts: _grouped_experts_forward(
-            experts, hidden, tokens_per_expert, probs)
+        experts.forward = types.MethodType(_grouped_experts_forward, experts)  # bound to this module
         switched += 1
     return switched
