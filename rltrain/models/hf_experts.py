@@ -20,20 +20,6 @@ FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 _FUSED_NAME = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 
 
-def sparse_layers(hf_config) -> list[int]:
-    """Per layer, 1 where transformers builds a sparse MoE block and 0 where a dense MLP (Qwen3MoeDecoderLayer's
-    rule: not in `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`); all 0 without experts."""
-    def get(key, default=None):
-        return getattr(hf_config, key, default) if not isinstance(hf_config, dict) else hf_config.get(key, default)
-
-    n = int(get("num_hidden_layers"))
-    if not int(get("num_experts", 0) or 0):
-        return [0] * n
-    step = int(get("decoder_sparse_step", 1) or 1)
-    dense = set(get("mlp_only_layers", None) or [])
-    return [int(i not in dense and (i + 1) % step == 0) for i in range(n)]
-
-
 def _is_fused(name: str, tensor_dim: int) -> re.Match | None:
     m = _FUSED_NAME.match(name)
     return m if m and tensor_dim == 3 else None

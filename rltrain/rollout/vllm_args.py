@@ -124,10 +124,8 @@ def checkpoint_is_moe(model: str) -> bool:
 def checkpoint_moe_layers(model: str) -> list[int]:
     """The indices of a local HF checkpoint's sparse (MoE) layers: the rows of vLLM's routed-experts output that
     hold routing (it keeps one per hidden layer, dense ones zero). Empty for a dense model or no config."""
-    from rltrain.models.hf_experts import sparse_layers
-
     hf_config = _checkpoint_config(model)
-    return [] if hf_config is None else [i for i, s in enumerate(sparse_layers(hf_config)) if s]
+    return [] if hf_config is None else [i for i, s in enumerate(flops.sparse_layers(hf_config)) if s]
 
 
 def checkpoint_head_dim(model: str) -> int | None:

@@ -24,8 +24,8 @@ def _get(cfg, key: str, default=None):
 
 def sparse_layers(cfg) -> list[int]:
     """Per layer, 1 where the model has a sparse MoE block and 0 where a dense MLP: Qwen3-MoE's rule (not in
-    `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`), as rltrain/models/hf_experts.py applies it; all 0
-    without `num_experts`."""
+    `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`); all 0 without `num_experts`. The one copy of the rule:
+    the Megatron builder, the vLLM engine's routing rows and the planner read it here."""
     n = int(_get(cfg, "num_hidden_layers"))
     if not int(_get(cfg, "num_experts", 0) or 0):
         return [0] * n

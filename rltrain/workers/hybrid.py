@@ -58,8 +58,8 @@ def routing_replay(cfg, hf_config, device: str) -> bool:
     """actor.moe_routing_replay for this run's model, decided once (the rollout role records the routing, the actor
     replays it; both read this): as set, or (null) on for an MoE model served by vLLM on GPU in a placement that
     supports it (docs/moe.md: where it was measured). True for a dense model is a user error."""
-    from rltrain.models.hf_experts import sparse_layers
     from rltrain.utils.errors import UserError
+    from rltrain.utils.flops import sparse_layers
 
     a, r = cfg.actor, cfg.rollout
     moe = any(sparse_layers(hf_config))

@@ -39,8 +39,8 @@ from megatron.core.utils import divide
 from rltrain.compat.megatron import (cuda_enabled, define_te_gemm_when_absent, patch_model_for_cpu,
                                      patch_moe_dispatch_for_cpu)
 from rltrain.models.engine_config import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
-from rltrain.models.hf_experts import sparse_layers
 from rltrain.utils.errors import UserError
+from rltrain.utils.flops import sparse_layers
 
 try:  # Transformer Engine is optional (GPU images); the local spec is used without it.
     import transformer_engine  # noqa: F401
