@@ -10,44 +10,25 @@ import time
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-
 from rltrain.rollout.base import SamplingParams
 from rltrain.rollout.hf import HFEngine
 from rltrain.rollout.partial import PartialRunner, generate_in_chunks
+from _tiny_models import VOCAB, UnicodeTokenizer, tiny_qwen3
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-VOCAB = 80
 NO_EOS = VOCAB + 1  # never sampled: responses end by length
-
-
-def tiny(seed: int) -> Qwen3ForCausalLM:
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-                         tie_word_embeddings=True, initializer_range=0.3)
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config).eval()
-
-
-class Chars:
-    """id i is the character chr(0x4E00 + i)."""
-
-    def decode(self, ids) -> str:
-        return "".join(chr(0x4E00 + int(i)) for i in ids)
-
-
 PROMPTS = [[5, 17, 33], [9, 2, 41, 60, 7, 12], [70]]
 
 
 @pytest.fixture(scope="module")
 def models():
-    return tiny(1), tiny(2)
+    return tiny_qwen3(1), tiny_qwen3(2)
 
 
 def engine(model, eos=NO_EOS) -> HFEngine:
-    fresh = tiny(0)
+    fresh = tiny_qwen3(0)
     fresh.load_state_dict(model.state_dict())
-    return HFEngine(fresh, tokenizer=Chars(), eos_token_id=eos, pad_token_id=0)
+    return HFEngine(fresh, tokenizer=UnicodeTokenizer(), eos_token_id=eos, pad_token_id=0)
 
 
 @torch.no_grad()
@@ -119,10 +100,10 @@ def test_a_stop_string_across_a_chunk_boundary_ends_the_row_where_unchunked_does
     old, _ = models
     eng = engine(old)
     plain = eng.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=12))[0]
-    stop = Chars().decode(plain.token_ids[2:4])  # completed by token 3, spanning the chunks [0, 1, 2] | [3, ..]
+    stop = UnicodeTokenizer().decode(plain.token_ids[2:4])  # completed by token 3, spanning the chunks [0, 1, 2] | [3, ..]
     sampling = SamplingParams(temperature=0.0, max_tokens=12, stop=(stop,))
     want = eng.generate([PROMPTS[0]], sampling)
-    got, versions = generate_in_chunks(eng, [PROMPTS[0]], sampling, chunk_tokens=3, decode=Chars().decode)
+    got, versions = generate_in_chunks(eng, [PROMPTS[0]], sampling, chunk_tokens=3, decode=UnicodeTokenizer().decode)
     assert fields(got) == fields(want) == [(0, plain.token_ids[:4], "stop", stop)]
     assert versions == [[0] * 4]
 
