@@ -189,17 +189,27 @@ class OffPolicyConfig:
     # correction tis (weight min(ratio, cap)) | mask (weight 1 inside [low, high], the unit dropped outside) |
     # mis (weight ratio inside [low, high], dropped outside). Dropped tokens keep their place in the loss's
     # denominator. actor.tis.enable=true stands for token_tis / seq_tis with actor.tis.cap (`effective`).
-    mode: str = "none"
+    # null: ASYNC_DEFAULT with trainer.async_rollout=true, none otherwise (the choice and its measurements:
+    # docs/benchmarks/2026-11-26-off-policy.md)
+    mode: Optional[str] = None
     cap: float = 2.0  # *_tis: upper truncation C >= 1
     low: float = 0.5  # *_mask, *_mis: the kept band [low, high], 0 < low <= 1 <= high (IcePop's 0.5 and 5)
     high: float = 5.0
 
+    # the correction of an asynchronous run that names none: of the ten modes at 4 batches in flight (grpo_tiny,
+    # vLLM, split 1+1, two seeds) the geometric-mean ratio ones kept their accuracy, the token and sequence ones fell
+    ASYNC_DEFAULT = "geo_tis"
+
     @staticmethod
-    def effective(actor: ActorConfig) -> OffPolicyConfig:
-        """The off-policy correction a run applies: actor.off_policy, or what actor.tis stands for when
-        actor.tis.enable (validate.py refuses a config that sets both). The one place actor.tis is mapped."""
+    def effective(actor: ActorConfig, *, async_rollout: bool) -> OffPolicyConfig:
+        """The off-policy correction a run applies: actor.off_policy (null mode: ASYNC_DEFAULT when the rollout is
+        asynchronous, else none), or what actor.tis stands for when actor.tis.enable (validate.py refuses a config
+        that sets both). The one place actor.tis and the null mode are mapped."""
         tis, op = actor.tis, actor.off_policy
         if not tis.enable:
+            if op.mode is None:
+                return OffPolicyConfig(mode=OffPolicyConfig.ASYNC_DEFAULT if async_rollout else "none", cap=op.cap,
+                                       low=op.low, high=op.high)
             return op
         modes = {"token": "token_tis", "sequence": "seq_tis"}  # actor.tis.mode -> off-policy mode
         if tis.mode not in modes:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rltrain.config.schema import OffPolicyConfig
 from rltrain.models.presets import BUILTINS
 from rltrain.utils.errors import UserError
 
@@ -214,9 +215,10 @@ def _actor(e: list, cfg) -> None:
     _choice(e, "actor.tis.mode", a.tis.mode, TIS_MODES)
     if not 1.0 <= a.tis.cap < math.inf:
         e.append(f"actor.tis.cap={a.tis.cap} is impossible; it must be >= 1 and finite (the ratio's upper truncation)")
-    op = a.off_policy
+    op = OffPolicyConfig.effective(a, async_rollout=cfg.trainer.async_rollout) if a.off_policy.mode is None \
+        else a.off_policy  # null: the mode it stands for, whose arguments are checked
     _choice(e, "actor.off_policy.mode", op.mode, OFF_POLICY_MODES)
-    if a.tis.enable and op.mode != "none":
+    if a.tis.enable and a.off_policy.mode not in (None, "none"):
         e.append(f"actor.tis.enable=true and actor.off_policy.mode={op.mode!r} both set an off-policy correction; "
                  "set only one (actor.tis.enable=true is actor.off_policy.mode=token_tis or seq_tis)")
     elif op.mode in OFF_POLICY_MODES:

@@ -154,7 +154,8 @@ class PPOTrainer:
             old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
         batch = batch.replace(old_logprobs=old)
         m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
-        m.update(_mismatch_metrics(batch, OffPolicyConfig.effective(self.cfg.actor)))
+        op = OffPolicyConfig.effective(self.cfg.actor, async_rollout=self.cfg.trainer.async_rollout)
+        m.update(_mismatch_metrics(batch, op))
         if self.use_ref:
             with timer("ref", m):
                 ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)

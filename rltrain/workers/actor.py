@@ -112,12 +112,13 @@ class PolicyLoss(LossFn):
         self.needs_entropy_grad = entropy_coef != 0.0
 
     @classmethod
-    def from_config(cls, a: ActorConfig) -> PolicyLoss:
+    def from_config(cls, a: ActorConfig, *, async_rollout: bool = False) -> PolicyLoss:
         """The actor's loss of a run's actor.* keys; the off-policy correction is actor.off_policy, or what
-        actor.tis stands for (OffPolicyConfig.effective)."""
+        actor.tis stands for, or the asynchronous default (OffPolicyConfig.effective)."""
         return cls(mode=a.loss_mode, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                    agg=a.loss_agg_mode, entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss,
-                   kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, off_policy=OffPolicyConfig.effective(a))
+                   kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+                   off_policy=OffPolicyConfig.effective(a, async_rollout=async_rollout))
 
     @property
     def needs_sampler_logprobs(self) -> bool:
@@ -208,7 +209,7 @@ class ActorRole:
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
                                    compute=actor_cfg.group(LayerComputeConfig), moe=actor_cfg.group(MoEConfig),
                                    head=trainer_cfg.group(LogprobHeadConfig))
-        self.loss = PolicyLoss.from_config(actor_cfg)
+        self.loss = PolicyLoss.from_config(actor_cfg, async_rollout=trainer_cfg.async_rollout)
 
     # ------------------------------------------------------------------ forward-only
     @torch.no_grad()

@@ -16,7 +16,8 @@ from rltrain.workers.actor import PolicyLoss
 
 
 def _effective(cfg_for, *overrides):
-    return OffPolicyConfig.effective(as_config(cfg_for(*overrides)).actor)
+    cfg = as_config(cfg_for(*overrides))
+    return OffPolicyConfig.effective(cfg.actor, async_rollout=cfg.trainer.async_rollout)
 
 
 def test_effective_setting_maps_actor_tis_and_defaults_to_none(cfg_for):
@@ -29,6 +30,20 @@ def test_effective_setting_maps_actor_tis_and_defaults_to_none(cfg_for):
     assert (op.mode, op.low, op.high) == ("token_mis", 0.25, 4.0)
     op = _effective(cfg_for, "actor.tis.mode=sequence")  # tis.mode alone (tis.enable=false) changes nothing
     assert op.mode == "none"
+
+
+def test_the_null_mode_is_geo_tis_only_for_an_asynchronous_rollout(cfg_for):
+    """actor.off_policy.mode=null (the default): none when synchronous, geo_tis with its cap when asynchronous; a
+    named mode or actor.tis.enable wins either way, and a null mode's arguments are checked as geo_tis's."""
+    split = ["trainer.colocate=false", "trainer.use_ray=true"]
+    assert as_config(cfg_for()).actor.off_policy.mode is None
+    op = _effective(cfg_for, *split, "trainer.async_rollout=true", "actor.off_policy.cap=3")
+    assert (op.mode, op.cap) == ("geo_tis", 3.0)
+    assert _effective(cfg_for, *split, "trainer.async_rollout=true", "actor.off_policy.mode=none").mode == "none"
+    assert _effective(cfg_for, *split, "trainer.async_rollout=true", "actor.tis.enable=true").mode == "token_tis"
+    with pytest.raises(ConfigError, match="actor.off_policy.cap"):
+        cfg_for(*split, "trainer.async_rollout=true", "actor.off_policy.cap=0.5")
+    cfg_for("actor.off_policy.cap=0.5")  # synchronous: null is none, which takes no cap
 
 
 @pytest.mark.parametrize("tis_mode", TIS_MODES)
