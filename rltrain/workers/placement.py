@@ -133,7 +133,10 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
         e.append(f"rollout.tensor_parallel_size={rtp}: the hf engine runs a whole model per worker; use 1 "
                  "(or rollout.engine=vllm)")
     if t.colocate:
-        if world % rtp or per_node % rtp:
+        why = colocated_vllm_tp_error(world, rtp) if r.engine == "vllm" else None
+        if why:
+            e.append(why)
+        elif world % rtp or per_node % rtp:
             e.append(f"rollout.tensor_parallel_size={rtp} must divide trainer.n_gpus_per_node={per_node} when "
                      "colocated (a rollout replica lives on the devices of one node)")
         if r.num_replicas:
@@ -142,6 +145,18 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
     elif r.num_replicas is not None and r.num_replicas < 1:
         e.append(f"rollout.num_replicas={r.num_replicas} is impossible; use a positive number or null")
     return e
+
+
+def colocated_vllm_tp_error(world: int, tensor_parallel_size: int) -> str | None:
+    """Why a colocated group of `world` processes cannot run vLLM at `tensor_parallel_size` (None when it can):
+    each process runs one vLLM worker, and the group's processes are one tensor-parallel engine (one engine per GPU
+    inside a colocated group is not built). The one copy of this rule: config checks (placement_errors) and the
+    rollout worker (workers/rollout.py) both ask it; rltrain.plan, which may not import workers/, warns alike."""
+    if world <= 1 or world == tensor_parallel_size:
+        return None
+    return (f"rollout.engine=vllm colocated makes the group's {world} processes one tensor-parallel engine: set "
+            f"rollout.tensor_parallel_size={world} (now {tensor_parallel_size}), or change the GPUs per group "
+            "(trainer.n_gpus_per_node), or generate on GPUs of its own (trainer.colocate=false)")
 
 
 def engines_per_gpu_error(k: int, *, engine: str, tensor_parallel_size: int, colocated: bool,

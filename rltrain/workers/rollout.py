@@ -193,15 +193,14 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     from rltrain.config.schema import RolloutConfig
     from rltrain.rollout.sync import transfer_backend
     from rltrain.rollout.vllm import VLLMEngine
-    from rltrain.workers.placement import engines_per_gpu_error
+    from rltrain.workers.placement import colocated_vllm_tp_error, engines_per_gpu_error
 
     c = as_config(c, RolloutConfig)  # a RolloutConfig, or a dict of one (tests start engines with dicts)
     tp = c.tensor_parallel_size
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and world != tp:
-        raise ValueError(f"rollout.engine=vllm runs one vLLM worker per process of its group and makes the group's "
-                         f"{world} processes one tensor-parallel engine: set rollout.tensor_parallel_size={world} "
-                         f"(now {tp}), or change the GPUs per group (trainer.n_gpus_per_node)")
+    why = colocated_vllm_tp_error(world, tp)
+    if why:
+        raise ValueError(why)
     source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     tmp = None
     if not (source and _is_checkpoint(source)):

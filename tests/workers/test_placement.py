@@ -105,6 +105,10 @@ def test_cpu_devices_are_processes():
     (dict(trainer__use_ray=False, trainer__n_gpus_per_node=2), ["trainer.use_ray"]),
     (dict(trainer__n_gpus_per_node=4, actor__tensor_parallel_size=2, actor__expert_parallel_size=4),
      ["actor.expert_parallel_size=4 must divide the data-parallel size 2"]),
+    # colocated vLLM: the group's processes are one engine (the 2026-11-26 run reached the workers and stopped there)
+    (dict(trainer__n_gpus_per_node=2, rollout__engine="vllm"), ["rollout.tensor_parallel_size=2 (now 1)"]),
+    (dict(trainer__n_gpus_per_node=4, rollout__engine="vllm", rollout__tensor_parallel_size=2),
+     ["rollout.tensor_parallel_size=4 (now 2)", "trainer.colocate=false"]),
 ])
 def test_impossible_placements_name_the_keys(over, keys):
     errors = placement_errors(cfg(**over), device="cuda")
@@ -113,6 +117,13 @@ def test_impossible_placements_name_the_keys(over, keys):
         assert key in " ".join(errors)
     with pytest.raises(PlacementError):
         plan_groups(cfg(**over), device="cuda", use_ref=False, use_critic=False)
+
+
+def test_vllm_engines_that_match_their_group_are_placed():
+    for over in (dict(rollout__engine="vllm"), dict(trainer__n_gpus_per_node=2, rollout__engine="vllm",
+                                                    rollout__tensor_parallel_size=2),
+                 dict(trainer__n_gpus_per_node=2, trainer__colocate=False, rollout__engine="vllm")):
+        assert placement_errors(cfg(**over), device="cuda") == [], over
 
 
 def test_cpu_share_fits_the_node():
