@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = float(2**30)
+RATE_HIDDEN = 1024  # hidden size of the Qwen3-0.6B shape on which the update rates were measured
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,12 @@ TIME: dict[str, Const] = {
                           "model TFLOP (0.6B, 8,192 tokens)"),
     "update_tflops_compile_none": Const(
         361.6684, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s"),
+    # the rates above are the Qwen3-0.6B's (hidden size 1,024); a wider model runs its GEMMs nearer the peak (the
+    # GEMM FLOPs grow as h^2, the elementwise work and launches around them as h): x (h / 1024)^this
+    "update_rate_width_exponent": Const(
+        0.2654, "exponent", "update/bench_update_h200_4b.json, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
+                            "2,560, 8,192 tokens, torch.compile) 0.5574 s, 461 model TFLOP/s against the 0.6B's 362 "
+                            "(06b-8k-all)"),
     # activation recompute: one more forward of the recomputed part, as a factor on the update's time
     "recompute_full_time_factor": Const(
         1.2602, "x update time", "gpu_smoke_h100_steps.json, 2026-11-22, H100: step8k fused rows, 0.3268 s with full "
@@ -106,7 +113,9 @@ TIME: dict[str, Const] = {
                                  "/ 4b-32k-all-rc_full 4.483 s x recompute_full_time_factor"),
     "tp2_efficiency": Const(
         0.6999, "fraction", "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: "
-                            "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2))"),
+                            "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2)); "
+                            "torch.compile's layers (elementwise_fusion compile, and mcore) only: the fusion-none "
+                            "4B TP=2 GRPO step of 2026-11-26 shows no such loss"),
     # short-sequence GRPO phases: a fixed cost per micro-batch and layer (kernel launches, Python) on top of the FLOPs
     # at the rates above (per layer: the 8-layer dense twin of 2026-11-26 took 0.19 s where 28 layers' fixed cost
     # alone would be 0.22 s)
@@ -121,20 +130,22 @@ TIME: dict[str, Const] = {
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(
-        0.0004044, "s per local expert x sparse layer x forward pass",
+        0.0004125, "s per local expert x sparse layer x forward pass",
         "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
         "passes) less its active FLOPs at the update rate and update_mb_layer_s"),
     # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
     # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
     "moe_grouped_layer_pass_s": Const(
-        0.003104, "s per sparse layer x forward pass",
+        0.00362, "s per sparse layer x forward pass",
         "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and update_mb_layer_s"),
-    "vllm_step_overhead_s": Const(
-        0.01307, "s per decode step", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: gen 0.842 s for 64 decode "
-                                     "steps of 256 sequences (host-bound engine in the trainer's process)"),
+    "vllm_seq_step_s": Const(
+        4.589e-05, "s per sequence x decode step",
+        "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
+        "sequences (the engine's host work per sequence and step: scheduling, sampling, detokenizing; 512 sequences "
+        "took 2.0-2.8x as long as 256 on 2026-11-26)"),
     "hf_step_s": Const(
         0.03864, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
                                      "steps of 256 sequences (rltrain's own decoder, one Python loop per token)"),
@@ -145,9 +156,9 @@ TIME: dict[str, Const] = {
     "hf_sleep_wake_s": Const(
         0.402, "s", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: rollout_sleep 0.134 + rollout_wake 0.268 "
                     "(level 1: to host and back)", "measured"),
-    "reload_s_per_gb": Const(
-        0.1352, "s/GB", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 - wake 0.127 s "
-                        "for 1.19 GB of bf16 weights (colocated in-place reload)"),
+    "reload_s_per_tensor": Const(
+        0.0005198, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 "
+                                            "- wake 0.127 s for the 0.6B's 310 tensors (colocated in-place reload)"),
     "split_sync_s_per_gb": Const(
         0.1612, "s/GB", "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s for "
                         "1.19 GB (NCCL broadcast into vLLM's weight-transfer engine)"),

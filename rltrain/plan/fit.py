@@ -2,6 +2,7 @@
 
     python -m rltrain.plan.fit            # the fitted constants (paste into calibration.py) + predicted vs measured
     python -m rltrain.plan.fit --markdown # the predicted-vs-measured table of docs/plan.md
+    python -m rltrain.plan.fit --steps    # its whole-step summary (memory counters and step time per run)
     python -m rltrain.plan.fit --write    # write the refit values into calibration.py (after a new run is added)
     python -m rltrain.plan.fit --docs docs/plan.md   # then regenerate the doc's example and tables
 
@@ -24,7 +25,7 @@ from rltrain.plan import calibration as cal
 from rltrain.plan.fit_cases import Case, cases, compose, load, results_dir  # noqa: F401 (results_dir: re-exported)
 from rltrain.plan.inputs import read
 from rltrain.plan.memory import GIB, ns, plan_gpus
-from rltrain.plan.timing import phase_seconds, train_seconds
+from rltrain.plan.timing import phase_seconds, train_seconds, weight_tensors
 from rltrain.utils import flops
 
 
@@ -64,8 +65,12 @@ def predict(case: Case, cfg: dict | None = None) -> dict[str, float]:
     out["old_log_prob_s"] = secs["detail/old_log_prob"]
     out["update_s"] = secs["update"]
     out["weight_sync_s"] = secs["weight sync"]
+    out["ref_s"] = secs.get("detail/ref", 0.0)
+    out["step_s"] = secs["step"]
     train = [g for g in gpus if g.roles != ("rollout",)]
     out["allocator_peak_gib"] = max(g.allocator_peak_bytes for g in train) / GIB
+    out["allocator_reserved_gib"] = max(g.allocator_reserved_bytes for g in train) / GIB
+    out["device_peak_gib"] = max(g.peak_bytes for g in train) / GIB
     roll = [g for g in gpus if g.roles == ("rollout",)]
     if roll:
         out["rollout_allocator_peak_gib"] = max(g.allocator_peak_bytes for g in roll) / GIB
@@ -121,7 +126,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
         d1 = predict(un)["peak_gib"] - predict(fu)["peak_gib"] - d0
     fitted["logits_bytes_per_element"] = (diff - d0) / d1
     stack.enter_context(constant("logits_bytes_per_element", fitted["logits_bytes_per_element"]))
-    fit_rows = [c for c in cs.values() if c.role == "fit" and c.kind == "update"]
+    fit_rows = [c for c in cs.values() if c.kind == "update" and c.role_of("peak_gib") == "fit"]
     fitted["allocator_slack"] = sum(c.measured["reserved_gib"] / c.measured["peak_gib"] - 1 for c in fit_rows) / len(
         fit_rows)
     v = load("vllm_x2/bench_rollout_variants_h200.json")
@@ -136,6 +141,9 @@ def fit(verbose: bool = True) -> dict[str, float]:
         T = x.max_prompt_length + x.max_response_length
         fitted[const] = flops.train_flops(ns(x.shape), T, T) / c.measured["step_s"] / 1e12
         stack.enter_context(constant(const, fitted[const]))
+    # how the rate grows with the hidden size: the 4B's compiled 8k row against the 0.6B's (fitted above)
+    fitted["update_rate_width_exponent"] = _solve("update_rate_width_exponent", by("4b-8k-all", "update/"), "step_s")
+    stack.enter_context(constant("update_rate_width_exponent", fitted["update_rate_width_exponent"]))
     sm = {(r["fused"], r["recompute"]): r["step_s"] for r in load("gpu_smoke_h100_steps.json")["step8k"]}
     fitted["recompute_full_time_factor"] = sm[(True, True)] / sm[(True, False)]
     stack.enter_context(constant("recompute_full_time_factor", fitted["recompute_full_time_factor"]))
@@ -155,10 +163,12 @@ def fit(verbose: bool = True) -> dict[str, float]:
     grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")
     fitted["moe_grouped_layer_pass_s"] = _solve("moe_grouped_layer_pass_s", grouped, "update_s")
     fitted["hf_step_s"] = _solve("hf_step_s", hf, "generation_s")
-    fitted["vllm_step_overhead_s"] = _solve("vllm_step_overhead_s", vl, "generation_s")
+    split = by("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1")
+    fitted["vllm_seq_step_s"] = _solve("vllm_seq_step_s", split, "generation_s")
     vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]
+    tensors = weight_tensors(read(compose(vl.overrides)).shape)
+    fitted["reload_s_per_tensor"] = (vm["timing_s/update_weights"] - vm["timing_s/rollout_wake"]) / tensors
     gb = 2 * 596.04992e6 / 1e9
-    fitted["reload_s_per_gb"] = (vm["timing_s/update_weights"] - vm["timing_s/rollout_wake"]) / gb
     sp = load("vllm_x2/placements_qwen06b_split_1p1.json")["qwen06b"]["split_1p1"]["timing_s"]
     fitted["split_sync_s_per_gb"] = sp["update_weights"] / gb
     stack.close()
@@ -227,6 +237,9 @@ def write_docs(path: str) -> None:
     a = s.index("| run | source")
     b = s.index("\n\nIn short")
     s = s[:a] + markdown(rows) + "\n\n" + summary(rows) + s[b:]
+    a = s.index("| run | file | role (memory / step)")
+    b = s.index("\n\n", a)
+    s = s[:a] + step_table(rows) + s[b:]
     with open(path, "w") as f:
         f.write(s)
 
@@ -263,6 +276,28 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def step_table(rows: list[dict[str, Any]]) -> str:
+    """One line per whole GRPO step run: max_memory_allocated and max_memory_reserved of its training GPU(s) and the
+    step's seconds, each measured, predicted, error, and the run's role for them."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r["quantity"] in ("allocator_peak_gib", "allocator_reserved_gib", "step_s"):
+            by.setdefault(r["case"] + " | " + r["source"].split(",")[0], {})[r["quantity"]] = r
+    lines = ["| run | file | role (memory / step) | allocated GiB: measured | predicted | error | reserved GiB: measured "
+             "| predicted | error | step s: measured | predicted | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, q in by.items():
+        if "step_s" not in q or "allocator_peak_gib" not in q:  # whole steps only (not the update benchmarks)
+            continue
+        name, src = key.split(" | ")
+        cells = []
+        for k in ("allocator_peak_gib", "allocator_reserved_gib", "step_s"):
+            r = q.get(k)
+            cells += ([f"{r['measured']:.2f}", f"{r['predicted']:.2f}", f"{r['error_pct']:+.1f}%"] if r else ["-"] * 3)
+        mem = q.get("allocator_peak_gib", {}).get("role", "-")
+        lines.append(f"| {name} | {src} | {mem} / {q['step_s']['role']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     out = []
     for role in ("fit", "held out", "legacy"):
@@ -281,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the predicted-vs-measured table only")
     ap.add_argument("--write", action="store_true", help="write the refit values into calibration.py")
     ap.add_argument("--constants", action="store_true", help="print the constants table of docs/plan.md")
+    ap.add_argument("--steps", action="store_true", help="print the whole-step table of docs/plan.md")
     ap.add_argument("--docs", metavar="PATH", help="rewrite the generated blocks of docs/plan.md at PATH")
     args = ap.parse_args(argv)
     if args.docs:
@@ -288,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.constants:
         print(constants_markdown())
+        return 0
+    if args.steps:
+        print(step_table(compare()))
         return 0
     if args.write:
         write_calibration(fit(verbose=False))

@@ -103,6 +103,7 @@ def cases() -> list[Case]:
     fit_rows = {"06b-8k-norms+optim": "act_none_fusion_none", "06b-8k-all": "act_none_fusion_compile",
                 "06b-8k-mcore-tp2": "act_none_fusion_mcore", "06b-32k-all-rc_selective": "act_selective",
                 "06b-64k-all-rc_full": "act_full_working"}
+    time_rows = {"4b-8k-all": "update_rate_width_exponent", "4b-8k-all-tp2": "tp2_efficiency"}  # step time only
     for rel in ("update/bench_update.json", "update/bench_update_h100_64k.json", "update/bench_update_h200_4b.json",
                 "update/bench_update_h200_tp2.json"):
         d = load(rel)
@@ -111,12 +112,13 @@ def cases() -> list[Case]:
                 continue
             name = row["row"]["name"]
             legacy = row["row"].get("norms") == "fp32"
+            fitted = () if name in ("06b-8k-norms+optim", "06b-8k-all") else (
+                ("step_s",) if name in time_rows else ("peak_gib",))
             out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), bench_overrides(row),
-                            "fit" if name in fit_rows else ("legacy" if legacy else "held out"),
+                            "fit" if (name in fit_rows or name in time_rows) else ("legacy" if legacy else "held out"),
                             {"peak_gib": row["peak_gib"], "step_s": row["step_s"],
                              "reserved_gib": row.get("reserved_gib", 0.0)},
-                            fits_constant=fit_rows.get(name, ""),
-                            fitted=() if name in ("06b-8k-norms+optim", "06b-8k-all") else ("peak_gib",)))
+                            fits_constant=fit_rows.get(name, "") or time_rows.get(name, ""), fitted=fitted))
     d = load("gpu_smoke_h100_steps.json")
     for sec in ("step8k", "longctx"):
         for row in d[sec]:
@@ -135,7 +137,7 @@ def cases() -> list[Case]:
                             {"fits": 0.0}))
     # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
     fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
-                "grpo vllm": ("generation_s", "weight_sync_s")}
+                "grpo vllm": ("weight_sync_s",)}  # reload_s_per_tensor (its update_weights less its wake)
     steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
              ("grpo vllm", "vllm/gpu_smoke_grpo_vllm.json", ["rollout=vllm"], "fit"),
              ("grpo hf, compile", "update/gpu_smoke_grpo_compile.json", ["actor.elementwise_fusion=compile"],
@@ -155,9 +157,11 @@ def cases() -> list[Case]:
         meas = {"allocator_peak_gib": m["perf/max_memory_allocated_gb"], "generation_s": m["timing_s/gen"],
                 "old_log_prob_s": m["timing_s/old_log_prob"], "update_s": m["timing_s/update_actor"],
                 "weight_sync_s": m["timing_s/update_weights"] + m.get("timing_s/rollout_sleep", 0.0)}
+        meas.update({q: m[k] for q, k in (("ref_s", "timing_s/ref"), ("step_s", "timing_s/step")) if k in m})
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), GRPO_06B + extra, role, meas,
                         "step", GRPO_LENGTHS, fitted=fitted_q.get(name, ()) if role == "fit" else ()))
     out += placement_cases()
+    out += scaling_cases()
     for name, rel, role in (("vLLM alone, 256 x (128 + 1024)", "vllm/bench_rollout_1k.json", "held out"),
                             ("vLLM alone, 256 x (64 + 64)", "vllm_x2/bench_rollout_variants_h200.json", "fit")):
         d = load(rel)
@@ -180,7 +184,7 @@ def placement_cases() -> list[Case]:
     # dense twin (2026-11-26; docs/benchmarks/2026-11-26-moe-on-two-gpus.md); (name, file, key, role, fitted)
     moe, moe_r, moe_g = "moe_h200x2_2026-11-26/", "moe_replay_h200x2_2026-11-26/", "moe_grouped_gemm_h200x2_2026-11-26/"
     placements = [("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1.json", "split_1p1", "fit",
-                   ("weight_sync_s",)),  # split_sync_s_per_gb is solved from its weight sync
+                   ("weight_sync_s", "generation_s")),  # split_sync_s_per_gb, vllm_seq_step_s
                   ("placement colocated TP=2", "vllm_x2/placements_qwen06b_colocated_tp2.json", "colocated_tp2",
                    "held out", ()),
                   ("MoE slice EP=2, vLLM", moe + "moe_slice_gpu_placements.json", "colocated_dp2", "fit",
@@ -209,8 +213,62 @@ def placement_cases() -> list[Case]:
         meas = {"allocator_peak_gib": max(v for k, v in peaks.items() if not k.startswith("rollout")),
                 "old_log_prob_s": r["timing_s"]["old_log_prob"], "update_s": r["timing_s"]["update_actor"],
                 "generation_s": r["timing_s"]["gen"], "weight_sync_s": r["timing_s"]["update_weights"]}
+        meas.update({q: r["timing_s"][k] for q, k in (("ref_s", "ref"), ("step_s", "step")) if k in r["timing_s"]})
         if any(k.startswith("rollout") for k in peaks):
             meas["rollout_allocator_peak_gib"] = max(v for k, v in peaks.items() if k.startswith("rollout"))
+        out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
+                        GRPO_LENGTHS, fitted=fitted))
+    return out
+
+
+def steady_means(rel: str, first_step: int = 3) -> dict[str, float]:
+    """The means of a trainer's per-step jsonl log (`*_metrics.jsonl`) over steps >= `first_step` (the tools' steady
+    steps), every numeric key."""
+    with open(os.path.join(results_dir(), rel)) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    steady = [r for r in rows if r.get("step", 0) >= first_step] or rows[-1:]
+    keys = {k for r in steady for k, v in r.items() if isinstance(v, (int, float))}
+    return {k: sum(r[k] for r in steady if k in r) / sum(1 for r in steady if k in r) for k in keys}
+
+
+# the tools/gpu_placements.py runs of 2026-11-26 on 2 x H200 with their per-step logs (`--only qwen06b --engine vllm`:
+# the Qwen3-0.6B shape, or the 4B with model.builtin=qwen3-4b, KL loss, colocated with vLLM, Ray), and the split 1+1
+# run of docs/benchmarks/2026-11-26-refactor-on-two-gpus.md; (name, report, placement key, per-step log, role, fitted)
+SCALING = "scaling_vllm_h200x2_2026-11-26/"
+SCALING_RUNS = [
+    ("0.6B single, 32 x 8", SCALING + "b32.json", "single", SCALING + "b32_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("0.6B single, 64 x 8", SCALING + "b64.json", "single", SCALING + "b64_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2 + vLLM TP=2, 32 x 8", SCALING + "e32.json", "colocated_dp2", SCALING + "e32_metrics.jsonl",
+     "held out", ()),
+    ("0.6B colocated DP=2 + vLLM TP=2, 64 x 8", SCALING + "b64.json", "colocated_dp2",
+     SCALING + "b64_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
+    ("4B colocated TP=2 + vLLM TP=2, 32 x 8", SCALING + "d4b.json", "colocated_tp2", SCALING + "d4b_metrics.jsonl",
+     "held out", ()),
+    ("0.6B split 1+1 (refactor day)", "refactor_h200x2_2026-11-26/qwen06b_split_vllm.json", "split_1p1",
+     "refactor_h200x2_2026-11-26/qwen06b_split_vllm_metrics.jsonl", "held out", ()),
+]
+
+
+def scaling_cases() -> list[Case]:
+    """SCALING_RUNS as Cases: the overrides of the run's command, the steady-step means of its per-step log (steps 3..,
+    as the tool's report): max_memory_allocated of the training ranks (and the rollout ranks), every phase, and the
+    whole step."""
+    out: list[Case] = []
+    for name, rel, key, log, role, fitted in SCALING_RUNS:
+        d = load(rel)
+        r = d["qwen06b"][key]
+        ov = [o for o in r["command"].split()[4:] if not o.startswith(("trainer.ray_address", "hydra."))]
+        m = steady_means(log)
+        alloc = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("perf/max_memory_allocated_gb/")}
+        res = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("perf/max_memory_reserved_gb/")}
+        meas = {"allocator_peak_gib": max(v for k, v in alloc.items() if not k.startswith("rollout")),
+                "allocator_reserved_gib": max(v for k, v in res.items() if not k.startswith("rollout")),
+                "generation_s": m["timing_s/gen"], "old_log_prob_s": m["timing_s/old_log_prob"],
+                "ref_s": m["timing_s/ref"], "update_s": m["timing_s/update_actor"],
+                "weight_sync_s": m["timing_s/update_weights"] + m.get("timing_s/rollout_sleep", 0.0),
+                "step_s": m["timing_s/step"]}
+        if any(k.startswith("rollout") for k in alloc):
+            meas["rollout_allocator_peak_gib"] = max(v for k, v in alloc.items() if k.startswith("rollout"))
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
                         GRPO_LENGTHS, fitted=fitted))
     return out

@@ -180,6 +180,21 @@ class GPU:
         return max(p.torch_bytes for p in self.phases)
 
     @property
+    def allocator_reserved_bytes(self) -> float:
+        """What torch.cuda.max_memory_reserved reports on this GPU's process: as allocator_peak_bytes, the training
+        tensors with the caching allocator's slack (vLLM's pool is one block: none). With vLLM in the process this
+        counter, like the allocated one, adds vLLM's share to the training peak although the card never holds both
+        (sleep unmaps the pool below torch's counters): neither counter is the card's peak (peak_bytes) there."""
+        vllm = max((p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
+        train = max(((p.torch_bytes - p.parts.get("vllm (weights + KV cache)", 0.0)) * (1 + self.slack)
+                     for p in self.phases), default=0.0)
+        if not self.vllm_in_process:
+            return train
+        if vllm and self.roles != ("rollout",):
+            return vllm + train
+        return max(p.device_bytes(self.slack) - sum(p.non_torch.values()) for p in self.phases)
+
+    @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.total_bytes and not self.refusals
 

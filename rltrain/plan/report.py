@@ -86,6 +86,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "gpu": g.index, "roles": list(g.roles), "pipeline_stage": g.stage,
             "peak_gib": round(g.peak_bytes / GIB, 3), "peak_phase": peak.name, "fits": g.fits,
             "allocator_peak_gib": round(g.allocator_peak_bytes / GIB, 3),
+            "allocator_reserved_gib": round(g.allocator_reserved_bytes / GIB, 3),
             "sleep_frees_gib": round(g.sleep_frees_bytes / GIB, 3),
             "phases": {p.name: {"device_gib": round(p.device_bytes(g.slack) / GIB, 3),
                                 "parts_gib": {k: round(v / GIB, 3) for k, v in {**p.parts, **p.non_torch}.items()}}

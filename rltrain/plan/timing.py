@@ -2,19 +2,23 @@
 
   generation   per rollout replica, its share of train_batch_size x n sequences in waves of at most vLLM's
                1,024 (rollout/vllm.py MAX_NUM_SEQS) or as many as its KV cache holds at full length (hf:
-               rollout.max_batch_size); each of max_response_length decode steps costs vllm_step_overhead_s (the
-               engine's host work) or (weights + the wave's KV cache at its mean context) / HBM bandwidth, the larger
+               rollout.max_batch_size); each of max_response_length decode steps costs vllm_seq_step_s per sequence of
+               the wave (the engine's host work: scheduling, sampling, detokenizing each sequence) or (weights + the
+               wave's KV cache at its mean context) / HBM bandwidth, the larger
                (they overlap; hf: hf_step_s; MoE: of the experts, those the wave routes to); prefill at the forward
                rate.
   log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
                ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
                recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch).
-  update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none, times
-               recompute_<full|selective>_time_factor with recompute (TP > 1: the rate times tp2_efficiency per
-               doubling; PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch and layer
+  update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
+               update_rate_width_exponent (the rates are the 0.6B's; a wider model's GEMMs dominate its elementwise
+               work), times recompute_<full|selective>_time_factor with recompute (TP > 1 with torch.compile's
+               layers: the rate times tp2_efficiency per doubling; fusion none: no loss; PP: + the 1F1B bubble
+               (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch and layer
                (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute).
-  weight sync  colocated vLLM: sleep + wake + bf16 bytes x reload_s_per_gb; hf: its level-1 sleep + wake + the same
-               reload; split: bf16 bytes x split_sync_s_per_gb.
+  weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
+               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); hf: its level-1 sleep +
+               wake + the same reload; split: bf16 bytes x split_sync_s_per_gb.
 The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
 """
 
@@ -34,10 +38,12 @@ def update_rate(x: Inputs, *, recompute: bool | None = None) -> float:
     recompute, divided by its time factor (the extra forward is not counted as model FLOPs)."""
     rc = x.recompute if recompute is None else recompute
     rate = cal.value("update_tflops_none_none" if x.fusion == "none" else "update_tflops_compile_none")
+    rate *= (x.shape.hidden_size / cal.RATE_HIDDEN) ** cal.value("update_rate_width_exponent")
     if rc:
         selective = x.recompute_granularity == "selective" and "mlp" in x.recompute_modules
         rate /= cal.value("recompute_selective_time_factor" if selective else "recompute_full_time_factor")
-    tp_eff = cal.value("tp2_efficiency") ** math.log2(x.tp) if x.tp > 1 else 1.0
+    # the TP loss was measured with torch.compile's layers (the 4B pair); the fusion-none 4B step at TP=2 showed none
+    tp_eff = cal.value("tp2_efficiency") ** math.log2(x.tp) if (x.tp > 1 and x.fusion != "none") else 1.0
     return rate * 1e12 * tp_eff
 
 
@@ -84,8 +90,9 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
         waves = math.ceil(seqs / wave)
         ctx = prompt + (resp + 1) / 2
         weights = decode_weight_bytes(x, wave)
-        # the engine's host work per step and the GPU's reads overlap (CUDA launches are asynchronous): the larger
-        step = max(cal.value("vllm_step_overhead_s"), (weights + wave * ctx * kv_tok) / hbm)
+        # the engine's host work per step (scheduling, sampling and detokenizing each sequence of the wave) and the
+        # GPU's reads overlap (CUDA launches are asynchronous): the larger
+        step = max(cal.value("vllm_seq_step_s") * wave, (weights + wave * ctx * kv_tok) / hbm)
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
         return waves * resp * step + prefill
@@ -126,13 +133,28 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     return out
 
 
+def weight_tensors(shape) -> int:
+    """The checkpoint's named tensors (what a colocated reload hands the engine one by one): per dense layer q, k, v,
+    o, gate, up, down and the two RMSNorms (+ Qwen3's q/k norms); a sparse layer's router and 3 per expert in place of
+    the MLP's three; the embedding, the final norm and an untied LM head."""
+    s = ns(shape)
+    norms = 2 + (2 if s.model_type in ("qwen3", "qwen3_moe") else 0)
+    n = 0
+    for sparse in flops.sparse_layers(s):
+        n += 4 + norms + ((1 + 3 * s.num_experts) if sparse else 3)
+    return n + 2 + (0 if s.tie_word_embeddings else 1)
+
+
 def sync_seconds(x: Inputs) -> float:
     gb = full_params(x.shape) * x.dtype_bytes / 1e9
     if not (x.colocate or not x.use_ray):
         return gb * cal.value("split_sync_s_per_gb")
+    # in place: the engine's load_weights takes the checkpoint's tensors one at a time (a fixed cost per tensor: the
+    # 4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s)
+    reload = weight_tensors(x.shape) * cal.value("reload_s_per_tensor")
     if x.engine == "vllm" and x.device != "cpu":
-        return cal.value("vllm_sleep_s") + cal.value("vllm_wake_s") + gb * cal.value("reload_s_per_gb")
-    return cal.value("hf_sleep_wake_s") + gb * cal.value("reload_s_per_gb")
+        return cal.value("vllm_sleep_s") + cal.value("vllm_wake_s") + reload
+    return cal.value("hf_sleep_wake_s") + reload
 
 
 def phase_seconds(x: Inputs, hbm: float, total_bytes: float) -> dict[str, float]:
