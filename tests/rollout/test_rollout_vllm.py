@@ -54,8 +54,43 @@ def models(tmp_path_factory):
     return str(path), old, new
 
 
+OWN_PROMPTS = [[1, 5, 20, 31, 12], [9, 10], [1, 6, 40, 41], [7], [3, 3, 3]]
+
+
 @pytest.fixture(scope="module")
-def engine(models):
+def children(models, tmp_path_factory):
+    """The module's engines in processes of their own (OWN_PROCESS: a pool of two; JOIN_WORLD: one in a world made
+    without torchrun variables), started in the background before the module's in-process engine: their start-up
+    (vLLM's imports, mostly waiting) overlaps the in-process tests instead of following them (~45 s + 13 s alone).
+    -> name -> (Popen, stdout file, stderr file); `_finished` waits for one."""
+    d = tmp_path_factory.mktemp("vllm_children")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    started = {}
+    for name, code, args in (("own", OWN_PROCESS, [json.dumps(OWN_PROMPTS)]), ("join", JOIN_WORLD, [])):
+        out, err = d / f"{name}.out", d / f"{name}.err"
+        with open(out, "w") as o, open(err, "w") as e:
+            started[name] = (subprocess.Popen([sys.executable, "-c", code, models[0], *args], stdout=o, stderr=e,
+                                              text=True, env=env, start_new_session=True), out, err)
+    yield started
+    for proc, _, _ in started.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def _finished(started, timeout: float) -> subprocess.CompletedProcess:
+    proc, out, err = started
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+
+
+@pytest.fixture(scope="module")
+def engine(models, children):
     path, _, _ = models
     eng = VLLMEngine(path, tokenizer=TOK, device="cpu", dtype="float32", seed=0, eos_token_id=EOS)
     yield eng
@@ -178,12 +213,11 @@ if __name__ == "__main__":
 """
 
 
-def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_does(engine, models):
+def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_does(engine, models, children):
     """start_engine_pool: two vLLM engines in their own processes (vLLM's CPU build; no CUDA IPC here, so generation
     only): greedy and per-request-seeded sampling equal the in-process engine's, prompt by prompt."""
-    prompts = [[1, 5, 20, 31, 12], [9, 10], [1, 6, 40, 41], [7], [3, 3, 3]]
-    res = subprocess.run([sys.executable, "-c", OWN_PROCESS, models[0], json.dumps(prompts)], capture_output=True,
-                         text=True, timeout=280)
+    prompts = OWN_PROMPTS
+    res = _finished(children["own"], timeout=280)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("GREEDY", "SEEDED",
                                                                                            "REFUSED")))
@@ -445,13 +479,12 @@ print("TOKENS", out[0].token_ids)
 """
 
 
-def test_engine_joins_a_world_made_without_torchrun_variables(models):
+def test_engine_joins_a_world_made_without_torchrun_variables(models, children):
     """A process whose torch.distributed world was made without RANK/WORLD_SIZE (a notebook, the non-Ray
     trainer, an earlier test) hosts the engine through vLLM's external launcher; the variables vLLM needs are
-    set for the start only, so child processes are not told they were launched by torchrun."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    res = subprocess.run([sys.executable, "-c", JOIN_WORLD, models[0]], capture_output=True, text=True, env=env,
-                         timeout=240)
+    set for the start only, so child processes are not told they were launched by torchrun. (The process runs
+    in the background from the module's start: `children`.)"""
+    res = _finished(children["join"], timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     got = [line for line in res.stdout.splitlines() if line.startswith("TOKENS")]
     want = hf_engine(models[1]).generate([[1, 5, 20]], SamplingParams(temperature=0.0, max_tokens=6))

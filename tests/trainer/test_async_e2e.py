@@ -9,7 +9,9 @@ import json
 import math
 import os
 import subprocess
+import signal
 import sys
+import tempfile
 import time
 
 import pytest
@@ -40,12 +42,30 @@ COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entr
 TARGET = 0.2
 
 
-def _run(run_dir, overrides, *, kill_after=None):
+def _start(run_dir, overrides, *, kill_after):
+    """A crash run in the background (its own Ray cluster, RAY_ADDRESS=local): rltrain.main with the test's hook
+    that SIGKILLs the process after step `kill_after`. Its stderr in a file beside run_dir (a pipe nobody
+    reads could stall it). It overlaps the in-process runs: on 2 cores a run spends much of its time waiting on Ray
+    (worker start-up, actor calls), so two at once take ~25 s where one after the other take ~40."""
     env = dict(os.environ, WANDB_MODE="offline", RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="local")
-    # a crash run: rltrain.main with the test's hook that SIGKILLs the process after step `kill_after`
-    entry = ["-m", "rltrain.main"] if kill_after is None else [KILL_AFTER_STEP, str(kill_after)]
-    cmd = [sys.executable, *entry, "--config-name", "grpo_tiny", *overrides, f"hydra.run.dir={run_dir}"]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400, start_new_session=True)
+    cmd = [sys.executable, KILL_AFTER_STEP, str(kill_after), "--config-name", "grpo_tiny", *overrides,
+           f"hydra.run.dir={run_dir}"]
+    fd, log = tempfile.mkstemp(suffix=".stderr", dir=os.path.dirname(run_dir))
+    with os.fdopen(fd, "w") as err:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True), log
+
+
+def _wait(started) -> subprocess.CompletedProcess:
+    proc, log = started
+    try:
+        proc.wait(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with open(log) as f:
+        return subprocess.CompletedProcess(proc.args, proc.returncode, None, f.read())
 
 
 def _raw_rows(run_dir):
@@ -61,20 +81,41 @@ def _first_step_reaching(rows, accuracy):
     return next((r["step"] for r in rows if r.get("val/accuracy", -1) >= accuracy), None)
 
 
+K2 = [*LEARN, *ASYNC, "trainer.max_staleness=2", f"trainer.save_freq={SAVE_AT}"]
+PARTIAL_STEPS = 21  # validated at 21: the latest step within 30% more than the synchronous run's 18
+PARTIAL = [*LEARN, *ASYNC, "trainer.max_staleness=2", "rollout.partial=true", "rollout.partial_chunk_tokens=1",
+           f"trainer.total_steps={PARTIAL_STEPS}", f"trainer.save_freq={SAVE_AT}"]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, ray_session):
+def background_runs(tmp_path_factory):
+    """Started at once in the background: both crash runs (k = 2, and k = 2 with partial rollouts), SIGKILLed after
+    step 6; the fixtures below wait for each and resume it. (The k = 4 run here too gains nothing: 3 background runs
+    and one in process saturate the 2 cores.) -> {name: (run dir, started process)}"""
+    root = tmp_path_factory.mktemp("async")
+    started = {name: (root / name, _start(root / name, overrides, kill_after=kill_after))
+               for name, overrides, kill_after in (("k2", K2, KILL_AFTER), ("partial", PARTIAL, KILL_AFTER))}
+    yield started
+    for _, (proc, _) in started.values():  # a test that failed before waiting for it
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def runs(background_runs, ray_session):
     """The synchronous run; k = 2, SIGKILLed after step 6 (checkpoint at step 4, batches 7 and 8 in flight) and
     resumed; k = 4. Rows of each, the raw rows of the k = 2 run (both attempts) and its crash's process result."""
-    root = tmp_path_factory.mktemp("async")
-    run_from_config(compose_config("grpo_tiny", LEARN), str(root / "sync"))
-    k2 = [*LEARN, *ASYNC, "trainer.max_staleness=2", f"trainer.save_freq={SAVE_AT}"]
-    crashed = _run(root / "k2", k2, kill_after=KILL_AFTER)
-    checkpoints = sorted(os.listdir(root / "k2" / "checkpoints"))
+    k2_dir, k2_started = background_runs["k2"]
+    root = k2_dir.parent
+    run_from_config(compose_config("grpo_tiny", LEARN), str(root / "sync"))  # while the background runs run
+    crashed = _wait(k2_started)
+    checkpoints = sorted(os.listdir(k2_dir / "checkpoints"))
     if crashed.returncode == -9:
-        run_from_config(compose_config("grpo_tiny", k2), str(root / "k2"))  # trainer.resume=auto: from step_4
+        run_from_config(compose_config("grpo_tiny", K2), str(k2_dir))  # trainer.resume=auto: from step_4
     run_from_config(compose_config("grpo_tiny", [*LEARN, *ASYNC, "trainer.max_staleness=4"]), str(root / "k4"))
-    return {"sync": read_metrics(str(root / "sync")), 2: read_metrics(str(root / "k2")),
-            4: read_metrics(str(root / "k4")), "k2_raw": _raw_rows(str(root / "k2")), "crashed": crashed,
+    return {"sync": read_metrics(str(root / "sync")), 2: read_metrics(str(k2_dir)),
+            4: read_metrics(str(root / "k4")), "k2_raw": _raw_rows(str(k2_dir)), "crashed": crashed,
             "checkpoints": checkpoints}
 
 
@@ -135,21 +176,16 @@ def test_async_reaches_the_sync_accuracy_within_30_percent_more_steps(runs, k):
     assert s_async is not None and s_async <= math.floor(1.3 * s_sync), (s_sync, s_async)
 
 
-PARTIAL_STEPS = 21  # validated at 21: the latest step within 30% more than the synchronous run's 18
-
-
 @pytest.fixture(scope="module")
-def partial_run(tmp_path_factory, ray_session):
+def partial_run(background_runs, ray_session):
     """k = 2 with partial rollouts, one new token per chunk: a push after every update pauses the generations in
     flight. SIGKILLed after step 6 (checkpoint at step 4, saved with batches 5 and 6 finished) and resumed; 21 steps.
     Rows of the run (both attempts merged), its raw rows and the crash's process result."""
-    root = tmp_path_factory.mktemp("async_partial")
-    overrides = [*LEARN, *ASYNC, "trainer.max_staleness=2", "rollout.partial=true", "rollout.partial_chunk_tokens=1",
-                 f"trainer.total_steps={PARTIAL_STEPS}", f"trainer.save_freq={SAVE_AT}"]
-    crashed = _run(root / "run", overrides, kill_after=KILL_AFTER)
+    run_dir, started = background_runs["partial"]
+    crashed = _wait(started)
     if crashed.returncode == -9:
-        run_from_config(compose_config("grpo_tiny", overrides), str(root / "run"))  # trainer.resume=auto
-    return {"rows": read_metrics(str(root / "run")), "raw": _raw_rows(str(root / "run")), "crashed": crashed}
+        run_from_config(compose_config("grpo_tiny", PARTIAL), str(run_dir))  # trainer.resume=auto
+    return {"rows": read_metrics(str(run_dir)), "raw": _raw_rows(str(run_dir)), "crashed": crashed}
 
 
 def test_partial_rollouts_sigkilled_resume_exactly(partial_run):

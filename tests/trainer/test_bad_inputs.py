@@ -39,14 +39,17 @@ def test_malformed_data_row_names_file_line_and_key(tmp_path, cfg_for):
     assert "train.jsonl" in msg and "3" in msg and "prompt" in msg
 
 
-def test_raising_reward_is_counted_and_scored_zero(tmp_path, ray_session, cfg_for):
+def test_raising_reward_is_counted_and_scored_zero(tmp_path, cfg_for):
     fn = tmp_path / "my_reward.py"
     fn.write_text("def reward(response, ground_truth, **kw):\n"
                   "    if int(ground_truth) % 2 == 0:\n"
                   "        raise RuntimeError('boom')\n"
                   "    return 0.5\n")
     run_dir = str(tmp_path / "run")
-    cfg = cfg_for(f"reward.fn={fn}:reward", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]")
+    # in process (trainer.use_ray=false): rewards are scored in the driver either way (trainer/ppo.py), and the
+    # workers' start-up through Ray would double the test's time
+    cfg = cfg_for(f"reward.fn={fn}:reward", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
+                  "trainer.use_ray=false")
     run_from_config(cfg, run_dir)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]

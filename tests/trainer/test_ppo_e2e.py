@@ -94,7 +94,7 @@ def test_in_process_run_refuses_tensor_parallel(tmp_path, cfg_for):
         run_from_config(cfg_for("trainer.use_ray=false", "actor.tensor_parallel_size=2"), str(tmp_path / "tp"))
 
 
-def test_dapo_dynamic_sampling_and_overlong_shaping(tmp_path, ray_session, cfg_for):
+def test_dapo_dynamic_sampling_and_overlong_shaping(tmp_path, cfg_for):
     fn = tmp_path / "varied.py"
     fn.write_text("import zlib\n"
                   "def reward(response, ground_truth, **kw):  # deterministic, varies within a group\n"
@@ -103,7 +103,10 @@ def test_dapo_dynamic_sampling_and_overlong_shaping(tmp_path, ray_session, cfg_f
     cfg = cfg_for(f"reward.fn={fn}:reward", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
                   "algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_tries=3",
                   "algorithm.overlong.enable=true", "algorithm.overlong.buffer_len=2",
-                  "algorithm.mask_truncated_responses=true", "actor.clip_high=0.28", "actor.loss_agg_mode=seq-mean-token-mean")
+                  "algorithm.mask_truncated_responses=true", "actor.clip_high=0.28", "actor.loss_agg_mode=seq-mean-token-mean",
+                  # in process: dynamic sampling and overlong shaping are the driver's (trainer/ppo.py,
+                  # rollout_source.py) either way; the Ray path is the other tests' here
+                  "trainer.use_ray=false")
     run_from_config(cfg, run_dir)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
