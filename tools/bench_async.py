@@ -29,20 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for th
 from harness import Deadline, device_name, md_table, report_header
 from harness import run_trainer as harness_run_trainer
 from harness import write_report as write_files
-from harness.cases import GRPO_06B_OVERRIDES
+from harness.cases import GRPO_06B_OVERRIDES, SPLIT, TINY_LEARN
+from harness.runs import PHASES, learning_curve, speed_summary, steps_to
 
 from rltrain.utils.plotting import plot_lines, pyplot
 
 
 ASYNC = ["trainer.async_rollout=true", "actor.tis.enable=true"]
-SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false",
-         "trainer.save_freq=-1"]  # a save waits for the batch in flight outside the step timer: none while timing
-# grpo_tiny set up to learn in tens of steps (the CPU test tests/trainer/test_async_e2e.py uses the same shape)
-TINY_LEARN = ["data.train_batch_size=32", "rollout.n=16", "actor.ppo_mini_batch_size=16", "actor.lr=3e-3",
-              "data.synthetic.val_size=64", "rollout.val_temperature=1.0", "rollout.val_n=4",
-              "trainer.logger=[jsonl]"]
-PHASES = ("timing_s/gen_wait", "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
-          "timing_s/update_weights", "timing_s/step")
 
 
 def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: float) -> dict:
@@ -53,38 +46,6 @@ def run_trainer(run_dir: str, config: str, overrides: list[str], timeout_s: floa
                             stop=((signal.SIGTERM, 20), (signal.SIGKILL, 10)))
     return {"rows": r["rows"], "wall_s": r["wall_s"], "log_tail": r["tail"], "command": " ".join(r["command"]),
             "returncode": "stopped at the deadline" if r["timed_out"] else r["rc"]}
-
-
-def speed_summary(rows: list[dict], skip: int = 2) -> dict:
-    steps = [r for r in rows if "timing_s/step" in r]
-    steady = steps[skip:] or steps
-    if not steady:
-        return {}
-    mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in PHASES}
-    tokens = sum(r["perf/total_num_tokens"] for r in steady)
-    times = sorted(r["timing_s/step"] for r in steady)
-    out = {"steps": len(steps), "steady_steps": len(steady), "mean": mean, "median_step_s": times[len(times) // 2],
-           "tokens_per_s": tokens / max(sum(r["timing_s/step"] for r in steady), 1e-9),
-           "max_staleness_seen": max((r.get("rollout/staleness_max", 0) for r in steps), default=0),
-           "mismatch_abs_mean": sum(r.get("rollout/mismatch_abs_mean", 0.0) for r in steady) / len(steady),
-           "mismatch_kl": sum(r.get("rollout/mismatch_kl", 0.0) for r in steady) / len(steady)}
-    return out
-
-
-def learning_curve(rows: list[dict]) -> dict:
-    """val/accuracy by step and by cumulative loop seconds (step + validation wall-clock: in async mode validation
-    first waits for the batch in flight, so generation time is never left out)."""
-    clock, acc, by_time = 0.0, [], []
-    for r in rows:
-        clock += r.get("timing_s/step", 0.0) + r.get("timing_s/validation", 0.0)
-        if "val/accuracy" in r:
-            acc.append((r["step"], r["val/accuracy"]))
-            by_time.append((round(clock, 2), r["val/accuracy"]))
-    return {"by_step": acc, "by_time_s": by_time}
-
-
-def steps_to(curve: list[tuple], target: float) -> int | None:
-    return next((s for s, a in curve if a >= target), None)
 
 
 def compare_learning(sync: dict, asyn: dict) -> dict:

@@ -23,9 +23,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from bench_async import SPLIT, TINY_LEARN, learning_curve, speed_summary
 from harness import Deadline, device_name, log, md_table, report_header, run_children, run_rows, trainer_command
 from harness import write_report as write_files
+from harness.cases import SPLIT, TINY_LEARN
+from harness.runs import learning_curve, speed_summary, steps_to
 
 from rltrain.algorithms.off_policy import OFF_POLICY_MODES
 from rltrain.utils.plotting import plot_lines
@@ -66,10 +67,6 @@ def summarize(rows: list[dict]) -> dict:
     if acc:
         out.update(best=max(acc), final=acc[-1], final3=sum(acc[-3:]) / len(acc[-3:]))
     return out
-
-
-def steps_to(curve: list, target: float):
-    return next((x for x, a in curve if a >= target), None)
 
 
 def to_markdown(res: dict) -> str:

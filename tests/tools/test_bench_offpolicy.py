@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import bench_offpolicy  # noqa: E402
+from harness.cases import SPLIT  # noqa: E402
 
 from rltrain.algorithms import OFF_POLICY_MODES  # noqa: E402
 
@@ -31,7 +32,7 @@ def test_a_variant_is_a_valid_split_async_config(name):
     from rltrain.config.entry import compose_config
     from rltrain.config.validate import validate_config
 
-    raw = compose_config("grpo_tiny", [*bench_offpolicy.SPLIT, "trainer.n_gpus_per_node=1",
+    raw = compose_config("grpo_tiny", [*SPLIT, "trainer.n_gpus_per_node=1",
                                        *bench_offpolicy.variants(4)[name]])
     validate_config(raw)  # raises ConfigError naming the key where a variant is impossible
     cfg = as_config(raw)

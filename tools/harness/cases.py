@@ -1,5 +1,6 @@
 """Benchmark cases more than one tool runs, defined once: the actor update step of a random model (bench_update,
-profile_update, gpu_smoke) and the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, bench_async, gpu_placements).
+profile_update, gpu_smoke), the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, bench_async, gpu_placements) and
+the split grpo_tiny learning runs (bench_async, bench_offpolicy).
 Must not time or report anything: the tools do.
 """
 
@@ -16,6 +17,15 @@ GRPO_06B_OVERRIDES = [
     "actor.ppo_mini_batch_size=16", "actor.lr=1e-6", "actor.use_kl_loss=true",
     "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
 ]
+
+# split placement for the tools' trainer runs (bench_async, bench_offpolicy): train group and rollout group on devices
+# of their own; no checkpoints (a save waits for the batch in flight outside the step timer: none while timing)
+SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false",
+         "trainer.save_freq=-1"]
+# grpo_tiny set up to learn in tens of steps (the CPU test tests/trainer/test_async_e2e.py uses the same shape)
+TINY_LEARN = ["data.train_batch_size=32", "rollout.n=16", "actor.ppo_mini_batch_size=16", "actor.lr=3e-3",
+              "data.synthetic.val_size=64", "rollout.val_temperature=1.0", "rollout.val_n=4",
+              "trainer.logger=[jsonl]"]
 
 PRESETS = {"qwen3-0.6b": "qwen3-0.6b", "qwen3-4b": "qwen3-4b", "tiny": "tiny"}
 
