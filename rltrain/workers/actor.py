@@ -104,7 +104,7 @@ class PolicyLoss(LossFn):
                  entropy_coef: float, use_kl_loss: bool, kl_loss_coef: float, kl_loss_type: str,
                  off_policy: OffPolicyConfig | None = None):
         self.mode, self.clip_low, self.clip_high, self.dual_clip, self.agg = mode, clip_low, clip_high, dual_clip, agg
-        self.off_policy = off_policy or OffPolicyConfig()
+        self.off_policy = off_policy or OffPolicyConfig(mode="none")  # a resolved mode (OffPolicyConfig.effective)
         op = self.off_policy
         check_off_policy_args(op.mode, cap=op.cap, low=op.low, high=op.high)
         self.entropy_coef = entropy_coef
