@@ -212,13 +212,16 @@ def gpu_memory() -> float | None:
 def plan_metrics(plan) -> dict[str, float]:
     """Each planned GPU k's prediction for the step metrics, beside the measured per-GPU peaks
     (perf/max_memory_allocated_gb/<group>_rank<r>; GPU k is rank k of the training group, then the rollout
-    group's ranks under split placement): perf/plan_max_memory_allocated_gb/gpu<k> (what
-    torch.cuda.max_memory_allocated will show) and perf/plan_peak_gib/gpu<k> (its peak on the device)."""
+    group's ranks under split placement): perf/plan_max_memory_allocated_gb/gpu<k> and
+    perf/plan_max_memory_reserved_gb/gpu<k> (what torch.cuda.max_memory_allocated / _reserved will show, beside
+    perf/max_memory_*_gb) and perf/plan_peak_gib/gpu<k> (its peak on the device; docs/plan.md says why the counters
+    can exceed it with vLLM in the process)."""
     if plan is None:
         return {}
     out = {}
     for g in plan.gpus:
         out[f"perf/plan_max_memory_allocated_gb/gpu{g.index}"] = g.allocator_peak_bytes / 2**30
+        out[f"perf/plan_max_memory_reserved_gb/gpu{g.index}"] = g.allocator_reserved_bytes / 2**30
         out[f"perf/plan_peak_gib/gpu{g.index}"] = g.peak_bytes / 2**30
     return out
 
