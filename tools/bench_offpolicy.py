@@ -31,21 +31,21 @@ from harness.runs import learning_curve, speed_summary, steps_to
 from rltrain.algorithms.off_policy import OFF_POLICY_MODES
 from rltrain.utils.plotting import plot_lines
 
-DEFAULT_MODE = "token_tis"  # the correction of the k-sweep (actor.tis.enable's, the asynchronous default so far)
+SWEEP_MODE = "token_tis"  # the k sweep's correction (actor.tis.enable's), as in the 2026-11-26 table
 PARTIAL = ["rollout.partial=true", "rollout.partial_chunk_tokens=2"]  # grpo_tiny answers in <= 4 tokens: 2 chunks
 
 
 def variants(deepest: int) -> dict[str, list[str]]:
-    """name -> overrides: sync; k = 1, 2, deepest with the default correction, without and with partial rollouts;
+    """name -> overrides: sync; k = 1, 2, deepest with SWEEP_MODE, without and with partial rollouts;
     every other correction mode at k = deepest."""
-    def asyn(k: int, mode: str = DEFAULT_MODE) -> list[str]:
+    def asyn(k: int, mode: str = SWEEP_MODE) -> list[str]:
         return ["trainer.async_rollout=true", f"trainer.max_staleness={k}", f"actor.off_policy.mode={mode}"]
 
     out = {"sync": []}
     for k in sorted({1, 2, deepest}):
         out[f"k{k}"] = asyn(k)
         out[f"k{k}_partial"] = [*asyn(k), *PARTIAL]
-    out.update({f"k{deepest}_{m}": asyn(deepest, m) for m in OFF_POLICY_MODES if m != DEFAULT_MODE})
+    out.update({f"k{deepest}_{m}": asyn(deepest, m) for m in OFF_POLICY_MODES if m != SWEEP_MODE})
     return out
 
 
