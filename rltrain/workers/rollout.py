@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from rltrain.data.batch import Batch, pad_left
+from rltrain.data.batch import Batch, pad_left, pad_right
 from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 
 
@@ -106,7 +106,7 @@ class RolloutRole:
                       sampler_logprobs=out.sampler_logprobs,
                       group_ids=out.prompt_index + group_offset, non_tensor=non_tensor, **routing)
         if versions is not None:  # per token: the version of the weights of each token's chunk
-            batch = batch.replace(weight_versions=_versions_tensor(versions, out.response_ids.shape))
+            batch = batch.replace(weight_versions=pad_right(versions, 0, width=out.response_ids.shape[1])[0])
         # the engine's own time (multi-turn: with its tool calls); timing_s/gen minus this is the trainer's side
         # (dispatch, batching, rewards)
         return batch, {**out.metrics(), "timing_s/gen_engine": engine_s}
@@ -175,14 +175,6 @@ def routing_fields(responses, prompt_lens: list[int], p: int, r: int) -> dict[st
         tail = got[lp:lp + len(resp.token_ids)]
         response[row, :len(tail)] = tail
     return {"prompt_routed_experts": prompt, "routed_experts": response}
-
-
-def _versions_tensor(versions: list[list[int]], shape) -> torch.Tensor:
-    """[B, L] long: row b's per-token versions, 0 on padding."""
-    out = torch.zeros(shape, dtype=torch.long)
-    for b, v in enumerate(versions):
-        out[b, :len(v)] = torch.tensor(v, dtype=torch.long)
-    return out
 
 
 def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int,
