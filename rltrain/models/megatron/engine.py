@@ -309,6 +309,11 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         v = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)
         return torch.where(valid, v, torch.zeros_like(v))
 
+    def _check_replay(self, routed: bool) -> None:
+        """Routing replay (routed experts given) is wired for whole layer stacks: refused under pipeline parallelism."""
+        if routed and self.pp_size > 1:
+            raise ValueError("routing replay needs pipeline_parallel_size = 1 (each stage would need its layers' part)")
+
     def _check_rows(self, input_ids, seq_lens):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
@@ -329,8 +334,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         seq_lens = self._check_rows(input_ids, seq_lens)
-        if routed_experts is not None and self.pp_size > 1:
-            raise ValueError("routing replay needs pipeline_parallel_size = 1 (each stage would need its layers' part)")
+        self._check_replay(routed_experts is not None)
         self.model.eval()
         B, S = input_ids.shape
         lp_out = torch.zeros(B, S, dtype=torch.float32)
@@ -438,8 +442,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         micro_batches = [as_micro_batch(mb) for mb in micro_batches]
-        if self.pp_size > 1 and any(mb.routed_experts is not None for mb in micro_batches):
-            raise ValueError("routing replay needs pipeline_parallel_size = 1 (each stage would need its layers' part)")
+        self._check_replay(any(mb.routed_experts is not None for mb in micro_batches))
         needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))  # a plain function declares none
         temperature = float(temperature)
         self.model.train()
