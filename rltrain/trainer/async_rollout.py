@@ -116,7 +116,7 @@ class AsyncRollout:
         assert r.step == step, (step, r.step)
         with timer("update_weights", m):
             if self.source.partial:  # the batches in flight pause between two chunks and continue with them
-                if self.queue or self.next_step <= self.total_steps:
+                if self._generating_ahead():
                     self._push_weights(actor_version)
             elif not self.queue and self.next_step <= self.total_steps:  # idle, and a next batch will sample with them
                 self._push_weights(actor_version)
@@ -148,8 +148,12 @@ class AsyncRollout:
     def after_update(self, step: int) -> None:
         """rollout.partial: right after the update of step `step`, push its weights (version `step`) into the
         generations in flight; they pause between two chunks and continue with them. No-op otherwise."""
-        if self.source.partial and (self.queue or self.next_step <= self.total_steps):
+        if self.source.partial and self._generating_ahead():
             self._push_weights(step)
+
+    def _generating_ahead(self) -> bool:
+        """A batch is in flight or left to submit: new weights would reach a generation."""
+        return bool(self.queue) or self.next_step <= self.total_steps
 
     def before_refill(self, step: int) -> None:
         """A DAPO refill of step `step` samples with the current weights (it queues behind the batches in flight)."""
