@@ -94,19 +94,25 @@ def fused_triton(hidden, weight, labels, rows=None):
     return logprobs_from_hidden(hidden, weight, labels, backend="triton", rows=rows)
 
 
-def _triton_available() -> bool:
+def fused_cute(hidden, weight, labels, rows=None):
+    return logprobs_from_hidden(hidden, weight, labels, backend="cute", rows=rows)
+
+
+def _available(backend: str) -> bool:
     try:
-        from rltrain.ops import logprob_triton
+        module = importlib.import_module(f"rltrain.ops.logprob_{backend}")
     except ImportError:
         return False
-    return torch.cuda.is_available() and logprob_triton.is_available()
+    return torch.cuda.is_available() and module.is_available()
 
 
 def providers(device: str) -> dict:
     """name -> fn(hidden, weight, labels, rows=None) -> (logprobs, entropy)."""
     table = {"naive": naive, "logprobs_from_logits": from_logits, "fused_torch": fused_torch}
-    if device == "cuda" and _triton_available():
+    if device == "cuda" and _available("triton"):
         table["fused_triton"] = fused_triton
+    if device == "cuda" and _available("cute"):
+        table["fused_cute"] = fused_cute
     for name, fn in load_peers()[0].items():
         table[name] = _peer(fn)
     return table

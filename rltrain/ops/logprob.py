@@ -5,7 +5,7 @@ calls are the all-reduces over the caller's `tp_group`.
 
 Algorithm. The vocabulary is split over a tensor-parallel group of W ranks (rank r holds global rows
 [r*V_local, (r+1)*V_local)); W = 1 without a group. Each rank computes per-token statistics of its
-shard with a backend (`logprob_torch` or `logprob_triton`, both chunked so only O(chunk x V_local) of
+shard with a backend (`logprob_torch`, `logprob_triton` or `logprob_cute`, all chunked so only O(chunk x V_local) of
 logits ever exists):
 
     m = max_j z_j,  s = sum_j exp(z_j - m),  t = sum_j exp(z_j - m) z_j,  z_label (0 off-shard)
@@ -44,8 +44,14 @@ __all__ = ["BACKENDS", "logprobs_from_hidden", "logprobs_from_logits", "resolve_
 BACKENDS: dict[str, str] = {
     "torch": "rltrain.ops.logprob_torch",
     "triton": "rltrain.ops.logprob_triton",
+    "cute": "rltrain.ops.logprob_cute",
 }
 _ALLOWED_BACKENDS = ("auto", *BACKENDS)
+
+
+#: "auto" on CUDA tries these in order and takes the first available one (docs/benchmarks.md: the order of
+#: the measured speeds of the fused head on Hopper).
+AUTO_ORDER: tuple[str, ...] = ("triton",)
 
 
 @functools.cache
@@ -56,32 +62,34 @@ def _import_backend(name: str) -> tuple[ModuleType | None, str]:
     except ImportError as exc:  # triton (or the kernel module) not installed
         return None, f"cannot import {BACKENDS[name]}: {exc}"
     if not module.is_available():
-        return None, f"{BACKENDS[name]}.is_available() is False (needs triton and a CUDA device)"
+        why = getattr(module, "unavailable_reason", lambda: "needs triton and a CUDA device")()
+        return None, f"{BACKENDS[name]}.is_available() is False ({why})"
     return module, ""
 
 
 def resolve_backend(backend: str, device: torch.device) -> ModuleType:
-    """The backend module for `backend` ("auto" | "torch" | "triton") and tensors on `device`.
+    """The backend module for `backend` ("auto" | a name of BACKENDS) and tensors on `device`.
 
-    "auto" picks triton when the tensors are on CUDA and the Triton module imports and is available,
-    else torch. An explicit "triton" without CUDA tensors or without triton raises ValueError."""
+    "auto" picks the first available of AUTO_ORDER when the tensors are on CUDA, else torch. A named GPU
+    backend ("triton", "cute") without CUDA tensors or unavailable raises ValueError."""
     if backend not in _ALLOWED_BACKENDS:
         raise ValueError(f"backend must be one of {list(_ALLOWED_BACKENDS)}, got {backend!r}")
     if backend == "torch":
         return logprob_torch
     if backend == "auto":
         if device.type == "cuda":
-            module, _ = _import_backend("triton")
-            if module is not None:
-                return module
+            for name in AUTO_ORDER:
+                module, _ = _import_backend(name)
+                if module is not None:
+                    return module
         return logprob_torch
     if device.type != "cuda":
         raise ValueError(
-            f"backend='triton' needs CUDA tensors, got tensors on {device}; use backend='torch' or 'auto'"
+            f"backend={backend!r} needs CUDA tensors, got tensors on {device}; use backend='torch' or 'auto'"
         )
-    module, why = _import_backend("triton")
+    module, why = _import_backend(backend)
     if module is None:
-        raise ValueError(f"backend='triton' is unavailable ({why}); use backend='torch' or 'auto'")
+        raise ValueError(f"backend={backend!r} is unavailable ({why}); use backend='torch' or 'auto'")
     return module
 
 
@@ -236,7 +244,7 @@ def logprobs_from_hidden(
     hidden [T, H] any float dtype (cast to weight.dtype for the GEMMs; its grad is cast back);
     weight [V_local, H] this rank's LM-head shard (rank r of `tp_group` holds global vocab rows
     [r*V_local, (r+1)*V_local)); labels [T] integer global token ids in [0, W*V_local).
-    backend: "torch" | "triton" | "auto" (triton for CUDA tensors when importable, else torch).
+    backend: "torch" | "triton" | "cute" | "auto" (AUTO_ORDER's first available for CUDA tensors, else torch).
     chunk_size: tokens per chunk (None: `pick_chunk_size` from a 256 MiB budget, 2 GiB on CUDA).
     rows: None, a 1-D LongTensor of unique row indices, or a BoolTensor [T]: only these rows are
     computed; the others are returned as 0 and get zero gradient.

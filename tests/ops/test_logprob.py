@@ -311,7 +311,7 @@ def _base():
         (lambda h, w, l: dict(rows=torch.tensor([-1])), "rows out of range"),
         (lambda h, w, l: dict(rows=torch.ones(5, dtype=torch.bool)), r"bool rows must have shape \[T\]"),
         (lambda h, w, l: dict(rows=torch.tensor([0.5])), "rows must be a 1-D integer"),
-        (lambda h, w, l: dict(backend="cuda"), r"backend must be one of \['auto', 'torch', 'triton'\]"),
+        (lambda h, w, l: dict(backend="cuda"), r"backend must be one of \['auto', 'torch', 'triton', 'cute'\]"),
         (lambda h, w, l: dict(backend="triton"), "backend='triton' needs CUDA tensors"),
         (lambda h, w, l: dict(weight=w.to("meta")), "move them to one device"),
         (lambda h, w, l: dict(temperature=0.0), "temperature must be > 0"),

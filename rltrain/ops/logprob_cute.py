@@ -1,0 +1,372 @@
+"""CuTe-DSL backend of the fused head (Hopper): the logits GEMM is quack-kernels' persistent, warp-specialized
+SM90 GEMM (TMA loads, producer/consumer warp groups, ping-pong consumers), and the softmax statistics are its
+epilogue, so the [T, V] logits never reach memory.
+
+Forward, per row chunk, one GEMM z = (hidden @ weight.T) * inv_temp whose epilogue folds every (row, vocab
+tile) into
+
+    lse_tile = log sum_j exp(z_j)          (quack's OnlineLSEReduce: running max and sum)
+    mean_tile = sum_j p_j z_j / sum_j p_j  (_OnlineMeanReduce below: running max, sum and sum of exp * z)
+    z_label                                 (quack's ColVecSelect: the label's fp32 logit, this shard only)
+
+and the host merges the tiles: lse = logsumexp(lse_tile), mean_z = sum exp(lse_tile - lse) mean_tile. The
+statistics go back as (m, s, t) = (lse, 1, mean_z), which the tensor-parallel combine of ops/logprob.py
+merges as it does the other backends'.
+
+Backward, per (token chunk, vocab slice), one GEMM recomputes z and its epilogue writes
+
+    dz_j = p_j (grad_ent (mean_z - z_j) - grad_lp) * inv_temp,   p_j = exp(z_j - lse)
+
+in the input dtype, the label's fp32 logit beside it (ColVecSelect); the label column is then set on the host
+to its exact fp32 value grad_lp (1 - p_y) + grad_ent p_y (mean_z - z_y) (times inv_temp), and dz feeds the
+dHidden and dWeight GEMMs (cuBLAS, fp32 accumulators) as in the Triton backend, with the same working-memory
+budget (the chunk sizes come from logprob_triton._bwd_sizes).
+
+Requirements, checked by `supports` (the caller falls back to Triton otherwise, and says so once): an SM90
+device, bf16 or fp16 operands, H a multiple of 8 (TMA's 16-byte row alignment). quack-kernels and
+nvidia-cutlass-dsl are optional: without them this module imports and `is_available()` is False.
+Tested pair: quack-kernels 0.6.5 with nvidia-cutlass-dsl 4.8.1 (pyproject's `cute` extra).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: (tile_M, tile_N, cluster_M, pingpong) of the forward (statistics) and backward (dlogits) GEMMs.
+FWD_TILE = (128, 192, 2, True)
+BWD_TILE = (128, 192, 2, True)
+#: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
+FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
+
+_IMPORT_ERROR: Exception | None = None
+try:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32, const_expr
+    from quack import layout_utils
+    from quack.epilogue.frontend import gemm_epilogue
+    from quack.epilogue.math import pexp
+    from quack.epilogue.ops import ColVecLoad, ColVecSelect, OnlineLSEReduce, Scalar
+except Exception as exc:  # ImportError, or the DSL failing to initialise
+    _IMPORT_ERROR = exc
+
+if _IMPORT_ERROR is None:
+
+    class _OnlineMeanReduce(OnlineLSEReduce):
+        """Per (row, N tile): sum_j exp(z_j - m) z_j / sum_j exp(z_j - m), the tile's softmax mean of z. The
+        accumulator is (running max m, sum s, sum t of exp(z - m) z); a new max rescales s and t alike. Ragged
+        last tiles: out-of-range elements are masked to -inf by the parent's fold; their t term is selected
+        to 0 (exp(-inf) * -inf would be NaN)."""
+
+        reduce_planes = 3
+
+        def host_finalize(self, partials):  # the caller passes and reads the raw per-tile buffer
+            return partials
+
+        @cute.jit
+        def _end_loop_values(self, state, epi_coord):
+            return (
+                state[0][None, None, None, epi_coord[0], epi_coord[1]],
+                state[1][None, None, None, epi_coord[0], epi_coord[1]],
+                state[2][None, None, None, epi_coord[0], epi_coord[1]],
+            )
+
+        @cute.jit
+        def _end_loop_smem(self, state):
+            return state[3]
+
+        @cute.jit
+        def _merge(self, vals, others):
+            m, s, t = vals
+            om, os_, ot = others
+            m_new = cute.arch.fmax(m, om)
+            m_sub = self._guard_neg_inf(m_new)
+            a = cute.math.exp(m - m_sub, fastmath=True)
+            b = cute.math.exp(om - m_sub, fastmath=True)
+            return (m_new, s * a + os_ * b, t * a + ot * b)
+
+        @cute.jit
+        def _finalize(self, vals):
+            return vals[2] / vals[1]
+
+        @cute.jit
+        def begin(self, gemm, param, smem_tensor, ctx):
+            vec_mma_layout = cute.make_layout((ctx.tile_M, ctx.tile_N), stride=self._broadcast_stride())
+            acc_layout = ctx.partition_for_epilogue_fn(cute.make_rmem_tensor(vec_mma_layout, Float32)).layout
+            r_max = cute.make_rmem_tensor(acc_layout, Float32)
+            r_sum = cute.make_rmem_tensor(acc_layout, Float32)
+            r_t = cute.make_rmem_tensor(acc_layout, Float32)
+            t_cd = ctx.partition_for_epilogue_fn(cute.make_identity_tensor((ctx.tile_M, ctx.tile_N)))
+            limit_n = ctx.varlen_manager.len_n() - ctx.tile_coord_mnkl[1] * ctx.tile_N
+            return (r_max, r_sum, r_t, smem_tensor, t_cd, limit_n)
+
+        @cute.jit
+        def begin_loop(self, gemm, state, epi_coord):
+            m_cur = state[0][None, None, None, epi_coord[0], epi_coord[1]]
+            s_cur = state[1][None, None, None, epi_coord[0], epi_coord[1]]
+            t_cur = state[2][None, None, None, epi_coord[0], epi_coord[1]]
+            if const_expr(epi_coord[self._reduce_dim()] == 0):
+                cute.filter_zeros(m_cur).fill(self._NEG_INF)
+                cute.filter_zeros(s_cur).fill(0.0)
+                cute.filter_zeros(t_cur).fill(0.0)
+            c_cur = state[4][None, None, None, epi_coord[0], epi_coord[1]]
+            return (m_cur, s_cur, t_cur, c_cur, state[5])
+
+        @cute.jit
+        def _fold3(self, m_acc, s_acc, t_acc, frag, coords, limit_n, tile_shape_mn):
+            lay_n = cute.composition(cute.make_layout(tile_shape_mn, stride=(0, 1)), coords.layout)
+            limit_rel = limit_n - coords[0][1]
+            for i in cutlass.range(cute.size(frag), unroll_full=True):
+                off_n = cute.crd2idx(i, lay_n)
+                frag[i] = frag[i] if off_n < limit_rel else self._NEG_INF
+            ref = m_acc.layout
+            frag_g = layout_utils.convert_layout_zero_stride(frag, ref)
+            m_g = layout_utils.convert_layout_zero_stride(m_acc, ref)[None, 0]
+            s_g = layout_utils.convert_layout_zero_stride(s_acc, ref)[None, 0]
+            t_g = layout_utils.convert_layout_zero_stride(t_acc, ref)[None, 0]
+            n_aliased = const_expr(cute.size(frag_g, mode=[1]))
+            for si in cutlass.range(cute.size(m_g), unroll_full=True):
+                m_old = m_g[si]
+                vmax = frag_g[si, 0]
+                for j in cutlass.range_constexpr(1, n_aliased):
+                    vmax = cute.arch.fmax(vmax, frag_g[si, j])
+                m_new = cute.arch.fmax(m_old, vmax)
+                m_sub = self._guard_neg_inf(m_new)
+                rescale = cute.math.exp(m_old - m_sub, fastmath=True)
+                s_new = s_g[si] * rescale
+                t_new = t_g[si] * rescale
+                for j in cutlass.range_constexpr(n_aliased):
+                    z = frag_g[si, j]
+                    e = cute.math.exp(z - m_sub, fastmath=True)
+                    s_new = s_new + e
+                    t_new = t_new + Float32(cutlass.select_(e > Float32(0.0), e * z, Float32(0.0)))
+                s_g[si] = s_new
+                t_g[si] = t_new
+                m_g[si] = m_new
+
+        @cute.jit
+        def fn_sink_flush(self, gemm, state, frag):
+            self._fold3(state[0], state[1], state[2], frag, state[3], state[4],
+                        tile_shape_mn=gemm.cta_tile_shape_mnk[:2])
+
+    _fwd_label = ColVecLoad("label")
+
+    @gemm_epilogue(
+        ops={"inv_temp": Scalar("inv_temp")},
+        outs={
+            "lse": OnlineLSEReduce("lse"),
+            "mz": _OnlineMeanReduce("mz"),
+            "zy": ColVecSelect("zy", idx_op=_fwd_label),
+        },
+        extra_ops=(_fwd_label,),
+    )
+    def _stats_epi(acc, inv_temp):
+        """Forward: per-tile log-sum-exp and softmax mean of z = acc * inv_temp, and the label's z."""
+        z = acc * inv_temp
+        return {"lse": z, "mz": z, "zy": z}
+
+    _bwd_label = ColVecLoad("label")
+
+    @gemm_epilogue(
+        ops={"inv_temp": Scalar("inv_temp"), "lse": ColVecLoad("lse"), "mean": ColVecLoad("mean"),
+             "glp": ColVecLoad("glp"), "gent": ColVecLoad("gent")},
+        outs={"zy": ColVecSelect("zy", idx_op=_bwd_label)},
+        extra_ops=(_bwd_label,),
+    )
+    def _dlogits_epi(acc, inv_temp, lse, mean, glp, gent):
+        """Backward: dz = p (grad_ent (mean - z) - grad_lp) inv_temp without the label term (set on the host
+        from the exact fp32 label logit written beside it)."""
+        z = acc * inv_temp
+        p = pexp(z - lse)
+        return {"D": p * (gent * (mean - z) - glp) * inv_temp, "zy": z}
+
+
+def is_available() -> bool:
+    """True when quack-kernels and the CuTe DSL import and a Hopper (SM90) GPU is present."""
+    return _IMPORT_ERROR is None and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def unavailable_reason() -> str:
+    if _IMPORT_ERROR is not None:
+        return (f"quack-kernels / nvidia-cutlass-dsl do not import ({type(_IMPORT_ERROR).__name__}: "
+                f"{_IMPORT_ERROR}); pip install 'rltrain[cute]'")
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return f"CUDA capability {torch.cuda.get_device_capability()} is not SM90 (Hopper)"
+
+
+def supports(hidden: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why these operands cannot take the CuTe kernels (None when they can): the GEMMs need 16-bit operands
+    and 16-byte-aligned rows (TMA)."""
+    if hidden.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != hidden.dtype:
+        return f"needs bf16/fp16 operands of one dtype, got hidden {hidden.dtype}, weight {weight.dtype}"
+    if hidden.shape[1] % 8:
+        return f"needs the hidden size a multiple of 8 (TMA row alignment), got {hidden.shape[1]}"
+    if hidden.device.type != "cuda" or torch.cuda.get_device_capability(hidden.device)[0] != 9:
+        return "needs an SM90 (Hopper) CUDA device"
+    return None
+
+
+@functools.cache
+def _fallback():
+    from rltrain.ops import logprob_triton
+
+    return logprob_triton
+
+
+def _warn_fallback(why: str) -> None:
+    _warn_once(f"fused_linear_logprob_backend=cute falls back to triton: {why}")
+
+
+@functools.cache
+def _warn_once(msg: str) -> None:
+    log.warning(msg)
+
+
+def _gemm_kwargs(tile) -> dict:
+    tile_m, tile_n, cluster_m, pingpong = tile
+    return dict(tile_M=tile_m, tile_N=tile_n, cluster_M=cluster_m, cluster_N=1, pingpong=pingpong)
+
+
+def _fwd_chunk(n: int, v: int, tile_n: int, chunk_size: int | None) -> int:
+    """Rows per forward GEMM: the two fp32 [rows, ceil(V / tile_N)] partial buffers within FWD_PARTIALS_BUDGET
+    (a multiple of 128 rows, the M tile), or `chunk_size` when given."""
+    if chunk_size:
+        return max(1, min(n, chunk_size))
+    per_row = 2 * 4 * -(-v // tile_n)
+    rows = max(128, (FWD_PARTIALS_BUDGET // per_row) // 128 * 128)
+    return max(1, min(n, rows))
+
+
+def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, inv_temp: float,
+                  with_entropy: bool, chunk_size: int | None):
+    """Per-shard statistics as the other backends return them: fp32 [N] (m, s, t, z_label) with
+    lse = m + log s and mean_z = t / s (here m = lse, s = 1, t = mean_z; zeros for t without entropy)."""
+    why = supports(hidden, weight)
+    if why is not None:
+        _warn_fallback(why)
+        return _fallback().forward_stats(hidden, weight, labels_local, inv_temp, with_entropy, chunk_size)
+    n, v = hidden.shape[0], weight.shape[0]
+    dev = hidden.device
+    out = torch.zeros(4, n, dtype=torch.float32, device=dev)  # m, s, t, z_label
+    out[1].fill_(1.0)
+    if n == 0:
+        return out[0], out[1], out[2], out[3]
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    labels = labels_local.to(torch.int32).contiguous()
+    tile_n = FWD_TILE[1]
+    n_tiles = -(-v // tile_n)
+    rows = _fwd_chunk(n, v, tile_n, chunk_size)
+    lse_p = torch.empty(rows, n_tiles, dtype=torch.float32, device=dev)
+    mz_p = torch.empty(rows, n_tiles, dtype=torch.float32, device=dev)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        lp, mp = lse_p[: r1 - r0], mz_p[: r1 - r0]
+        zy = out[3, r0:r1]  # stays 0 where the label is on another shard (-1: never selected)
+        _stats_epi.gemm(hidden[r0:r1], weight, None,
+                        epi_args=dict(inv_temp=float(inv_temp), label=labels[r0:r1], lse=lp, mz=mp, zy=zy),
+                        **_gemm_kwargs(FWD_TILE))
+        lse = torch.logsumexp(lp, dim=1)
+        out[0, r0:r1] = lse
+        if with_entropy:
+            out[2, r0:r1] = (torch.exp(lp - lse[:, None]) * mp).sum(dim=1)
+    return out[0], out[1], out[2], out[3]
+
+
+def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, lse: torch.Tensor,
+             mean_z: torch.Tensor, grad_lp: torch.Tensor | None, grad_ent: torch.Tensor | None,
+             inv_temp: float, need_hidden_grad: bool, need_weight_grad: bool, chunk_size: int | None = None):
+    """Gradients of sum(grad_lp * logprob + grad_ent * entropy) w.r.t. hidden [N, H] and weight [V_local, H]
+    (the Triton backend's contract and chunking; the dlogits chunk comes from the CuTe GEMM's epilogue)."""
+    why = supports(hidden, weight)
+    if why is not None:
+        _warn_fallback(why)
+        return _fallback().backward(hidden, weight, labels_local, lse, mean_z, grad_lp, grad_ent, inv_temp,
+                                    need_hidden_grad, need_weight_grad, chunk_size)
+    from rltrain.ops.logprob_triton import DEFAULT_TUNING, _bwd_sizes, _mm_acc
+
+    n, h = hidden.shape
+    v = weight.shape[0]
+    dev, dtype = hidden.device, hidden.dtype
+    if not (need_hidden_grad or need_weight_grad):
+        return None, None
+    grad_h = torch.empty_like(hidden) if need_hidden_grad else None
+    grad_w = torch.empty_like(weight) if need_weight_grad else None
+    if n == 0:
+        return grad_h, grad_w
+    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    labels = labels_local.to(torch.int32).contiguous()
+    lse = lse.float().contiguous()
+    mean_z = mean_z.float().contiguous()
+    glp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
+    gent = torch.zeros(n, device=dev) if grad_ent is None else grad_ent.float().contiguous()
+    bm, bn = BWD_TILE[0], BWD_TILE[1]
+    ts, vs, tc = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, DEFAULT_TUNING.bwd_budget_bytes)
+    vs_pad = -(-vs // 8) * 8  # dz rows 16-byte aligned for the TMA store
+    dz_buf = torch.empty(tc * vs_pad, device=dev, dtype=dtype)
+    zy = torch.empty(tc, device=dev, dtype=torch.float32)
+    dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if need_hidden_grad else None
+    dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if need_weight_grad else None
+    for s0 in range(0, n, ts):
+        s1 = min(n, s0 + ts)
+        for v0 in range(0, v, vs):
+            v1 = min(v, v0 + vs)
+            w_sl = weight[v0:v1]
+            for c0 in range(s0, s1, tc):
+                c1 = min(s1, c0 + tc)
+                rows, cols = c1 - c0, v1 - v0
+                dz = dz_buf[: rows * vs_pad].view(rows, vs_pad)[:, :cols]
+                _dlogits_chunk(hidden[c0:c1], w_sl, dz, zy[:rows], labels[c0:c1], v0, lse[c0:c1],
+                               mean_z[c0:c1], glp[c0:c1], gent[c0:c1], inv_temp)
+                if dh_acc is not None:
+                    _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl, overwrite=(v0 == 0))
+                if dw_acc is not None:
+                    _mm_acc(dw_acc[:cols], dz.t(), hidden[c0:c1], overwrite=(c0 == s0))
+            if dw_acc is not None:
+                if s0 == 0:
+                    grad_w[v0:v1].copy_(dw_acc[: v1 - v0])
+                else:
+                    grad_w[v0:v1].add_(dw_acc[: v1 - v0])
+        if dh_acc is not None:
+            grad_h[s0:s1].copy_(dh_acc[: s1 - s0])
+    return grad_h, grad_w
+
+
+def _dlogits_chunk(hidden, w_sl, dz, zy, labels, v0, lse, mean_z, glp, gent, inv_temp) -> None:
+    """dz [rows, cols] of the vocab slice starting at v0: the epilogue's value everywhere, then the label
+    column (where the label falls in this slice) set to its exact fp32 value."""
+    cols = w_sl.shape[0]
+    local = labels - v0
+    in_slice = (local >= 0) & (local < cols)
+    idx = torch.where(in_slice, local, torch.full_like(local, -1))
+    _dlogits_epi.gemm(hidden, w_sl, dz,
+                      epi_args=dict(inv_temp=float(inv_temp), lse=lse, mean=mean_z, glp=glp, gent=gent, label=idx,
+                                    zy=zy), **_gemm_kwargs(BWD_TILE))
+    r = torch.arange(hidden.shape[0], device=dz.device)
+    col = local.clamp(0, cols - 1).long()
+    p = torch.exp(zy - lse)  # zy is unwritten (garbage) off the slice: masked by the where below
+    d = (glp * (1.0 - p) + gent * p * (mean_z - zy)) * inv_temp
+    dz[r, col] = torch.where(in_slice, d.to(dz.dtype), dz[r, col])
+
+
+def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype) -> int:
+    """Working memory `backward` allocates beyond its outputs (the Triton backend's chunks + the label column)."""
+    from rltrain.ops.logprob_triton import _bwd_extra_bytes as triton_extra
+
+    return triton_extra(n, v, h, dtype) + n * 4
+
+
+def _fwd_extra_bytes(n: int, v: int) -> int:
+    """Working memory `forward_stats` allocates beyond its [4, N] output."""
+    rows = _fwd_chunk(n, v, FWD_TILE[1], None)
+    return 2 * 4 * rows * -(-v // FWD_TILE[1])
+
+
+__all__ = ["backward", "forward_stats", "is_available", "supports", "unavailable_reason"]

@@ -1,0 +1,117 @@
+"""The CuTe-DSL backend (`rltrain.ops.logprob_cute`): against fp64 math on a Hopper GPU (`gpu`, skipped
+without one or without quack-kernels / nvidia-cutlass-dsl), and on every machine: it imports without its
+optional packages, says why it is unavailable, and the public API refuses it clearly off CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltrain import ops
+from rltrain.ops import logprob_cute as C
+
+HOPPER = C.is_available()
+
+
+def fp64_reference(hidden, weight, labels, inv_temp, grad_lp, grad_ent):
+    """Materialized fp64 logits of the rounded inputs: lp (label -1 -> z_label 0), entropy, and the grads of
+    sum(grad_lp * lp + grad_ent * entropy) w.r.t. hidden and weight."""
+    h = hidden.detach().double().cpu().requires_grad_(True)
+    w = weight.detach().double().cpu().requires_grad_(True)
+    lab = labels.cpu()
+    z = (h @ w.T) * inv_temp
+    lse = torch.logsumexp(z, dim=1)
+    z_label = torch.where(lab >= 0, z.gather(1, lab.clamp(min=0)[:, None])[:, 0], torch.zeros_like(lse))
+    lp = z_label - lse
+    ent = lse - (torch.softmax(z, dim=1) * z).sum(1)
+    loss = (grad_lp.double().cpu() * lp).sum()
+    if grad_ent is not None:
+        loss = loss + (grad_ent.double().cpu() * ent).sum()
+    loss.backward()
+    return lp.detach(), ent.detach(), h.grad, w.grad
+
+
+def rel(a, b) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def test_unavailable_is_explained_and_refused_off_cuda():
+    assert isinstance(C.unavailable_reason(), str) and C.unavailable_reason()
+    if not torch.cuda.is_available():
+        assert not C.is_available()
+    h, w = torch.randn(3, 8), torch.randn(5, 8)
+    with pytest.raises(ValueError, match="backend='cute' needs CUDA tensors"):
+        ops.logprobs_from_hidden(h, w, torch.tensor([0, 1, 2]), backend="cute")
+
+
+def test_supports_names_what_the_kernels_need():
+    h, w = torch.randn(3, 8), torch.randn(5, 8)
+    assert "bf16/fp16" in C.supports(h, w)
+    assert "multiple of 8" in C.supports(h[:, :6].bfloat16(), w[:, :6].bfloat16())
+    assert "SM90" in C.supports(h.bfloat16(), w.bfloat16())
+
+
+def test_forward_chunk_keeps_partials_within_budget():
+    rows = C._fwd_chunk(65536, 151936, C.FWD_TILE[1], None)
+    assert rows % 128 == 0 and 2 * 4 * rows * -(-151936 // C.FWD_TILE[1]) <= C.FWD_PARTIALS_BUDGET
+    assert C._fwd_chunk(5, 151936, C.FWD_TILE[1], None) == 5 and C._fwd_chunk(1000, 10, 192, 64) == 64
+    assert C._fwd_extra_bytes(65536, 151936) <= C.FWD_PARTIALS_BUDGET
+
+
+# (N, H, V, temperature): the shapes of the Triton tests plus the tile edges: V not a multiple of the 192-wide
+# vocab tile, one token, H a multiple of 8 but not of 16, N not a multiple of the 128-row tile.
+GPU_CASES = [
+    (257, 256, 151936, 1.0),
+    (1, 128, 151936, 1.0),
+    (999, 200, 123, 1.7),
+    (130, 72, 1000, 0.8),
+    (4096, 1024, 32000, 1.0),
+    (64, 64, 5, 1.0),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason=f"needs the CuTe backend: {C.unavailable_reason()}")
+@pytest.mark.parametrize("n,h,v,temp", GPU_CASES)
+@pytest.mark.parametrize("with_grad_ent", [True, False])
+def test_gpu_cute_matches_fp64(n, h, v, temp, with_grad_ent):
+    g = torch.Generator(device="cuda").manual_seed(n * 7 + v)
+    hid = torch.randn(n, h, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(v, h, device="cuda", generator=g) * 0.3).bfloat16()
+    lab = torch.randint(0, v, (n,), device="cuda", generator=g)
+    lab[torch.rand(n, device="cuda", generator=g) < 0.1] = -1
+    glp = torch.randn(n, device="cuda", generator=g)
+    gent = torch.randn(n, device="cuda", generator=g) if with_grad_ent else None
+    m, s, t, zl = C.forward_stats(hid, w, lab, 1.0 / temp, True, None)
+    lse, mean_z = m + torch.log(s), t / s
+    gh, gw = C.backward(hid, w, lab, lse, mean_z, glp, gent, 1.0 / temp, True, True, None)
+    r_lp, r_ent, r_gh, r_gw = fp64_reference(hid, w, lab, 1.0 / temp, glp, gent)
+    assert rel(zl - lse, r_lp) <= 1e-5 and rel(lse - mean_z, r_ent) <= 1e-5
+    assert gh.dtype == torch.bfloat16 and gw.dtype == torch.bfloat16
+    assert rel(gh, r_gh) <= 5e-3 and rel(gw, r_gw) <= 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason=f"needs the CuTe backend: {C.unavailable_reason()}")
+def test_gpu_public_api_cute_rows_and_peaked_softmax():
+    """Row subsets through the public API, and rows whose softmax is one-hot (p_label ~ 1): the label term of
+    the gradient is exact in fp32, not a rounded difference of two near-equal numbers."""
+    n, h, v = 333, 256, 151936
+    g = torch.Generator(device="cuda").manual_seed(11)
+    hid = torch.randn(n, h, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(v, h, device="cuda", generator=g) * 0.3).bfloat16()
+    lab = torch.randint(0, v, (n,), device="cuda", generator=g)
+    hid[:40] = (w[lab[:40]].float() * 4).bfloat16()  # the label's logit dominates: p_label ~ 1
+    hid.requires_grad_(True)
+    w.requires_grad_(True)
+    rows = torch.arange(0, n, 3, device="cuda")
+    glp, gent = torch.randn(n, device="cuda", generator=g), torch.randn(n, device="cuda", generator=g)
+    lp, ent = ops.logprobs_from_hidden(hid, w, lab, rows=rows, backend="cute")
+    (lp * glp + ent * gent).sum().backward()
+    keep = torch.zeros(n, dtype=torch.bool, device="cuda")
+    keep[rows] = True
+    r_lp, r_ent, r_gh, r_gw = fp64_reference(hid[keep], w, lab[keep], 1.0, glp[keep], gent[keep])
+    assert rel(lp[keep], r_lp) <= 1e-5 and rel(ent[keep], r_ent) <= 1e-5
+    assert rel(hid.grad[keep], r_gh) <= 5e-3 and rel(w.grad, r_gw) <= 5e-3
+    assert hid.grad[~keep].abs().max().item() == 0
