@@ -61,8 +61,10 @@ class PPOTrainer:
         self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic,
                                                              ckpt_dir=self.ckpt_dir if t.use_ray else None)
         self.colocated = self.rollout_group is self.train_group
+        # rollout.free_cache_engine=false: a colocated engine stays awake through the step (no sleep, no wake-up)
+        self.sleeps = self.colocated and cfg.rollout.free_cache_engine
         self.weight_sync = WeightSync(self.train_group, self.rollout_group,
-                                      bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
+                                      bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20, wake_up=self.sleeps)
         self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
                                config=config_dict(cfg))
         self.global_step = 0
@@ -122,7 +124,7 @@ class PPOTrainer:
             with timer("gen", m):  # rollout + reward (timing_s/reward: scoring; with DAPO, of every refill)
                 batch, gen_metrics = self.rollout.next_batch(step, m)
             m.update(gen_metrics)
-            if self.colocated:
+            if self.sleeps:
                 with timer("rollout_sleep", m):
                     self.train_group.run("rollout_sleep")
             batch = self._logprobs(batch, m, temperature)  # timing_s/old_log_prob, /ref, /values
@@ -131,7 +133,7 @@ class PPOTrainer:
             self._update(batch, m, step, temperature)  # timing_s/update_critic, /update_actor
             self.rollout.after_update(step, m)  # async + rollout.partial: pushed now, into the batches in flight
             if self.rollout.pipeline is None:  # async: pushed at the next step's boundary
-                with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too)
+                with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too), if any
                     self.weight_sync.push(m)
 
         n_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
