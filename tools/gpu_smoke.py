@@ -9,6 +9,8 @@ result), `tp2` (2 GPUs: TP=2 log-probs vs TP=1 on the same weights, and the TP=2
   python tools/gpu_smoke.py --out $OUT                 # one GPU: grpo, parity, step8k, longctx
   python tools/gpu_smoke.py --out $OUT --only tp2      # two GPUs
   python tools/gpu_smoke.py --out $OUT --only grpo --grpo-engine vllm   # the GRPO step with the vLLM rollout
+  # the step's opt-in levers (issue #35) through --grpo-set: rollout.free_cache_engine=false (no sleep/wake),
+  # actor.recompute_old_logprobs=false (with actor.ppo_mini_batch_size = data.train_batch_size: no old-log-prob pass)
 """
 
 from __future__ import annotations

@@ -169,6 +169,10 @@ class RolloutConfig:
     # tokens already made (log-probs and per-token versions kept; rollout/partial.py)
     partial: bool = False
     partial_chunk_tokens: int = 64
+    # colocated: the engine sleeps (frees its weights and KV cache) while the actor computes log-probs and trains, and
+    # wakes up for the weight push; false keeps it awake through the step (no sleep, no wake-up: faster, but its
+    # weights + KV cache stay on the GPU beside the training phases; the weights are still reloaded in place)
+    free_cache_engine: bool = True
 
 
 @dataclass
@@ -240,6 +244,10 @@ class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig, MoEConfig
     # to, and the actor's old-log-prob and update forwards route through them; null: on where it was measured to
     # help (MoE with rollout.engine=vllm on GPU), off elsewhere
     moe_routing_replay: Optional[bool] = None
+    # true: a no-grad pass computes the old log-probs before the update (timing_s/old_log_prob); false, for a strictly
+    # on-policy update (ppo_epochs 1, one mini-batch of the whole step, nothing reading them before the update): the
+    # update's own forward gives them, detached (same weights: ratio 1 exactly), and the pass is skipped
+    recompute_old_logprobs: bool = True
 
 
 @dataclass

@@ -328,6 +328,33 @@ def _trainer(e: list, cfg) -> None:
         e.append("trainer.async_rollout=true needs Ray (trainer.use_ray=true): the in-process worker cannot "
                  "generate and train at once")
     _partial(e, cfg)
+    _step_levers(e, cfg)
+
+
+def _step_levers(e: list, cfg) -> None:
+    """rollout.free_cache_engine=false and actor.recompute_old_logprobs=false: where each is meaningful and exact."""
+    a, t, d = cfg.actor, cfg.trainer, cfg.data
+    if not cfg.rollout.free_cache_engine and not t.colocate and t.use_ray:
+        e.append("rollout.free_cache_engine=false keeps a colocated rollout engine awake through the training phases; "
+                 "with trainer.colocate=false the engines have GPUs of their own and never sleep: leave "
+                 "rollout.free_cache_engine=true (or set trainer.colocate=true)")
+    if a.recompute_old_logprobs:
+        return
+    why = []
+    if a.ppo_epochs != 1 or a.ppo_mini_batch_size != d.train_batch_size:
+        why.append(f"an update of more than one mini-batch or epoch (actor.ppo_epochs={a.ppo_epochs}, "
+                   f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}, data.train_batch_size={d.train_batch_size}; "
+                   "it needs actor.ppo_epochs=1 and actor.ppo_mini_batch_size=data.train_batch_size: later mini-batches "
+                   "would see weights the first one moved)")
+    if cfg.algorithm.use_kl_in_reward:
+        why.append("algorithm.use_kl_in_reward=true (the reward's KL penalty reads the old log-probs before the update)")
+    if a.pipeline_parallel_size > 1:
+        why.append(f"actor.pipeline_parallel_size={a.pipeline_parallel_size} (the update's log-probs live on the last "
+                   "stage only)")
+    if why:
+        e.append("actor.recompute_old_logprobs=false takes the old log-probs from the update's own forward, exact only "
+                 "for a strictly on-policy update; not with " + "; ".join(why)
+                 + ": set actor.recompute_old_logprobs=true")
 
 
 def _partial(e: list, cfg) -> None:

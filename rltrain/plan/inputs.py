@@ -182,6 +182,8 @@ class Inputs:
     async_rollout: bool
     ep: int = 1  # actor.expert_parallel_size: the experts split over this many (data-parallel) ranks
     moe_grouped_gemm: bool = True  # actor.moe_grouped_gemm: torch._grouped_mm over the local experts, not a loop
+    free_cache_engine: bool = True  # rollout.free_cache_engine: a colocated engine sleeps through the training phases
+    recompute_old_logprobs: bool = True  # actor.recompute_old_logprobs: false skips the old-log-prob pass
     extra: dict = field(default_factory=dict)
 
     @property
@@ -258,6 +260,8 @@ def read(cfg: Any) -> Inputs:
             nnodes=int(t.get("nnodes", 1)), device=str(t.get("device", "auto")), use_ray=bool(t.get("use_ray", True)),
             async_rollout=bool(t.get("async_rollout", False)), ep=int(a.get("expert_parallel_size", 1) or 1),
             moe_grouped_gemm=bool(a.get("moe_grouped_gemm", True)),
+            free_cache_engine=bool(r.get("free_cache_engine", True)),
+            recompute_old_logprobs=bool(a.get("recompute_old_logprobs", True)),
         )
     except KeyError as err:
         raise PlanInputError(f"the config has no key {err}; rltrain.plan reads a composed RL config "

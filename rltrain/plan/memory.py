@@ -31,8 +31,10 @@ layer's router whole and its E experts split over actor.expert_parallel_size ran
                      torch counts) + vllm_non_torch_gib (CUDA graphs, workspaces); a fixed KV cache
                      (rollout.kv_cache_memory_gb, or a small model's auto size: rollout/vllm.py auto_kv_cache_bytes)
                      replaces the fraction by weights + KV + vllm_profile_gib; asleep (colocated, during the
-                     training phases): 0 (level 2 drops weights and cache, level 1 moves the weights to the host)
-  hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + their logits; asleep: 0
+                     training phases): 0 (level 2 drops weights and cache, level 1 moves the weights to the host);
+                     rollout.free_cache_engine=false: awake in every phase (the training phases hold it too)
+  hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + their logits; asleep: 0 (as vLLM,
+                     awake throughout with rollout.free_cache_engine=false)
   CUDA context       cuda_context_gib per process on the GPU (engines_per_gpu > 1: one more per engine)
 
 The peak of a GPU is the largest phase; a GPU fits when context + (torch peak less vLLM's pool) x (1 +
@@ -154,6 +156,7 @@ class GPU:
     total_bytes: float
     notes: list[str] = field(default_factory=list)
     vllm_in_process: bool = True  # rollout.engines_per_gpu > 1: the engines live in processes of their own
+    engine_sleeps: bool = True  # colocated: the rollout engine sleeps through the training phases (free_cache_engine)
 
     @property
     def slack(self) -> float:
@@ -201,7 +204,7 @@ class GPU:
     @property
     def sleep_frees_bytes(self) -> float:
         """What the colocated rollout engine's sleep gives back to the training phases (0 when not colocated)."""
-        if self.roles == ("rollout",) or "rollout" not in self.roles:
+        if self.roles == ("rollout",) or "rollout" not in self.roles or not self.engine_sleeps:
             return 0.0
         gen = next((p for p in self.phases if p.name == "generation"), None)
         if gen is None:
@@ -408,16 +411,20 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
         bucket = {"weight-sync bucket": x.weight_sync_bucket_mb * 2**20}
         if colocated:
             if vllm:
-                vparts, vnon, vnotes, _ = vllm_parts(x, total_bytes)
+                eng, eng_non, vnotes, _ = vllm_parts(x, total_bytes)
                 notes += vnotes
-                phases.insert(0, Phase("generation", {**static, **vparts}, {**ctx, **vnon}))
-                phases.append(Phase("weight sync", {**static, **vparts, **bucket}, {**ctx, **vnon}))
             else:
-                eng = {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)}
-                phases.insert(0, Phase("generation", {**static, **eng}, dict(ctx)))
-                phases.append(Phase("weight sync", {**static, **eng, **bucket}, dict(ctx)))
+                eng, eng_non = {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)}, {}
+            if not x.free_cache_engine:  # the engine stays awake: its memory beside every training phase
+                notes.append("the rollout engine stays awake through the training phases (rollout.free_cache_engine="
+                             "false): its weights and KV cache stay beside the log-probs and the update")
+                for p in phases:
+                    p.parts.update(eng)
+                    p.non_torch.update(eng_non)
+            phases.insert(0, Phase("generation", {**static, **eng}, {**ctx, **eng_non}))
+            phases.append(Phase("weight sync", {**static, **eng, **bucket}, {**ctx, **eng_non}))
             gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes,
-                            vllm_in_process=x.engines_per_gpu == 1))
+                            vllm_in_process=x.engines_per_gpu == 1, engine_sleeps=x.free_cache_engine))
         else:
             phases.append(Phase("weight sync", {**static, **bucket}, dict(ctx)))
             gpus.append(GPU(r, roles, stage, phases, total_bytes, notes))

@@ -7,7 +7,8 @@
                wave's KV cache at its mean context) / HBM bandwidth, the larger
                (they overlap; hf: hf_step_s; MoE: of the experts, those the wave routes to); prefill at the forward
                rate.
-  log-probs    old log-probs (+ reference, + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
+  log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
+               + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
                ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
                recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch).
   update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
@@ -18,7 +19,8 @@
                (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute).
   weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
                is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); hf: its level-1 sleep +
-               wake + the same reload; split: bf16 bytes x split_sync_s_per_gb.
+               wake + the same reload; rollout.free_cache_engine=false (the engine stays awake): the reload alone;
+               split: bf16 bytes x split_sync_s_per_gb.
 The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
 """
 
@@ -114,7 +116,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
     fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate) + n_fwd_mb * moe
            + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s"))
-    out["old_log_prob"] = fwd
+    out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them
     if x.use_ref:
         out["ref"] = fwd
     if x.use_critic:
@@ -152,6 +154,8 @@ def sync_seconds(x: Inputs) -> float:
     # in place: the engine's load_weights takes the checkpoint's tensors one at a time (a fixed cost per tensor: the
     # 4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s)
     reload = weight_tensors(x.shape) * cal.value("reload_s_per_tensor")
+    if not x.free_cache_engine:  # the engine stayed awake: no sleep, no wake-up
+        return reload
     if x.engine == "vllm" and x.device != "cpu":
         return cal.value("vllm_sleep_s") + cal.value("vllm_wake_s") + reload
     return cal.value("hf_sleep_wake_s") + reload

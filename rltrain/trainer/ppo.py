@@ -61,8 +61,10 @@ class PPOTrainer:
         self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic,
                                                              ckpt_dir=self.ckpt_dir if t.use_ray else None)
         self.colocated = self.rollout_group is self.train_group
+        # rollout.free_cache_engine=false: a colocated engine stays awake through the step (no sleep, no wake-up)
+        self.sleeps = self.colocated and cfg.rollout.free_cache_engine
         self.weight_sync = WeightSync(self.train_group, self.rollout_group,
-                                      bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20)
+                                      bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20, wake_up=self.sleeps)
         self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
                                config=config_dict(cfg))
         self.global_step = 0
@@ -122,16 +124,17 @@ class PPOTrainer:
             with timer("gen", m):  # rollout + reward (timing_s/reward: scoring; with DAPO, of every refill)
                 batch, gen_metrics = self.rollout.next_batch(step, m)
             m.update(gen_metrics)
-            if self.colocated:
+            if self.sleeps:
                 with timer("rollout_sleep", m):
                     self.train_group.run("rollout_sleep")
             batch = self._logprobs(batch, m, temperature)  # timing_s/old_log_prob, /ref, /values
+            sampled_mask = batch.loss_mask  # before _advantages' truncation mask: the mismatch metrics' tokens
             with timer("adv", m):
                 batch = self._advantages(batch, m)
-            self._update(batch, m, step, temperature)  # timing_s/update_critic, /update_actor
+            self._update(batch, m, step, temperature, sampled_mask)  # timing_s/update_critic, /update_actor
             self.rollout.after_update(step, m)  # async + rollout.partial: pushed now, into the batches in flight
             if self.rollout.pipeline is None:  # async: pushed at the next step's boundary
-                with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too)
+                with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too), if any
                     self.weight_sync.push(m)
 
         n_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
@@ -148,14 +151,12 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ phases
     def _logprobs(self, batch: Batch, m: dict, temperature: float) -> Batch:
-        """The actor's recomputed (old) log-probs and the mismatch to the sampler's; the reference's and the
-        critic's values when used."""
-        with timer("old_log_prob", m):
-            old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
-        batch = batch.replace(old_logprobs=old)
-        m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
-        op = OffPolicyConfig.effective(self.cfg.actor, async_rollout=self.cfg.trainer.async_rollout)
-        m.update(_mismatch_metrics(batch, op))
+        """The actor's recomputed (old) log-probs and the mismatch to the sampler's (actor.recompute_old_logprobs=
+        false: none here, the update gives them); the reference's and the critic's values when used."""
+        if self.cfg.actor.recompute_old_logprobs:
+            with timer("old_log_prob", m):
+                old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
+            batch = self._with_old(batch, old, ent, m)
         if self.use_ref:
             with timer("ref", m):
                 ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)
@@ -166,8 +167,18 @@ class PPOTrainer:
             batch = batch.replace(values=values)
         return batch
 
-    def _update(self, batch: Batch, m: dict, step: int, temperature: float) -> None:
-        """ppo_epochs over mini-batches: the critic's (PPO), then the actor's."""
+    def _with_old(self, batch: Batch, old: torch.Tensor, ent: torch.Tensor, m: dict) -> Batch:
+        """`batch` with its old log-probs [B, R]; their entropy [B, R] and mismatch to the sampler's into `m`."""
+        batch = batch.replace(old_logprobs=old)
+        m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
+        op = OffPolicyConfig.effective(self.cfg.actor, async_rollout=self.cfg.trainer.async_rollout)
+        m.update(_mismatch_metrics(batch, op))
+        return batch
+
+    def _update(self, batch: Batch, m: dict, step: int, temperature: float, sampled_mask: torch.Tensor) -> None:
+        """ppo_epochs over mini-batches: the critic's (PPO), then the actor's. actor.recompute_old_logprobs=false: the
+        one on-policy mini-batch, whose forward's detached log-probs are the old ones; their metrics are logged as
+        _logprobs logs the recomputed ones', over the same tokens (sampled_mask: the loss_mask before _advantages)."""
         cfg, a = self.cfg, self.cfg.actor
         mini_rows = a.ppo_mini_batch_size * cfg.rollout.n // self.train_group.dp_size
         if self.use_critic:
@@ -175,9 +186,16 @@ class PPOTrainer:
                 res = self.train_group.run_split("update_critic", batch, max(1, mini_rows),
                                                  cfg.critic.ppo_epochs, self.seed + step)
             m.update(mean_metrics(res))
+        method = "update_actor" if a.recompute_old_logprobs else "update_actor_on_policy"
         with timer("update_actor", m), _diverged_as_error(step, self.ckpt_dir):
-            res = self.train_group.run_split("update_actor", batch, max(1, mini_rows), a.ppo_epochs,
+            res = self.train_group.run_split(method, batch, max(1, mini_rows), a.ppo_epochs,
                                              temperature, self.seed + step)
+        if not a.recompute_old_logprobs:  # per rank: (metrics, old log-probs [b, R], entropy [b, R])
+            old, ent = gather_rows([(lp, e) for _, lp, e in res], batch)
+            # with trainer.logprobs_loss_mask_only the update computes the trained tokens only
+            mask = batch.loss_mask if cfg.trainer.logprobs_loss_mask_only else sampled_mask
+            self._with_old(batch.replace(loss_mask=mask), old, ent, m)
+            res = [r for r, _, _ in res]
         m.update(mean_metrics(res))
 
     def _score(self, batch: Batch) -> tuple[Batch, dict]:

@@ -1,8 +1,9 @@
 """The driver's one call that moves the actor's weights to the rollout engines: `WeightSync.push()`, whatever the
 placement. It must not move bytes or pick a transport: each worker built its end once (rltrain/rollout/sync/).
 
-Colocated (one group): every worker wakes its rollout engine (timed as `timing_s/rollout_wake`) and streams its
-actor's export into it in process. Split (a train and a rollout group): the first push builds the weight-sync group
+Colocated (one group): every worker wakes its rollout engine (timed as `timing_s/rollout_wake`; not with
+rollout.free_cache_engine=false, where the engine never slept: `wake_up=False`) and streams its actor's export into
+it in process. Split (a train and a rollout group): the first push builds the weight-sync group
 (train rank 0 names the address; both groups join at once), then each push streams train rank 0's export while
 the rollout ranks receive it (both groups called together).
 """
@@ -14,18 +15,20 @@ from rltrain.workers.group import run_together
 
 
 class WeightSync:
-    def __init__(self, train_group, rollout_group, *, bucket_bytes: int) -> None:
+    def __init__(self, train_group, rollout_group, *, bucket_bytes: int, wake_up: bool = True) -> None:
         self.train_group, self.rollout_group, self.bucket_bytes = train_group, rollout_group, bucket_bytes
+        self.wake_up = wake_up  # colocated: the engine slept through the training phases (rollout.free_cache_engine)
         self.colocated = rollout_group is train_group
         self._connected = False  # split: the weight-sync group is built at the first push
 
     def push(self, metrics: dict | None = None, *, version: int | None = None) -> None:
-        """Actor weights -> rollout engines. `metrics` gets `timing_s/rollout_wake` (colocated). version: the policy
-        version of the weights, told to split rollout workers (rollout.partial stamps tokens with it; a partial
-        generation in flight pauses between two chunks while they load)."""
+        """Actor weights -> rollout engines. `metrics` gets `timing_s/rollout_wake` (colocated, when the engine
+        slept). version: the policy version of the weights, told to split rollout workers (rollout.partial stamps
+        tokens with it; a partial generation in flight pauses between two chunks while they load)."""
         if self.colocated:
-            with timer("rollout_wake", {} if metrics is None else metrics):
-                self.train_group.run("rollout_wake_up")
+            if self.wake_up:
+                with timer("rollout_wake", {} if metrics is None else metrics):
+                    self.train_group.run("rollout_wake_up")
             self.train_group.run("weight_sync_send", self.bucket_bytes)
             return
         if not self._connected:

@@ -27,7 +27,7 @@ from rltrain.config.schema import (
 )
 from rltrain.data.batch import Batch
 from rltrain.models.builder import build_engine
-from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_outputs
+from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch, as_outputs
 
 
 def label_masks(batch: Batch, *, response_only: bool, loss_mask_only: bool) -> tuple[torch.Tensor, ...]:
@@ -83,7 +83,8 @@ class LossInputs:
 @dataclass
 class PolicyInputs(LossInputs):
     loss_mask: Tensor  # [b, S] float 0/1, the tokens trained
-    old_logprobs: Tensor  # [b, S] log pi_old(a_t), recomputed before the update
+    old_logprobs: Tensor | None  # [b, S] log pi_old(a_t), recomputed before the update; None: the update's own,
+    #                             detached (a strictly on-policy update: actor.recompute_old_logprobs=false)
     advantages: Tensor  # [b, S]
     sampler_logprobs: Tensor | None = None  # [b, S] log mu(a_t) of the sampler: with an off-policy correction
     ref_logprobs: Tensor | None = None  # [b, S] log pi_ref(a_t): with the KL loss
@@ -97,7 +98,8 @@ class PolicyLoss(LossFn):
     than none, the sampler's log-probs (PolicyInputs.sampler_logprobs) are the behaviour policy: each token's
     policy loss is multiplied by the correction's weight (algorithms/off_policy.py `off_policy_weights`, e.g.
     min(pi_old / pi_sampler, cap) for token_tis); the loss mask is unchanged, so a dropped token (weight 0) keeps
-    its place in the aggregation's denominator.
+    its place in the aggregation's denominator. Without old log-probs (PolicyInputs.old_logprobs None: a strictly
+    on-policy update) the forward's own log-probs, detached, are the old ones (ratio 1) and the weights' pi_old.
     """
 
     def __init__(self, *, mode: str, clip_low: float, clip_high: float, dual_clip: float | None, agg: str,
@@ -130,12 +132,13 @@ class PolicyLoss(LossFn):
         lp = outputs.logprobs  # [b, S] fp32, 0 outside label_mask
         x = PolicyInputs.of(mb, lp.device)  # the engine's outputs live on its device, the batch on the host
         mask = x.loss_mask  # [b, S]
+        old = lp.detach() if x.old_logprobs is None else x.old_logprobs
         weights = None
         if self.needs_sampler_logprobs:
             op = self.off_policy
-            weights = off_policy_weights(x.old_logprobs, x.sampler_logprobs, mask, mode=op.mode, cap=op.cap,
+            weights = off_policy_weights(old, x.sampler_logprobs, mask, mode=op.mode, cap=op.cap,
                                          low=op.low, high=op.high).weights
-        pg, m = policy_loss(lp, x.old_logprobs, x.advantages, mask, mode=self.mode,
+        pg, m = policy_loss(lp, old, x.advantages, mask, mode=self.mode,
                             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg,
                             weights=weights)
         loss = pg
@@ -152,6 +155,34 @@ class PolicyLoss(LossFn):
             metrics["actor/kl_loss"] = kl.detach()
             loss = loss + self.kl_loss_coef * kl
         return loss, metrics
+
+
+class OnPolicyCapture(LossFn):
+    """`loss` that also keeps each micro-batch's log-probs and entropy, detached, at the batch rows they belong to
+    (the micro-batch's `batch_row` extra [b]): the old log-probs of a strictly on-policy update, which takes them
+    from its own forward (actor.recompute_old_logprobs=false). Kept on the device until `full` (no sync per
+    micro-batch)."""
+
+    def __init__(self, loss: LossFn):
+        self.loss, self.agg = loss, loss.agg
+        self.needs_entropy_grad = loss.needs_entropy_grad
+        self.parts: list[tuple[Tensor, Tensor, Tensor | None]] = []
+
+    def __call__(self, outputs: ModelOutputs | Mapping[str, Tensor], mb: MicroBatch | Mapping[str, Any]):
+        outputs, mb = as_outputs(outputs), as_micro_batch(mb)
+        ent = None if outputs.entropy is None else outputs.entropy.detach()
+        self.parts.append((mb.extras["batch_row"], outputs.logprobs.detach(), ent))
+        return self.loss(outputs, mb)
+
+    def full(self, rows: int, width: int) -> tuple[Tensor, Tensor]:
+        """(logprobs [rows, width], entropy [rows, width]) fp32 on the host, 0 where no micro-batch computed them."""
+        lp, ent = torch.zeros(rows, width), torch.zeros(rows, width)
+        for idx, l, e in self.parts:
+            idx = idx.cpu()
+            lp[idx, :l.shape[1]] = l.float().cpu()
+            if e is not None:
+                ent[idx, :e.shape[1]] = e.float().cpu()
+        return lp, ent
 
 
 def share_of(mask: torch.Tensor, total_tokens: float, total_rows: float, agg: str) -> float:
@@ -230,8 +261,33 @@ class ActorRole:
 
         Needs batch.old_logprobs and batch.advantages (and ref_logprobs with the KL loss).
         """
+        assert batch.old_logprobs is not None, "the update needs old log-probs (or update_on_policy)"
+        tensors, _ = self._update_tensors(batch, with_old=True)
+        return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
+                           seed=seed, prefix="actor", temperature=temperature)
+
+    def update_on_policy(self, batch: Batch, *, mini_batch_rows: int, ppo_epochs: int, temperature: float = 1.0,
+                         seed: int = 0) -> tuple[dict[str, float], Tensor, Tensor]:
+        """The update of a strictly on-policy step (actor.recompute_old_logprobs=false): one epoch of one mini-batch
+        of every row, whose forward runs the old policy's weights (nothing moved them yet): its log-probs, detached,
+        are the old ones (no separate pass; batch.old_logprobs is not read). Returns (update's metrics, old
+        log-probs [B, R], their entropy [B, R]) in the response layout, as compute_logprobs would give them."""
+        rows = len(batch)
+        if ppo_epochs != 1 or mini_batch_rows < rows:
+            raise ValueError(f"an on-policy update (actor.recompute_old_logprobs=false) is one epoch of one "
+                             f"mini-batch; got ppo_epochs={ppo_epochs}, mini-batches of {mini_batch_rows} of {rows} rows")
+        tensors, start = self._update_tensors(batch, with_old=False)
+        tensors["batch_row"] = torch.arange(rows)
+        loss = OnPolicyCapture(self.loss)
+        metrics = ppo_updates(self.engine, loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=1, seed=seed,
+                              prefix="actor", temperature=temperature)
+        lp, ent = loss.full(rows, tensors["input_ids"].shape[1])
+        return metrics, batch.response_from_full(lp, start), batch.response_from_full(ent, start)
+
+    def _update_tensors(self, batch: Batch, *, with_old: bool) -> tuple[dict[str, Tensor], Tensor]:
+        """(the update's tensors [B, ...]: ids, lengths, label mask, the loss's inputs, routing; response_start [B])."""
         assert self.role == "actor"
-        assert batch.old_logprobs is not None and batch.advantages is not None
+        assert batch.advantages is not None
         input_ids, seq_lens, start, label_mask = label_masks(
             batch, response_only=True, loss_mask_only=self.trainer_cfg.logprobs_loss_mask_only)
         s = input_ids.shape[1]
@@ -242,7 +298,7 @@ class ActorRole:
             assert batch.ref_logprobs is not None, "actor.use_kl_loss needs reference log-probs"
         inputs = PolicyInputs(
             loss_mask=to_full(batch, batch.loss_mask.float(), start, s),
-            old_logprobs=to_full(batch, batch.old_logprobs, start, s),
+            old_logprobs=to_full(batch, batch.old_logprobs, start, s) if with_old else None,
             advantages=to_full(batch, batch.advantages, start, s),
             sampler_logprobs=to_full(batch, batch.sampler_logprobs, start, s) if self.loss.needs_sampler_logprobs
             else None,
@@ -250,8 +306,7 @@ class ActorRole:
         tensors = {"input_ids": input_ids, "seq_lens": seq_lens, "label_mask": label_mask, **inputs.tensors()}
         if self.routing_replay:
             tensors["routed_experts"] = self._routing(batch)
-        return ppo_updates(self.engine, self.loss, tensors, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
-                           seed=seed, prefix="actor", temperature=temperature)
+        return tensors, start
 
     def _routing(self, batch: Batch) -> torch.Tensor | None:
         """The batch's rollout routing on the full layout [B, S, L, k] when this role replays it, else None."""

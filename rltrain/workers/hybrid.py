@@ -1,7 +1,7 @@
 """One worker process hosting any subset of roles (actor, ref, critic, rollout) on the same devices.
 
-Colocated mode puts all roles in one group (the rollout engine sleeps while training, weights sync in
-process); split mode makes one group for training roles and one for rollout. No Ray here (see group.py).
+Colocated mode puts all roles in one group (the rollout engine sleeps while training unless
+rollout.free_cache_engine=false, weights sync in process); split mode makes one group for training roles and one for rollout. No Ray here (see group.py).
 """
 
 from __future__ import annotations
@@ -182,6 +182,13 @@ class HybridWorker(Worker):
     def update_actor(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, temperature: float, seed: int):
         return self.actor.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
                                  temperature=temperature, seed=seed)
+
+    def update_actor_on_policy(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, temperature: float,
+                               seed: int):
+        """actor.recompute_old_logprobs=false: (metrics, old log-probs [B, R], entropy [B, R]) of the on-policy
+        update, whose own forward gave the old log-probs (ActorRole.update_on_policy)."""
+        return self.actor.update_on_policy(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
+                                           temperature=temperature, seed=seed)
 
     def update_critic(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, seed: int):
         return self.critic.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs, seed=seed)

@@ -307,3 +307,44 @@ def test_typed_dataclass_config_is_read():
 def test_missing_checkpoint_names_the_fix(capsys):
     rc, _, err = run_main(capsys, "--config-name", "grpo_qwen3", "model.path=checkpoints/not_there/hf")
     assert rc == 2 and "model.builtin=qwen3-4b" in err
+
+
+def test_free_cache_engine_false_keeps_the_engine_resident_and_pays_no_sleep_or_wake():
+    """rollout.free_cache_engine=false on the 0.6B colocated with vLLM on one H100 (80 GiB card, 0.5 of it to vLLM),
+    worked by hand: every training phase holds the engine's 0.5 x 79.18 GiB pool and its CUDA graphs beside what it
+    held before; the weight sync is the reload of the 310 tensors alone (the 0.041 s sleep and 0.127 s wake are not
+    paid); actor.recompute_old_logprobs=false takes the old-log-prob pass out of the log-probs phase."""
+    from rltrain.plan.timing import sync_seconds
+
+    base = ["rollout=vllm", "rollout.gpu_memory_utilization=0.5", "trainer.use_ray=true"]
+    asleep = make_plan(qwen06b(*base), device="h100", suggest=False)
+    awake = make_plan(qwen06b(*base, "rollout.free_cache_engine=false"), device="h100", suggest=False)
+    g0, g1 = asleep.gpus[0], awake.gpus[0]
+    pool = 0.5 * 79.18 * GIB
+    graphs = cal.value("vllm_non_torch_gib") * GIB
+    assert [p.name for p in g0.phases] == [p.name for p in g1.phases]
+    for p0, p1 in zip(g0.phases, g1.phases):
+        if p0.name in ("generation", "weight sync"):  # awake in both runs
+            assert p1.parts == p0.parts and p1.non_torch == p0.non_torch
+            continue
+        assert "vllm (weights + KV cache)" not in p0.parts  # asleep: nothing of the engine
+        assert p1.parts == {**p0.parts, "vllm (weights + KV cache)": pytest.approx(pool)}
+        assert p1.non_torch == {**p0.non_torch, "vllm CUDA graphs + workspaces": graphs}
+        assert p1.torch_bytes - p0.torch_bytes == pytest.approx(pool)
+    assert g0.sleep_frees_bytes == pytest.approx(pool + graphs) and g1.sleep_frees_bytes == 0.0
+    assert g1.peak_bytes >= g0.peak_bytes
+    assert any("free_cache_engine=false" in n for n in g1.notes)
+    # time: the weight sync without the engine's sleep and wake
+    reload = 310 * cal.value("reload_s_per_tensor")
+    assert sync_seconds(awake.inputs) == pytest.approx(reload)
+    assert sync_seconds(asleep.inputs) == pytest.approx(reload + 0.041 + 0.127)
+    assert asleep.seconds["weight sync"] - awake.seconds["weight sync"] == pytest.approx(0.168)
+    assert asleep.seconds["step"] - awake.seconds["step"] == pytest.approx(0.168)
+    # and the on-policy update's old log-probs: the log-probs phase loses the old-log-prob pass, nothing else
+    onp = make_plan(qwen06b(*base, "actor.recompute_old_logprobs=false", "actor.ppo_mini_batch_size=32",
+                            "data.train_batch_size=32"), device="h100", suggest=False)
+    ref = make_plan(qwen06b(*base, "actor.ppo_mini_batch_size=32", "data.train_batch_size=32"), device="h100",
+                    suggest=False)
+    assert onp.seconds["detail/old_log_prob"] == 0.0 < ref.seconds["detail/old_log_prob"]
+    assert ref.seconds["log-probs"] - onp.seconds["log-probs"] == pytest.approx(ref.seconds["detail/old_log_prob"])
+    assert onp.seconds["update"] == pytest.approx(ref.seconds["update"])

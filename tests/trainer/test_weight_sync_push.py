@@ -26,6 +26,16 @@ def test_colocated_push_wakes_the_engines_then_streams_in_process():
     assert "timing_s/rollout_wake" in metrics
 
 
+def test_colocated_push_of_an_engine_kept_awake_only_streams():
+    """rollout.free_cache_engine=false: the engine never slept, so the push reloads in place without a wake-up (and
+    logs no timing_s/rollout_wake)."""
+    group = FakeGroup("both")
+    metrics = {}
+    ws.WeightSync(group, group, bucket_bytes=1 << 20, wake_up=False).push(metrics)
+    assert group.calls == [("weight_sync_send", (1 << 20,))]
+    assert metrics == {}
+
+
 def test_split_push_connects_once_then_sends_and_receives_together(monkeypatch):
     together = []
     monkeypatch.setattr(ws, "run_together", lambda *calls: together.append([(g.name, m, a) for g, m, a in calls]))
