@@ -3,12 +3,14 @@ after every run (a timeout still leaves the rows done so far), progress on stdou
 
   PYTHONPATH=/tmp/site python tools/gpu_placements.py --out $OUT            # all sections (--deadline cuts at 520 s)
   python tools/gpu_placements.py --out $OUT --only nccl learn               # a subset
-  python tools/gpu_placements.py --out $OUT --only nccl qwen06b --nccl-ranks 4 --placements colocated_tp2dp2 \
-      --model qwen3-4b --overrides rollout=vllm rollout.tensor_parallel_size=2     # 4 GPUs (issue 22)
+  python tools/gpu_placements.py --out $OUT --only qwen06b --model qwen3-4b --engine vllm --qwen-steps 3 \
+      --placements colocated_tp2dp2 split_2p2 --overrides actor.max_tokens_per_micro_batch=8192   # 4 GPUs (issue 35)
   python tools/gpu_placements.py --out $OUT --only learn qwen06b --placements split_1p1 --engine vllm
   python tools/gpu_placements.py --out $OUT --only learn qwen06b --placements colocated_tp2 --engine vllm
       # issue 21's two-GPU runs, one device call each (each took 2.5-5 min on two H200s, vLLM starts included):
       # split 1+1 (NCCL weight transfer) and colocated vLLM TP=2 with the actor at TP=2
+  python tools/gpu_placements.py <the same arguments> --check 79.18         # no GPU: would each run be refused?
+      # (trainer/setup.py's config check and trainer.plan_check for GPUs of 79.18 GiB: H100; 139.8: H200)
 
 Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU):
   colocated_dp2   trainer.n_gpus_per_node=2                                  actor DP=2, 2 rollout replicas
@@ -17,7 +19,8 @@ Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU)
   pp2             trainer.n_gpus_per_node=2 actor.pipeline_parallel_size=2   actor PP=2 (stages merged for sync)
 Other GPU counts (issue 22's scaling points; name them with --placements on a machine that has the GPUs):
   single               1 GPU: actor + rollout colocated
-  colocated_tp2dp2     4 GPUs: actor TP=2 x DP=2
+  colocated_tp2dp2     4 GPUs: actor TP=2 x DP=2 (--engine vllm: one vLLM engine at TP=4 over the 4)
+  split_2p2            4 GPUs: actor TP=2 on 2, the rollout on the other 2 (--engine vllm: one engine at TP=2)
   colocated_tp2pp2dp2  8 GPUs: actor TP=2 x PP=2 x DP=2
 Sections:
   nccl     all-reduce and broadcast bus bandwidth between --nccl-ranks GPUs (1 MiB .. 1 GiB), with each process
@@ -27,8 +30,8 @@ Sections:
            Triton head; as tools/gpu_smoke.py builds it) per placement: phase times, peak memory per GPU.
   roles    tiny PPO (GAE critic + KL reference + actor + rollout), one step per placement: every role runs.
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
---engine vllm: rollout=vllm in every run; colocated, vLLM's tensor parallel size is the group's GPU count (its TP
-group is the trainer's ranks), split, one GPU per engine. Every run's log is checked: a line naming `mnnvl`
+--engine vllm: rollout=vllm in every run; vLLM's tensor parallel size is the group's GPU count (colocated, its TP
+group is the trainer's ranks; split, the rollout group's, one engine). Every run's log is checked: a line naming `mnnvl`
 (NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
 A run over --run-timeout is first asked for every process's Python stacks (SIGUSR1 to the driver and the Ray
 workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each process's last 40 log lines
@@ -61,6 +64,7 @@ PLACEMENTS = {
     "split_1p1": ["trainer.n_gpus_per_node=1", "trainer.colocate=false"],
     "pp2": ["trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"],
     "single": ["trainer.n_gpus_per_node=1"],
+    "split_2p2": ["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2", "trainer.colocate=false"],
     "colocated_tp2dp2": ["trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=2"],
     "colocated_tp2pp2dp2": ["trainer.n_gpus_per_node=8", "actor.tensor_parallel_size=2",
                             "actor.pipeline_parallel_size=2"],
@@ -78,16 +82,62 @@ PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_c
 
 
 def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[str]:
-    """The rollout overrides of one run: vLLM colocated takes the group's GPUs as its TP group; split, one each.
+    """The rollout overrides of one run: vLLM's TP group is a whole worker group, as the rollout worker builds it
+    (workers/rollout.py: one engine over the group's processes): colocated, the trainer's group; split, the rollout
+    group (as many GPUs as the training group, so one replica: split vLLM with two replicas stops at the start).
     `tiny` (grpo_tiny's model, head_dim 16): with vLLM TP > 1 the model gets the smallest head_dim such an engine
     starts with on GPUs (rollout/vllm.py: TP_MIN_HEAD_DIM; the config refuses 16)."""
     if engine == "hf":
         return []
     over = PLACEMENTS[placement]
-    gpus = next(int(o.split("=")[1]) for o in over if o.startswith("trainer.n_gpus_per_node="))
-    tp = 1 if "trainer.colocate=false" in over else gpus
+    tp = next(int(o.split("=")[1]) for o in over if o.startswith("trainer.n_gpus_per_node="))
     extra = [f"+model.overrides.head_dim={TP_MIN_HEAD_DIM}"] if tiny and tp > 1 else []
     return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}", *extra]
+
+
+def run_overrides(sec: str, name: str, args: argparse.Namespace) -> list[str]:
+    """The Hydra overrides of section `sec`'s run in placement `name` (after run_trainer's device and GPU ones)."""
+    if sec == "learn":
+        over = [*PLACEMENTS[name], f"trainer.total_steps={args.learn_steps}",
+                f"trainer.test_freq={max(1, args.learn_steps // 2)}"]
+    elif sec == "qwen06b":
+        over = [*QWEN06B, f"model.builtin={args.model}", *PLACEMENTS[name], f"trainer.total_steps={args.qwen_steps}"]
+    else:
+        over = [*ROLES, *PLACEMENTS[name], "trainer.total_steps=1"]
+    over += engine_overrides(args.engine, name, tiny=(sec != "qwen06b"))
+    keys = {o.split("=", 1)[0] for o in args.overrides}
+    return [o for o in over if o.split("=", 1)[0] not in keys] + list(args.overrides)
+
+
+def check_runs(args: argparse.Namespace, gpu_memory_gib: float) -> list[dict]:
+    """--check: every run's config through the trainer's own checks (rltrain/trainer/setup.py check_config, CUDA
+    taken as visible) and its trainer.plan_check at `gpu_memory_gib`, here, starting nothing: a refusal costs no
+    device time. One row per run: its overrides, the refusal (or None) and the plan's JSON (rltrain.plan)."""
+    from unittest import mock
+
+    from rltrain.config.entry import compose_config
+    from rltrain.plan import make_plan
+    from rltrain.plan.report import to_json
+    from rltrain.trainer.setup import check_config
+    from rltrain.utils.errors import find_user_error
+
+    rows = []
+    for sec in (s for s in ("learn", "qwen06b", "roles") if s in args.only):
+        for name in args.placements:
+            over = ["trainer.device=cuda", *GPU, *run_overrides(sec, name, args)]
+            row: dict = {"run": f"{sec}/{name}", "overrides": over, "error": None, "plan": None}
+            try:
+                cfg = compose_config("grpo_tiny", over)
+                with mock.patch("torch.cuda.is_available", return_value=True):
+                    check_config(cfg)
+                plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib)
+                row["plan"] = to_json(plan)
+                if not plan.fits and cfg.trainer.plan_check == "error":
+                    row["error"] = "trainer.plan_check refuses it: " + plan.refusal()
+            except Exception as err:  # noqa: BLE001 - a refusal is the result
+                row["error"] = str(find_user_error(err) or f"{type(err).__name__}: {err}")
+            rows.append(row)
+    return rows
 
 
 def log_checks(text: str) -> dict:
@@ -322,7 +372,7 @@ def main() -> None:
     ap.add_argument("--placements", nargs="*", default=TWO_GPUS, choices=list(PLACEMENTS))
     ap.add_argument("--nccl-ranks", type=int, default=2, help="GPUs in the nccl section's group")
     ap.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                    help="rollout engine of every trainer run (vllm: TP = the colocated group's GPUs, 1 when split)")
+                    help="rollout engine of every trainer run (vllm: TP = the group's GPUs, colocated or split)")
     ap.add_argument("--model", default="qwen3-0.6b", choices=["qwen3-0.6b", "qwen3-4b", "qwen3-8b"],
                     help="model.builtin of the qwen06b section (the shape; random init)")
     ap.add_argument("--overrides", nargs="*", default=[],
@@ -337,7 +387,17 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a dry run of the orchestration
     ap.add_argument("--deadline", type=float, default=520.0,
                     help="seconds after which no new run starts (and a running one is cut): the results so far stay")
+    ap.add_argument("--check", type=float, default=None, metavar="GPU_GIB",
+                    help="check every run's config and plan for GPUs of this many GiB (79.18: H100, 139.8: H200) "
+                         "without running anything; exit 1 if one would be refused")
     args = ap.parse_args()
+    if args.check is not None:
+        rows = check_runs(args, args.check)
+        for r in rows:
+            p = r["plan"] or {}
+            print(f"{r['run']}: {r['error'] or 'ok'}; plan peak {p.get('peak_gib')} GiB, step "
+                  f"{p.get('phase_seconds', {}).get('step')} s\n  {' '.join(r['overrides'])}")
+        return sys.exit(1 if any(r["error"] for r in rows) else 0)
     os.makedirs(args.out, exist_ok=True)
     import torch
 
@@ -366,17 +426,7 @@ def main() -> None:
         for sec in runs:
             res[sec] = {}
             for name in args.placements:
-                if sec == "learn":
-                    over = [*PLACEMENTS[name], f"trainer.total_steps={args.learn_steps}",
-                            f"trainer.test_freq={max(1, args.learn_steps // 2)}"]
-                elif sec == "qwen06b":
-                    over = [*QWEN06B, f"model.builtin={args.model}", *PLACEMENTS[name],
-                            f"trainer.total_steps={args.qwen_steps}"]
-                else:
-                    over = [*ROLES, *PLACEMENTS[name], "trainer.total_steps=1"]
-                over += engine_overrides(args.engine, name, tiny=(sec != "qwen06b"))
-                keys = {o.split("=", 1)[0] for o in args.overrides}
-                over = [o for o in over if o.split("=", 1)[0] not in keys] + list(args.overrides)
+                over = run_overrides(sec, name, args)
                 left = deadline.left()
                 if left < 20:
                     res[sec][name] = {"rc": None, "seconds": 0.0, "skipped": f"--deadline {args.deadline:.0f} s reached"}

@@ -16,9 +16,41 @@ def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     # grpo_tiny's model (head_dim 16) gets the head_dim vLLM TP > 1 starts with on GPUs; TP=1 keeps its own
     assert gp.engine_overrides("vllm", "colocated_tp2", tiny=True)[-1] == "+model.overrides.head_dim=64"
     assert gp.engine_overrides("vllm", "split_1p1", tiny=True) == ["rollout=vllm", "rollout.tensor_parallel_size=1"]
+    assert gp.engine_overrides("vllm", "split_2p2", tiny=True)[-1] == "+model.overrides.head_dim=64"
     assert gp.engine_overrides("vllm", "colocated_dp2")[-1] == "rollout.tensor_parallel_size=2"
     assert gp.engine_overrides("vllm", "split_1p1")[-1] == "rollout.tensor_parallel_size=1"
     assert gp.engine_overrides("vllm", "colocated_tp2pp2dp2")[-1] == "rollout.tensor_parallel_size=8"
+    # four GPUs: colocated, one engine over the four (workers/placement.py refuses two TP=2 engines); split, one
+    # engine over the rollout group's two GPUs (workers/rollout.py builds one engine per group)
+    assert gp.engine_overrides("vllm", "colocated_tp2dp2")[-1] == "rollout.tensor_parallel_size=4"
+    assert gp.engine_overrides("vllm", "split_2p2") == ["rollout=vllm", "rollout.tensor_parallel_size=2"]
+
+
+def _args(*placements: str, model: str = "qwen3-4b", overrides=()):
+    import argparse
+
+    return argparse.Namespace(only=["qwen06b"], placements=list(placements), engine="vllm", model=model,
+                              overrides=list(overrides), learn_steps=150, qwen_steps=4)
+
+
+def test_the_four_gpu_device_call_passes_the_trainers_checks_on_h100_and_h200():
+    """The runs of docs/benchmarks/2026-11-26-four-gpus.md's device call, through check_config and the
+    trainer's plan_check (a refusal on the GPU would waste the call): accepted for 79.18 GiB (H100) and
+    139.8 GiB (H200) GPUs. Without the 8k-token micro-batch, the split run's training GPUs are refused on an
+    H100 (the worst-case 128-token rows of 128 sequences in one 16k-token micro-batch)."""
+    cap = ["actor.max_tokens_per_micro_batch=8192"]
+    for gib in (79.18, 139.8):
+        rows = gp.check_runs(_args("colocated_tp2dp2", "split_2p2", overrides=cap), gib)
+        assert [(r["run"], r["error"]) for r in rows] == [("qwen06b/colocated_tp2dp2", None),
+                                                          ("qwen06b/split_2p2", None)]
+        coloc, split = (r["plan"]["layout"] for r in rows)
+        assert (coloc["gpus"], coloc["tp"], coloc["dp"], coloc["rollout_tp"]) == (4, 2, 2, 4)
+        assert (split["gpus"], split["tp"], split["rollout_tp"], split["rollout_replicas"]) == (2, 2, 2, 1)
+    [refused] = gp.check_runs(_args("split_2p2"), 79.18)
+    assert refused["error"].startswith("trainer.plan_check refuses it: GPU 0 (actor, ref) does not fit")
+    # a config the trainer refuses before planning: vLLM TP=2 on a colocated group of four
+    [bad] = gp.check_runs(_args("colocated_tp2dp2", overrides=["rollout.tensor_parallel_size=2"]), 139.8)
+    assert "rollout.tensor_parallel_size=4 (now 2)" in bad["error"] and bad["plan"] is None
 
 
 def test_a_log_naming_mnnvl_fails_the_row_and_pynccl_is_recorded():
