@@ -115,3 +115,11 @@ def test_gpu_public_api_cute_rows_and_peaked_softmax():
     assert rel(lp[keep], r_lp) <= 1e-5 and rel(ent[keep], r_ent) <= 1e-5
     assert rel(hid.grad[keep], r_gh) <= 5e-3 and rel(w.grad, r_gw) <= 5e-3
     assert hid.grad[~keep].abs().max().item() == 0
+
+
+def test_backward_working_memory_within_quarter_gib_at_target_shape():
+    """Issue 34: peak extra memory <= 0.25 GiB at T = 65,536, H = 2,560, V = 151,936 (bf16), beyond the inputs
+    and the gradients; the forward's tile partials are under it too."""
+    extra = C._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16)
+    assert 0 < extra <= 0.25 * 2**30
+    assert C._fwd_extra_bytes(65536, 151936) <= 0.25 * 2**30
