@@ -9,7 +9,9 @@ tile) into
     mean_tile = sum_j p_j z_j / sum_j p_j  (_OnlineMeanReduce below: running max, sum and sum of exp * z)
     z_label                                 (quack's ColVecSelect: the label's fp32 logit, this shard only)
 
-and the host merges the tiles: lse = logsumexp(lse_tile), mean_z = sum exp(lse_tile - lse) mean_tile. The
+and the host merges the tiles: lse = logsumexp(lse_tile), mean_z = sum w mean_tile / sum w with
+w = exp(lse_tile - lse) (dividing by sum w, which is 1 up to lse's rounding, keeps that rounding, ~1 ulp of
+|lse| times |mean_z|, out of the entropy lse - mean_z). The
 statistics go back as (m, s, t) = (lse, 1, mean_z), which the tensor-parallel combine of ops/logprob.py
 merges as it does the other backends'.
 
@@ -43,8 +45,12 @@ BWD_TILE = (128, 192, 2, True)
 #: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
 FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
 #: working memory of the backward (dHidden and dWeight fp32 accumulators and the dlogits chunk, split 2 : 1 : 1
-#: as in the Triton backend): issue 34's 0.25 GiB at 65,536 x 2,560 with the label column's few bytes beside it.
-BWD_BUDGET_BYTES = 224 * 1024 * 1024
+#: as in the Triton backend), the Triton backend's 384 MiB: backward at 1.13-1.16x the 3-GEMM floor on one H100.
+#: LOW_MEMORY_BWD_BUDGET_BYTES (224 MiB) keeps the whole working memory under 0.25 GiB at 65,536 x 2,560 x
+#: 151,936 and costs 10-19% of the backward's time (smaller GEMMs, more fp32 accumulator passes; measured
+#: 2026-11-26, docs/benchmarks/2026-11-26-cute-head.md).
+BWD_BUDGET_BYTES = 384 * 1024 * 1024
+LOW_MEMORY_BWD_BUDGET_BYTES = 224 * 1024 * 1024
 
 _IMPORT_ERROR: Exception | None = None
 try:
@@ -300,8 +306,9 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
                         **_gemm_kwargs(FWD_TILE))
         lse = torch.logsumexp(lp, dim=1)
         out[0, r0:r1] = lse
-        if with_entropy:
-            out[2, r0:r1] = (torch.exp(lp - lse[:, None]) * mp).sum(dim=1)
+        if with_entropy:  # normalized by the weights' own sum: lse's rounding (~1 ulp of |lse|) cancels
+            w = torch.exp(lp - lse[:, None])
+            out[2, r0:r1] = (w * mp).sum(dim=1) / w.sum(dim=1)
     return out[0], out[1], out[2], out[3]
 
 
