@@ -83,11 +83,26 @@ def test_split_one_plus_one_puts_rollout_on_its_own_gpu():
 
 def test_multi_node_train_group_is_one_bundle_per_node_and_replicas_pack():
     c = cfg(trainer__n_gpus_per_node=4, trainer__nnodes=2, trainer__colocate=False, actor__tensor_parallel_size=2,
-            rollout__engine="vllm", rollout__tensor_parallel_size=2, rollout__num_replicas=3)
+            rollout__engine="hf", rollout__tensor_parallel_size=1, rollout__num_replicas=3)
     train, rollout = plan_groups(c, device="cuda", use_ref=False, use_critic=False)
     assert train.bundles == (4, 4) and train.strategy == "STRICT_SPREAD"
     assert [train.bundle_of(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert rollout.bundles == (2, 2, 2) and rollout.strategy == "PACK" and rollout.replica_size == 2
+    assert rollout.bundles == (1, 1, 1) and rollout.strategy == "PACK" and rollout.replica_size == 1
+
+
+@pytest.mark.parametrize("replicas", [3, None])
+def test_split_vllm_refuses_more_than_one_engine(replicas):
+    """Split vLLM builds one engine over the rollout group (one torch.distributed world): several replicas, named
+    or implied by null (as many rollout devices as training devices, over the engine's TP), are refused with the
+    keys to change; one replica plans."""
+    c = cfg(trainer__n_gpus_per_node=4, trainer__colocate=False, actor__tensor_parallel_size=2,
+            rollout__engine="vllm", rollout__tensor_parallel_size=2, rollout__num_replicas=replicas)
+    with pytest.raises(PlacementError, match="rollout.num_replicas=1"):
+        plan_groups(c, device="cuda", use_ref=False, use_critic=False)
+    one = cfg(trainer__n_gpus_per_node=4, trainer__colocate=False, actor__tensor_parallel_size=2,
+              rollout__engine="vllm", rollout__tensor_parallel_size=2, rollout__num_replicas=1)
+    _, rollout = plan_groups(one, device="cuda", use_ref=False, use_critic=False)
+    assert rollout.bundles == (2,) and rollout.replica_size == 2
 
 
 def test_cpu_devices_are_processes():
@@ -122,7 +137,8 @@ def test_impossible_placements_name_the_keys(over, keys):
 def test_vllm_engines_that_match_their_group_are_placed():
     for over in (dict(rollout__engine="vllm"), dict(trainer__n_gpus_per_node=2, rollout__engine="vllm",
                                                     rollout__tensor_parallel_size=2),
-                 dict(trainer__n_gpus_per_node=2, trainer__colocate=False, rollout__engine="vllm")):
+                 dict(trainer__n_gpus_per_node=2, trainer__colocate=False, rollout__engine="vllm",
+                      rollout__num_replicas=1)):
         assert placement_errors(cfg(**over), device="cuda") == [], over
 
 
