@@ -27,6 +27,11 @@ from rltrain.plan.scaling_inputs import InputError, all_inputs  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
+# measured points of the weak-scaling rows: (shape, GPUs) -> what ran and where it is reported
+MEASURED = {("qwen3-4b", 4): "run 2026-11-26 on four H200s as TP2 x DP2 with ONE vLLM TP4 (two colocated TP2 engines "
+            "cannot be built) at the short qwen06b recipe (32 x 8, 5 + 64 tokens): 2.63 s/step, where this model gives "
+            "5.58 s (weight sync 2.78 s + sleep/wake 1.45 s against 0.70 s measured) and rltrain.plan 2.19 s; "
+            "docs/benchmarks/2026-11-26-four-gpus.md"}
 
 
 # --------------------------------------------------------------------------- markdown
@@ -82,6 +87,7 @@ def to_markdown(res: dict, command: str) -> str:
             f"{100 * w['weak_eff']:.0f}% (vs {w['weak_base_gpus']})" if w["weak_eff"] is not None else "-")
         meas = {1: "not run (nvidia-h200 is lent: docs/scaling.md run 5)" if w["memory"]["fits"] else "-",
                 2: "not run (nvidia-h200-x2 is lent: docs/scaling.md run 4b)"}.get(n, NOT_RUN)
+        meas = MEASURED.get((w["shape"], n), meas)
         lines.append(f"| {w['shape']} | {n} | {w['describe']} | {_f(w['step_s'], 1)} | {w['tok_s_per_gpu']:,.0f} | "
                      f"{eff} | {meas} | {w['limits']} |")
     lines += ["", "### Bytes moved per step, per GPU (prediction rows)", "",
