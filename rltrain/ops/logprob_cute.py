@@ -6,7 +6,7 @@ Forward, per row chunk, one GEMM z = (hidden @ weight.T) * inv_temp whose epilog
 tile) into
 
     lse_tile = log sum_j exp(z_j)          (quack's OnlineLSEReduce: running max and sum)
-    mean_tile = sum_j p_j z_j / sum_j p_j  (_OnlineMeanReduce below: running max, sum and sum of exp * z)
+    mean_tile = sum_j p_j z_j / sum_j p_j  (_OnlineMeanReduce below: running max m, sum of exp, sum of exp * (z - m))
     z_label                                 (quack's ColVecSelect: the label's fp32 logit, this shard only)
 
 and the host merges the tiles: lse = logsumexp(lse_tile), mean_z = sum w mean_tile / sum w with
@@ -45,7 +45,7 @@ BWD_TILE = (128, 192, 2, True)
 #: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
 FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
 #: working memory of the backward (dHidden and dWeight fp32 accumulators and the dlogits chunk, split 2 : 1 : 1
-#: as in the Triton backend), the Triton backend's 384 MiB: backward at 1.13-1.16x the 3-GEMM floor on one H100.
+#: as in the Triton backend), the Triton backend's 384 MiB: backward at 1.13-1.17x the 3-GEMM floor on one H100.
 #: LOW_MEMORY_BWD_BUDGET_BYTES (224 MiB) keeps the whole working memory under 0.25 GiB at 65,536 x 2,560 x
 #: 151,936 and costs 10-19% of the backward's time (smaller GEMMs, more fp32 accumulator passes; measured
 #: 2026-11-26, docs/benchmarks/2026-11-26-cute-head.md).

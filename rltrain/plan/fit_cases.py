@@ -154,8 +154,9 @@ def cases() -> list[Case]:
               ["rollout=vllm", "rollout.engines_per_gpu=4"], "held out"),
              ("grpo vllm k4, engines awake + old log-probs from the update",
               "grpo_step_levers_h100_2026-11-26/levers.json",
-              ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32", "rollout.free_cache_engine=false",
-               "actor.recompute_old_logprobs=false", "rollout.gpu_memory_utilization=0.4"], "held out"),
+              ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32",
+               "rollout.free_cache_engine=false", "actor.recompute_old_logprobs=false",
+               "rollout.gpu_memory_utilization=0.4"], "held out"),
              ("grpo hf (issue 17 engine)", "gpu_smoke_h100.json", [], "legacy")]
     for name, rel, extra, role in steps:
         d = load(rel)
@@ -209,8 +210,8 @@ def placement_cases() -> list[Case]:
                    "fit", ("update_s",)),  # moe_grouped_layer_pass_s is solved from its update
                   ("MoE slice EP=2, vLLM, expert loop (same call)", moe_g + "grouped_false_gpu_placements.json",
                    "colocated_dp2", "held out", ()),
-                  ("4B colocated TP=2 x DP=2 + vLLM TP=4 (four GPUs)", "four_gpus_h200x4_2026-11-26/gpu_placements.json",
-                   "colocated_tp2dp2", "held out", ())]
+                  ("4B colocated TP=2 x DP=2 + vLLM TP=4 (four GPUs)",
+                   "four_gpus_h200x4_2026-11-26/gpu_placements.json", "colocated_tp2dp2", "held out", ())]
     for name, rel, key, role, fitted in placements:
         d = load(rel)
         r = d["qwen06b"][key]
