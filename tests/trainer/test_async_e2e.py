@@ -82,7 +82,10 @@ def _first_step_reaching(rows, accuracy):
 
 
 K2 = [*LEARN, *ASYNC, "trainer.max_staleness=2", f"trainer.save_freq={SAVE_AT}"]
-PARTIAL_STEPS = 21  # validated at 21: the latest step within 30% more than the synchronous run's 18
+# 23 = floor(1.3 x 18), the latest step within 30% more than the synchronous run's 18; validated every 3 steps and
+# at the last one (21 and 23): where a push meets a generation in flight depends on timing, so the run may need
+# all the steps the bound allows
+PARTIAL_STEPS = 23
 PARTIAL = [*LEARN, *ASYNC, "trainer.max_staleness=2", "rollout.partial=true", "rollout.partial_chunk_tokens=1",
            f"trainer.total_steps={PARTIAL_STEPS}", f"trainer.save_freq={SAVE_AT}"]
 
@@ -179,7 +182,7 @@ def test_async_reaches_the_sync_accuracy_within_30_percent_more_steps(runs, k):
 @pytest.fixture(scope="module")
 def partial_run(background_runs, ray_session):
     """k = 2 with partial rollouts, one new token per chunk: a push after every update pauses the generations in
-    flight. SIGKILLed after step 6 (checkpoint at step 4, saved with batches 5 and 6 finished) and resumed; 21 steps.
+    flight. SIGKILLed after step 6 (checkpoint at step 4, saved with batches 5 and 6 finished) and resumed; 23 steps.
     Rows of the run (both attempts merged), its raw rows and the crash's process result."""
     run_dir, started = background_runs["partial"]
     crashed = _wait(started)
