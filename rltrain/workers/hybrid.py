@@ -1,7 +1,8 @@
 """One worker process hosting any subset of roles (actor, ref, critic, rollout) on the same devices.
 
 Colocated mode puts all roles in one group (the rollout engine sleeps while training unless
-rollout.free_cache_engine=false, weights sync in process); split mode makes one group for training roles and one for rollout. No Ray here (see group.py).
+rollout.free_cache_engine=false, weights sync in process); split mode makes one group for training roles and one
+for rollout. No Ray here (see group.py).
 """
 
 from __future__ import annotations
