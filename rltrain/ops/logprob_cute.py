@@ -324,11 +324,11 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
         _warn_fallback(why)
         return _fallback().backward(hidden, weight, labels_local, lse, mean_z, grad_lp, grad_ent, inv_temp,
                                     need_hidden_grad, need_weight_grad, chunk_size)
-    from rltrain.ops.logprob_triton import _bwd_sizes, _mm_acc
+    from rltrain.ops.logprob_triton import _bwd_sizes, chunked_grads
 
     n, h = hidden.shape
     v = weight.shape[0]
-    dev, dtype = hidden.device, hidden.dtype
+    dev = hidden.device
     if not (need_hidden_grad or need_weight_grad):
         return None, None
     grad_h = torch.empty_like(hidden) if need_hidden_grad else None
@@ -342,35 +342,15 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     mean_z = mean_z.float().contiguous()
     glp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
     gent = torch.zeros(n, device=dev) if grad_ent is None else grad_ent.float().contiguous()
-    bm, bn = BWD_TILE[0], BWD_TILE[1]
-    ts, vs, tc = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, budget_bytes)
-    vs_pad = -(-vs // 8) * 8  # dz rows 16-byte aligned for the TMA store
-    dz_buf = torch.empty(tc * vs_pad, device=dev, dtype=dtype)
-    zy = torch.empty(tc, device=dev, dtype=torch.float32)
-    dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if need_hidden_grad else None
-    dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if need_weight_grad else None
-    for s0 in range(0, n, ts):
-        s1 = min(n, s0 + ts)
-        for v0 in range(0, v, vs):
-            v1 = min(v, v0 + vs)
-            w_sl = weight[v0:v1]
-            for c0 in range(s0, s1, tc):
-                c1 = min(s1, c0 + tc)
-                rows, cols = c1 - c0, v1 - v0
-                dz = dz_buf[: rows * vs_pad].view(rows, vs_pad)[:, :cols]
-                _dlogits_chunk(hidden[c0:c1], w_sl, dz, zy[:rows], labels[c0:c1], v0, lse[c0:c1],
-                               mean_z[c0:c1], glp[c0:c1], gent[c0:c1], inv_temp)
-                if dh_acc is not None:
-                    _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl, overwrite=(v0 == 0))
-                if dw_acc is not None:
-                    _mm_acc(dw_acc[:cols], dz.t(), hidden[c0:c1], overwrite=(c0 == s0))
-            if dw_acc is not None:
-                if s0 == 0:
-                    grad_w[v0:v1].copy_(dw_acc[: v1 - v0])
-                else:
-                    grad_w[v0:v1].add_(dw_acc[: v1 - v0])
-        if dh_acc is not None:
-            grad_h[s0:s1].copy_(dh_acc[: s1 - s0])
+    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, BWD_TILE[0], BWD_TILE[1], budget_bytes)
+    vs_pad = -(-sizes[1] // 8) * 8  # dz rows 16-byte aligned for the TMA store
+    zy = torch.empty(sizes[2], device=dev, dtype=torch.float32)
+
+    def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
+        _dlogits_chunk(hidden[c0:c1], weight[v0:v1], dz, zy[:c1 - c0], labels[c0:c1], v0, lse[c0:c1],
+                       mean_z[c0:c1], glp[c0:c1], gent[c0:c1], inv_temp)
+
+    chunked_grads(hidden, weight, grad_h, grad_w, sizes, fill_dz, row_stride=vs_pad)
     return grad_h, grad_w
 
 

@@ -431,10 +431,40 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     has_ent = grad_ent is not None
     grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
     bm, bn, bk, warps, stages = tuning.tile("bwd", dtype)
-    ts, vs, tc = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes)
-    dz_buf = torch.empty(tc * vs, device=dev, dtype=dtype)
-    dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if need_hidden_grad else None
-    dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if need_weight_grad else None
+    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes)
+
+    def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
+        rows, cols = c1 - c0, v1 - v0
+        w_sl = weight[v0:v1]
+        grid = (triton.cdiv(rows, bm) * triton.cdiv(cols, bn),)
+        h_desc, w_desc, use_desc = _descs(hidden[c0:c1], w_sl, bm, bn, bk, tuning.use_desc)
+        _dlogits_kernel[grid](
+            hidden[c0:c1], w_sl, h_desc, w_desc, labels_local[c0:c1], lse[c0:c1], mean_z[c0:c1], grad_lp[c0:c1],
+            grad_ent[c0:c1], dz, rows, cols, h, v0, hidden.stride(0), weight.stride(0), dz.stride(0),
+            float(inv_temp), HAS_ENT=has_ent, EVEN_K=(h % bk == 0), IEEE=(dtype == torch.float32),
+            USE_DESC=use_desc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
+            num_stages=stages)
+
+    chunked_grads(hidden, weight, grad_h, grad_w, sizes, fill_dz)
+    return grad_h, grad_w
+
+
+def chunked_grads(hidden: torch.Tensor, weight: torch.Tensor, grad_h: torch.Tensor | None,
+                  grad_w: torch.Tensor | None, sizes: tuple[int, int, int], fill_dz, *,
+                  row_stride: int | None = None) -> None:
+    """The backward's blocking, shared by the Triton and CuTe backends. `sizes` = (Ts, Vs, Tc) of _bwd_sizes: for
+    each token super-chunk [s0, s1) (one fp32 dHidden accumulator [Ts, H]), vocab slice [v0, v1) (one fp32 dWeight
+    accumulator [Vs, H]) and token chunk [c0, c1), `fill_dz(dz, c0, c1, v0, v1)` writes the chunk's dlogits into
+    dz [c1 - c0, v1 - v0] (hidden's dtype; contiguous, or rows `row_stride` elements apart when given), then
+    dz @ weight[v0:v1] goes into dHidden and dz^T @ hidden[c0:c1] into dWeight. The results land in grad_h /
+    grad_w (None: not computed), which must not alias hidden / weight."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    ts, vs, tc = sizes
+    dev = hidden.device
+    dz_buf = torch.empty(tc * (row_stride or vs), device=dev, dtype=hidden.dtype)
+    dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if grad_h is not None else None
+    dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if grad_w is not None else None
     for s0 in range(0, n, ts):  # token super-chunk: one fp32 dHidden accumulator
         s1 = min(n, s0 + ts)
         for v0 in range(0, v, vs):  # vocab slice: one fp32 dWeight accumulator
@@ -443,15 +473,9 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
             for c0 in range(s0, s1, tc):  # token chunk: one dlogits buffer [c, v1 - v0]
                 c1 = min(s1, c0 + tc)
                 rows, cols = c1 - c0, v1 - v0
-                dz = dz_buf[: rows * cols].view(rows, cols)
-                grid = (triton.cdiv(rows, bm) * triton.cdiv(cols, bn),)
-                h_desc, w_desc, use_desc = _descs(hidden[c0:c1], w_sl, bm, bn, bk, tuning.use_desc)
-                _dlogits_kernel[grid](
-                    hidden[c0:c1], w_sl, h_desc, w_desc, labels_local[c0:c1], lse[c0:c1], mean_z[c0:c1], grad_lp[c0:c1],
-                    grad_ent[c0:c1], dz, rows, cols, h, v0, hidden.stride(0), weight.stride(0), dz.stride(0),
-                    float(inv_temp), HAS_ENT=has_ent, EVEN_K=(h % bk == 0), IEEE=(dtype == torch.float32),
-                    USE_DESC=use_desc, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps,
-                    num_stages=stages)
+                dz = (dz_buf[: rows * cols].view(rows, cols) if row_stride is None
+                      else dz_buf[: rows * row_stride].view(rows, row_stride)[:, :cols])
+                fill_dz(dz, c0, c1, v0, v1)
                 # the first product into each accumulator overwrites it (no zero-fill pass over it)
                 if dh_acc is not None:
                     _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl, overwrite=(v0 == 0))
@@ -464,7 +488,6 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
                     grad_w[v0:v1].add_(dw_acc[: v1 - v0])
         if dh_acc is not None:
             grad_h[s0:s1].copy_(dh_acc[: s1 - s0])
-    return grad_h, grad_w
 
 
 def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, tuning: TritonTuning | None = None) -> int:
