@@ -9,31 +9,11 @@ import torch
 
 from rltrain import ops
 from rltrain.ops import logprob_cute as C
+# the per-shard fp64 reference (labels -1: off this shard) and the relative error, as the Triton backend's tests
+# use them (tests/ops is on sys.path under pytest, as that file's interpreter script also relies on)
+from test_logprob_triton import fp64_reference, rel
 
 HOPPER = C.is_available()
-
-
-def fp64_reference(hidden, weight, labels, inv_temp, grad_lp, grad_ent):
-    """Materialized fp64 logits of the rounded inputs: lp (label -1 -> z_label 0), entropy, and the grads of
-    sum(grad_lp * lp + grad_ent * entropy) w.r.t. hidden and weight."""
-    h = hidden.detach().double().cpu().requires_grad_(True)
-    w = weight.detach().double().cpu().requires_grad_(True)
-    lab = labels.cpu()
-    z = (h @ w.T) * inv_temp
-    lse = torch.logsumexp(z, dim=1)
-    z_label = torch.where(lab >= 0, z.gather(1, lab.clamp(min=0)[:, None])[:, 0], torch.zeros_like(lse))
-    lp = z_label - lse
-    ent = lse - (torch.softmax(z, dim=1) * z).sum(1)
-    loss = (grad_lp.double().cpu() * lp).sum()
-    if grad_ent is not None:
-        loss = loss + (grad_ent.double().cpu() * ent).sum()
-    loss.backward()
-    return lp.detach(), ent.detach(), h.grad, w.grad
-
-
-def rel(a, b) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 def test_unavailable_is_explained_and_refused_off_cuda():
