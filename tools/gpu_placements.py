@@ -32,8 +32,9 @@ Sections:
   roles    tiny PPO (GAE critic + KL reference + actor + rollout), one step per placement: every role runs.
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
 --engine vllm: rollout=vllm in every run; vLLM's tensor parallel size is the group's GPU count (colocated, its TP
-group is the trainer's ranks; split, the rollout group's, one engine), except colocated_dp2_tp1 (one engine per GPU). Every run's log is checked: a line naming `mnnvl`
-(NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
+group is the trainer's ranks; split, the rollout group's, one engine), except colocated_dp2_tp1 (one engine per
+GPU). Every run's log is checked: a line naming `mnnvl` (NVLink multicast) fails the row; whether vLLM said
+`Using ['PYNCCL'] all-reduce backends` is recorded.
 A run over --run-timeout is first asked for every process's Python stacks (SIGUSR1 to the driver and the Ray
 workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each process's last 40 log lines
 (`process_tails`): where each rank waited.
@@ -93,7 +94,8 @@ def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[st
     if engine == "hf":
         return []
     over = PLACEMENTS[placement]
-    tp = ROLLOUT_TP.get(placement) or next(int(o.split("=")[1]) for o in over if o.startswith("trainer.n_gpus_per_node="))
+    tp = ROLLOUT_TP.get(placement) or next(int(o.split("=")[1]) for o in over
+                                           if o.startswith("trainer.n_gpus_per_node="))
     extra = [f"+model.overrides.head_dim={TP_MIN_HEAD_DIM}"] if tiny and tp > 1 else []
     return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}", *extra]
 

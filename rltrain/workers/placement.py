@@ -8,9 +8,10 @@ The rules (docs/multinode.md shows them on a cluster):
   On CPU a "device" is a worker process (so `n_gpus_per_node=4` runs 4 gloo ranks per node).
 - Colocated (`trainer.colocate=true`): one group of n_gpus_per_node * nnodes workers holds every role (actor,
   ref, critic, rollout); each `rollout.tensor_parallel_size` consecutive workers are one rollout replica (with
-  vLLM: one engine, its TP group; 1: one engine per device, each generating its share of the prompts). Split: the training group has n_gpus_per_node * nnodes workers and the rollout group
-  `rollout.num_replicas` replicas of `rollout.tensor_parallel_size` workers (default: as many devices as the
-  training group), each on devices of its own.
+  vLLM: one engine, its TP group; 1: one engine per device, each generating its share of the prompts). Split:
+  the training group has n_gpus_per_node * nnodes workers and the rollout group `rollout.num_replicas` replicas of
+  `rollout.tensor_parallel_size` workers (default: as many devices as the training group), each on devices of its
+  own.
 - Bundles. The training group asks Ray for one bundle per node (STRICT_SPREAD: nnodes distinct nodes, each
   with n_gpus_per_node workers); the rollout group for one bundle per replica (PACK: a replica never spans
   nodes). Ranks are numbered bundle by bundle, so the ranks of a node are consecutive.

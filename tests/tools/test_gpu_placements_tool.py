@@ -19,7 +19,8 @@ def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     assert gp.engine_overrides("vllm", "split_2p2", tiny=True)[-1] == "+model.overrides.head_dim=64"
     assert gp.engine_overrides("vllm", "colocated_dp2")[-1] == "rollout.tensor_parallel_size=2"
     # issue 35: the same two GPUs with one TP=1 engine each (tiny: grpo_tiny's own head_dim)
-    assert gp.engine_overrides("vllm", "colocated_dp2_tp1", tiny=True) == ["rollout=vllm", "rollout.tensor_parallel_size=1"]
+    assert gp.engine_overrides("vllm", "colocated_dp2_tp1", tiny=True) == ["rollout=vllm",
+                                                                          "rollout.tensor_parallel_size=1"]
     assert gp.PLACEMENTS["colocated_dp2_tp1"] == gp.PLACEMENTS["colocated_dp2"]
     assert gp.engine_overrides("vllm", "split_1p1")[-1] == "rollout.tensor_parallel_size=1"
     assert gp.engine_overrides("vllm", "colocated_tp2pp2dp2")[-1] == "rollout.tensor_parallel_size=8"
@@ -53,7 +54,8 @@ def test_the_four_gpu_device_call_passes_the_trainers_checks_on_h100_and_h200():
     assert refused["error"].startswith("trainer.plan_check refuses it: GPU 0 (actor, ref) does not fit")
     # a config the trainer refuses before planning: a vLLM engine of 8 GPUs on a colocated group of four
     [bad] = gp.check_runs(_args("colocated_tp2dp2", overrides=["rollout.tensor_parallel_size=8"]), 139.8)
-    assert "rollout.tensor_parallel_size=8 must divide trainer.n_gpus_per_node=4" in bad["error"] and bad["plan"] is None
+    assert "rollout.tensor_parallel_size=8 must divide trainer.n_gpus_per_node=4" in bad["error"]
+    assert bad["plan"] is None
 
 
 def test_the_one_engine_per_gpu_device_call_passes_the_trainers_checks():
