@@ -1,6 +1,6 @@
 """rollout.engine=vllm through the whole trainer on real vLLM (CPU build): split under Ray (weights streamed over
-gloo), colocated under Ray (the learning run), and the ReTool tiny pipeline (multi-turn rollouts equal to hf's,
-then GRPO steps colocated in process, trainer.use_ray=false).
+gloo), colocated under Ray (the learning run; two workers with one engine each), and the ReTool tiny pipeline
+(multi-turn rollouts equal to hf's, then GRPO steps colocated in process, trainer.use_ray=false).
 
 vLLM's CPU attention kernels take head_dim >= 32, so these runs give the tiny preset head_dim 32 (the hf
 reference runs of the learning test use the same model).
