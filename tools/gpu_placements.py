@@ -19,6 +19,7 @@ Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU)
   pp2             trainer.n_gpus_per_node=2 actor.pipeline_parallel_size=2   actor PP=2 (stages merged for sync)
 Other GPU counts (issue 22's scaling points; name them with --placements on a machine that has the GPUs):
   single               1 GPU: actor + rollout colocated
+  colocated_dp2_tp1    2 GPUs: colocated_dp2 with --engine vllm at TP=1: one engine per GPU (issue 35)
   colocated_tp2dp2     4 GPUs: actor TP=2 x DP=2 (--engine vllm: one vLLM engine at TP=4 over the 4)
   split_2p2            4 GPUs: actor TP=2 on 2, the rollout on the other 2 (--engine vllm: one engine at TP=2)
   colocated_tp2pp2dp2  8 GPUs: actor TP=2 x PP=2 x DP=2
@@ -31,8 +32,9 @@ Sections:
   roles    tiny PPO (GAE critic + KL reference + actor + rollout), one step per placement: every role runs.
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
 --engine vllm: rollout=vllm in every run; vLLM's tensor parallel size is the group's GPU count (colocated, its TP
-group is the trainer's ranks; split, the rollout group's, one engine). Every run's log is checked: a line naming `mnnvl`
-(NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
+group is the trainer's ranks; split, the rollout group's, one engine), except colocated_dp2_tp1 (one engine per
+GPU). Every run's log is checked: a line naming `mnnvl` (NVLink multicast) fails the row; whether vLLM said
+`Using ['PYNCCL'] all-reduce backends` is recorded.
 A run over --run-timeout is first asked for every process's Python stacks (SIGUSR1 to the driver and the Ray
 workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each process's last 40 log lines
 (`process_tails`): where each rank waited.
@@ -60,6 +62,7 @@ from rltrain.workers.base import free_port
 
 PLACEMENTS = {
     "colocated_dp2": ["trainer.n_gpus_per_node=2"],
+    "colocated_dp2_tp1": ["trainer.n_gpus_per_node=2"],
     "colocated_tp2": ["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2"],
     "split_1p1": ["trainer.n_gpus_per_node=1", "trainer.colocate=false"],
     "pp2": ["trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"],
@@ -70,6 +73,7 @@ PLACEMENTS = {
                             "actor.pipeline_parallel_size=2"],
 }
 TWO_GPUS = ["colocated_dp2", "colocated_tp2", "split_1p1", "pp2"]  # the default matrix
+ROLLOUT_TP = {"colocated_dp2_tp1": 1}  # --engine vllm: one engine per GPU; the others' engine spans the group
 GPU = ["trainer.use_ray=true", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.logger=[console,jsonl]", "trainer.fused_linear_logprob_backend=auto"]
 # harness/cases.py's Qwen3-0.6B GRPO run; the device and GPU count are the run's and the placement's
@@ -82,15 +86,16 @@ PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_c
 
 
 def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[str]:
-    """The rollout overrides of one run: vLLM's TP group is a whole worker group, as the rollout worker builds it
-    (workers/rollout.py: one engine over the group's processes): colocated, the trainer's group; split, the rollout
-    group (as many GPUs as the training group, so one replica: split vLLM with two replicas stops at the start).
+    """The rollout overrides of one run: vLLM's TP group is a whole worker group (ROLLOUT_TP: an engine per GPU):
+    colocated, the trainer's group (or each TP=1 worker an engine); split, the rollout group (as many GPUs as the
+    training group, so one replica: placement.py refuses split vLLM with two replicas).
     `tiny` (grpo_tiny's model, head_dim 16): with vLLM TP > 1 the model gets the smallest head_dim such an engine
     starts with on GPUs (rollout/vllm.py: TP_MIN_HEAD_DIM; the config refuses 16)."""
     if engine == "hf":
         return []
     over = PLACEMENTS[placement]
-    tp = next(int(o.split("=")[1]) for o in over if o.startswith("trainer.n_gpus_per_node="))
+    tp = ROLLOUT_TP.get(placement) or next(int(o.split("=")[1]) for o in over
+                                           if o.startswith("trainer.n_gpus_per_node="))
     extra = [f"+model.overrides.head_dim={TP_MIN_HEAD_DIM}"] if tiny and tp > 1 else []
     return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}", *extra]
 

@@ -11,7 +11,8 @@ vLLM calls used:
       In process (VLLM_ENABLE_V1_MULTIPROCESSING=0): tensors handed to vLLM are never pickled. When the
       process already belongs to a torch.distributed world (the trainer's, colocated), vLLM joins it with
       distributed_executor_backend="external_launcher": every rank hosts one vLLM worker in process and the
-      world's ranks form vLLM's tensor-parallel (x data-parallel) groups, so actor TP=2 + vLLM TP=2 needs no
+      world's consecutive ranks form vLLM's tensor-parallel groups (one engine each; the rest is vLLM's external
+      data parallel, engines generating apart), so actor TP=2 + vLLM TP=2, or one TP=1 engine per GPU, needs no
       extra processes and weights move without IPC or a host round trip. VLLMEngine(in_process=False): the engine
       core in its own process (rollout.engines_per_gpu > 1, rollout/pool.py); weights then by CUDA IPC
       (weight_transfer_backend="ipc", send_ipc_bucket).

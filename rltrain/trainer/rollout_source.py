@@ -10,13 +10,15 @@ pushes the actor's weights after every update, so step s samples with version s-
 With partial rollouts (rollout.partial) the rollout workers stamp the tokens per chunk, with the version each push
 names (WeightSync.push(version=...)).
 
-Seeds: the k-th try of step s samples with seed * 100_003 + s * 101 + k; rollout replica r adds r. Group ids
-number the prompts in the order drawn, across steps (checkpointed with the sampler).
+Seeds: the k-th try of step s samples with seed * 100_003 + s * 101 + k. The prompts are cut into one contiguous
+share per rollout replica (rollout/pool.py's `shares`: sizes differing by at most one) and joined back in prompt
+order; a share starting at prompt j samples with that seed + j, so request j's seed is the same whichever replica
+serves it (a vLLM engine seeds its request i with seed + i: pool.py's rule). Group ids number the prompts in the
+order drawn, across steps (checkpointed with the sampler).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -24,6 +26,7 @@ import torch
 
 from rltrain.algorithms import filter_informative_groups
 from rltrain.data.batch import Batch
+from rltrain.rollout.pool import shares
 from rltrain.trainer.async_rollout import staleness_metrics
 from rltrain.utils.timing import timer
 from rltrain.workers.group import mean_metrics
@@ -138,13 +141,11 @@ class RolloutSource:
     def submit_generate(self, prompts: list[dict], *, validate: bool, seed: int):
         """Start sampling `prompts` on the rollout group without waiting; `collect_generate` gives the result."""
         g = self.rollout_group
-        per = math.ceil(len(prompts) / g.num_replicas)
-        args = []
-        for k in range(g.num_replicas):
-            shard = prompts[k * per:(k + 1) * per]
-            args.append((shard, self.next_group_id + k * per, validate, seed + k))
+        parts = shares(len(prompts), g.num_replicas)
+        parts += [(len(prompts), len(prompts))] * (g.num_replicas - len(parts))  # fewer prompts than replicas: idle
+        args = [(prompts[start:stop], self.next_group_id + start, validate, seed + start) for start, stop in parts]
         self.next_group_id += len(prompts)
-        nonempty = [bool(a[0]) for a in args]
+        nonempty = [stop > start for start, stop in parts]
         if self.partial:  # queued on the workers: a later push pauses it between two chunks, not after it
             job, self.next_job = self.next_job, self.next_job + 1
             return ("partial", job, g.submit_per_replica("generate_start", [(job, *a) for a in args])), nonempty, None

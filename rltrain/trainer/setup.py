@@ -48,7 +48,7 @@ def room_errors(cfg) -> list[str]:
         e.append(f"rollout.multi_turn.tool_pattern={mt.tool_pattern!r}: choose one of "
                  f"{', '.join(TOOL_PATTERNS)} or a regex with one capture group")
     why = engines_per_gpu_error(r.engines_per_gpu, engine=r.engine, tensor_parallel_size=r.tensor_parallel_size,
-                                colocated=t.colocate, device=t.device)
+                                colocated=t.colocate, device=t.device, group_size=t.n_gpus_per_node * t.nnodes)
     if why:
         e.append(why)
     if r.engine == "vllm":

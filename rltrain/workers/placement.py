@@ -7,9 +7,11 @@ The rules (docs/multinode.md shows them on a cluster):
 - Devices. `trainer.n_gpus_per_node` devices on each of `trainer.nnodes` nodes; one worker process per device.
   On CPU a "device" is a worker process (so `n_gpus_per_node=4` runs 4 gloo ranks per node).
 - Colocated (`trainer.colocate=true`): one group of n_gpus_per_node * nnodes workers holds every role (actor,
-  ref, critic, rollout). Split: the training group has n_gpus_per_node * nnodes workers and the rollout group
-  `rollout.num_replicas` replicas of `rollout.tensor_parallel_size` workers (default: as many devices as the
-  training group), each on devices of its own.
+  ref, critic, rollout); each `rollout.tensor_parallel_size` consecutive workers are one rollout replica (with
+  vLLM: one engine, its TP group; 1: one engine per device, each generating its share of the prompts). Split:
+  the training group has n_gpus_per_node * nnodes workers and the rollout group `rollout.num_replicas` replicas of
+  `rollout.tensor_parallel_size` workers (default: as many devices as the training group), each on devices of its
+  own.
 - Bundles. The training group asks Ray for one bundle per node (STRICT_SPREAD: nnodes distinct nodes, each
   with n_gpus_per_node workers); the rollout group for one bundle per replica (PACK: a replica never spans
   nodes). Ranks are numbered bundle by bundle, so the ranks of a node are consecutive.
@@ -133,12 +135,9 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
         e.append(f"rollout.tensor_parallel_size={rtp}: the hf engine runs a whole model per worker; use 1 "
                  "(or rollout.engine=vllm)")
     if t.colocate:
-        why = colocated_vllm_tp_error(world, rtp) if r.engine == "vllm" else None
+        why = replica_size_error(world, rtp, per_node=per_node)
         if why:
             e.append(why)
-        elif world % rtp or per_node % rtp:
-            e.append(f"rollout.tensor_parallel_size={rtp} must divide trainer.n_gpus_per_node={per_node} when "
-                     "colocated (a rollout replica lives on the devices of one node)")
         if r.num_replicas:
             e.append("rollout.num_replicas applies to split placement (trainer.colocate=false); colocated, every "
                      "group of rollout.tensor_parallel_size workers is a replica: leave it null")
@@ -154,30 +153,39 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
     return e
 
 
-def colocated_vllm_tp_error(world: int, tensor_parallel_size: int) -> str | None:
-    """Why a colocated group of `world` processes cannot run vLLM at `tensor_parallel_size` (None when it can):
-    each process runs one vLLM worker, and the group's processes are one tensor-parallel engine (one engine per GPU
-    inside a colocated group is not built). The one copy of this rule: config checks (placement_errors) and the
-    rollout worker (workers/rollout.py) both ask it; rltrain.plan, which may not import workers/, warns alike."""
-    if world <= 1 or world == tensor_parallel_size:
+def replica_size_error(world: int, tensor_parallel_size: int, *, per_node: int | None = None) -> str | None:
+    """Why a group of `world` processes cannot be cut into rollout replicas of `tensor_parallel_size` consecutive
+    ranks (None when it can). A replica lives on the devices of one node (`per_node`: the group's processes per node;
+    None where the caller does not know it). With vLLM each replica is one engine: every process runs one vLLM
+    worker in process (external launcher), and vLLM carves its tensor-parallel groups out of the torch.distributed
+    world as consecutive ranks; the ranks beyond one TP group are its "external data parallel" dimension, in which
+    each engine generates alone (no collective between engines; vLLM's `parallel_state.initialize_model_parallel`).
+    The one copy of this rule: config checks (placement_errors) and the rollout worker (workers/rollout.py, with its
+    WORLD_SIZE) both ask it."""
+    if world % tensor_parallel_size == 0 and (per_node is None or per_node % tensor_parallel_size == 0):
         return None
-    return (f"rollout.engine=vllm colocated makes the group's {world} processes one tensor-parallel engine: set "
-            f"rollout.tensor_parallel_size={world} (now {tensor_parallel_size}), or change the GPUs per group "
-            "(trainer.n_gpus_per_node), or generate on GPUs of its own (trainer.colocate=false)")
+    where = (f"trainer.n_gpus_per_node={per_node}" if per_node is not None
+             else f"the {world} processes of the rollout worker's group")
+    return (f"rollout.tensor_parallel_size={tensor_parallel_size} must divide {where}: each "
+            "rollout.tensor_parallel_size consecutive workers are one rollout replica (with vLLM one engine) on the "
+            "devices of one node; set rollout.tensor_parallel_size to a divisor of it (1: one engine per device)")
 
 
-def engines_per_gpu_error(k: int, *, engine: str, tensor_parallel_size: int, colocated: bool,
-                          device: str) -> str | None:
+def engines_per_gpu_error(k: int, *, engine: str, tensor_parallel_size: int, colocated: bool, device: str,
+                          group_size: int = 1) -> str | None:
     """Why `rollout.engines_per_gpu=k` cannot be placed (None when it can): k > 1 runs k vLLM engines, each in its
-    own process, on each GPU of a colocated run, one GPU per engine group, weights by CUDA IPC. `device`: "cpu",
-    "cuda" or "auto" (config validation: not refused, the run resolves it). The one copy of this rule: config
-    checks (trainer/setup.py) and the rollout worker (workers/rollout.py) both ask it."""
-    if k <= 1 or (engine == "vllm" and tensor_parallel_size == 1 and colocated and device != "cpu"):
+    own process, on the GPU of a one-GPU colocated run, weights by CUDA IPC (a pool per GPU of a larger group is not
+    built). `device`: "cpu", "cuda" or "auto" (config validation: not refused, the run resolves it); `group_size`:
+    the processes of the colocated group. The one copy of this rule: config checks (trainer/setup.py) and the
+    rollout worker (workers/rollout.py) both ask it."""
+    if k <= 1 or (engine == "vllm" and tensor_parallel_size == 1 and colocated and device != "cpu"
+                  and group_size == 1):
         return None
-    return (f"rollout.engines_per_gpu={k} runs several vLLM engines on each GPU of a colocated run "
-            f"(rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device: weights "
-            f"reach them by CUDA IPC; here engine {engine}, tensor parallel {tensor_parallel_size}, "
-            f"colocated {colocated}, device {device}); set rollout.engines_per_gpu=1")
+    return (f"rollout.engines_per_gpu={k} runs several vLLM engines on the GPU of a one-GPU colocated run "
+            f"(rollout.engine=vllm, rollout.tensor_parallel_size=1, trainer.colocate=true, a CUDA device, "
+            f"trainer.n_gpus_per_node * trainer.nnodes = 1: weights reach them by CUDA IPC; here engine {engine}, "
+            f"tensor parallel {tensor_parallel_size}, colocated {colocated}, device {device}, {group_size} GPU(s) per "
+            "group, where each GPU already runs an engine of its own); set rollout.engines_per_gpu=1")
 
 
 def cpus_per_worker(plans: Sequence[GroupPlan], *, device: str, node_cpus: float, nnodes: int) -> float:

@@ -73,7 +73,10 @@ class RolloutRole:
     def generate(self, prompts: list[dict], *, group_offset: int, validate: bool = False,
                  seed: int | None = None) -> tuple[Batch, dict[str, float]]:
         """prompts: dataset items (prompt_ids, ground_truth, data_source, ...). Returns the Batch of n
-        samples per prompt (group id = group_offset + prompt index) and rollout metrics."""
+        samples per prompt (group id = group_offset + prompt index) and rollout metrics; (None, {}) for no prompts
+        (a replica left without a share when a batch has fewer prompts than replicas)."""
+        if not prompts:
+            return None, {}
         sampling = self.sampling(validate=validate, seed=seed)
         ids = [list(p["prompt_ids"]) for p in prompts]
         start = time.perf_counter()
@@ -185,12 +188,14 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     from rltrain.config.schema import RolloutConfig
     from rltrain.rollout.sync import transfer_backend
     from rltrain.rollout.vllm import VLLMEngine
-    from rltrain.workers.placement import colocated_vllm_tp_error, engines_per_gpu_error
+    from rltrain.workers.placement import engines_per_gpu_error, replica_size_error
 
     c = as_config(c, RolloutConfig)  # a RolloutConfig, or a dict of one (tests start engines with dicts)
     tp = c.tensor_parallel_size
+    # this process's group is world / tp engines of tp consecutive ranks (vLLM's TP groups under its external
+    # launcher); each engine serves the prompts its replica is given (RolloutSource.submit_generate)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    why = colocated_vllm_tp_error(world, tp)
+    why = replica_size_error(world, tp)
     if why:
         raise ValueError(why)
     source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
@@ -207,8 +212,8 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     k = c.engines_per_gpu
     try:
         if k > 1:  # several engines in their own processes share this GPU; weights by CUDA IPC (rollout/pool.py)
-            why = engines_per_gpu_error(k, engine="vllm", tensor_parallel_size=world, colocated=sync == "local",
-                                        device=device)
+            why = engines_per_gpu_error(k, engine="vllm", tensor_parallel_size=tp, colocated=sync == "local",
+                                        device=device, group_size=world)
             if why:
                 raise ValueError(why)
             from rltrain.rollout.vllm import start_engine_pool

@@ -18,6 +18,10 @@ def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     assert gp.engine_overrides("vllm", "split_1p1", tiny=True) == ["rollout=vllm", "rollout.tensor_parallel_size=1"]
     assert gp.engine_overrides("vllm", "split_2p2", tiny=True)[-1] == "+model.overrides.head_dim=64"
     assert gp.engine_overrides("vllm", "colocated_dp2")[-1] == "rollout.tensor_parallel_size=2"
+    # issue 35: the same two GPUs with one TP=1 engine each (tiny: grpo_tiny's own head_dim)
+    assert gp.engine_overrides("vllm", "colocated_dp2_tp1", tiny=True) == ["rollout=vllm",
+                                                                          "rollout.tensor_parallel_size=1"]
+    assert gp.PLACEMENTS["colocated_dp2_tp1"] == gp.PLACEMENTS["colocated_dp2"]
     assert gp.engine_overrides("vllm", "split_1p1")[-1] == "rollout.tensor_parallel_size=1"
     assert gp.engine_overrides("vllm", "colocated_tp2pp2dp2")[-1] == "rollout.tensor_parallel_size=8"
     # four GPUs: colocated, one engine over the four (workers/placement.py refuses two TP=2 engines); split, one
@@ -26,10 +30,10 @@ def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     assert gp.engine_overrides("vllm", "split_2p2") == ["rollout=vllm", "rollout.tensor_parallel_size=2"]
 
 
-def _args(*placements: str, model: str = "qwen3-4b", overrides=()):
+def _args(*placements: str, model: str = "qwen3-4b", overrides=(), only=("qwen06b",)):
     import argparse
 
-    return argparse.Namespace(only=["qwen06b"], placements=list(placements), engine="vllm", model=model,
+    return argparse.Namespace(only=list(only), placements=list(placements), engine="vllm", model=model,
                               overrides=list(overrides), learn_steps=150, qwen_steps=4)
 
 
@@ -48,9 +52,24 @@ def test_the_four_gpu_device_call_passes_the_trainers_checks_on_h100_and_h200():
         assert (split["gpus"], split["tp"], split["rollout_tp"], split["rollout_replicas"]) == (2, 2, 2, 1)
     [refused] = gp.check_runs(_args("split_2p2"), 79.18)
     assert refused["error"].startswith("trainer.plan_check refuses it: GPU 0 (actor, ref) does not fit")
-    # a config the trainer refuses before planning: vLLM TP=2 on a colocated group of four
-    [bad] = gp.check_runs(_args("colocated_tp2dp2", overrides=["rollout.tensor_parallel_size=2"]), 139.8)
-    assert "rollout.tensor_parallel_size=4 (now 2)" in bad["error"] and bad["plan"] is None
+    # a config the trainer refuses before planning: a vLLM engine of 8 GPUs on a colocated group of four
+    [bad] = gp.check_runs(_args("colocated_tp2dp2", overrides=["rollout.tensor_parallel_size=8"]), 139.8)
+    assert "rollout.tensor_parallel_size=8 must divide trainer.n_gpus_per_node=4" in bad["error"]
+    assert bad["plan"] is None
+
+
+def test_the_one_engine_per_gpu_device_call_passes_the_trainers_checks():
+    """Issue 35's two-GPU runs (docs/vllm.md): the Qwen3-0.6B steps on one GPU and on two with a TP=1 engine each
+    (at the default batch and at 64 prompts), and grpo_tiny's learning run, accepted on H100 and H200 GPUs; the
+    plan has two replicas of TP 1."""
+    for gib in (79.18, 139.8):
+        for extra in ([], ["data.train_batch_size=64"]):
+            rows = gp.check_runs(_args("single", "colocated_dp2_tp1", model="qwen3-0.6b", overrides=extra), gib)
+            assert [r["error"] for r in rows] == [None, None], rows
+            two = rows[1]["plan"]["layout"]
+            assert (two["gpus"], two["dp"], two["rollout_tp"], two["rollout_replicas"]) == (2, 2, 1, 2)
+        [learn] = gp.check_runs(_args("colocated_dp2_tp1", model="qwen3-0.6b", only=["learn"]), gib)
+        assert learn["error"] is None and "rollout.tensor_parallel_size=1" in learn["overrides"]
 
 
 def test_a_log_naming_mnnvl_fails_the_row_and_pynccl_is_recorded():

@@ -61,13 +61,33 @@ def test_prompts_are_sharded_over_replicas_with_their_group_ids_and_seeds():
     (first, second), = src.rollout_group.calls
     seed = 7 * 100_003 + 3 * 101 + 1  # try 1 of step 3
     assert [p["id"] for p in first[0]] == [0, 1] and first[1:] == (0, False, seed)
-    assert [p["id"] for p in second[0]] == [2, 3] and second[1:] == (2, False, seed + 1)
+    assert [p["id"] for p in second[0]] == [2, 3] and second[1:] == (2, False, seed + 2)  # seed + its first prompt
     assert batch.group_ids.tolist() == [0, 1, 2, 3] and src.next_group_id == 4
-    assert gm["seed"] == seed + 0.5 and gm["reward/x"] == 1.0  # the replicas' metrics averaged
+    assert gm["seed"] == seed + 1 and gm["reward/x"] == 1.0  # the replicas' metrics averaged
     assert gm["critic/score/mean"] == 1.5 and gm["response_length/clip_ratio"] == 1.0
     assert "timing_s/reward" in m and "dynamic_sampling/tries" not in gm
     val, _ = src.generate([{"prompt_ids": [9], "id": 9}], validate=True, seed=5)  # validation numbers groups too
     assert val.group_ids.tolist() == [4] and src.next_group_id == 5
+
+
+@pytest.mark.parametrize("n,replicas,want", [
+    (5, 2, [(0, 3), (3, 5)]),  # uneven: sizes differ by one, the larger first
+    (3, 4, [(0, 1), (1, 2), (2, 3), (3, 3)]),  # fewer prompts than replicas: the last one idles
+    (4, 1, [(0, 4)]),  # one replica: the whole batch, seed unchanged
+    (1, 2, [(0, 1), (1, 1)]),
+])
+def test_shares_are_contiguous_seeded_by_their_first_prompt_and_joined_in_prompt_order(n, replicas, want):
+    src = _source(_score_by_id(lambda i: i))
+    src.rollout_group.num_replicas = replicas
+    src.next_group_id = 10
+    prompts = [{"prompt_ids": [i], "id": i} for i in range(n)]
+    batch, _ = src.generate(prompts, validate=False, seed=100)
+    [args] = src.rollout_group.calls
+    assert [[p["id"] for p in a[0]] for a in args] == [list(range(start, stop)) for start, stop in want]
+    assert [a[1] for a in args] == [10 + start for start, _ in want]  # group offsets
+    assert [a[3] for a in args] == [100 + start for start, _ in want]  # request j's seed is 100 + j on any replica
+    assert batch.non_tensor["id"] == list(range(n)) and batch.group_ids.tolist() == list(range(10, 10 + n))
+    assert src.next_group_id == 10 + n
 
 
 def test_dynamic_sampling_refills_until_enough_groups_differ():

@@ -1,6 +1,6 @@
 """rollout.engine=vllm through the whole trainer on real vLLM (CPU build): split under Ray (weights streamed over
-gloo), colocated under Ray (the learning run), and the ReTool tiny pipeline (multi-turn rollouts equal to hf's,
-then GRPO steps colocated in process, trainer.use_ray=false).
+gloo), colocated under Ray (the learning run; two workers with one engine each), and the ReTool tiny pipeline
+(multi-turn rollouts equal to hf's, then GRPO steps colocated in process, trainer.use_ray=false).
 
 vLLM's CPU attention kernels take head_dim >= 32, so these runs give the tiny preset head_dim 32 (the hf
 reference runs of the learning test use the same model).
@@ -118,3 +118,33 @@ def test_retool_grpo_steps_on_vllm(tmp_path, sft_model_hd32, cfg_for):
         assert row["tool_call_counts/mean"] > 0 and row["num_turns/mean"] > 1
         assert row["rollout/model_tokens/mean"] < row["response_length/mean"]  # tool tokens masked out
         assert row["rollout/logprob_diff_max"] < 1e-3 and math.isfinite(row["actor/pg_loss"])
+
+
+def test_colocated_two_workers_run_one_vllm_engine_each(tmp_path, ray_session, cfg_for):
+    """Issue #35's layout on the CPU build: trainer.n_gpus_per_node=2 colocated with rollout.tensor_parallel_size=1 is
+    two vLLM engines (one per worker, vLLM's external data-parallel ranks), each generating its share of the prompts
+    and reloading the actor's weights in its own process. After the second GRPO step, the two engines' greedy tokens
+    for 3 prompts (shares of 2 and 1) equal those of engine 0 alone on all 3: both hold the same, updated, weights,
+    and the join keeps the prompt order."""
+    from rltrain.trainer.ppo import PPOTrainer
+
+    cfg = cfg_for(*VLLM, "trainer.n_gpus_per_node=2", "trainer.total_steps=2", "trainer.test_freq=-1",
+                  "trainer.val_before_train=false", "trainer.logger=[jsonl]", "trainer.plots=false")
+    got = {}
+
+    def after_step(step):  # the weights of this step's update are in both engines (the workers stop after fit)
+        if step == 2:
+            prompts = [trainer.val_ds[i] for i in range(3)]
+            got["together"], _ = trainer.rollout.generate(prompts, validate=True, seed=0)
+            got["alone"] = g.run_per_replica("generate", [(prompts, 0, True, 0), ([], 3, True, 3)])
+            got["truth"] = [p.get("ground_truth") for p in prompts]
+
+    trainer = PPOTrainer(cfg, str(tmp_path), after_step=after_step)
+    g = trainer.rollout_group
+    assert g is trainer.train_group and g.num_replicas == 2 and g.dp_size == 2  # colocated: actor DP=2, 2 engines
+    trainer.fit()
+    _check_rows(read_metrics(str(tmp_path)), 2)  # both engines sampled with the actor's weights (diff < 1e-3)
+    together, alone = got["together"], got["alone"]
+    assert alone[1] == (None, {})  # a replica given no prompts answers nothing
+    assert torch.equal(together.response_ids, alone[0][0].response_ids)
+    assert together.non_tensor["ground_truth"] == got["truth"]

@@ -120,10 +120,13 @@ def test_cpu_devices_are_processes():
     (dict(trainer__use_ray=False, trainer__n_gpus_per_node=2), ["trainer.use_ray"]),
     (dict(trainer__n_gpus_per_node=4, actor__tensor_parallel_size=2, actor__expert_parallel_size=4),
      ["actor.expert_parallel_size=4 must divide the data-parallel size 2"]),
-    # colocated vLLM: the group's processes are one engine (the 2026-11-26 run reached the workers and stopped there)
-    (dict(trainer__n_gpus_per_node=2, rollout__engine="vllm"), ["rollout.tensor_parallel_size=2 (now 1)"]),
-    (dict(trainer__n_gpus_per_node=4, rollout__engine="vllm", rollout__tensor_parallel_size=2),
-     ["rollout.tensor_parallel_size=4 (now 2)", "trainer.colocate=false"]),
+    # colocated: a replica (a vLLM engine) is rollout.tensor_parallel_size consecutive workers of one node
+    (dict(trainer__n_gpus_per_node=2, rollout__engine="vllm", rollout__tensor_parallel_size=4),
+     ["rollout.tensor_parallel_size=4 must divide trainer.n_gpus_per_node=2"]),
+    (dict(trainer__n_gpus_per_node=6, actor__tensor_parallel_size=2, rollout__engine="vllm",
+          rollout__tensor_parallel_size=4), ["rollout.tensor_parallel_size=4 must divide trainer.n_gpus_per_node=6"]),
+    (dict(trainer__n_gpus_per_node=2, trainer__nnodes=2, rollout__engine="vllm", rollout__tensor_parallel_size=4),
+     ["must divide trainer.n_gpus_per_node=2", "one node"]),
 ])
 def test_impossible_placements_name_the_keys(over, keys):
     errors = placement_errors(cfg(**over), device="cuda")
@@ -132,6 +135,36 @@ def test_impossible_placements_name_the_keys(over, keys):
         assert key in " ".join(errors)
     with pytest.raises(PlacementError):
         plan_groups(cfg(**over), device="cuda", use_ref=False, use_critic=False)
+
+
+@pytest.mark.parametrize("per_node,nnodes,rtp,replicas", [
+    (2, 1, 1, ((0,), (1,))),  # issue #35: one TP=1 engine per GPU
+    (4, 1, 2, ((0, 1), (2, 3))),  # two TP=2 engines
+    (2, 2, 1, ((0,), (1,), (2,), (3,))),  # two nodes, an engine per GPU
+    (2, 2, 2, ((0, 1), (2, 3))),  # an engine per node
+    (1, 1, 1, ((0,),)),  # one engine
+])
+def test_colocated_vllm_makes_one_engine_per_tensor_parallel_group(per_node, nnodes, rtp, replicas):
+    from rltrain.workers.placement import replica_size_error
+
+    c = cfg(trainer__n_gpus_per_node=per_node, trainer__nnodes=nnodes, rollout__engine="vllm",
+            rollout__tensor_parallel_size=rtp)
+    assert placement_errors(c, device="cuda") == []
+    [hybrid] = plan_groups(c, device="cuda", use_ref=False, use_critic=False)
+    assert hybrid.replica_size == rtp and hybrid.world_size == per_node * nnodes
+    assert replica_dispatch(hybrid.world_size, hybrid.replica_size).members == replicas
+    # the rollout worker asks the same rule of its group's WORLD_SIZE: accepted here, refused where tp does not divide
+    assert replica_size_error(per_node * nnodes, rtp) is None
+    assert "rollout.tensor_parallel_size=2 must divide the 3 processes" in replica_size_error(3, 2)
+
+
+def test_engine_pools_are_refused_on_a_group_of_several_gpus():
+    from rltrain.workers.placement import engines_per_gpu_error
+
+    kw = dict(engine="vllm", tensor_parallel_size=1, colocated=True, device="cuda")
+    assert engines_per_gpu_error(2, **kw) is None and engines_per_gpu_error(1, **kw, group_size=2) is None
+    why = engines_per_gpu_error(2, **kw, group_size=2)
+    assert "rollout.engines_per_gpu=1" in why and "2 GPU(s) per group" in why
 
 
 def test_vllm_engines_that_match_their_group_are_placed():
