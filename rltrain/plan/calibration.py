@@ -111,11 +111,16 @@ TIME: dict[str, Const] = {
     "recompute_selective_time_factor": Const(
         1.0703, "x update time", "update/bench_update_h200_4b.json, 2026-11-23, H200: 4b-32k-all-rc_selective 3.807 s "
                                  "/ 4b-32k-all-rc_full 4.483 s x recompute_full_time_factor"),
-    "tp2_efficiency": Const(
-        0.6999, "fraction", "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: "
-                            "4b-8k-all 0.5574 s at TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2 (= TP1 / (2 x TP2)); "
-                            "torch.compile's layers (elementwise_fusion compile, and mcore) only: the fusion-none "
-                            "4B TP=2 GRPO step of 2026-11-26 shows no such loss"),
+    # TP with torch.compile's layers (elementwise_fusion compile, and mcore): a fixed cost per all-reduce of a layer's
+    # activations in one micro-batch pass (2 a layer forward, 2 more backward; + the recomputed forward's), not a
+    # fraction of the FLOPs: the 0.6B's TP=2 loss (0.176 s where half its TP=1 time is 0.07) is as many seconds per
+    # layer as the 4B's, and the 4B's 32k rows lose no more per pass than its 8k rows; per doubling of TP
+    "tp_allreduce_s": Const(
+        0.0008297, "s per TP all-reduce x layer x micro-batch pass",
+        "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: 4b-8k-all 0.5574 s at "
+        "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
+        "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
+        "loss"),
     # short-sequence GRPO phases: a fixed cost per micro-batch and layer (kernel launches, Python) on top of the FLOPs
     # at the rates above (per layer: the 8-layer dense twin of 2026-11-26 took 0.19 s where 28 layers' fixed cost
     # alone would be 0.22 s)
@@ -146,19 +151,33 @@ TIME: dict[str, Const] = {
         "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
         "sequences (the engine's host work per sequence and step: scheduling, sampling, detokenizing; 512 sequences "
         "took 2.0-2.8x as long as 256 on 2026-11-26)"),
-    "hf_step_s": Const(
-        0.03864, "s per decode step", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode "
-                                     "steps of 256 sequences (rltrain's own decoder, one Python loop per token)"),
+    # the hf engine decodes with transformers in eager mode, one Python call per layer a token: launch-bound (the 0.6B's
+    # 1.2 GB of weights read in 0.4 ms of its 39 ms step), so a cost per layer and decode step
+    "hf_layer_step_s": Const(
+        0.00138, "s per layer x decode step",
+        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode steps of 256 sequences through "
+        "28 layers (rltrain's own decoder, one Python loop per token; the head and the sampler, a few kernels, "
+        "are inside the per-layer cost)"),
     "vllm_wake_s": Const(
         0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),
     "vllm_sleep_s": Const(
         0.041, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
-    "hf_sleep_wake_s": Const(
-        0.402, "s", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: rollout_sleep 0.134 + rollout_wake 0.268 "
-                    "(level 1: to host and back)", "measured"),
+    # the hf engine's level-1 sleep moves its weights to the host and its wake back (model.to): per byte
+    "hf_offload_s_per_gb": Const(
+        0.3372, "s/GB", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: rollout_sleep 0.134 + rollout_wake 0.268 s "
+                        "for the 0.6B's 1.19 GB of bf16 weights (level 1: to the host and back)"),
+    "hf_reload_s_per_tensor": Const(
+        7.081e-05, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_weights 0.290 - "
+                                             "wake 0.268 s for the 0.6B's 310 tensors (the hf engine's copy_ of each)"),
     "reload_s_per_tensor": Const(
         0.0005198, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 "
                                             "- wake 0.127 s for the 0.6B's 310 tensors (colocated in-place reload)"),
+    # rollout.engines_per_gpu > 1: the engines run in their own processes and take each bucket by CUDA IPC (one RPC
+    # and one handle mapping per engine and bucket, the engines loading at once, rollout/sync/ipc.py)
+    "ipc_reload_s_per_tensor": Const(
+        0.001049, "s per checkpoint tensor",
+        "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json, 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
+        "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
     "split_sync_s_per_gb": Const(
         0.1612, "s/GB", "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s for "
                         "1.19 GB (NCCL broadcast into vLLM's weight-transfer engine)"),

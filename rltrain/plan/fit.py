@@ -153,22 +153,26 @@ def fit(verbose: bool = True) -> dict[str, float]:
     stack.enter_context(constant("recompute_selective_time_factor", fitted["recompute_selective_time_factor"]))
     fitted["update_mb_layer_s"] = _solve("update_mb_layer_s", hf, "update_s")
     stack.enter_context(constant("update_mb_layer_s", fitted["update_mb_layer_s"]))
-    a, b = by("4b-8k-all", "update/"), by("4b-8k-all-tp2", "update/")
-    fitted["tp2_efficiency"] = a.measured["step_s"] / (2 * b.measured["step_s"])
-    stack.enter_context(constant("tp2_efficiency", fitted["tp2_efficiency"]))
+    fitted["tp_allreduce_s"] = _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")
+    stack.enter_context(constant("tp_allreduce_s", fitted["tp_allreduce_s"]))
     fitted["fwd_mb_layer_s"] = _solve("fwd_mb_layer_s", hf, "old_log_prob_s")
     stack.enter_context(constant("fwd_mb_layer_s", fitted["fwd_mb_layer_s"]))
     moe = by("MoE slice EP=2, vLLM", "moe_h200x2_2026-11-26/")
     fitted["moe_expert_pass_s"] = _solve("moe_expert_pass_s", moe, "update_s")
     grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")
     fitted["moe_grouped_layer_pass_s"] = _solve("moe_grouped_layer_pass_s", grouped, "update_s")
-    fitted["hf_step_s"] = _solve("hf_step_s", hf, "generation_s")
+    fitted["hf_layer_step_s"] = _solve("hf_layer_step_s", hf, "generation_s")
     split = by("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1")
     fitted["vllm_seq_step_s"] = _solve("vllm_seq_step_s", split, "generation_s")
     vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]
     tensors = weight_tensors(read(compose(vl.overrides)).shape)
     fitted["reload_s_per_tensor"] = (vm["timing_s/update_weights"] - vm.get("timing_s/rollout_wake", 0.0)) / tensors
+    hm = load("vllm/gpu_smoke_grpo_hf.json")["grpo"]["mean"]
+    fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors
     gb = 2 * 596.04992e6 / 1e9
+    fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb
+    k4 = load("vllm/pool_h100_2026-11-25/grpo_vllm_k4.json")["grpo"]["mean"]
+    fitted["ipc_reload_s_per_tensor"] = (k4["timing_s/update_weights"] - k4["timing_s/rollout_wake"]) / tensors
     sp = load("vllm_x2/placements_qwen06b_split_1p1.json")["qwen06b"]["split_1p1"]["timing_s"]
     fitted["split_sync_s_per_gb"] = sp["update_weights"] / gb
     stack.close()

@@ -14,6 +14,9 @@ How a phase is modelled (docs/scaling.md lists every input with its source):
   the overheads fitted to the measured vLLM points (issue 21), the HBM bandwidth an assumption.
 - weight sync: bf16 weights gathered over the actor's TP/PP groups, sent to every replica (split: one NCCL
   broadcast from train rank 0), loaded at vLLM's measured reload rate; colocated adds vLLM's sleep + wake.
+- the two step levers (Recipe): actor.recompute_old_logprobs=false drops the old-log-prob forward (the update's
+  first forward gives them, on-policy), rollout.free_cache_engine=false the colocated sleep + wake (the engine's
+  share then stays beside the update: the memory rows below do not count the update's activations either way).
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class Recipe:
     minibatches: int = 2  # optimizer steps per GRPO step (ppo_mini_batch_size = half the batch)
     mb_tokens: int = 8192  # actor.max_tokens_per_micro_batch: the measured update shape (4B at TP=1: 114.7 GiB)
     kl_ref: bool = True  # a reference forward (KL loss), as the measured GRPO run
+    recompute_old_logprobs: bool = True  # actor.recompute_old_logprobs=false: the update's forward gives them (on-policy)
+    free_cache_engine: bool = True  # rollout.free_cache_engine=false: colocated vLLM stays awake (no sleep, no wake)
 
     @property
     def seq_len(self) -> int:
@@ -217,7 +222,7 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
                 "pp_bytes": n_mb * (2 if backward else 1) * pp_bytes if pp > 1 else 0.0}
 
     fwd = flops / 3 / (peak * eff.mfu_update * tp_eff)
-    out = {"old_log_prob": phase(fwd / eff.ratio_old, 2, False, n_mb)}
+    out = {"old_log_prob": phase(fwd / eff.ratio_old, 2, False, n_mb) if recipe.recompute_old_logprobs else None}
     out["ref"] = phase(fwd / eff.ratio_ref, 2, False, n_mb) if recipe.kl_ref else None
     m_upd = max(1, n_mb // recipe.minibatches)
     upd = phase(flops / (peak * eff.mfu_update * tp_eff), 4, True, m_upd)
@@ -240,7 +245,8 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
     return out
 
 
-def sync_phase(cfg, layout: Layout, inp: dict[str, Num], reload_s_per_byte: float) -> dict:
+def sync_phase(cfg, layout: Layout, inp: dict[str, Num], reload_s_per_byte: float, *,
+               free_cache_engine: bool = True) -> dict:
     """Weight sync: every training rank assembles the bf16 HF model (TP all-gather, PP stage broadcasts),
     the bytes reach each rollout replica (colocated: inside each process; split: one NCCL broadcast from train
     rank 0), and each replica rank loads all of them (vLLM iterates full tensors and keeps its shard)."""
@@ -256,7 +262,8 @@ def sync_phase(cfg, layout: Layout, inp: dict[str, Num], reload_s_per_byte: floa
     else:
         send_s = 0.0
         r = "tp1" if layout.rollout_tp == 1 else "tp2"
-        sleep_wake = inp[f"vllm_sleep_{r}_s"].value + inp[f"vllm_wake_{r}_s"].value
+        awake = not free_cache_engine  # rollout.free_cache_engine=false: the engine never sleeps
+        sleep_wake = 0.0 if awake else inp[f"vllm_sleep_{r}_s"].value + inp[f"vllm_wake_{r}_s"].value
     load_s = s_bytes * reload_s_per_byte
     return {"s": gather_s + merge_s + send_s + load_s, "gather_s": gather_s + merge_s, "send_s": send_s,
             "load_s": load_s, "sleep_wake_s": sleep_wake, "bytes_per_replica": s_bytes,
@@ -273,9 +280,10 @@ def step(name: str, layout: Layout, recipe: Recipe, inp: dict[str, Num], cal: De
                       inp["hbm_bw_h200"].value, inp["gemm_tflops_h100"].value, cal)
     tr = train_phases(cfg, layout, recipe, eff, inp, n_seqs)
     reload = inp["vllm_reload_06b_s"].value / (2 * num_params(shape("qwen3-0.6b")))
-    sync = sync_phase(cfg, layout, inp, reload)
+    sync = sync_phase(cfg, layout, inp, reload, free_cache_engine=recipe.free_cache_engine)
     train_s = sum(tr[p]["s"] for p in ("old_log_prob", "ref", "update_actor") if tr[p] is not None)
-    phases = {"gen": gen["s"], "old_log_prob": tr["old_log_prob"]["s"], "ref": tr["ref"]["s"] if tr["ref"] else 0.0,
+    phases = {"gen": gen["s"], "old_log_prob": tr["old_log_prob"]["s"] if tr["old_log_prob"] else 0.0,
+              "ref": tr["ref"]["s"] if tr["ref"] else 0.0,
               "update_actor": tr["update_actor"]["s"], "update_weights": sync["s"], "sleep_wake": sync["sleep_wake_s"]}
     step_s = sum(phases.values())  # synchronous in both placements (split: the groups take turns)
     tokens = n_seqs * recipe.seq_len

@@ -5,21 +5,24 @@
                rollout.max_batch_size); each of max_response_length decode steps costs vllm_seq_step_s per sequence of
                the wave (the engine's host work: scheduling, sampling, detokenizing each sequence) or (weights + the
                wave's KV cache at its mean context) / HBM bandwidth, the larger
-               (they overlap; hf: hf_step_s; MoE: of the experts, those the wave routes to); prefill at the forward
-               rate.
+               (they overlap; hf: hf_layer_step_s per layer, eager transformers being launch-bound; MoE: of the
+               experts, those the wave routes to); prefill at the forward rate.
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
                + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
                ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
-               recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch).
+               recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch;
+               + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per micro-batch).
   update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
                update_rate_width_exponent (the rates are the 0.6B's; a wider model's GEMMs dominate its elementwise
-               work), times recompute_<full|selective>_time_factor with recompute (TP > 1 with torch.compile's
-               layers: the rate times tp2_efficiency per doubling; fusion none: no loss; PP: + the 1F1B bubble
+               work), times recompute_<full|selective>_time_factor with recompute (PP: + the 1F1B bubble
                (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch and layer
-               (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute).
+               (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute; + TP > 1 with torch.compile's
+               layers: tp_allreduce_s per all-reduce, 4 a layer and micro-batch, per doubling; fusion none: none).
   weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
-               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); hf: its level-1 sleep +
-               wake + the same reload; rollout.free_cache_engine=false (the engine stays awake): the reload alone;
+               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); engines in their own
+               processes (rollout.engines_per_gpu > 1): x ipc_reload_s_per_tensor (CUDA IPC); hf: its level-1 sleep
+               + wake (the weights to the host and back, hf_offload_s_per_gb) + hf_reload_s_per_tensor;
+               rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: bf16 bytes x split_sync_s_per_gb.
 The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
 """
@@ -44,9 +47,19 @@ def update_rate(x: Inputs, *, recompute: bool | None = None) -> float:
     if rc:
         selective = x.recompute_granularity == "selective" and "mlp" in x.recompute_modules
         rate /= cal.value("recompute_selective_time_factor" if selective else "recompute_full_time_factor")
-    # the TP loss was measured with torch.compile's layers (the 4B pair); the fusion-none 4B step at TP=2 showed none
-    tp_eff = cal.value("tp2_efficiency") ** math.log2(x.tp) if (x.tp > 1 and x.fusion != "none") else 1.0
-    return rate * 1e12 * tp_eff
+    return rate * 1e12
+
+
+def tp_pass_seconds(x: Inputs, all_reduces: int) -> float:
+    """TP's cost in one micro-batch pass of a stage's layers doing `all_reduces` activation all-reduces each (2 a
+    forward, 4 a forward + backward): tp_allreduce_s per all-reduce and doubling of TP, a fixed cost per pass
+    (measured the same at 8k and 32k tokens), so a narrow model loses a larger share of its time. Only with
+    torch.compile's layers (elementwise_fusion compile or mcore), where it was measured; 0 at TP=1 and fusion none
+    (the fusion-none 4B TP=2 GRPO steps of 2026-11-26 ran at the TP=1 rates)."""
+    if x.tp == 1 or x.fusion == "none":
+        return 0.0
+    layers = x.shape.num_hidden_layers / x.pp
+    return layers * all_reduces * math.log2(x.tp) * cal.value("tp_allreduce_s")
 
 
 def step_seqs(x: Inputs) -> int:
@@ -99,7 +112,7 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
         return waves * resp * step + prefill
     waves = math.ceil(seqs / max(1, x.max_batch_size))
-    return waves * resp * cal.value("hf_step_s")
+    return waves * resp * shape.num_hidden_layers * cal.value("hf_layer_step_s")
 
 
 def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
@@ -114,8 +127,8 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     over = 1.0 if loop_overhead else 0.0
     moe = moe_pass_seconds(x)
     layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
-    fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate) + n_fwd_mb * moe
-           + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s"))
+    fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate)
+           + n_fwd_mb * (moe + tp_pass_seconds(x, 2)) + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s"))
     out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them
     if x.use_ref:
         out["ref"] = fwd
@@ -124,10 +137,13 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
-    # per micro-batch: the fixed cost of its layers (a stage's; the pipeline's bubble as for the FLOPs), and the
-    # experts' loop forward + backward (2x; one more forward with full recompute)
-    per_mb = (over * layers * cal.value("update_mb_layer_s") * bubble
-              + moe * (4 if x.recompute and x.recompute_granularity == "full" else 3))
+    # per micro-batch: the fixed cost of its layers (a stage's; the pipeline's bubble as for the FLOPs), the experts'
+    # loop forward + backward (2x; one more forward with full recompute) and TP's all-reduces (4 a layer; + 2 for a
+    # recomputed layer, + 1 for a recomputed MLP)
+    full = x.recompute and x.recompute_granularity == "full"
+    selective = x.recompute and not full and "mlp" in x.recompute_modules
+    per_mb = (over * layers * cal.value("update_mb_layer_s") * bubble + moe * (4 if full else 3)
+              + tp_pass_seconds(x, 4 + (2 if full else 1 if selective else 0)))
     out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb)
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
@@ -151,14 +167,18 @@ def sync_seconds(x: Inputs) -> float:
     gb = full_params(x.shape) * x.dtype_bytes / 1e9
     if not (x.colocate or not x.use_ray):
         return gb * cal.value("split_sync_s_per_gb")
+    vllm = x.engine == "vllm" and x.device != "cpu"
     # in place: the engine's load_weights takes the checkpoint's tensors one at a time (a fixed cost per tensor: the
-    # 4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s)
-    reload = weight_tensors(x.shape) * cal.value("reload_s_per_tensor")
+    # 4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s); engines in their own
+    # processes take them by CUDA IPC; the hf engine copies each into its module
+    per_tensor = ("hf_reload_s_per_tensor" if not vllm else
+                  "ipc_reload_s_per_tensor" if x.engines_per_gpu > 1 else "reload_s_per_tensor")
+    reload = weight_tensors(x.shape) * cal.value(per_tensor)
     if not x.free_cache_engine:  # the engine stayed awake: no sleep, no wake-up
         return reload
-    if x.engine == "vllm" and x.device != "cpu":
+    if vllm:
         return cal.value("vllm_sleep_s") + cal.value("vllm_wake_s") + reload
-    return cal.value("hf_sleep_wake_s") + reload
+    return gb * cal.value("hf_offload_s_per_gb") + reload  # level 1: the weights to the host and back
 
 
 def phase_seconds(x: Inputs, hbm: float, total_bytes: float) -> dict[str, float]:

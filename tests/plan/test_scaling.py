@@ -109,3 +109,23 @@ def test_toy_dp_buckets_hide_behind_the_last_backward(monkeypatch):
     pp = scaling.Layout("toy", 4, "colocated", tp=1, pp=2, rollout_tp=2, train_gpus=4, rollout_gpus=4)
     upd = scaling.train_phases(TOY, pp, rec, eff, inp, n_seqs=8)["update_actor"]
     assert upd["dp_comm_s"] == pytest.approx(upd["dp_comm_total_s"])  # under PP nothing overlaps
+
+
+def test_step_levers_drop_the_old_logprob_pass_and_the_sleep_wake():
+    inp = all_inputs()
+    cal = scaling.fit_decode(inp)
+    lay = scaling.colocated(8, 2, 1, 2)
+    base = scaling.step("qwen3-4b", lay, scaling.Recipe(), inp, cal)
+    lev = scaling.step("qwen3-4b", lay, scaling.Recipe(recompute_old_logprobs=False, free_cache_engine=False), inp, cal)
+    # actor.recompute_old_logprobs=false: no old-log-prob pass (the reference's stays); the update is the same
+    assert base["phases"]["old_log_prob"] > 0 and lev["phases"]["old_log_prob"] == 0.0
+    assert lev["phases"]["ref"] == pytest.approx(base["phases"]["ref"])
+    assert lev["phases"]["update_actor"] == pytest.approx(base["phases"]["update_actor"])
+    # rollout.free_cache_engine=false: vLLM (TP 2) never sleeps, so neither its sleep nor its wake is paid
+    sleep_wake = inp["vllm_sleep_tp2_s"].value + inp["vllm_wake_tp2_s"].value
+    assert base["phases"]["sleep_wake"] == pytest.approx(sleep_wake) and lev["phases"]["sleep_wake"] == 0.0
+    assert base["step_s"] - lev["step_s"] == pytest.approx(base["phases"]["old_log_prob"] + sleep_wake)
+    # split placement has no sleep to skip
+    split = scaling.Layout("s", 8, "split", tp=2, pp=1, rollout_tp=2, train_gpus=4, rollout_gpus=4)
+    assert scaling.step("qwen3-4b", split, scaling.Recipe(free_cache_engine=False), inp, cal)["phases"][
+        "sleep_wake"] == 0.0

@@ -1,0 +1,86 @@
+"""The planner's time terms worked by hand on the Qwen3 shapes: TP's cost per all-reduce, the hf engine's decode
+per layer, and the weight sync of the hf engine (per byte to the host and back) and of engines in their own
+processes (CUDA IPC, per tensor). The constants are calibration.py's; the counts are worked out here."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from rltrain.config.entry import compose_config as compose
+from rltrain.plan import calibration as cal
+from rltrain.plan.inputs import read
+from rltrain.plan.timing import gen_seconds, sync_seconds, tp_pass_seconds, train_seconds
+
+GIB = 2**30
+
+
+def qwen(*extra: str):
+    return read(OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1",
+                                                             *extra]), resolve=True))
+
+
+def test_tp_cost_is_per_all_reduce_layer_and_pass():
+    c = cal.value("tp_allreduce_s")
+    tp2 = ("actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2")
+    x = qwen("model.builtin=qwen3-4b", "actor.elementwise_fusion=compile", *tp2)
+    # 36 layers: 4 all-reduces a layer forward + backward (2 forward only); a recomputed MLP adds its forward's one,
+    # a recomputed layer its two
+    assert tp_pass_seconds(x, 4) == pytest.approx(36 * 4 * c)
+    assert tp_pass_seconds(x, 2) == pytest.approx(36 * 2 * c)
+    assert tp_pass_seconds(x, 4) == pytest.approx(0.1195, abs=2e-4)  # 144 x 0.8297 ms
+    # TP=4: twice (per doubling); PP=2 halves the layers of a stage; fusion none and TP=1: nothing
+    x4 = qwen("model.builtin=qwen3-4b", "actor.elementwise_fusion=compile", "actor.tensor_parallel_size=4",
+              "trainer.n_gpus_per_node=4")
+    assert tp_pass_seconds(x4, 4) == pytest.approx(2 * 36 * 4 * c)
+    xpp = qwen("model.builtin=qwen3-4b", "actor.elementwise_fusion=compile", "actor.tensor_parallel_size=2",
+               "actor.pipeline_parallel_size=2", "trainer.n_gpus_per_node=4")
+    assert tp_pass_seconds(xpp, 4) == pytest.approx(18 * 4 * c)
+    assert tp_pass_seconds(qwen("model.builtin=qwen3-4b", *tp2), 4) == 0.0
+    assert tp_pass_seconds(qwen("model.builtin=qwen3-4b", "actor.elementwise_fusion=compile"), 4) == 0.0
+
+
+def test_tp2_bench_step_of_the_narrow_model_adds_seconds_not_a_fraction():
+    # the 0.6B's 8,192-token update step (tools/bench_update.py, one micro-batch, no loop overhead) at TP=2 with
+    # megatron's fusion: half of its TP=1 time at the compile rate (06b-8k-all: 0.1448 s, the rate's fit row) +
+    # 28 layers x 4 all-reduces; measured 0.176 s (06b-8k-mcore-tp2, 2026-11-23, H200)
+    ov = ["data.train_batch_size=1", "rollout.n=1", "actor.ppo_mini_batch_size=1", "data.max_prompt_length=4096",
+          "rollout.max_response_length=4096", "actor.max_tokens_per_micro_batch=8192", "actor.use_kl_loss=false"]
+    x1 = qwen(*ov, "actor.elementwise_fusion=compile")
+    x2 = qwen(*ov, "actor.elementwise_fusion=mcore", "actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2")
+    t1 = train_seconds(x1, loop_overhead=False)["update_actor"]
+    t2 = train_seconds(x2, loop_overhead=False)["update_actor"]
+    assert t1 == pytest.approx(0.1448, rel=2e-3)
+    assert t2 == pytest.approx(0.1448 / 2 + 28 * 4 * 0.0008297, rel=3e-3)  # 0.1653 s
+    # the old rule (TP=1 time / (2 x 0.70)) gave 0.103 s: a fraction of a narrow model's time is too small a loss
+
+
+def test_hf_decode_cost_is_per_layer():
+    ov = ["rollout=hf", "data.train_batch_size=32", "rollout.n=8", "rollout.max_batch_size=256",
+          "data.max_prompt_length=5", "rollout.max_response_length=64"]
+    x06 = qwen(*ov)
+    x4 = qwen(*ov, "model.builtin=qwen3-4b")
+    # 256 sequences in one wave, 64 decode steps through 28 (0.6B) or 36 (4B) layers at 1.38 ms a layer and step
+    assert gen_seconds(x06, 3.35e12, 79.18 * GIB) == pytest.approx(64 * 28 * 0.00138, rel=3e-3)  # 2.473 s
+    assert gen_seconds(x4, 3.35e12, 79.18 * GIB) == pytest.approx(64 * 36 * 0.00138, rel=3e-3)  # 3.18 s
+    # two waves when max_batch_size holds half the sequences
+    half = qwen(*ov, "rollout.max_batch_size=128")
+    assert gen_seconds(half, 3.35e12, 79.18 * GIB) == pytest.approx(2 * 64 * 28 * 0.00138, rel=3e-3)
+
+
+def test_hf_weight_sync_moves_bytes_to_the_host_and_back_and_copies_each_tensor():
+    x = qwen("rollout=hf", "trainer.use_ray=true")
+    # 596,049,920 bf16 parameters = 1.1921 GB to the host and back at 0.3372 s/GB, + 310 tensors copied at 70.8 us
+    sleep_wake = 2 * 596_049_920 / 1e9 * 0.3372
+    assert sleep_wake == pytest.approx(0.402, abs=1e-3)  # the fit run's 0.134 + 0.268 s
+    assert sync_seconds(x) == pytest.approx(sleep_wake + 310 * 7.081e-5, rel=2e-3)  # 0.424 s
+    awake = qwen("rollout=hf", "trainer.use_ray=true", "rollout.free_cache_engine=false")
+    assert sync_seconds(awake) == pytest.approx(310 * 7.081e-5, rel=2e-3)  # 0.022 s
+
+
+def test_engines_in_their_own_processes_reload_by_ipc():
+    one = qwen("rollout=vllm", "trainer.use_ray=true")
+    four = qwen("rollout=vllm", "trainer.use_ray=true", "rollout.engines_per_gpu=4", "rollout.kv_cache_memory_gb=24")
+    fixed = 0.041 + 0.127  # vLLM's level-2 sleep and wake
+    assert sync_seconds(one) == pytest.approx(fixed + 310 * 0.0005198, rel=2e-3)  # 0.329 s, in place
+    assert sync_seconds(four) == pytest.approx(fixed + 310 * 0.001049, rel=2e-3)  # 0.493 s, by CUDA IPC
