@@ -186,10 +186,6 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
     if x.device == "cpu":
         warnings.append("trainer.device=cpu: planned as if every worker had a GPU of this size (CPU memory is not "
                         "modelled)")
-    if x.engine == "vllm" and (x.colocate or not x.use_ray) and x.world > 1 and x.rollout_tp != x.world:
-        warnings.append(f"colocated vLLM makes the group's {x.world} processes one tensor-parallel engine "
-                        f"(workers/rollout.py): the run needs rollout.tensor_parallel_size={x.world} (now "
-                        f"{x.rollout_tp}); planned as configured")
     if grouped_gemm(x):
         warnings.append("actor.moe_grouped_gemm=true: the experts' time is their active FLOPs at the dense rate plus "
                         f"{cal.value('moe_grouped_layer_pass_s') * 1e3:.2f} ms per sparse layer and pass, fitted on "
