@@ -265,6 +265,7 @@ def steady_means(rel: str, first_step: int = 3) -> dict[str, float]:
 # the Qwen3-0.6B shape, or the 4B with model.builtin=qwen3-4b, KL loss, colocated with vLLM, Ray), and the split 1+1
 # run of docs/benchmarks/2026-11-26-refactor-on-two-gpus.md; (name, report, placement key, per-step log, role, fitted)
 SCALING = "scaling_vllm_h200x2_2026-11-26/"
+COLO_DP = "colocated_dp_h200x2_2026-11-26/"
 SCALING_RUNS = [
     ("0.6B single, 32 x 8", SCALING + "b32.json", "single", SCALING + "b32_qwen06b_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8", SCALING + "b64.json", "single", SCALING + "b64_qwen06b_single_metrics.jsonl", "held out", ()),
@@ -276,6 +277,14 @@ SCALING_RUNS = [
      "held out", ()),
     ("0.6B split 1+1 (refactor day)", "refactor_h200x2_2026-11-26/qwen06b_split_vllm.json", "split_1p1",
      "refactor_h200x2_2026-11-26/qwen06b_split_vllm_metrics.jsonl", "held out", ()),
+    # issue #35's colocated data-parallel rollout (one vLLM TP=1 engine per GPU), 2026-11-26 afternoon; the two
+    # single-GPU runs ran at the same time, one on each GPU of the machine (a shared host)
+    ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8", COLO_DP + "dp2_tp1_b64.json", "colocated_dp2_tp1",
+     COLO_DP + "dp2_tp1_b64_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (beside another run)", COLO_DP + "single_s32.json", "single",
+     COLO_DP + "single_s32_metrics.jsonl", "held out", ()),
+    ("0.6B single, 64 x 8 (beside another run)", COLO_DP + "single_s64.json", "single",
+     COLO_DP + "single_s64_metrics.jsonl", "held out", ()),
 ]
 
 
