@@ -8,6 +8,9 @@ new tensors, RoPE (moves `inv_freq` to the current CUDA device) and the pipeline
 `CpuRNGStatesTracker` (same interface, CPU generator states), `patch_model_for_cpu` keeps RoPE on the CPU and
 `cpu_schedule_shim` redirects CUDA devices to the CPU for the duration of a schedule call or model build.
 
+`import_megatron_without_jit_on_cpu` (run when this module is imported, which rltrain.models.megatron does first)
+keeps megatron's jit fuser from compiling its fused elementwise functions on a CPU-only machine.
+
 `quiet_tp_group_default` applies on every device, and only when layers are compiled: megatron's
 RowParallelLinear passes `tp_group=None` on every forward and gets a deprecation warning each time, which
 torch.compile cannot trace (a graph break inside each layer).
@@ -16,12 +19,39 @@ torch.compile cannot trace (a graph break inside each layer).
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
-import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.tensor_parallel import random as mcore_random
-from torch.overrides import TorchFunctionMode
+
+
+def _eager(fn=None, **_kw):
+    """torch.compile's signature, compiling nothing: `@_eager` and `@_eager(...)` both return the function."""
+    return fn if fn is not None else (lambda f: f)
+
+
+def import_megatron_without_jit_on_cpu() -> None:
+    """Import megatron.core with its jit fuser off on a CPU-only machine. megatron applies torch.compile to ~40 fused
+    elementwise functions while its modules import (megatron.core.jit takes torch.compile as `jit_fuser` then): on
+    a CPU that costs every process importing megatron ~1.5 s of torch._dynamo / inductor set-up (each Ray worker,
+    each test child), and a call would build C++ with inductor. Here they stay plain functions (megatron's own
+    `disable_jit_fuser` comes too late: the decorators run during the import). No effect with CUDA or once
+    megatron.core is imported."""
+    if torch.cuda.is_available() or "megatron.core" in sys.modules:
+        return
+    compile_ = torch.compile
+    torch.compile = _eager
+    try:
+        import megatron.core  # noqa: F401  (megatron.core.jit keeps _eager as its jit_fuser)
+    finally:
+        torch.compile = compile_
+
+
+import_megatron_without_jit_on_cpu()
+
+import torch.distributed as dist  # noqa: E402  (megatron is imported after the shim above)
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.tensor_parallel import random as mcore_random  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 
 def cuda_enabled() -> bool:
