@@ -19,6 +19,7 @@ torch.compile cannot trace (a graph break inside each layer).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 
 import torch
@@ -41,7 +42,7 @@ def import_megatron_without_jit_on_cpu() -> None:
     compile_ = torch.compile
     torch.compile = _eager
     try:
-        import megatron.core  # noqa: F401  (megatron.core.jit keeps _eager as its jit_fuser)
+        importlib.import_module("megatron.core")  # megatron.core.jit keeps _eager as its jit_fuser
     finally:
         torch.compile = compile_
 

@@ -4,7 +4,8 @@ and MegatronEngine (forward log-probs/values, train step). It must not import Ra
 Import order of the parts: compat (CPU shims) -> build -> weights / head -> engine.
 """
 
-import rltrain.compat.megatron  # noqa: F401  (first: megatron.core imported without its CPU jit set-up)
+# first: importing it runs its CPU-only import shim before any megatron import below
+from rltrain.compat.megatron import import_megatron_without_jit_on_cpu  # noqa: F401
 from rltrain.models.megatron.build import build_gpt_model, padded_vocab_size, transformer_config_from_hf
 from rltrain.models.megatron.compat import setup_parallel, teardown_parallel
 from rltrain.models.megatron.engine import LR_SCHEDULES, ROLES, MegatronEngine
