@@ -86,3 +86,29 @@ def test_default_configs_of_each_family_are_accepted(config_cls):
     cfg = config_cls(**TINY)
     tc = transformer_config_from_hf(cfg)
     assert tc.add_qkv_bias == (config_cls is Qwen2Config) and not tc.add_bias_linear
+
+
+def test_megatron_imports_without_compiling_its_fused_functions_on_cpu():
+    """compat/megatron's import shim, in a fresh process on this CPU-only machine: megatron's jit fuser is the
+    pass-through and its @jit_fuser functions are the plain functions (not torch.compile wrappers), and they compute
+    what their formula says (bias + SwiGLU against a hand-written one)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the shim does nothing where CUDA is available")
+    code = (
+        "import torch, rltrain.models.megatron\n"
+        "import megatron.core.jit as j\n"
+        "from megatron.core.fusions import fused_bias_swiglu as f\n"
+        "assert j.jit_fuser.__name__ == '_eager' and torch.compile.__name__ == 'compile'\n"
+        "assert not hasattr(f.swiglu, '_torchdynamo_orig_callable'), 'a torch.compile wrapper'\n"
+        "y = torch.randn(5, 8, dtype=torch.float64)\n"
+        "a, b = torch.chunk(y, 2, -1)\n"
+        "torch.testing.assert_close(f.swiglu(y), torch.nn.functional.silu(a) * b)\n"
+        "print('ok')\n"
+    )
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
