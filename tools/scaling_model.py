@@ -29,7 +29,7 @@ BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/sca
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 # measured points of the weak-scaling rows: (shape, GPUs) -> what ran and where it is reported
 MEASURED = {("qwen3-4b", 4): "run 2026-11-26 on four H200s as TP2 x DP2 with ONE vLLM TP4 (two colocated TP2 engines "
-            "cannot be built) at the short qwen06b recipe (32 x 8, 5 + 64 tokens): 2.63 s/step, where this model gives "
+            "could not be built then; rollout.tensor_parallel_size=2 builds them since, not run) at the short qwen06b recipe (32 x 8, 5 + 64 tokens): 2.63 s/step, where this model gives "
             "5.58 s (weight sync 2.78 s + sleep/wake 1.45 s against 0.70 s measured) and rltrain.plan 2.19 s; "
             "docs/benchmarks/2026-11-26-four-gpus.md"}
 
