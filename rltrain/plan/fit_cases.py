@@ -243,19 +243,19 @@ def placement_sleep(rel: str, update_weights_s: float) -> float:
     log = rel.replace("_gpu_placements.json", "_metrics.jsonl")
     if log == rel or not os.path.exists(os.path.join(results_dir(), log)):
         return 0.0
-    with open(os.path.join(results_dir(), log)) as f:
-        n = sum(1 for line in f if line.strip())
-    m = steady_means(log, 3 if n >= 4 else 2)
+    m = steady_means(log, None)
     if abs(m.get("timing_s/update_weights", math.inf) - update_weights_s) > 1e-3:
         return 0.0
     return m.get("timing_s/rollout_sleep", 0.0)
 
 
-def steady_means(rel: str, first_step: int = 3) -> dict[str, float]:
-    """The means of a trainer's per-step jsonl log (`*_metrics.jsonl`) over steps >= `first_step` (the tools' steady
-    steps), every numeric key."""
+def steady_means(rel: str, first_step: int | None = 3) -> dict[str, float]:
+    """The means of a trainer's per-step jsonl log (`*_metrics.jsonl`) over steps >= `first_step` (None: the tools'
+    steady steps, 3.. when 4 or more rows, else 2..), every numeric key."""
     with open(os.path.join(results_dir(), rel)) as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    if first_step is None:
+        first_step = 3 if len(rows) >= 4 else 2
     steady = [r for r in rows if r.get("step", 0) >= first_step] or rows[-1:]
     keys = {k for r in steady for k, v in r.items() if isinstance(v, (int, float))}
     return {k: sum(r[k] for r in steady if k in r) / sum(1 for r in steady if k in r) for k in keys}
