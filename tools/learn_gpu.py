@@ -447,13 +447,14 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
         check_sandbox(args)  # its evaluation and the retool_grpo stage after it call the tool
     timeout_s = trainer_budget(args, scale, stage, runs=1)
     from rltrain.data.tokenizer import load_tokenizer
-    from rltrain.workers.hybrid import initial_hf_model
+    from rltrain.workers.hybrid import initial_hf_model, resolve_device
 
     import torch
 
-    # before: the random-init model the SFT starts from (same preset, tokenizer and seed)
+    # before: the random-init model the SFT starts from (same preset, tokenizer, seed and init device)
     tok = load_tokenizer(lay.tokenizer)
-    _, init_model = initial_hf_model(cfg["model"], tok, int(cfg["trainer"]["seed"]), torch.float32)
+    _, init_model = initial_hf_model(cfg["model"], tok, int(cfg["trainer"]["seed"]), torch.float32,
+                                     resolve_device(cfg["trainer"]["device"]))
     params = sum(p.numel() for p in init_model.parameters())
     before = evaluate(eval_cfg(stage, lay, args, scale, None), init_model.to(
         torch.float32 if cfg["trainer"]["device"] == "cpu" else getattr(torch, cfg["model"]["dtype"])),

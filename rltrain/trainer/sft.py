@@ -101,7 +101,7 @@ class SFTTrainer:
 
         from rltrain.models.builder import build_engine  # heavy: after the data, so bad data fails fast
 
-        self.hf_config, hf_model = initial_hf_model(m, self.tokenizer, self.seed, self.dtype)
+        self.hf_config, hf_model = initial_hf_model(m, self.tokenizer, self.seed, self.dtype, self.device)
         state = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         del hf_model
         self.engine = build_engine(

@@ -29,26 +29,44 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype):
+def init_device(device: str, num_params: int) -> str:
+    """Where a built-in preset's random init runs: on the GPU when training there and the fp32 model plus its
+    bf16 copy (6 bytes a parameter) take at most half the GPU's free memory, else on the CPU. The CPU's
+    generator is serial: a Qwen3-4B-shaped init took minutes in each Ray worker (one thread) before vLLM could
+    start; the GPU's takes seconds. The two give different (equally distributed) weights for one seed."""
+    if device != "cuda" or not torch.cuda.is_available():
+        return "cpu"
+    free, _ = torch.cuda.mem_get_info()
+    return f"cuda:{torch.cuda.current_device()}" if 6 * num_params <= free / 2 else "cpu"
+
+
+def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype, device: str = "cpu"):
     """The transformers model every role starts from: random init of a built-in preset (seeded, so all
-    ranks and roles agree) or the pretrained weights at model.path. model_cfg: a ModelConfig (or a dict of one)."""
+    ranks and roles agree) or the pretrained weights at model.path. model_cfg: a ModelConfig (or a dict of one).
+    device: the run's training device; a preset's init runs where `init_device` says and the model returned
+    is on the CPU either way."""
     from transformers import AutoModelForCausalLM
 
     from rltrain.config.convert import as_config
     from rltrain.config.schema import ModelConfig
     from rltrain.models.presets import model_hf_config
+    from rltrain.utils.flops import num_params
 
     model_cfg = as_config(model_cfg, ModelConfig)
     hf_config = model_hf_config(model_cfg, tokenizer)
     if model_cfg.builtin is not None:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        where = init_device(device, num_params(hf_config))
+        torch.manual_seed(seed)  # seeds the CPU and every GPU generator
+        with torch.device(where):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
         # small init keeps the random policy close to uniform over the vocab
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if p.dim() >= 2:
                     p.normal_(0.0, 0.02)
-        model = model.to(dtype)
+        model = model.to(dtype).to("cpu")
+        if where != "cpu":
+            torch.cuda.empty_cache()  # the init's blocks go back before the roles and the engine allocate
     else:
         model = AutoModelForCausalLM.from_pretrained(model_cfg.path, dtype=dtype,
                                                      trust_remote_code=model_cfg.trust_remote_code)
@@ -102,7 +120,7 @@ class HybridWorker(Worker):
         from rltrain.data.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-        self.hf_config, hf_model = initial_hf_model(cfg.model, self.tokenizer, seed, train_dtype)
+        self.hf_config, hf_model = initial_hf_model(cfg.model, self.tokenizer, seed, train_dtype, self.device)
         hf_config = self.hf_config
         sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         total = t.total_steps * max(1, cfg.actor.ppo_epochs)
@@ -163,11 +181,18 @@ class HybridWorker(Worker):
         if self.rollout is not None:
             self.rollout.sleep()
 
-    def rollout_wake_up(self) -> None:
-        if self.rollout is not None:
-            if self.device == "cuda":  # the update's cached blocks go back to the driver before vLLM maps its memory
-                torch.cuda.empty_cache()
-            self.rollout.wake_up()
+    def rollout_wake_up(self) -> dict[str, float]:
+        """Wakes the engine; {the seconds of releasing the update's cached blocks, of the engine's wake-up}."""
+        import time
+
+        if self.rollout is None:
+            return {}
+        t0 = time.perf_counter()
+        if self.device == "cuda":  # the update's cached blocks go back to the driver before vLLM maps its memory
+            torch.cuda.empty_cache()
+        t1 = time.perf_counter()
+        self.rollout.wake_up()
+        return {"empty_cache": t1 - t0, "engine": time.perf_counter() - t1}
 
     # ------------------------------------------------------------------ forward-only
     def compute_old_logprobs(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
