@@ -27,8 +27,12 @@ class WeightSync:
         tokens with it; a partial generation in flight pauses between two chunks while they load)."""
         if self.colocated:
             if self.wake_up:
-                with timer("rollout_wake", {} if metrics is None else metrics):
-                    self.train_group.run("rollout_wake_up")
+                m = {} if metrics is None else metrics
+                with timer("rollout_wake", m):
+                    parts = [p for p in self.train_group.run("rollout_wake_up") if p]
+                for key in ("empty_cache", "engine"):  # its two parts, the slowest rank's
+                    if parts:
+                        m[f"timing_s/rollout_wake_{key}"] = max(p[key] for p in parts)
             self.train_group.run("weight_sync_send", self.bucket_bytes)
             return
         if not self._connected:

@@ -26,6 +26,23 @@ def test_colocated_push_wakes_the_engines_then_streams_in_process():
     assert "timing_s/rollout_wake" in metrics
 
 
+def test_colocated_push_logs_the_slowest_ranks_parts_of_the_wake_up():
+    """Each worker times its wake-up's two parts (releasing the update's cached blocks, the engine's own wake-up);
+    the driver logs the slowest rank's of each beside the whole."""
+    class Timed(FakeGroup):
+        def run(self, method, *args):
+            super().run(method, *args)
+            if method != "rollout_wake_up":
+                return [None] * self.world_size
+            return [{"empty_cache": 0.25, "engine": 0.5}, {"empty_cache": 0.5, "engine": 0.125}]
+
+    metrics = {}
+    group = Timed("both")
+    ws.WeightSync(group, group, bucket_bytes=1 << 20).push(metrics)
+    assert metrics["timing_s/rollout_wake_empty_cache"] == 0.5
+    assert metrics["timing_s/rollout_wake_engine"] == 0.5
+
+
 def test_colocated_push_of_an_engine_kept_awake_only_streams():
     """rollout.free_cache_engine=false: the engine never slept, so the push reloads in place without a wake-up (and
     logs no timing_s/rollout_wake)."""
