@@ -178,9 +178,16 @@ TIME: dict[str, Const] = {
         0.001049, "s per checkpoint tensor",
         "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json, 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
-    "split_sync_s_per_gb": Const(
-        0.1612, "s/GB", "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s for "
-                        "1.19 GB (NCCL broadcast into vLLM's weight-transfer engine)"),
+    # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
+    # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
+    # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)
+    "split_sync_s_per_tensor": Const(
+        0.0006096, "s per checkpoint tensor",
+        "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "
+        "nccl_broadcast_gb_s, for the 0.6B's 310 tensors"),
+    "nccl_broadcast_gb_s": Const(
+        368.0, "GB/s", "issue #35's NCCL measurement, 2026-11-25, 2 x H100: broadcast bus bandwidth at 1 GiB",
+        "measured"),
 }
 
 

@@ -174,7 +174,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
     k4 = load("vllm/pool_h100_2026-11-25/grpo_vllm_k4.json")["grpo"]["mean"]
     fitted["ipc_reload_s_per_tensor"] = (k4["timing_s/update_weights"] - k4["timing_s/rollout_wake"]) / tensors
     sp = load("vllm_x2/placements_qwen06b_split_1p1.json")["qwen06b"]["split_1p1"]["timing_s"]
-    fitted["split_sync_s_per_gb"] = sp["update_weights"] / gb
+    fitted["split_sync_s_per_tensor"] = (sp["update_weights"] - gb / cal.value("nccl_broadcast_gb_s")) / tensors
     stack.close()
     if verbose:
         for k, val in fitted.items():

@@ -195,7 +195,7 @@ def placement_cases() -> list[Case]:
     # dense twin (2026-11-26; docs/benchmarks/2026-11-26-moe-on-two-gpus.md); (name, file, key, role, fitted)
     moe, moe_r, moe_g = "moe_h200x2_2026-11-26/", "moe_replay_h200x2_2026-11-26/", "moe_grouped_gemm_h200x2_2026-11-26/"
     placements = [("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1.json", "split_1p1", "fit",
-                   ("weight_sync_s", "generation_s")),  # split_sync_s_per_gb, vllm_seq_step_s
+                   ("weight_sync_s", "generation_s")),  # split_sync_s_per_tensor, vllm_seq_step_s
                   ("placement colocated TP=2", "vllm_x2/placements_qwen06b_colocated_tp2.json", "colocated_tp2",
                    "held out", ()),
                   ("MoE slice EP=2, vLLM", moe + "moe_slice_gpu_placements.json", "colocated_dp2", "fit",
@@ -266,6 +266,8 @@ def steady_means(rel: str, first_step: int | None = 3) -> dict[str, float]:
 # run of docs/benchmarks/2026-11-26-refactor-on-two-gpus.md; (name, report, placement key, per-step log, role, fitted)
 SCALING = "scaling_vllm_h200x2_2026-11-26/"
 COLO_DP = "colocated_dp_h200x2_2026-11-26/"
+FOUR_H100 = "four_gpus_h100x4_2026-11-26/"
+WEAK = "weak_mb32_h200x2_2026-11-26/"
 SCALING_RUNS = [
     ("0.6B single, 32 x 8", SCALING + "b32.json", "single", SCALING + "b32_qwen06b_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8", SCALING + "b64.json", "single", SCALING + "b64_qwen06b_single_metrics.jsonl", "held out", ()),
@@ -285,6 +287,18 @@ SCALING_RUNS = [
      COLO_DP + "single_s32_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8 (beside another run)", COLO_DP + "single_s64.json", "single",
      COLO_DP + "single_s64_metrics.jsonl", "held out", ()),
+    # docs/benchmarks/2026-11-26-four-h100s.md: four H100s (the 0.6B runs on two of them), then two H200s for the
+    # weak-scaling run with the mini-batch grown with the GPUs
+    ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H100s)", FOUR_H100 + "r2.json", "colocated_tp2dp2_r2",
+     FOUR_H100 + "r2_metrics.jsonl", "held out", ()),
+    ("4B split 2+2, one vLLM TP=2 engine (four H100s)", FOUR_H100 + "split_2p2.json", "split_2p2",
+     FOUR_H100 + "split_2p2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated PP=2 + vLLM TP=2 (H100s, beside a GPU test)", FOUR_H100 + "pp2.json", "pp2",
+     FOUR_H100 + "pp2_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (H100)", FOUR_H100 + "single.json", "single", FOUR_H100 + "single_metrics.jsonl",
+     "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8, mini-batch 32", WEAK + "dp2_tp1_b64_mb32.json",
+     "colocated_dp2_tp1", WEAK + "dp2_tp1_b64_mb32_metrics.jsonl", "held out", ()),
 ]
 
 

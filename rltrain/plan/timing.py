@@ -23,7 +23,8 @@
                processes (rollout.engines_per_gpu > 1): x ipc_reload_s_per_tensor (CUDA IPC); hf: its level-1 sleep
                + wake (the weights to the host and back, hf_offload_s_per_gb) + hf_reload_s_per_tensor;
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
-               split: bf16 bytes x split_sync_s_per_gb.
+               split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
+               nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
 The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
 """
 
@@ -165,8 +166,8 @@ def weight_tensors(shape) -> int:
 
 def sync_seconds(x: Inputs) -> float:
     gb = full_params(x.shape) * x.dtype_bytes / 1e9
-    if not (x.colocate or not x.use_ray):
-        return gb * cal.value("split_sync_s_per_gb")
+    if not (x.colocate or not x.use_ray):  # each tensor broadcast, then loaded by the engine as it comes
+        return weight_tensors(x.shape) * cal.value("split_sync_s_per_tensor") + gb / cal.value("nccl_broadcast_gb_s")
     vllm = x.engine == "vllm" and x.device != "cpu"
     # in place: the engine's load_weights takes the checkpoint's tensors one at a time (a fixed cost per tensor: the
     # 4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s); engines in their own
