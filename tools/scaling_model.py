@@ -28,10 +28,11 @@ from rltrain.plan.scaling_inputs import InputError, all_inputs  # noqa: E402
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 # measured points of the weak-scaling rows: (shape, GPUs) -> what ran and where it is reported
-MEASURED = {("qwen3-4b", 4): "run 2026-11-26 on four H200s as TP2 x DP2 with ONE vLLM TP4 (two colocated TP2 engines "
-            "could not be built then; rollout.tensor_parallel_size=2 builds them since, not run) at the short qwen06b recipe (32 x 8, 5 + 64 tokens): 2.63 s/step, where this model gives "
-            "5.58 s (weight sync 2.78 s + sleep/wake 1.45 s against 0.70 s measured) and rltrain.plan 2.19 s; "
-            "docs/benchmarks/2026-11-26-four-gpus.md"}
+MEASURED = {("qwen3-4b", 4): "run 2026-11-26 at the short qwen06b recipe (32 x 8, 5 + 64 tokens), where this model gives "
+            "5.60 s with two TP2 engines and 5.58 s with one TP4: on four H100s this layout (TP2 x DP2, two colocated vLLM "
+            "TP2 engines) 3.42 s/step (weight sync + sleep/wake 1.26 s against 4.23 s here; "
+            "docs/benchmarks/2026-11-26-four-h100s.md); on four H200s with one vLLM TP4 2.63 s (0.70 s; "
+            "docs/benchmarks/2026-11-26-four-gpus.md); rltrain.plan 1.82 and 2.19 s"}
 
 
 # --------------------------------------------------------------------------- markdown
