@@ -11,7 +11,8 @@
                + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
                ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
                recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch;
-               + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per micro-batch).
+               + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per micro-batch; PP: the
+               FLOPs and the per-layer cost x (m + pp - 1) / m for m micro-batches, the pipeline's fill and drain).
   update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
                update_rate_width_exponent (the rates are the 0.6B's; a wider model's GEMMs dominate its elementwise
                work), times recompute_<full|selective>_time_factor with recompute (PP: + the 1F1B bubble
@@ -128,8 +129,12 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     over = 1.0 if loop_overhead else 0.0
     moe = moe_pass_seconds(x)
     layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
-    fwd = (flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate)
-           + n_fwd_mb * (moe + tp_pass_seconds(x, 2)) + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s"))
+    # PP: the forward-only pass runs the same pipeline schedule as the update (megatron's, forward_only): m
+    # micro-batches through pp stages take m + pp - 1 stage slots, not m
+    fwd_bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
+    fwd = ((flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate)
+            + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s")) * fwd_bubble
+           + n_fwd_mb * (moe + tp_pass_seconds(x, 2)))
     out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them
     if x.use_ref:
         out["ref"] = fwd

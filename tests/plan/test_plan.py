@@ -181,6 +181,21 @@ def test_split_sync_is_a_cost_per_tensor_plus_the_bytes_at_nccl_bandwidth():
     assert 0.2 < sync_seconds(x4) < 0.35
 
 
+def test_pipeline_forward_pays_the_fill_and_drain_of_its_schedule():
+    import math
+
+    from rltrain.plan.timing import step_seqs, train_seconds
+    one = read(qwen06b())
+    two = read(qwen06b("trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"))
+    assert (one.dp, two.dp, two.pp) == (1, 1, 2)
+    tokens = step_seqs(one) * one.seq_len
+    m = math.ceil(tokens / max(one.mb_tokens, one.seq_len))  # forward micro-batches, the same on both
+    # each stage does half the layers, but m micro-batches through 2 stages take m + 1 stage slots:
+    # (F / 2 + m L c / 2) (m + 1) / m against F + m L c on one GPU
+    ratio = train_seconds(two)["old_log_prob"] / train_seconds(one)["old_log_prob"]
+    assert ratio == pytest.approx((m + 1) / (2 * m))
+
+
 def test_generation_host_cost_grows_with_the_wave():
     from rltrain.plan.timing import gen_seconds
     # host-bound decode (short sequences): twice the sequences in one wave, about twice the time (measured 2026-11-26
