@@ -369,7 +369,11 @@ from rltrain.rollout.sync import SyncGroup
 port, path = int(sys.argv[1]), sys.argv[2]
 group = SyncGroup(host="127.0.0.1", port=port, rank=0, world_size=2)
 model = AutoModelForCausalLM.from_pretrained(path)
-print(*group.send(model.state_dict().items(), bucket_bytes=40_000))
+print(*group.send(model.state_dict().items(), bucket_bytes=40_000), flush=True)
+# the receiver says it is done before this process (the store's master) goes; then the group is torn down here,
+# not at interpreter exit (once in CI the exit aborted: "terminate called without an active exception")
+group.store.wait(["receiver_done"])
+del group.pg, group.store, group
 """
 
 
@@ -387,6 +391,7 @@ def test_split_sync_streams_buckets_over_gloo_into_the_engine(engine, models, tm
     sync = GlooSync(engine)  # rollout rank 0 of one: sync rank 1
     sync.connect(host="127.0.0.1", port=port, nccl_port=0, rank=0, num_rollout_ranks=1, sender=False)
     assert sync.receive() == len(new.state_dict())
+    sync.group.store.set("receiver_done", "1")
     out, _ = sender.communicate(timeout=120)
     count, nbytes = map(int, out.split()[-2:])
     assert sender.returncode == 0 and count == len(new.state_dict())
