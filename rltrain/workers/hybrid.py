@@ -31,13 +31,16 @@ def resolve_device(device: str) -> str:
 
 def init_device(device: str, num_params: int) -> str:
     """Where a built-in preset's random init runs: on the GPU when training there and the fp32 model plus its
-    bf16 copy (6 bytes a parameter) take at most half the GPU's free memory, else on the CPU. The CPU's
-    generator is serial: a Qwen3-4B-shaped init took minutes in each Ray worker (one thread) before vLLM could
-    start; the GPU's takes seconds. The two give different (equally distributed) weights for one seed."""
+    bf16 copy (6 bytes a parameter) take at most half the GPU's memory, else on the CPU. The CPU's generator is
+    serial: a Qwen3-4B-shaped init took minutes in each Ray worker (one thread) before vLLM could start; the GPU's
+    takes seconds. The two give different (equally distributed) weights for one seed, so the rule reads the
+    card's total memory, the same on every rank of a run of one GPU kind, never its free memory, which can differ by
+    rank (a run mixing GPU kinds would need the CPU init: the GPU's stream depends on its SM count)."""
     if device != "cuda" or not torch.cuda.is_available():
         return "cpu"
-    free, _ = torch.cuda.mem_get_info()
-    return f"cuda:{torch.cuda.current_device()}" if 6 * num_params <= free / 2 else "cpu"
+    index = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    return f"cuda:{index}" if 6 * num_params <= total / 2 else "cpu"
 
 
 def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype, device: str = "cpu"):

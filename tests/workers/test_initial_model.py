@@ -23,13 +23,16 @@ def test_init_device_cpu_unless_training_on_a_gpu_with_room():
     with mock.patch("torch.cuda.is_available", return_value=False):
         assert init_device("cuda", 10) == "cpu"  # no GPU visible: the CPU, not an error here
     gib = 2**30
+    card = mock.Mock(total_memory=60 * gib)
     with mock.patch("torch.cuda.is_available", return_value=True), \
             mock.patch("torch.cuda.current_device", return_value=1), \
-            mock.patch("torch.cuda.mem_get_info", return_value=(60 * gib, 80 * gib)):
-        # 4.0e9 parameters x 6 bytes = 22.4 GiB <= half of 60 GiB free: the GPU this process uses
+            mock.patch("torch.cuda.get_device_properties", return_value=card) as props, \
+            mock.patch("torch.cuda.mem_get_info", side_effect=AssertionError("free memory differs by rank")):
+        # 4.0e9 parameters x 6 bytes = 22.4 GiB <= half of the card's 60 GiB: the GPU this process uses
         assert init_device("cuda", 4_000_000_000) == "cuda:1"
         # 6.0e9 x 6 = 33.5 GiB > 30 GiB: the CPU
         assert init_device("cuda", 6_000_000_000) == "cpu"
+        props.assert_called_with(1)
 
 
 def test_cpu_init_is_seeded_and_returns_the_cpu_model_in_the_asked_dtype():
