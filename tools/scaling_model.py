@@ -28,11 +28,10 @@ from rltrain.plan.scaling_inputs import InputError, all_inputs  # noqa: E402
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 # measured points of the weak-scaling rows: (shape, GPUs) -> what ran and where it is reported
-MEASURED = {("qwen3-4b", 4): "run 2026-11-26 at the short qwen06b recipe (32 x 8, 5 + 64 tokens), where this model gives "
-            "5.60 s with two TP2 engines and 5.58 s with one TP4: on four H100s this layout (TP2 x DP2, two colocated vLLM "
-            "TP2 engines) 3.42 s/step (weight sync + sleep/wake 1.26 s against 4.23 s here; "
-            "docs/benchmarks/2026-11-26-four-h100s.md); on four H200s with one vLLM TP4 2.63 s (0.70 s; "
-            "docs/benchmarks/2026-11-26-four-gpus.md); rltrain.plan 1.82 and 2.19 s"}
+MEASURED = {("qwen3-4b", 4): "run 2026-11-26 at the short qwen06b recipe (32 x 8, 5 + 64 tokens): on four H100s this "
+            "layout (TP2 x DP2, two colocated vLLM TP2 engines) 3.42 s/step, where this model now gives 1.76 s (5.60 s "
+            "before it took rltrain.plan's weight sync; its update and log-probs, FLOPs only, are 0.72 s against 1.42 "
+            "measured); on four H200s with one vLLM TP4 2.63 s (model 1.73 s); docs/benchmarks/2026-11-26-four-h100s.md"}
 
 
 # --------------------------------------------------------------------------- markdown

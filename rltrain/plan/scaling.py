@@ -13,7 +13,8 @@ How a phase is modelled (docs/scaling.md lists every input with its source):
   rate) + KV-cache bytes / HBM bandwidth + 2 all-reduces per layer at TP > 1; per generate call a fixed cost;
   the overheads fitted to the measured vLLM points (issue 21), the HBM bandwidth an assumption.
 - weight sync: bf16 weights gathered over the actor's TP/PP groups, sent to every replica (split: one NCCL
-  broadcast from train rank 0), loaded at vLLM's measured reload rate; colocated adds vLLM's sleep + wake.
+  broadcast from train rank 0), loaded at rltrain.plan's measured cost per checkpoint tensor; colocated adds
+  vLLM's level-2 sleep + wake (rltrain.plan's constants: one rule for both models).
 - the two step levers (Recipe): actor.recompute_old_logprobs=false drops the old-log-prob forward (the update's
   first forward gives them, on-policy), rollout.free_cache_engine=false the colocated sleep + wake (the engine's
   share then stays beside the update: the memory rows below do not count the update's activations either way).
@@ -28,6 +29,7 @@ from types import SimpleNamespace
 from rltrain.config.schema import ActorConfig
 from rltrain.plan.inputs import model_shape
 from rltrain.plan.memory import kv_bytes_per_token, ns
+from rltrain.plan.timing import weight_tensors
 from rltrain.utils.flops import matmul_params, num_params, train_flops
 
 GB = 1e9
@@ -245,28 +247,29 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
     return out
 
 
-def sync_phase(cfg, layout: Layout, inp: dict[str, Num], reload_s_per_byte: float, *,
-               free_cache_engine: bool = True) -> dict:
+def sync_phase(cfg, layout: Layout, inp: dict[str, Num], *, free_cache_engine: bool = True) -> dict:
     """Weight sync: every training rank assembles the bf16 HF model (TP all-gather, PP stage broadcasts),
     the bytes reach each rollout replica (colocated: inside each process; split: one NCCL broadcast from train
-    rank 0), and each replica rank loads all of them (vLLM iterates full tensors and keeps its shard)."""
+    rank 0), and each replica rank loads the checkpoint's tensors one by one at rltrain.plan's cost per tensor
+    (colocated: the in-place reload, after the engine's level-2 wake-up; split: as it receives them)."""
     s_bytes = 2 * num_params(cfg)
     bw_in, lat_in = _net(inp, layout.tp)
     gather_s = _collective_s(s_bytes / layout.pp, layout.tp, bw_in, lat_in, "all_gather")
     pp_bw, pp_lat = _net(inp, layout.tp * layout.pp)
     merge_s = _collective_s(s_bytes, layout.pp, pp_bw, pp_lat, "all_gather")
+    tensors = weight_tensors(cfg)
     if layout.placement == "split":
         bw, lat = _net(inp, layout.n_gpus)
         send_s = _collective_s(s_bytes, layout.rollout_gpus + 1, bw, lat, "broadcast")
         sleep_wake = 0.0
+        load_s = tensors * inp["split_sync_s_per_tensor"].value
     else:
         send_s = 0.0
-        r = "tp1" if layout.rollout_tp == 1 else "tp2"
         awake = not free_cache_engine  # rollout.free_cache_engine=false: the engine never sleeps
-        sleep_wake = 0.0 if awake else inp[f"vllm_sleep_{r}_s"].value + inp[f"vllm_wake_{r}_s"].value
-    load_s = s_bytes * reload_s_per_byte
+        sleep_wake = 0.0 if awake else inp["vllm_sleep_s"].value + inp["vllm_wake_s"].value
+        load_s = tensors * inp["reload_s_per_tensor"].value
     return {"s": gather_s + merge_s + send_s + load_s, "gather_s": gather_s + merge_s, "send_s": send_s,
-            "load_s": load_s, "sleep_wake_s": sleep_wake, "bytes_per_replica": s_bytes,
+            "load_s": load_s, "sleep_wake_s": sleep_wake, "bytes_per_replica": s_bytes, "tensors": tensors,
             "bytes_total": s_bytes * layout.replicas}
 
 
@@ -279,8 +282,7 @@ def step(name: str, layout: Layout, recipe: Recipe, inp: dict[str, Num], cal: De
     gen = gen_seconds(cfg, batch, recipe.prompt_len, recipe.response_len, layout.rollout_tp,
                       inp["hbm_bw_h200"].value, inp["gemm_tflops_h100"].value, cal)
     tr = train_phases(cfg, layout, recipe, eff, inp, n_seqs)
-    reload = inp["vllm_reload_06b_s"].value / (2 * num_params(shape("qwen3-0.6b")))
-    sync = sync_phase(cfg, layout, inp, reload, free_cache_engine=recipe.free_cache_engine)
+    sync = sync_phase(cfg, layout, inp, free_cache_engine=recipe.free_cache_engine)
     train_s = sum(tr[p]["s"] for p in ("old_log_prob", "ref", "update_actor") if tr[p] is not None)
     phases = {"gen": gen["s"], "old_log_prob": tr["old_log_prob"]["s"] if tr["old_log_prob"] else 0.0,
               "ref": tr["ref"]["s"] if tr["ref"] else 0.0,
@@ -381,12 +383,10 @@ def calibration(inp: dict[str, Num], cal: DecodeCal) -> list[dict]:
     seq_len = tok / seqs
     rec = Recipe(seqs_per_gpu=seqs, prompt_len=0, response_len=seq_len, minibatches=int(inp["grpo06b_minibatches"].value))
     tr = train_phases(cfg, colocated(1, 1, 1, 1), rec, efficiencies(inp, "qwen3-0.6b", grpo06b=True), inp, seqs)
-    hf_rate = inp["grpo06b_update_weights_s"].value / (2 * num_params(cfg))  # HF engine: a plain copy_ per tensor
-    sync = sync_phase(cfg, colocated(1, 1, 1, 1), inp, hf_rate)
+    # (the weight sync is rltrain.plan's, whose constants docs/plan.md checks against every run; the hf-engine
+    # update_weights of this GRPO run is not a vLLM sync and is left out)
     rows = [{"what": f"GRPO 0.6B H100: {p}", "model_s": tr[p]["s"], "measured": inp[f"grpo06b_{p}_s"]}
             for p in ("old_log_prob", "ref", "update_actor")]
-    rows.append({"what": "GRPO 0.6B H100: update_weights (hf engine copy)", "model_s": sync["s"],
-                 "measured": inp["grpo06b_update_weights_s"]})
     gemm = inp["gemm_tflops_h100"].value
     for key, (p, r, tp, bw) in {"vllm_a_s": (64, 64, 1, "hbm_bw_h100"), "vllm_b_s": (128, 1024, 1, "hbm_bw_h100"),
                                 "vllm_c_s": (128, 1024, 2, "hbm_bw_h200")}.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+from rltrain.plan import calibration as cal
 from rltrain.plan.fit import results_dir
 from rltrain.plan.scaling import Num, fit_decode
 from rltrain.utils.errors import UserError
@@ -51,12 +52,10 @@ def measured_inputs() -> dict[str, Num]:
                         True),
         "vllm_b_s": Num(10.15, "issue 21: one H100, 256 x (128 + 1024), CUDA graphs, 9.8-10.5 s (midpoint)", True),
         "vllm_c_s": Num(6.0, "issue 21: two H200, vLLM TP=2 (multiprocess), 256 x (128 + 1024), 43,719 tok/s", True),
-        "vllm_reload_06b_s": Num(0.41, "issue 21: collective_rpc reload_weights from an iterator, one H100, 0.6B",
-                                 True),
-        "vllm_sleep_tp1_s": Num(1.6, "issue 21: sleep(level=1) frees 46.7 GiB, one H100", True),
-        "vllm_wake_tp1_s": Num(0.09, "issue 21: wake_up, one H100", True),
-        "vllm_sleep_tp2_s": Num(1.2, "issue 21: sleep, vLLM TP=2 on two H200", True),
-        "vllm_wake_tp2_s": Num(0.25, "issue 21: wake_up, vLLM TP=2 on two H200", True),
+        # the weight sync's terms are rltrain.plan's (calibration.py, one place): a cost per checkpoint tensor and
+        # the level-2 sleep / wake rltrain uses since 2026-11-24 (issue 21 measured level 1 and a reload per byte)
+        **{k: Num(cal.value(k), cal.TIME[k].source, True)  # each read or solved off one measured run
+           for k in ("reload_s_per_tensor", "split_sync_s_per_tensor", "vllm_sleep_s", "vllm_wake_s")},
     })
     return m
 
