@@ -102,6 +102,14 @@ def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[st
     return ["rollout=vllm", f"rollout.tensor_parallel_size={tp}", *extra]
 
 
+def run_timeout_s(args: argparse.Namespace, sec: str) -> float:
+    """--run-timeout, or by the run's model: 240 s, 480 s for a qwen06b run at a larger shape (a fresh machine took
+    166-244 s before vLLM's first line for the 4B, 2026-11-26: docs/benchmarks/2026-11-26-four-h100s.md)."""
+    if args.run_timeout is not None:
+        return args.run_timeout
+    return 480.0 if sec == "qwen06b" and args.model != "qwen3-0.6b" else 240.0
+
+
 def run_overrides(sec: str, name: str, args: argparse.Namespace) -> list[str]:
     """The Hydra overrides of section `sec`'s run in placement `name` (after run_trainer's device and GPU ones)."""
     if sec == "learn":
@@ -390,7 +398,8 @@ def main() -> None:
     ap.add_argument("--qwen-steps", type=int, default=5,
                     help="GRPO steps of the qwen06b section; the first two are warm-up (colocated TP=2's second step "
                          "still ran 2.4x its third on two H200s) and left out of the means when there are 4 or more")
-    ap.add_argument("--run-timeout", type=float, default=240.0, help="most seconds per trainer run")
+    ap.add_argument("--run-timeout", type=float, default=None,
+                    help="most seconds per trainer run (default: run_timeout_s, by the section's model)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: a dry run of the orchestration
     ap.add_argument("--deadline", type=float, default=520.0,
                     help="seconds after which no new run starts (and a running one is cut): the results so far stay")
@@ -441,7 +450,8 @@ def main() -> None:
                     save(res, args.out)
                     continue
                 log(f"{sec}/{name}: start")
-                run = run_trainer(f"{sec}_{name}", over, args.out, address, min(args.run_timeout, left), args.device)
+                run = run_trainer(f"{sec}_{name}", over, args.out, address, min(run_timeout_s(args, sec), left),
+                                  args.device)
                 res[sec][name] = learn_summary(run) if sec == "learn" else step_summary(run)
                 log(f"{sec}/{name}: rc={run['rc']} in {run['seconds']:.0f} s "
                     + json.dumps({k: v for k, v in res[sec][name].items()

@@ -155,3 +155,14 @@ def test_stack_dumps_set_up_when_stderr_has_no_file_descriptor(monkeypatch):
     assert enable_stack_dumps() is True
     monkeypatch.setattr(sys, "__stderr__", None)  # pythonw-like: no stderr at all
     assert enable_stack_dumps() is False
+
+
+def test_run_timeout_defaults_by_the_runs_model_and_an_explicit_one_wins():
+    import argparse
+
+    ns = lambda **kw: argparse.Namespace(**{"run_timeout": None, "model": "qwen3-0.6b", **kw})  # noqa: E731
+    assert gp.run_timeout_s(ns(), "qwen06b") == 240.0
+    # a 4B run on a fresh machine spent 166-244 s before vLLM's first line (2026-11-26)
+    assert gp.run_timeout_s(ns(model="qwen3-4b"), "qwen06b") == 480.0
+    assert gp.run_timeout_s(ns(model="qwen3-4b"), "learn") == 240.0  # grpo_tiny's own model
+    assert gp.run_timeout_s(ns(model="qwen3-4b", run_timeout=90.0), "qwen06b") == 90.0
