@@ -75,7 +75,8 @@ PLACEMENTS = {
                             "actor.pipeline_parallel_size=2"],
 }
 TWO_GPUS = ["colocated_dp2", "colocated_tp2", "split_1p1", "pp2"]  # the default matrix
-ROLLOUT_TP = {"colocated_dp2_tp1": 1, "colocated_tp2dp2_r2": 2}  # --engine vllm: engines of this many GPUs; the others' one engine spans the group
+# --engine vllm: these placements' engines span this many GPUs each; any other placement's one engine, its group
+ROLLOUT_TP = {"colocated_dp2_tp1": 1, "colocated_tp2dp2_r2": 2}
 GPU = ["trainer.use_ray=true", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.logger=[console,jsonl]", "trainer.fused_linear_logprob_backend=auto"]
 # harness/cases.py's Qwen3-0.6B GRPO run; the device and GPU count are the run's and the placement's
@@ -88,9 +89,9 @@ PHASES = ["gen", "gen_engine", "old_log_prob", "ref", "values", "adv", "update_c
 
 
 def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[str]:
-    """The rollout overrides of one run: vLLM's TP group is a whole worker group (ROLLOUT_TP: an engine per GPU):
-    colocated, the trainer's group (or each TP=1 worker an engine); split, the rollout group (as many GPUs as the
-    training group, so one replica: placement.py refuses split vLLM with two replicas).
+    """The rollout overrides of one run: vLLM's TP group is a whole worker group (ROLLOUT_TP: smaller engines):
+    colocated, the trainer's group (or engines of ROLLOUT_TP workers each); split, the rollout group (as many GPUs
+    as the training group, so one replica: placement.py refuses split vLLM with two replicas).
     `tiny` (grpo_tiny's model, head_dim 16): with vLLM TP > 1 the model gets the smallest head_dim such an engine
     starts with on GPUs (rollout/vllm.py: TP_MIN_HEAD_DIM; the config refuses 16)."""
     if engine == "hf":

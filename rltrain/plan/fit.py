@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from rltrain.plan import calibration as cal
 from rltrain.plan.fit_cases import Case, cases, compose, load, results_dir  # noqa: F401 (results_dir: re-exported)
 from rltrain.plan.inputs import read
-from rltrain.plan.memory import GIB, ns, plan_gpus
+from rltrain.plan.memory import GIB, full_params, ns, plan_gpus
 from rltrain.plan.timing import phase_seconds, train_seconds, weight_tensors
 from rltrain.utils import flops
 
@@ -165,11 +165,12 @@ def fit(verbose: bool = True) -> dict[str, float]:
     split = by("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1")
     fitted["vllm_seq_step_s"] = _solve("vllm_seq_step_s", split, "generation_s")
     vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]
-    tensors = weight_tensors(read(compose(vl.overrides)).shape)
+    shape06 = read(compose(vl.overrides)).shape  # the Qwen3-0.6B shape of every run below
+    tensors = weight_tensors(shape06)
     fitted["reload_s_per_tensor"] = (vm["timing_s/update_weights"] - vm.get("timing_s/rollout_wake", 0.0)) / tensors
     hm = load("vllm/gpu_smoke_grpo_hf.json")["grpo"]["mean"]
     fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors
-    gb = 2 * 596.04992e6 / 1e9
+    gb = 2 * full_params(shape06) / 1e9  # its bf16 checkpoint
     fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb
     k4 = load("vllm/pool_h100_2026-11-25/grpo_vllm_k4.json")["grpo"]["mean"]
     fitted["ipc_reload_s_per_tensor"] = (k4["timing_s/update_weights"] - k4["timing_s/rollout_wake"]) / tensors

@@ -24,9 +24,10 @@ def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     assert gp.PLACEMENTS["colocated_dp2_tp1"] == gp.PLACEMENTS["colocated_dp2"]
     assert gp.engine_overrides("vllm", "split_1p1")[-1] == "rollout.tensor_parallel_size=1"
     assert gp.engine_overrides("vllm", "colocated_tp2pp2dp2")[-1] == "rollout.tensor_parallel_size=8"
-    # four GPUs: colocated, one engine over the four (workers/placement.py refuses two TP=2 engines); split, one
+    # four GPUs: colocated, one engine over the four, or two TP=2 engines (docs/scaling.md's layout); split, one
     # engine over the rollout group's two GPUs (workers/rollout.py builds one engine per group)
     assert gp.engine_overrides("vllm", "colocated_tp2dp2")[-1] == "rollout.tensor_parallel_size=4"
+    assert gp.engine_overrides("vllm", "colocated_tp2dp2_r2") == ["rollout=vllm", "rollout.tensor_parallel_size=2"]
     assert gp.engine_overrides("vllm", "split_2p2") == ["rollout=vllm", "rollout.tensor_parallel_size=2"]
 
 
