@@ -87,6 +87,9 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     keys = ["timing_s/gen", "timing_s/gen_engine", "timing_s/reward", "timing_s/rollout_sleep", "timing_s/old_log_prob",
             "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step",
             "perf/throughput", "perf/max_memory_allocated_gb", "response_length/mean"]
+    # phases only some configs have (a critic's, the wake-up's parts, the reserved peak): when the log has them
+    keys += [k for k in ("timing_s/values", "timing_s/update_critic", "timing_s/rollout_wake_empty_cache",
+                         "timing_s/rollout_wake_engine", "perf/max_memory_reserved_gb") if k in steady[-1]]
     mean = {k: sum(r.get(k, 0.0) for r in steady) / len(steady) for k in keys}
     samples = cfg.data.train_batch_size * cfg.rollout.n  # sequences per step
     # generation phase: response tokens sampled per second
@@ -94,7 +97,7 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
     finite = all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
                  for r in rows for v in r.values() if isinstance(v, (int, float)))
     assert finite, "non-finite metric in the GPU GRPO run"
-    hf_cfg = hf_config("qwen3-0.6b")
+    hf_cfg = hf_config(cfg.model.builtin or "qwen3-0.6b")  # the shape that ran (model.builtin=qwen3-4b: the 4B's)
     # update phase: actor forward+backward over every token of the batch (prompt + response)
     tok = sum(r["perf/total_num_tokens"] for r in steady) / len(steady)
     seq = tok / samples

@@ -66,6 +66,7 @@ def predict(case: Case, cfg: dict | None = None) -> dict[str, float]:
     out["update_s"] = secs["update"]
     out["weight_sync_s"] = secs["weight sync"]
     out["ref_s"] = secs.get("detail/ref", 0.0)
+    out["values_s"] = secs.get("detail/values", 0.0)
     out["step_s"] = secs["step"]
     train = [g for g in gpus if g.roles != ("rollout",)]
     out["allocator_peak_gib"] = max(g.allocator_peak_bytes for g in train) / GIB

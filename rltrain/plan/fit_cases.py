@@ -161,14 +161,25 @@ def cases() -> list[Case]:
               ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32",
                "rollout.free_cache_engine=false", "actor.recompute_old_logprobs=false",
                "rollout.gpu_memory_utilization=0.4"], "held out"),
-             ("grpo hf (issue 17 engine)", "gpu_smoke_h100.json", [], "legacy")]
+             ("grpo hf (issue 17 engine)", "gpu_smoke_h100.json", [], "legacy"),
+             # docs/plan.md's "runs that would calibrate it better" 2 and 3, predicted before they ran
+             # (one_h200_blind_2026-11-26/predictions_before_run.md)
+             ("grpo vllm, Qwen3-4B shape, one GPU", BLIND + "g4b.json",
+              ["rollout=vllm", "model.builtin=qwen3-4b", "rollout.gpu_memory_utilization=0.3",
+               "actor.max_tokens_per_micro_batch=8192"], "held out"),
+             ("grpo vllm, PPO (GAE critic)", BLIND + "ppo.json", ["rollout=vllm", "algorithm=gae"], "held out")]
     for name, rel, extra, role in steps:
         d = load(rel)
         m = d["grpo"]["mean"]
         meas = {"allocator_peak_gib": m["perf/max_memory_allocated_gb"], "generation_s": m["timing_s/gen"],
                 "old_log_prob_s": m["timing_s/old_log_prob"], "update_s": m["timing_s/update_actor"],
                 "weight_sync_s": m["timing_s/update_weights"] + m.get("timing_s/rollout_sleep", 0.0)}
-        meas.update({q: m[k] for q, k in (("ref_s", "timing_s/ref"), ("step_s", "timing_s/step")) if k in m})
+        meas.update({q: m[k] for q, k in (("ref_s", "timing_s/ref"), ("step_s", "timing_s/step"),
+                                          ("values_s", "timing_s/values")) if k in m})
+        if rel in STEP_LOGS:  # phases the tool's report of that day left out, from the run's per-step log (steps 2..)
+            m = {**steady_means(STEP_LOGS[rel], first_step=2), **m}
+            meas["values_s"] = m["timing_s/values"]
+        meas["update_s"] += m.get("timing_s/update_critic", 0.0)  # the planner's update phase is both updates
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), GRPO_06B + extra, role, meas,
                         "step", GRPO_LENGTHS, fitted=fitted_q.get(name, ()) if role == "fit" else ()))
     out += placement_cases()
@@ -268,6 +279,10 @@ SCALING = "scaling_vllm_h200x2_2026-11-26/"
 COLO_DP = "colocated_dp_h200x2_2026-11-26/"
 FOUR_H100 = "four_gpus_h100x4_2026-11-26/"
 WEAK = "weak_mb32_h200x2_2026-11-26/"
+EVENING = "scaling_h200x2_evening_2026-11-26/"
+BLIND = "one_h200_blind_2026-11-26/"
+# tools/gpu_smoke.py reports whose mean left out a critic's phases (before it took every phase the log has)
+STEP_LOGS = {BLIND + "ppo.json": BLIND + "ppo_metrics.jsonl"}
 SCALING_RUNS = [
     ("0.6B single, 32 x 8", SCALING + "b32.json", "single", SCALING + "b32_qwen06b_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8", SCALING + "b64.json", "single", SCALING + "b64_qwen06b_single_metrics.jsonl", "held out", ()),
@@ -299,6 +314,18 @@ SCALING_RUNS = [
      "held out", ()),
     ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8, mini-batch 32", WEAK + "dp2_tp1_b64_mb32.json",
      "colocated_dp2_tp1", WEAK + "dp2_tp1_b64_mb32_metrics.jsonl", "held out", ()),
+    # docs/benchmarks/2026-11-26-two-h200s-evening.md: one machine, one run after another: weak scaling's three runs,
+    # the 4B colocated TP=2 again (its wake-up's parts) and the 4B split 1+1
+    ("0.6B single, 32 x 8 (evening)", EVENING + "w32.json", "single", EVENING + "w32_qwen06b_single_metrics.jsonl",
+     "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU, 32 x 8 (evening)", EVENING + "w32.json", "colocated_dp2_tp1",
+     EVENING + "w32_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8, mini-batch 32 (evening)", EVENING + "w64_mb32.json",
+     "colocated_dp2_tp1", EVENING + "w64_mb32_metrics.jsonl", "held out", ()),
+    ("4B colocated TP=2 + vLLM TP=2, 32 x 8 (evening)", EVENING + "t4b.json", "colocated_tp2",
+     EVENING + "t4b_metrics.jsonl", "held out", ()),
+    ("4B split 1+1, 8k-token micro-batches (H200)", EVENING + "s4b.json", "split_1p1", EVENING + "s4b_metrics.jsonl",
+     "held out", ()),
 ]
 
 

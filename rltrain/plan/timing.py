@@ -8,12 +8,13 @@
                (they overlap; hf: hf_layer_step_s per layer, eager transformers being launch-bound; MoE: of the
                experts, those the wave routes to); prefill at the forward rate.
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
-               + critic values): forward FLOPs (1/3 of utils/flops.train_flops, on the
+               + critic values, without the LM head's FLOPs: the critic's head is h -> 1): forward FLOPs (1/3 of
+               utils/flops.train_flops, on the
                ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
                recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch;
                + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per micro-batch; PP: the
                FLOPs and the per-layer cost x (m + pp - 1) / m for m micro-batches, the pipeline's fill and drain).
-  update       actor (+ critic): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
+  update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
                update_rate_width_exponent (the rates are the 0.6B's; a wider model's GEMMs dominate its elementwise
                work), times recompute_<full|selective>_time_factor with recompute (PP: + the 1F1B bubble
                (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch and layer
@@ -138,8 +139,10 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them
     if x.use_ref:
         out["ref"] = fwd
+    # the critic has a value head (h -> 1) where the actor has the LM head: its passes skip the head's FLOPs
+    head = 3 * tokens_rank * 2 * shape.vocab_size * shape.hidden_size  # forward + backward of the LM head
     if x.use_critic:
-        out["values"] = fwd
+        out["values"] = fwd - head / 3 / (x.tp * x.pp * fwd_rate) * fwd_bubble
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
@@ -153,7 +156,8 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb)
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
-        out["update_critic"] = x.critic_ppo_epochs * (upd + n_mbc * per_mb)
+        upd_critic = upd - head / (x.tp * x.pp * update_rate(x)) * bubble
+        out["update_critic"] = x.critic_ppo_epochs * (upd_critic + n_mbc * per_mb)
     return out
 
 

@@ -1,5 +1,5 @@
 """The planner's time terms worked by hand on the Qwen3 shapes: TP's cost per all-reduce, the hf engine's decode
-per layer, and the weight sync of the hf engine (per byte to the host and back) and of engines in their own
+per layer, the critic's passes without the LM head, and the weight sync of the hf engine (per byte to the host and back) and of engines in their own
 processes (CUDA IPC, per tensor). The constants are calibration.py's; the counts are worked out here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from rltrain.config.entry import compose_config as compose
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import read
-from rltrain.plan.timing import gen_seconds, sync_seconds, tp_pass_seconds, train_seconds
+from rltrain.plan.timing import gen_seconds, sync_seconds, tp_pass_seconds, train_seconds, update_rate
 
 GIB = 2**30
 
@@ -84,3 +84,19 @@ def test_engines_in_their_own_processes_reload_by_ipc():
     fixed = 0.041 + 0.127  # vLLM's level-2 sleep and wake
     assert sync_seconds(one) == pytest.approx(fixed + 310 * 0.0005198, rel=2e-3)  # 0.329 s, in place
     assert sync_seconds(four) == pytest.approx(fixed + 310 * 0.001049, rel=2e-3)  # 0.493 s, by CUDA IPC
+
+
+def test_the_critic_skips_the_lm_head():
+    # PPO (algorithm=gae): the critic's forward (values) and update run the actor's layers with a value head (h -> 1)
+    # where the actor has the LM head, so its passes leave out the head's FLOPs: 2 x 151,936 x 1,024 per token forward
+    ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
+          "actor.ppo_mini_batch_size=16"]
+    x = qwen(*ov, "algorithm=gae")
+    t = train_seconds(x)
+    tokens = 256 * 69
+    head_fwd = 2 * 151_936 * 1024 * tokens  # 5.50 TFLOP
+    assert t["ref"] == t["old_log_prob"]
+    assert t["old_log_prob"] - t["values"] == pytest.approx(head_fwd / update_rate(x, recompute=False), rel=1e-9)
+    assert t["update_actor"] - t["update_critic"] == pytest.approx(3 * head_fwd / update_rate(x), rel=1e-9)
+    # about a sixth of the 0.6B's forward FLOPs at these lengths: the head is 155.6M of its 596M parameters
+    assert 0.05 < (t["old_log_prob"] - t["values"]) / t["old_log_prob"] < 0.2
