@@ -229,6 +229,10 @@ class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig, MoEConfig
     # mini-batch size in prompts (each prompt contributes rollout.n samples); one optimizer step each
     ppo_mini_batch_size: int = 16
     max_tokens_per_micro_batch: int = 16384
+    # the token budget of a micro-batch in the forward-only passes (old log-probs, the reference's); null: the
+    # update's max_tokens_per_micro_batch. A forward keeps no activations for a backward, so it can take more tokens
+    # at once, and each micro-batch costs a fixed host time (a small model's forward at short rows is host-bound)
+    log_prob_max_tokens_per_micro_batch: Optional[int] = None
     loss_mode: str = "ppo"  # ppo | gspo | cispo
     loss_agg_mode: str = "token-mean"
     clip_low: float = 0.2

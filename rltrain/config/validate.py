@@ -186,6 +186,8 @@ def _actor(e: list, cfg) -> None:
     _positive(e, "actor.ppo_epochs", a.ppo_epochs)
     _positive(e, "actor.ppo_mini_batch_size", a.ppo_mini_batch_size)
     _positive(e, "actor.max_tokens_per_micro_batch", a.max_tokens_per_micro_batch)
+    if a.log_prob_max_tokens_per_micro_batch is not None:
+        _positive(e, "actor.log_prob_max_tokens_per_micro_batch", a.log_prob_max_tokens_per_micro_batch)
     _choice(e, "actor.loss_mode", a.loss_mode, POLICY_LOSS_MODES)
     _choice(e, "actor.loss_agg_mode", a.loss_agg_mode, AGG_MODES)
     _range(e, "actor.clip_low", a.clip_low, 0.0, 1.0)

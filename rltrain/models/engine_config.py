@@ -39,6 +39,8 @@ class EngineConfig:
     head: LogprobHeadConfig = field(default_factory=LogprobHeadConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
     max_tokens_per_micro_batch: int = ActorConfig.max_tokens_per_micro_batch
+    # the forward-only passes' budget (forward_logprobs, forward_values); None: max_tokens_per_micro_batch
+    forward_max_tokens_per_micro_batch: int | None = None
     total_steps: int = 1000  # optimizer steps of the lr schedule (the builder passes the run's)
     make_vocab_size_divisible_by: int = VOCAB_PADDING
 
@@ -61,6 +63,7 @@ class EngineConfig:
         "recompute_granularity": ("compute", "recompute_granularity"),
         "recompute_modules": ("compute", "recompute_modules"), "elementwise_fusion": ("compute", "elementwise_fusion"),
         "max_tokens_per_micro_batch": ("", "max_tokens_per_micro_batch"), "total_steps": ("", "total_steps"),
+        "forward_max_tokens_per_micro_batch": ("", "forward_max_tokens_per_micro_batch"),
         "make_vocab_size_divisible_by": ("", "make_vocab_size_divisible_by"),
     }
 

@@ -157,17 +157,21 @@ def cases() -> list[Case]:
              ("grpo vllm k4 (step-levers day)", "grpo_step_levers_h100_2026-11-26/base.json",
               ["rollout=vllm", "rollout.engines_per_gpu=4"], "held out"),
              ("grpo vllm k4, engines awake + old log-probs from the update",
-              "grpo_step_levers_h100_2026-11-26/levers.json",
-              ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32",
-               "rollout.free_cache_engine=false", "actor.recompute_old_logprobs=false",
-               "rollout.gpu_memory_utilization=0.4"], "held out"),
+              "grpo_step_levers_h100_2026-11-26/levers.json", LEVERS, "held out"),
              ("grpo hf (issue 17 engine)", "gpu_smoke_h100.json", [], "legacy"),
              # docs/plan.md's "runs that would calibrate it better" 2 and 3, predicted before they ran
              # (one_h200_blind_2026-11-26/predictions_before_run.md)
              ("grpo vllm, Qwen3-4B shape, one GPU", BLIND + "g4b.json",
               ["rollout=vllm", "model.builtin=qwen3-4b", "rollout.gpu_memory_utilization=0.3",
                "actor.max_tokens_per_micro_batch=8192"], "held out"),
-             ("grpo vllm, PPO (GAE critic)", BLIND + "ppo.json", ["rollout=vllm", "algorithm=gae"], "held out")]
+             ("grpo vllm, PPO (GAE critic)", BLIND + "ppo.json", ["rollout=vllm", "algorithm=gae"], "held out"),
+             # docs/benchmarks/2026-11-26-two-h200s-evening.md section 6, one H100: the levers' config again (its
+             # engines took each bucket packed in one allocation, a change tried that evening and not kept), then
+             # with the forward passes in one micro-batch and the update in one (selective recompute)
+             ("grpo vllm k4, levers (evening)", MICRO + "levers.json", LEVERS, "held out"),
+             ("grpo vllm k4, levers, one micro-batch per pass", MICRO + "levers_microbatch.json",
+              LEVERS + ["actor.log_prob_max_tokens_per_micro_batch=32768", "actor.max_tokens_per_micro_batch=32768",
+                        "actor.recompute_activations=true", "actor.recompute_granularity=selective"], "held out")]
     for name, rel, extra, role in steps:
         d = load(rel)
         m = d["grpo"]["mean"]
@@ -283,6 +287,10 @@ EVENING = "scaling_h200x2_evening_2026-11-26/"
 BLIND = "one_h200_blind_2026-11-26/"
 # tools/gpu_smoke.py reports whose mean left out a critic's phases (before it took every phase the log has)
 STEP_LOGS = {BLIND + "ppo.json": BLIND + "ppo_metrics.jsonl"}
+MICRO = "grpo_step_microbatch_h100_2026-11-26/"
+# issue #35's step levers (docs/benchmarks/2026-11-26-grpo-step-levers.md): four engines awake, one mini-batch
+LEVERS = ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32", "rollout.free_cache_engine=false",
+          "actor.recompute_old_logprobs=false", "rollout.gpu_memory_utilization=0.4"]
 SCALING_RUNS = [
     ("0.6B single, 32 x 8", SCALING + "b32.json", "single", SCALING + "b32_qwen06b_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8", SCALING + "b64.json", "single", SCALING + "b64_qwen06b_single_metrics.jsonl", "held out", ()),

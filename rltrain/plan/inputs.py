@@ -150,6 +150,7 @@ class Inputs:
     fusion: str
     mb_tokens: int
     critic_mb_tokens: int
+    fwd_mb_tokens: int  # the forward-only passes' budget (actor.log_prob_max_tokens_per_micro_batch, else mb_tokens)
     ppo_mini_batch_size: int
     ppo_epochs: int
     critic_ppo_epochs: int
@@ -240,6 +241,7 @@ def read(cfg: Any) -> Inputs:
             recompute_modules=tuple(a.get("recompute_modules") or ("mlp",)),
             fusion=str(a.get("elementwise_fusion", "none")),
             mb_tokens=int(a["max_tokens_per_micro_batch"]),
+            fwd_mb_tokens=int(a.get("log_prob_max_tokens_per_micro_batch") or a["max_tokens_per_micro_batch"]),
             critic_mb_tokens=int(crit.get("max_tokens_per_micro_batch", a["max_tokens_per_micro_batch"])),
             ppo_mini_batch_size=int(a.get("ppo_mini_batch_size", 16)), ppo_epochs=int(a.get("ppo_epochs", 1)),
             critic_ppo_epochs=int(crit.get("ppo_epochs", 1)),

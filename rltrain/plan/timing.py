@@ -126,23 +126,28 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     n_mini = max(1, math.ceil(x.train_batch_size / x.ppo_mini_batch_size))
     out: dict[str, float] = {}
     fwd_rate = update_rate(x, recompute=False)
-    n_fwd_mb = max(1, math.ceil(tokens_rank / max(x.mb_tokens, seq)))
     over = 1.0 if loop_overhead else 0.0
     moe = moe_pass_seconds(x)
     layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
-    # PP: the forward-only pass runs the same pipeline schedule as the update (megatron's, forward_only): m
-    # micro-batches through pp stages take m + pp - 1 stage slots, not m
-    fwd_bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
-    fwd = ((flops.train_flops(shape, tokens_rank, seq) / 3 / (x.tp * x.pp * fwd_rate)
-            + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s")) * fwd_bubble
-           + n_fwd_mb * (moe + tp_pass_seconds(x, 2)))
+    # the critic has a value head (h -> 1) where the actor has the LM head: its passes skip the head's FLOPs
+    head = 3 * tokens_rank * 2 * shape.vocab_size * shape.hidden_size  # forward + backward of the LM head
+
+    def forward(budget: int, head_flops: float) -> float:
+        """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. PP: it runs
+        the same pipeline schedule as the update (megatron's, forward_only): m micro-batches through pp stages take
+        m + pp - 1 stage slots, not m."""
+        n_fwd_mb = max(1, math.ceil(tokens_rank / max(budget, seq)))
+        bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
+        return (((flops.train_flops(shape, tokens_rank, seq) - head_flops) / 3 / (x.tp * x.pp * fwd_rate)
+                 + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s")) * bubble
+                + n_fwd_mb * (moe + tp_pass_seconds(x, 2)))
+
+    fwd = forward(x.fwd_mb_tokens, 0.0)
     out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them
     if x.use_ref:
         out["ref"] = fwd
-    # the critic has a value head (h -> 1) where the actor has the LM head: its passes skip the head's FLOPs
-    head = 3 * tokens_rank * 2 * shape.vocab_size * shape.hidden_size  # forward + backward of the LM head
     if x.use_critic:
-        out["values"] = fwd - head / 3 / (x.tp * x.pp * fwd_rate) * fwd_bubble
+        out["values"] = forward(x.critic_mb_tokens, head)
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble

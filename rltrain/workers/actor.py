@@ -237,6 +237,7 @@ class ActorRole:
         self.engine = build_engine(hf_config, role=role, hf_state_dict=hf_state_dict, device=device, dtype=dtype,
                                    seed=seed, total_steps=total_steps,
                                    max_tokens_per_micro_batch=actor_cfg.max_tokens_per_micro_batch,
+                                   forward_max_tokens_per_micro_batch=actor_cfg.log_prob_max_tokens_per_micro_batch,
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
                                    compute=actor_cfg.group(LayerComputeConfig), moe=actor_cfg.group(MoEConfig),
                                    head=trainer_cfg.group(LogprobHeadConfig))

@@ -71,6 +71,7 @@ def test_required_keys_exist_with_their_defaults():
         ("actor.expert_parallel_size=2", "actor.expert_parallel_size"),  # one in-process worker: no ranks to split
         ("actor.moe_aux_loss_coeff=-0.1", "actor.moe_aux_loss_coeff"),
         ("actor.moe_z_loss_coeff=inf", "actor.moe_z_loss_coeff"),
+        ("actor.log_prob_max_tokens_per_micro_batch=0", "actor.log_prob_max_tokens_per_micro_batch"),
     ],
 )
 def test_impossible_values_fail_naming_the_key(override, key):

@@ -53,6 +53,10 @@ def test_builder_passes_every_section_key_to_the_engine():
     assert eng.optim.grad_clip == 0.7 and eng.max_tokens_per_micro_batch == 321
     assert (eng.fused, eng.backend, eng.chunk_size) == (False, "torch", 7)
     assert eng.config.optim.lr_schedule == "cosine" and eng.config.total_steps == 10
+    assert eng.forward_max_tokens_per_micro_batch == 321  # unset: the update's budget
+    fwd = build_engine(tiny_qwen3_config(64), role="ref", device="cpu", dtype=torch.float32, seed=0, total_steps=1,
+                       max_tokens_per_micro_batch=321, forward_max_tokens_per_micro_batch=4096)
+    assert (fwd.max_tokens_per_micro_batch, fwd.forward_max_tokens_per_micro_batch) == (321, 4096)
 
 
 @pytest.mark.parametrize("section", [CriticConfig(), SFTOptimConfig()])

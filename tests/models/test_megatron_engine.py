@@ -218,6 +218,37 @@ def test_micro_batches_respect_the_token_budget_and_cover_every_row_once():
         torch.testing.assert_close(mb.extras["x"], extra[mb.sample_idx, :w])
 
 
+def test_forward_passes_take_their_own_budget_and_give_the_same_log_probs():
+    # actor.log_prob_max_tokens_per_micro_batch: the forward-only passes (old log-probs, reference, values) group
+    # rows under their own budget, the update keeps max_tokens_per_micro_batch; the log-probs are the transformers
+    # model's whatever the grouping
+    hf = random_hf_model(V, seed=4)
+    lens_list = [9, 5, 12, 3, 1, 7]
+    ids, lens, mask = random_batch(V, lens_list, seed=int(torch.randint(0, 10**6, ())))
+    eng = _engine(hf, role="ref", max_tokens_per_micro_batch=12, forward_max_tokens_per_micro_batch=200)
+    assert eng.forward_max_tokens_per_micro_batch == 200 and eng.max_tokens_per_micro_batch == 12
+    calls = []
+    make = eng.make_micro_batches
+
+    def spy(*a, **kw):
+        mbs = make(*a, **kw)
+        calls.append((kw.get("forward_only", False), len(mbs)))
+        return mbs
+
+    eng.make_micro_batches = spy
+    lp, ent = eng.forward_logprobs(ids, lens, mask)
+    assert calls == [(True, 1)]  # 6 rows x 12 = 72 tokens: one micro-batch under 200
+    assert len(make({"input_ids": ids, "label_mask": mask}, lens)) > 1  # the update's budget of 12 splits them
+    ref_lp, ref_ent = hf_logprobs(hf, ids, mask, 1.0)
+    torch.testing.assert_close(lp.double(), ref_lp.detach(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(ent.double(), ref_ent.detach(), atol=1e-4, rtol=0)
+    # unset: the update's budget for both
+    same = _engine(hf, role="ref", max_tokens_per_micro_batch=12)
+    assert same.forward_max_tokens_per_micro_batch == 12
+    with pytest.raises(ValueError, match="forward_max_tokens_per_micro_batch must be >= 1"):
+        _engine(hf, role="ref", forward_max_tokens_per_micro_batch=0)
+
+
 def test_cosine_schedule_warms_up_then_decays_to_min_ratio():
     hf = random_hf_model(V, seed=1, num_hidden_layers=1)
     eng = _engine(hf, lr=1.0, warmup_steps=2, total_steps=6, lr_schedule="cosine", min_lr_ratio=0.1)

@@ -100,3 +100,28 @@ def test_the_critic_skips_the_lm_head():
     assert t["update_actor"] - t["update_critic"] == pytest.approx(3 * head_fwd / update_rate(x), rel=1e-9)
     # about a sixth of the 0.6B's forward FLOPs at these lengths: the head is 155.6M of its 596M parameters
     assert 0.05 < (t["old_log_prob"] - t["values"]) / t["old_log_prob"] < 0.2
+
+
+def test_the_forward_passes_micro_batch_under_their_own_budget():
+    # actor.log_prob_max_tokens_per_micro_batch: the old-log-prob and reference passes of 256 x 69 = 17,664 tokens
+    # take 2 micro-batches at the update's 16,384 and one at 32,768: one less fixed cost of 28 layers x
+    # fwd_mb_layer_s each; the update and the memory of the update are untouched
+    ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
+          "actor.ppo_mini_batch_size=16", "actor.use_kl_loss=true"]
+    base, big = train_seconds(qwen(*ov)), train_seconds(qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768"))
+    per_mb = 28 * cal.value("fwd_mb_layer_s")
+    assert base["ref"] - big["ref"] == pytest.approx(per_mb, rel=1e-9)
+    assert base["old_log_prob"] - big["old_log_prob"] == pytest.approx(per_mb, rel=1e-9)
+    assert base["update_actor"] == big["update_actor"]
+    # memory: the forward pass's working memory follows its budget (17,664 tokens in one micro-batch, 16,384 else)
+    from rltrain.plan.memory import forward_bytes, plan_gpus
+
+    def fwd_working(x):
+        phase = next(p for p in plan_gpus(x, 79.18 * GIB)[0].phases if p.name.startswith("log-probs"))
+        return phase.parts["forward working memory"]
+
+    xb, xg = qwen(*ov), qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768")
+    assert fwd_working(xg) > fwd_working(xb)
+    # (the fused head's chunked working memory does not grow with the tokens: the layer's working memory does)
+    grow = forward_bytes(xg, 17_664) - forward_bytes(xg, 16_384)
+    assert grow > 0 and fwd_working(xg) - fwd_working(xb) == pytest.approx(grow, rel=1e-9)

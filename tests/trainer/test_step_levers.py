@@ -115,3 +115,27 @@ def test_free_cache_engine_false_is_refused_on_a_split_placement(cfg_for):
     with pytest.raises(ConfigError, match=r"rollout\.free_cache_engine=false .*trainer\.colocate=false"):
         cfg_for("trainer.colocate=false", "rollout.free_cache_engine=false")
     cfg_for("rollout.free_cache_engine=false")  # colocated: accepted
+
+
+def test_forward_passes_take_their_own_micro_batch_budget(tmp_path, cfg_for):
+    """actor.log_prob_max_tokens_per_micro_batch reaches the actor's and the reference's engines (their forward-only
+    passes) and leaves the update's budget; the step's log-probs, KL, loss and gradient are those of the default
+    grouping."""
+    base = (*ON_POLICY, "actor.max_tokens_per_micro_batch=48", "actor.use_kl_loss=true")
+    big = "actor.log_prob_max_tokens_per_micro_batch=100000"
+    trainer = PPOTrainer(cfg_for(*base, big), str(tmp_path / "budget"))
+    try:
+        worker = trainer.train_group.workers[0]
+        for role in (worker.actor, worker.ref):
+            assert role.engine.forward_max_tokens_per_micro_batch == 100000
+            assert role.engine.max_tokens_per_micro_batch == 48
+    finally:
+        trainer._finish(export=False)
+    ref_m, _ = _one_step(cfg_for(*base), tmp_path / "default")
+    got_m, _ = _one_step(cfg_for(*base, big), tmp_path / "big")
+    for k in ("rollout/mismatch_abs_mean", "rollout/logprob_diff_max", "actor/kl_loss", "actor/pg_loss",
+              "actor/grad_norm"):
+        assert math.isfinite(ref_m[k]), k
+        assert got_m[k] == pytest.approx(ref_m[k], rel=1e-4, abs=1e-6), k
+    # (the weights are not compared: at step 1 the actor is the reference, so the KL term's gradient is rounding
+    # noise, which another grouping changes and Adam's normalized step turns into updates of a full lr)

@@ -82,6 +82,9 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
             raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {o.lr_schedule!r}")
         if c.max_tokens_per_micro_batch < 1:
             raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {c.max_tokens_per_micro_batch}")
+        if c.forward_max_tokens_per_micro_batch is not None and c.forward_max_tokens_per_micro_batch < 1:
+            raise ValueError("forward_max_tokens_per_micro_batch must be >= 1 (or None: the update's budget), got "
+                             f"{c.forward_max_tokens_per_micro_batch}")
         if comp.elementwise_fusion not in ELEMENTWISE_FUSIONS:
             raise ValueError(f"elementwise_fusion must be one of {tuple(ELEMENTWISE_FUSIONS)}, "
                              f"got {comp.elementwise_fusion!r}")
@@ -95,6 +98,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         self.backend = head.fused_linear_logprob_backend
         self.chunk_size = head.logprobs_chunk_size
         self.max_tokens_per_micro_batch = c.max_tokens_per_micro_batch
+        self.forward_max_tokens_per_micro_batch = c.forward_max_tokens_per_micro_batch or c.max_tokens_per_micro_batch
         self.pp_size = pp_size
         self.ep_size = par.expert_parallel_size
         self.vocab_size = int(hf_config.vocab_size)
@@ -218,9 +222,14 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
 
     # ---------------------------------------------------------------- micro-batching
 
-    def make_micro_batches(self, tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor) -> list[MicroBatch]:
-        """micro_batch.make_micro_batches under this engine's max_tokens_per_micro_batch (its docstring says how)."""
-        return make_micro_batches(tensors, seq_lens, self.max_tokens_per_micro_batch)
+    def make_micro_batches(self, tensors: dict[str, torch.Tensor], seq_lens: torch.Tensor, *,
+                           forward_only: bool = False) -> list[MicroBatch]:
+        """micro_batch.make_micro_batches under this engine's max_tokens_per_micro_batch (its docstring says how);
+        forward_only: the forward-only passes' budget (forward_max_tokens_per_micro_batch)."""
+        return make_micro_batches(tensors, seq_lens, self._budget(forward_only))
+
+    def _budget(self, forward_only: bool) -> int:
+        return self.forward_max_tokens_per_micro_batch if forward_only else self.max_tokens_per_micro_batch
 
     # ---------------------------------------------------------------- forward
 
@@ -340,7 +349,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         lp_out = torch.zeros(B, S, dtype=torch.float32)
         ent_out = torch.zeros(B, S, dtype=torch.float32) if with_entropy else None
         if self.pp_size > 1:
-            mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens)
+            mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": label_mask}, seq_lens,
+                                          forward_only=True)
 
             def head(mb: MicroBatch, out):
                 lp, ent = self._token_logprobs(mb.input_ids, mb.seq_lens, mb.label_mask,
@@ -358,7 +368,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         tensors = {"input_ids": input_ids, "label_mask": label_mask}
         if routed_experts is not None:
             tensors["routed_experts"] = routed_experts
-        mbs = self.make_micro_batches(tensors, seq_lens)
+        mbs = self.make_micro_batches(tensors, seq_lens, forward_only=True)
         idle = self._expert_padding_passes(len(mbs))  # agreed before any rank enters an expert collective
         for mb in mbs:
             lp, ent = self._token_logprobs(mb.input_ids, mb.seq_lens, mb.label_mask,
@@ -387,10 +397,10 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                 v = self._token_values(mb.input_ids, mb.seq_lens, mb.label_mask, trunk_out=trunk_out)
                 out[mb.sample_idx, : v.shape[1]] = v.cpu()
 
-            self._pp_forward_only(self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens),
-                                  head)
+            self._pp_forward_only(self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens,
+                                                          forward_only=True), head)
             return pipeline_mod.broadcast_from_last_stage(out, self.device).to(input_ids.device)
-        mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens)
+        mbs = self.make_micro_batches({"input_ids": input_ids, "label_mask": mask}, seq_lens, forward_only=True)
         for _ in range(self._expert_padding_passes(len(mbs))):
             self._idle_pass()
         for mb in mbs:

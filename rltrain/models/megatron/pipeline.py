@@ -231,7 +231,7 @@ class PipelineStages:
         last_stage_fn(mb, out) gets the real [b, s] slice of the last stage's output and returns
         the micro-batch's loss (or None when forward_only)."""
         shapes = [tuple(mb.input_ids.shape) for mb in micro_batches]
-        for group in group_micro_batches(shapes, self.max_tokens_per_micro_batch):
+        for group in group_micro_batches(shapes, self._budget(forward_only)):
             b = max(shapes[i][0] for i in group)
             s = max(shapes[i][1] for i in group)
             ids = [pad_ids(micro_batches[i].input_ids, b, s) for i in group]
