@@ -107,7 +107,8 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
         with open(os.path.join(out_dir, f"profile_gen_{engine}.md"), "w") as f:
             f.write(profile_markdown(profiled["summary"], f"GRPO step {steps}: generation ({engine} engine, "
                                                           "RolloutRole.generate) under cProfile"))
-    return {"engine": engine, "steps": len(rows), "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
+    return {"engine": engine, "model": cfg.model.builtin or cfg.model.path, "steps": len(rows),
+            "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
             "update_mfu": mfu, "all_finite": finite, **({"gen_profile": profiled["summary"]} if profiled else {}),
             "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
                                               "actor/entropy", "actor/kl_loss", "rollout/logprob_diff_max",
@@ -251,8 +252,8 @@ def to_markdown(res: dict) -> str:
     if "grpo" in res and "error" not in res["grpo"]:
         g = res["grpo"]
         mean = g["mean"]
-        lines += [f"## GRPO, Qwen3-0.6B shapes (random init), fused Triton head, {g.get('engine', 'hf')} rollout, "
-                  "1 GPU", "", md_table(["phase", "mean s/step"],
+        lines += [f"## GRPO, {g.get('model', 'qwen3-0.6b')} shapes (random init), fused Triton head, "
+                  f"{g.get('engine', 'hf')} rollout, 1 GPU", "", md_table(["phase", "mean s/step"],
                                         [(k, f"{v:.3f}") for k, v in mean.items() if k.startswith("timing_s/")]),
                   "", f"generation {mean.get('gen_response_tokens_per_s', 0):.0f} response tokens/s; "
                   f"tokens/step {g['tokens_per_step']:.0f}; throughput {mean['perf/throughput']:.0f} tok/s; "

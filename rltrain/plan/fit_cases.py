@@ -165,7 +165,7 @@ def cases() -> list[Case]:
               ["rollout=vllm", "model.builtin=qwen3-4b", "rollout.gpu_memory_utilization=0.3",
                "actor.max_tokens_per_micro_batch=8192"], "held out"),
              ("grpo vllm, PPO (GAE critic)", BLIND + "ppo.json", ["rollout=vllm", "algorithm=gae"], "held out"),
-             # docs/benchmarks/2026-11-26-two-h200s-evening.md section 6, one H100: the levers' config again (its
+             # docs/benchmarks/2026-11-26-two-h200s-evening.md section 5, one H100: the levers' config again (its
              # engines took each bucket packed in one allocation, a change tried that evening and not kept), then
              # with the forward passes in one micro-batch and the update in one (selective recompute)
              ("grpo vllm k4, levers (evening)", MICRO + "levers.json", LEVERS, "held out"),
@@ -289,8 +289,9 @@ BLIND = "one_h200_blind_2026-11-26/"
 STEP_LOGS = {BLIND + "ppo.json": BLIND + "ppo_metrics.jsonl"}
 MICRO = "grpo_step_microbatch_h100_2026-11-26/"
 # issue #35's step levers (docs/benchmarks/2026-11-26-grpo-step-levers.md): four engines awake, one mini-batch
-LEVERS = ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32", "rollout.free_cache_engine=false",
-          "actor.recompute_old_logprobs=false", "rollout.gpu_memory_utilization=0.4"]
+LEVERS = ["rollout=vllm", "rollout.engines_per_gpu=4", "actor.ppo_mini_batch_size=32",
+          "rollout.free_cache_engine=false", "actor.recompute_old_logprobs=false",
+          "rollout.gpu_memory_utilization=0.4"]
 SCALING_RUNS = [
     ("0.6B single, 32 x 8", SCALING + "b32.json", "single", SCALING + "b32_qwen06b_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8", SCALING + "b64.json", "single", SCALING + "b64_qwen06b_single_metrics.jsonl", "held out", ()),

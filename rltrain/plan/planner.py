@@ -204,6 +204,10 @@ def _candidates(c: dict, x: Inputs) -> list[dict[str, Any]]:
     for div in (2, 4, 8):
         if b // div >= x.seq_len:
             out.append({"actor.max_tokens_per_micro_batch": b // div})
+    if x.fwd_mb_tokens != x.mb_tokens:  # the forward passes' own budget (actor.log_prob_max_tokens_per_micro_batch)
+        for div in (2, 4, 8):
+            if x.fwd_mb_tokens // div >= x.seq_len:
+                out.append({"actor.log_prob_max_tokens_per_micro_batch": x.fwd_mb_tokens // div})
     if x.use_critic:
         for div in (2, 4):
             if x.critic_mb_tokens // div >= x.seq_len:

@@ -9,15 +9,17 @@
                experts, those the wave routes to); prefill at the forward rate.
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
                + critic values, without the LM head's FLOPs: the critic's head is h -> 1): forward FLOPs (1/3 of
-               utils/flops.train_flops, on the
-               ACTIVE parameters for MoE) of the step's tokens on one data-parallel rank at the update rate without
-               recompute, + fwd_mb_layer_s per micro-batch and layer (+ MoE: moe_pass_seconds per micro-batch;
-               + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per micro-batch; PP: the
-               FLOPs and the per-layer cost x (m + pp - 1) / m for m micro-batches, the pipeline's fill and drain).
-  update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs at update_tflops_<none|compile>_none x (h / 1024) ^
-               update_rate_width_exponent (the rates are the 0.6B's; a wider model's GEMMs dominate its elementwise
-               work), times recompute_<full|selective>_time_factor with recompute (PP: + the 1F1B bubble
-               (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch and layer
+               utils/flops.train_flops, on the ACTIVE parameters for MoE) of the step's tokens on one data-parallel
+               rank at the update rate without recompute, + fwd_mb_layer_s per micro-batch (of
+               actor.log_prob_max_tokens_per_micro_batch tokens, else the update's; values: the critic's) and layer
+               (+ MoE: moe_pass_seconds per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2
+               all-reduces a layer, per micro-batch; PP: the FLOPs and the per-layer cost x (m + pp - 1) / m for m
+               micro-batches, the pipeline's fill and drain).
+  update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs at
+               update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent (the rates are the 0.6B's;
+               a wider model's GEMMs dominate its elementwise work), times recompute_<full|selective>_time_factor
+               with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch
+               and layer
                (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute; + TP > 1 with torch.compile's
                layers: tp_allreduce_s per all-reduce, 4 a layer and micro-batch, per doubling; fusion none: none).
   weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload

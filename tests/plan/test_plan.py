@@ -291,6 +291,21 @@ def test_one_gpu_that_nothing_cheap_rescues_says_so():
     assert "No single change or pair of changes fits" in p.refusal()
 
 
+def test_a_forward_budget_too_large_is_refused_naming_its_key():
+    # actor.log_prob_max_tokens_per_micro_batch at 4M tokens: the forward passes' working memory (one layer's, at
+    # every token of the step at once) is the peak; halving that key is what fits, the update's budget does not help
+    big = ["data.train_batch_size=256", "rollout.n=16", "data.max_prompt_length=512",
+           "rollout.max_response_length=1024", "actor.log_prob_max_tokens_per_micro_batch=4000000"]
+    p = make_plan(qwen06b(*big), gpu_memory_gib=80)
+    assert not p.fits and "phase 'log-probs (forward)'" in p.refusal() and "forward working memory" in p.refusal()
+    fitting = [s for s in p.suggestions if s.fits]
+    # (pairs with it may follow; every change that fits includes it)
+    assert fitting and all("actor.log_prob_max_tokens_per_micro_batch" in s.overrides for s in fitting), \
+        [s.overrides for s in p.suggestions]
+    assert any(set(s.overrides) == {"actor.log_prob_max_tokens_per_micro_batch"} for s in fitting)
+    assert all(s.overrides["actor.log_prob_max_tokens_per_micro_batch"] < 4_000_000 for s in fitting)
+
+
 def test_kv_cache_too_small_is_refused():
     p = make_plan(qwen06b("rollout.gpu_memory_utilization=0.05"), gpu_memory_gib=80, suggest=False)
     assert not p.fits

@@ -1,6 +1,7 @@
-"""The planner's time terms worked by hand on the Qwen3 shapes: TP's cost per all-reduce, the hf engine's decode
-per layer, the critic's passes without the LM head, and the weight sync of the hf engine (per byte to the host and back) and of engines in their own
-processes (CUDA IPC, per tensor). The constants are calibration.py's; the counts are worked out here."""
+"""The planner's time terms worked by hand on the Qwen3 shapes: TP's cost per all-reduce, the hf engine's decode per
+layer, the critic's passes without the LM head, the forward passes' own micro-batch budget, and the weight sync of
+the hf engine (per byte to the host and back) and of engines in their own processes (CUDA IPC, per tensor). The
+constants are calibration.py's; the counts are worked out here."""
 
 from __future__ import annotations
 
