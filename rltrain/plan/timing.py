@@ -198,13 +198,18 @@ def sync_seconds(x: Inputs) -> float:
     return gb * cal.value("hf_offload_s_per_gb") + reload  # level 1: the weights to the host and back
 
 
-def phase_seconds(x: Inputs, hbm: float, total_bytes: float) -> dict[str, float]:
-    """{generation, log-probs, update, weight sync} seconds of one step, and their detail."""
+def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
+                  factors: dict[str, float] | None = None) -> dict[str, float]:
+    """{generation, log-probs, update, weight sync} seconds of one step, and their detail. factors: {phase: measured /
+    predicted} of another run on the same machine, multiplying each phase and its detail (plan/fit.py's machine
+    table: tried as a per-machine correction, it did not help; the planner does not use it)."""
+    f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
     t = train_seconds(x)
-    gen = gen_seconds(x, hbm, total_bytes)
+    t = {k: v * f["update" if k.startswith("update") else "log-probs"] for k, v in t.items()}
+    gen = gen_seconds(x, hbm, total_bytes) * f["generation"]
     logp = sum(v for k, v in t.items() if k in ("old_log_prob", "ref", "values"))
     upd = sum(v for k, v in t.items() if k.startswith("update"))
-    sync = sync_seconds(x)
+    sync = sync_seconds(x) * f["weight sync"]
     out = {"generation": gen, "log-probs": logp, "update": upd, "weight sync": sync}
     out["step"] = (max(gen, logp + upd) + sync) if x.async_rollout else (gen + logp + upd + sync)
     out.update({f"detail/{k}": v for k, v in t.items()})

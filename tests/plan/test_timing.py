@@ -126,3 +126,19 @@ def test_the_forward_passes_micro_batch_under_their_own_budget():
     # (the fused head's chunked working memory does not grow with the tokens: the layer's working memory does)
     grow = forward_bytes(xg, 17_664) - forward_bytes(xg, 16_384)
     assert grow > 0 and fwd_working(xg) - fwd_working(xb) == pytest.approx(grow, rel=1e-9)
+
+
+def test_phase_factors_scale_each_phase_and_its_detail():
+    # fit.py's machine table (a per-machine correction, evaluated and not adopted) multiplies each phase by its factor
+    from rltrain.plan.timing import phase_seconds
+
+    x = qwen("rollout=vllm", "actor.use_kl_loss=true", "data.train_batch_size=32", "rollout.n=8",
+             "data.max_prompt_length=5", "rollout.max_response_length=64")
+    f = {"generation": 0.5, "log-probs": 2.0, "update": 0.25, "weight sync": 3.0}
+    base, got = phase_seconds(x, 3.35e12, 79.18 * GIB), phase_seconds(x, 3.35e12, 79.18 * GIB, factors=f)
+    for phase, k in f.items():
+        assert got[phase] == pytest.approx(base[phase] * k, rel=1e-12), phase
+    assert got["detail/ref"] == pytest.approx(2.0 * base["detail/ref"], rel=1e-12)
+    assert got["detail/update_actor"] == pytest.approx(0.25 * base["detail/update_actor"], rel=1e-12)
+    assert got["step"] == pytest.approx(sum(got[p] for p in f), rel=1e-12)  # synchronous: the phases add
+    assert phase_seconds(x, 3.35e12, 79.18 * GIB, factors={}) == base
