@@ -394,17 +394,17 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     roles = ("actor",) + (("ref",) if x.use_ref else ()) + (("critic",) if x.use_critic else ())
     colocated = x.colocate or not x.use_ray
     per_stage = x.tp * x.dp
+    # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
+    # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
+    rows_tokens = math.ceil(x.train_batch_size * x.n / x.dp) * x.seq_len
+    T_fwd, T_values = (max(x.seq_len, min(budget, rows_tokens)) for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
     for r in range(x.world):
         stage = min(r // per_stage, x.pp - 1)
         static = train_static(x, stage)
-        # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
-        # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
-        rows_tokens = math.ceil(x.train_batch_size * x.n / x.dp) * x.seq_len
-        T_fwd = max(x.seq_len, min(x.fwd_mb_tokens, rows_tokens))
         last = stage == x.pp - 1
         fwd = forward_bytes(x, T_fwd) + (head_bytes(x, T_fwd, backward=False) if last else 0.0)
         if x.use_critic:
-            fwd = max(fwd, forward_bytes(x, max(x.seq_len, min(x.critic_mb_tokens, rows_tokens))))
+            fwd = max(fwd, forward_bytes(x, T_values))
         phases = [Phase("log-probs (forward)", {**static, "forward working memory": fwd}, dict(ctx)),
                   update_phase(x, stage, static, critic=False)]
         phases[-1].non_torch = dict(ctx)

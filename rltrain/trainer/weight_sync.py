@@ -30,8 +30,8 @@ class WeightSync:
                 m = {} if metrics is None else metrics
                 with timer("rollout_wake", m):
                     parts = [p for p in self.train_group.run("rollout_wake_up") if p]
-                for key in ("empty_cache", "engine"):  # its two parts, the slowest rank's
-                    if parts:
+                if parts:
+                    for key in ("empty_cache", "engine"):  # its two parts, the slowest rank's
                         m[f"timing_s/rollout_wake_{key}"] = max(p[key] for p in parts)
             self.train_group.run("weight_sync_send", self.bucket_bytes)
             return
