@@ -1,7 +1,8 @@
 """python -m rltrain.plan --config-name NAME [Hydra overrides] [--gpu-memory-gib G] [--device h100|h200] [--json]
 
 Composes the config from configs/ with Hydra's compose API as rltrain.main does, validates it (a bad key or value:
-`rltrain: <message>`, exit 2), and prints the plan: each GPU's peak memory by phase and part, the seconds per step
+`rltrain: <message>`, exit 2), reads the training data's prompt lengths as the trainer does (when its files and
+tokenizer are here; else it plans at data.max_prompt_length and says so), and prints the plan: each GPU's peak memory by phase and part, the seconds per step
 by phase, and whether it fits. A GPU that will not fit: exit 2 with the GPU, the phase, the parts and the cheapest
 keys to change (each re-planned). Imports no GPU library and starts nothing.
 """
@@ -22,6 +23,39 @@ def _composition_error(config_name: str, overrides: list[str]) -> str | None:
     return composition_error(CONFIG_DIR, config_name, ["--config-name", config_name, *overrides])
 
 
+def _data_lengths(cfg):
+    """(the training data's prompt lengths, None) or (None, why not): read as the trainer reads them, with the
+    tokenizer from local files only (the planner downloads nothing)."""
+    import os
+
+    from rltrain.trainer.setup import data_lengths
+    from rltrain.utils.errors import find_user_error
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    name = cfg.model.tokenizer or cfg.model.path
+    if name != "char" and not os.path.isdir(os.path.expanduser(name)) and not _cached(name):
+        return None, f"the tokenizer {name!r} is neither a local directory nor in the Hugging Face cache"
+    try:
+        return data_lengths(cfg), None
+    except Exception as err:  # a missing data file or tokenizer: plan at the config's bound, and say so
+        user_error = find_user_error(err)
+        if user_error is None:
+            raise
+        why = " ".join(str(user_error).split()).split(": ")[0]  # the what, without the library's long tail
+        return None, why[:200] + ("..." if len(why) > 200 else "")
+
+
+def _cached(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds `repo_id`'s tokenizer (asked before transformers is imported)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return any(isinstance(try_to_load_from_cache(repo_id, f), str)
+                   for f in ("tokenizer_config.json", "tokenizer.json"))
+    except Exception:  # not a repo id (a path that does not exist), or no huggingface_hub: not cached
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rltrain.plan", description=__doc__.split("\n\n")[1])
     ap.add_argument("--config-name", "-cn", default="grpo_tiny")
@@ -30,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["h100", "h200"], default=None,
                     help="whose measured rates to use (default h100; h200 when --gpu-memory-gib > 100)")
     ap.add_argument("--prompt-tokens", type=int, default=None,
-                    help="prompt length to plan for (default data.max_prompt_length: the worst case)")
+                    help="prompt length to plan for (default: the training data's, read and tokenized as the trainer "
+                         "does: memory at its longest prompt, time at the mean; data.max_prompt_length when the "
+                         "data cannot be read here)")
+    ap.add_argument("--worst-case", action="store_true",
+                    help="plan at data.max_prompt_length without reading the data (the config's bound)")
     ap.add_argument("--response-tokens", type=int, default=None,
                     help="response length to plan for (default rollout.max_response_length: the worst case)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -55,8 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rltrain: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
             return 2
         validate_config(cfg)
+        prompts, unread = None, None
+        if args.prompt_tokens is None and not args.worst_case:
+            prompts, unread = _data_lengths(cfg)
         plan = make_plan(cfg, gpu_memory_gib=args.gpu_memory_gib, device=args.device,
-                         prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens)
+                         prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens, prompts=prompts)
+        if unread:
+            plan.warnings.insert(0, f"the training data could not be read here ({unread}): planned at "
+                                    "data.max_prompt_length, the worst case")
     except Exception as err:
         user_error = find_user_error(err)
         if user_error is None:

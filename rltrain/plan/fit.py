@@ -230,7 +230,7 @@ def write_docs(path: str) -> None:
     buf = io.StringIO()
     with redirect_stdout(buf), redirect_stderr(io.StringIO()):
         plan_main(["--config-name", "grpo_qwen3", "model=qwen3_4b", "actor.max_tokens_per_micro_batch=16384",
-                   "actor.recompute_activations=false", "--gpu-memory-gib", "80"])
+                   "actor.recompute_activations=false", "--gpu-memory-gib", "80", "--worst-case"])
     rows = compare()
     with open(path) as f:
         s = f.read()

@@ -136,6 +136,19 @@ def model_shape(model: Mapping[str, Any]) -> Shape:
 
 
 @dataclass(frozen=True)
+class DataLengths:
+    """The prompt lengths of a run's training data, in tokens as the trainer renders them
+    (rltrain.trainer.setup.data_lengths): the planner plans memory and the fit at the longest (any step could draw
+    only the longest prompts) and time at the mean, in place of data.max_prompt_length (the config's bound, which
+    the data may never reach: the embedded tasks' prompts are 5 tokens against 32-64)."""
+
+    longest: int
+    mean: float
+    count: int
+    where: str  # what was read, for the report: the files, or the synthetic task
+
+
+@dataclass(frozen=True)
 class Inputs:
     """What the planner reads from a config (names follow the config keys)."""
 
@@ -185,6 +198,9 @@ class Inputs:
     moe_grouped_gemm: bool = True  # actor.moe_grouped_gemm: torch._grouped_mm over the local experts, not a loop
     free_cache_engine: bool = True  # rollout.free_cache_engine: a colocated engine sleeps through the training phases
     recompute_old_logprobs: bool = True  # actor.recompute_old_logprobs: false skips the old-log-prob pass
+    # the prompt length time is planned at (the data's mean: timing.phase_seconds); None: max_prompt_length
+    mean_prompt_length: float | None = None
+    lengths_from: str = "config"  # where max_prompt_length came from: config (the bound) | data | given
     extra: dict = field(default_factory=dict)
 
     @property

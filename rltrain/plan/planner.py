@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.inputs import Inputs, PlanInputError, as_dict, read
+from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, as_dict, read
 from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
 from rltrain.plan.timing import phase_seconds
 from rltrain.utils.errors import UserError
@@ -43,6 +43,7 @@ class Plan:
     seconds: dict[str, float]
     warnings: list[str] = field(default_factory=list)
     suggestions: list[Suggestion] = field(default_factory=list)
+    prompts: DataLengths | None = None  # the data's prompt lengths the plan was made at (make_plan's prompts)
 
     @property
     def fits(self) -> bool:
@@ -57,6 +58,18 @@ class Plan:
     def peak_gib(self) -> float:
         return max(g.peak_bytes for g in self.gpus) / GIB
 
+    def lengths_note(self) -> str:
+        """What the plan's sequences are: '5 + 64 tokens (...)', saying where the prompt length came from."""
+        x = self.inputs
+        head = f"{x.max_prompt_length} + {x.max_response_length} tokens"
+        if x.lengths_from == "data" and self.prompts is not None:
+            d = self.prompts
+            return (f"{head} (prompts: the data's longest; time at their mean, {x.mean_prompt_length:.1f} tokens, of "
+                    f"{d.count:,} prompts in {d.where})")
+        if x.lengths_from == "given":
+            return f"{head} (as given)"
+        return f"{head} (data.max_prompt_length + rollout.max_response_length: the worst case)"
+
     def summary(self) -> str:
         """One line for a log: the largest peak, where and when, and the step time by phase."""
         g = max(self.gpus, key=lambda g: g.peak_bytes)
@@ -64,7 +77,8 @@ class Plan:
         return (f"rltrain.plan: peak {g.peak_bytes / GIB:.1f} of {g.total_bytes / GIB:.1f} GiB on GPU {g.index} in "
                 f"'{g.peak().name}' ({'fits' if self.fits else 'DOES NOT FIT'}); step ~{s['step']:.1f} s (generation "
                 f"{s['generation']:.1f}, log-probs {s['log-probs']:.1f}, update {s['update']:.1f}, weight sync "
-                f"{s['weight sync']:.1f}) at {cal.DEVICES[self.device].name} rates")
+                f"{s['weight sync']:.1f}) at {cal.DEVICES[self.device].name} rates; sequences of "
+                f"{self.lengths_note()}")
 
     def refusal(self) -> str:
         """The message of a plan that does not fit ('' when it fits)."""
@@ -153,20 +167,41 @@ def placement_problems(x: Inputs) -> list[str]:
     return e
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """The sequence lengths to plan for: given ones (prompt_tokens / response_tokens) first, then the data's (its
+    longest prompt for memory, its mean for time), else the config's bounds (data.max_prompt_length,
+    rollout.max_response_length: the worst case)."""
+
+    prompt_tokens: int | None = None
+    response_tokens: int | None = None
+    data: DataLengths | None = None
+
+    def apply(self, x: Inputs) -> Inputs:
+        if self.prompt_tokens is not None:
+            x = dataclasses.replace(x, max_prompt_length=int(self.prompt_tokens), lengths_from="given")
+        elif self.data is not None:
+            longest = max(1, min(int(self.data.longest), x.max_prompt_length))
+            x = dataclasses.replace(x, max_prompt_length=longest, lengths_from="data",
+                                    mean_prompt_length=max(1.0, min(float(self.data.mean), longest)))
+        if self.response_tokens is not None:
+            x = dataclasses.replace(x, max_response_length=int(self.response_tokens))
+        return x
+
+
 def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
               prompt_tokens: int | None = None, response_tokens: int | None = None,
-              suggest: bool = True) -> Plan:
+              prompts: DataLengths | None = None, suggest: bool = True) -> Plan:
     """Plan `cfg` (a resolved DictConfig or a plain dict). gpu_memory_gib: each GPU's memory (default: the device
     kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
-    lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case)."""
+    lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case); prompts:
+    the training data's prompt lengths (rltrain.trainer.setup.data_lengths), planned at in place of
+    data.max_prompt_length when prompt_tokens is not given (memory at the longest, time at the mean)."""
     c = as_dict(cfg)
     dev = device_of(device, gpu_memory_gib)
     total = (gpu_memory_gib if gpu_memory_gib is not None else cal.DEVICES[dev].total_gib) * GIB
-    x = read(c)
-    if prompt_tokens is not None:
-        x = dataclasses.replace(x, max_prompt_length=int(prompt_tokens))
-    if response_tokens is not None:
-        x = dataclasses.replace(x, max_response_length=int(response_tokens))
+    lengths = Lengths(prompt_tokens, response_tokens, prompts)
+    x = lengths.apply(read(c))
     bad = placement_problems(x)
     if bad:
         raise PlanInputError(f"cannot plan this placement (actor.tensor_parallel_size={x.tp}, "
@@ -174,8 +209,9 @@ def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | No
                              f"trainer.n_gpus_per_node={x.n_gpus_per_node}, trainer.nnodes={x.nnodes}, model "
                              f"{x.shape.name}): " + "; ".join(bad))
     plan = _plan(x, dev, total)
+    plan.prompts = prompts
     if suggest and not plan.fits:
-        plan.suggestions = suggestions(c, plan, dev, total, prompt_tokens, response_tokens)
+        plan.suggestions = suggestions(c, plan, dev, total, lengths)
     return plan
 
 
@@ -235,52 +271,50 @@ def _apply(c: dict, ov: dict[str, Any]) -> dict:
     return c
 
 
-def _try(c: dict, ov: dict[str, Any], dev: str, total: float, pt, rt) -> tuple[Plan, dict] | None:
+def _try(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> tuple[Plan, dict] | None:
     cc = _apply(c, ov)
     try:
-        x = read(cc)
+        x = lengths.apply(read(cc))
     except UserError:
         return None
-    if pt is not None:
-        x = dataclasses.replace(x, max_prompt_length=int(pt))
-    if rt is not None:
-        x = dataclasses.replace(x, max_response_length=int(rt))
     if placement_problems(x):
         return None
     return _plan(x, dev, total), cc
 
 
-def _with_best_u(c: dict, ov: dict[str, Any], dev: str, total: float, pt, rt) -> dict[str, Any] | None:
+def _with_best_u(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> dict[str, Any] | None:
     """`ov` plus the largest rollout.gpu_memory_utilization (in steps of 0.05 below the current) that fits."""
     x = read(c)
     if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not (x.colocate or not x.use_ray):
         return None
     u = round(x.gpu_memory_utilization - 0.05, 2)
     while u >= 0.05:
-        r = _try(c, {**ov, "rollout.gpu_memory_utilization": u}, dev, total, pt, rt)
+        r = _try(c, {**ov, "rollout.gpu_memory_utilization": u}, dev, total, lengths)
         if r is not None and r[0].fits:
             return {**ov, "rollout.gpu_memory_utilization": u}
         u = round(u - 0.05, 2)
     return None
 
 
-def suggestions(c: dict, plan: Plan, dev: str, total: float, pt=None, rt=None, limit: int = 4) -> list[Suggestion]:
+def suggestions(c: dict, plan: Plan, dev: str, total: float, lengths: Lengths | None = None,
+                limit: int = 4) -> list[Suggestion]:
     """The cheapest changes (by predicted step time) that make `c` fit: single keys, then pairs, each with the
     largest rollout.gpu_memory_utilization that fits where vLLM shares the GPUs; each re-planned."""
     x = plan.inputs
+    lengths = lengths or Lengths()
     singles = _candidates(c, x)
     tried: dict[str, Suggestion] = {}
 
     def consider(ov: dict[str, Any]) -> None:
         variants = [ov]
-        best_u = _with_best_u(c, ov, dev, total, pt, rt)
+        best_u = _with_best_u(c, ov, dev, total, lengths)
         if best_u is not None:
             variants.append(best_u)
         for v in variants:
             key = repr(sorted(v.items()))
             if key in tried:
                 continue
-            r = _try(c, v, dev, total, pt, rt)
+            r = _try(c, v, dev, total, lengths)
             if r is None:
                 continue
             p = r[0]
@@ -312,11 +346,12 @@ def suggestions(c: dict, plan: Plan, dev: str, total: float, pt=None, rt=None, l
     return helpful[:limit]
 
 
-def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None) -> Plan:
+def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
+          prompts: DataLengths | None = None) -> Plan:
     """Plan `cfg` and raise PlanError (a UserError: the entry points print it and exit 2) when a GPU will not fit,
     with the GPU, the phase, the overflowing parts and the cheapest keys to change. Returns the Plan when it fits.
-    Imports no GPU library and starts nothing."""
-    plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, device=device)
+    prompts: the data's prompt lengths (make_plan). Imports no GPU library and starts nothing."""
+    plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, device=device, prompts=prompts)
     if not plan.fits:
         raise PlanError("the plan does not fit the GPUs (rltrain.plan): " + plan.refusal())
     return plan

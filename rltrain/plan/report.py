@@ -38,7 +38,7 @@ def table(plan: Plan) -> str:
     lines = [f"rltrain.plan: {x.shape.name}, {x.world} training GPU(s) (TP {x.tp} x PP {x.pp} x DP {x.dp}{moe}), "
              f"{'colocated' if (x.colocate or not x.use_ray) else 'split'}, rollout {x.engine} "
              f"(TP {x.rollout_tp}, {x.rollout_replicas} replica(s)); {plan.gpu_memory_gib:.1f} GiB per GPU, rates of "
-             f"{dev.name}; sequences of {x.max_prompt_length} + {x.max_response_length} tokens", ""]
+             f"{dev.name}; sequences of {plan.lengths_note()}", ""]
     for gs in _groups(plan):
         g = gs[0]
         peak = g.peak()
@@ -99,6 +99,13 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "layout": {"gpus": x.world, "tp": x.tp, "pp": x.pp, "dp": x.dp, "ep": x.ep,
                    "colocated": bool(x.colocate or not x.use_ray), "rollout_engine": x.engine,
                    "rollout_tp": x.rollout_tp, "rollout_replicas": x.rollout_replicas},
+        "lengths": {"prompt_tokens": x.max_prompt_length, "response_tokens": x.max_response_length,
+                    "time_prompt_tokens": round(x.mean_prompt_length if x.mean_prompt_length is not None
+                                                else x.max_prompt_length, 2),
+                    "from": x.lengths_from,
+                    "data": None if plan.prompts is None else {
+                        "longest": plan.prompts.longest, "mean": round(plan.prompts.mean, 2),
+                        "count": plan.prompts.count, "where": plan.prompts.where}},
         "phase_seconds": {k: round(plan.seconds[k], 4) for k in (*PHASES, "step")},
         "phase_seconds_detail": {k.removeprefix("detail/"): round(v, 4) for k, v in plan.seconds.items()
                                  if k.startswith("detail/")},

@@ -29,11 +29,14 @@
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
-The GPU kind (h100 | h200) picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
+Sequences are planned at the data's mean prompt length when the plan has the data's lengths
+(Inputs.mean_prompt_length; memory takes the longest), else at data.max_prompt_length. The GPU kind (h100 | h200)
+picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from rltrain.plan import calibration as cal
@@ -204,6 +207,8 @@ def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
     predicted} of another run on the same machine, multiplying each phase and its detail (plan/fit.py's machine
     table: tried as a per-machine correction, it did not help; the planner does not use it)."""
     f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
+    if x.mean_prompt_length is not None:  # the data's prompts: a typical step's at their mean, not the longest
+        x = dataclasses.replace(x, max_prompt_length=max(1, round(x.mean_prompt_length)), mean_prompt_length=None)
     t = train_seconds(x)
     t = {k: v * f["update" if k.startswith("update") else "log-probs"] for k, v in t.items()}
     gen = gen_seconds(x, hbm, total_bytes) * f["generation"]

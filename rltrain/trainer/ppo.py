@@ -51,8 +51,9 @@ class PPOTrainer:
         seed_all(self.seed)
         self.ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
         check_config(cfg)  # config/'s rules and the rooms' (placement, engines), before any data or tokenizer work
-        self.plan = plan_check(cfg)  # on GPUs (trainer.plan_check): a GPU the plan says will not fit stops here
         self.tokenizer, self.train_ds, self.val_ds, sampler, self.reward = build_datasets(cfg)
+        # on GPUs (trainer.plan_check), at the data's prompt lengths: a GPU the plan says will not fit stops here
+        self.plan = plan_check(cfg, dataset=self.train_ds)
         check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
         if t.use_ray:
             init_ray(t.ray_address, t.num_cpus)

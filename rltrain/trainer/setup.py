@@ -4,8 +4,9 @@ sampler, reward fn, worker groups.
 Construction only; the loop itself is in ppo.py. `check_config` is where a run's config is checked: config/'s pure
 rules, then the rules that belong to a room config/ may not import (rollout/: engine names, tool patterns, the vLLM
 head_dim rules; workers/placement.py: placement, rollout.engines_per_gpu; the device), in one report.
-`plan_check` then runs rltrain.plan on a GPU run (trainer.plan_check), still before any data, tokenizer, Ray or
-worker; `plan_metrics` gives its per-GPU prediction to each step's metrics.
+`plan_check` then runs rltrain.plan on a GPU run (trainer.plan_check) at the training data's prompt lengths
+(`data_lengths`), after the datasets and before Ray or any worker; `plan_metrics` gives its per-GPU prediction to
+each step's metrics.
 """
 
 from __future__ import annotations
@@ -104,33 +105,62 @@ def build_datasets(cfg):
     """(tokenizer, train dataset, val dataset or None, prompt sampler, reward fn) of an RLConfig (or a dict /
     DictConfig of one)."""
     from rltrain.config.convert import as_config
-    from rltrain.data.dataset import PromptDataset, PromptSampler
+    from rltrain.data.dataset import PromptSampler
     from rltrain.data.tokenizer import load_tokenizer
     from rltrain.rewards import get_reward_fn
 
     cfg = as_config(cfg)
-    m, d = cfg.model, cfg.data
-    tokenizer = load_tokenizer(m.tokenizer or m.path)
+    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+    train, val = _datasets(cfg, tokenizer)
+    sampler = PromptSampler(train, batch_size=cfg.data.train_batch_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    reward = get_reward_fn(cfg.reward.fn)
+    return tokenizer, train, val, sampler, reward
+
+
+def _datasets(cfg, tokenizer, *, val: bool = True):
+    """(train dataset, val dataset or None) of an RLConfig, tokenized with `tokenizer`."""
+    from rltrain.data.dataset import PromptDataset
+
+    d = cfg.data
     if d.source == "synthetic":
         from rltrain.data.synthetic import SyntheticTaskDataset
 
         s = d.synthetic
         common = dict(tokenizer=tokenizer, apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
-        train = SyntheticTaskDataset(s.task, s.seed, s.train_size, split="train", **common)
-        val = SyntheticTaskDataset(s.task, s.seed, s.val_size, split="val", **common)
-    else:
-        common = dict(prompt_key=d.prompt_key, answer_key=d.answer_key, data_source_key=d.data_source_key,
-                      tokenizer=tokenizer, max_prompt_length=d.max_prompt_length,
-                      apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
-        def load(path):  # rows without a data_source key are tagged with the file's name
-            name = os.path.splitext(os.path.basename(path))[0]
-            return PromptDataset(path, default_data_source=name, **common)
+        return (SyntheticTaskDataset(s.task, s.seed, s.train_size, split="train", **common),
+                SyntheticTaskDataset(s.task, s.seed, s.val_size, split="val", **common) if val else None)
+    common = dict(prompt_key=d.prompt_key, answer_key=d.answer_key, data_source_key=d.data_source_key,
+                  tokenizer=tokenizer, max_prompt_length=d.max_prompt_length,
+                  apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
 
-        train = _concat([load(p) for p in d.train_files])
-        val = _concat([load(p) for p in d.val_files]) if d.val_files else None
-    sampler = PromptSampler(train, batch_size=d.train_batch_size, seed=cfg.trainer.seed, shuffle=d.shuffle)
-    reward = get_reward_fn(cfg.reward.fn)
-    return tokenizer, train, val, sampler, reward
+    def load(path):  # rows without a data_source key are tagged with the file's name
+        name = os.path.splitext(os.path.basename(path))[0]
+        return PromptDataset(path, default_data_source=name, **common)
+
+    train = _concat([load(p) for p in d.train_files])
+    return train, (_concat([load(p) for p in d.val_files]) if val and d.val_files else None)
+
+
+def data_lengths(cfg, dataset=None):
+    """The training data's prompt lengths in tokens (rltrain.plan.DataLengths: longest, mean, count, where), as the
+    trainer renders them: of `dataset` (the trainer's train dataset), or of the one the config builds (its tokenizer
+    and data.train_files / data.synthetic; a missing file or tokenizer raises their UserError). rltrain.plan plans
+    memory at the longest and time at the mean, in place of data.max_prompt_length."""
+    from rltrain.config.convert import as_config
+    from rltrain.plan.inputs import DataLengths
+
+    cfg = as_config(cfg)
+    d = cfg.data
+    if dataset is None:
+        from rltrain.data.tokenizer import load_tokenizer
+
+        dataset, _ = _datasets(cfg, load_tokenizer(cfg.model.tokenizer or cfg.model.path), val=False)
+    lengths = [len(dataset[i]["prompt_ids"]) for i in range(len(dataset))]
+    if d.source == "synthetic":
+        where = f"the synthetic task {d.synthetic.task!r}"
+    else:
+        where = ", ".join(str(p) for p in d.train_files)
+    return DataLengths(longest=max(lengths), mean=sum(lengths) / len(lengths), count=len(lengths), where=where)
 
 
 def check_model(cfg, tokenizer) -> None:
@@ -143,14 +173,15 @@ def check_model(cfg, tokenizer) -> None:
     model_hf_config(as_config(cfg).model, tokenizer)
 
 
-def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None):
+def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None, prompts=None):
     """trainer.plan_check on a GPU run, before Ray, vLLM or any worker starts: rltrain.plan's prediction of every
     GPU's peak (docs/plan.md), printed once; a GPU that will not fit raises PlanError (a UserError: the entry
     point prints it and exits 2) with `error`, is a printed warning with `warn`; `off` plans nothing. Returns the
     Plan (None when nothing was planned). On CPU nothing is planned (said once at debug level).
 
     device: the resolved trainer.device (default: resolved as build_workers does); gpu_memory_gib: each GPU's
-    memory (default: what torch reports for GPU 0, `gpu_memory_gib()`)."""
+    memory (default: what torch reports for GPU 0, `gpu_memory_gib()`); dataset: the trainer's train dataset, whose
+    prompt lengths (`data_lengths`) are planned at in place of data.max_prompt_length (or give them as `prompts`)."""
     from rltrain.config.convert import as_config
     from rltrain.plan import PlanError, make_plan
     from rltrain.plan.inputs import PlanInputError
@@ -167,8 +198,10 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
         return None
     if gpu_memory_gib is None:
         gpu_memory_gib = gpu_memory()  # None (unreadable): the planner's H100 80GB
+    if prompts is None and dataset is not None:
+        prompts = data_lengths(cfg, dataset)
     try:
-        plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib)
+        plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, prompts=prompts)
     except PlanInputError as err:  # a model whose shape the planner cannot read: the run is not refused for it
         print(f"rltrain: warning: trainer.plan_check: cannot plan this config ({err}); the run starts unchecked",
               file=sys.stderr, flush=True)

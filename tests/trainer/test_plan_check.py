@@ -1,5 +1,5 @@
-"""trainer.plan_check (#36): on a GPU run the trainer plans the config (rltrain.plan) after the config checks and
-before Ray, data or workers start; `error` stops with the planner's message and exit 2, `warn` prints it and
+"""trainer.plan_check (#36): on a GPU run the trainer plans the config (rltrain.plan) at its training data's prompt
+lengths, after the config checks and the datasets and before Ray or workers start; `error` stops with the planner's message and exit 2, `warn` prints it and
 trains, `off` plans nothing; a CPU run plans nothing (the golden run is unchanged, tests/test_golden_run.py).
 
 CPU-only: the GPU path is forced through plan_check's parameters (device, gpu_memory_gib), and for the real entry
@@ -85,6 +85,8 @@ def test_error_passes_a_config_that_fits_and_prints_the_prediction_once(main_run
     res, _ = main_runs["fits"]
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stderr.count("rltrain.plan: peak ") == 1 and "(fits)" in res.stderr
+    # planned at the data the trainer loaded (the embedded task's 5-token prompts), not data.max_prompt_length's 32
+    assert "sequences of 5 + 4 tokens (prompts: the data's longest; time at their mean, 5.0 tokens, of 4,096" in res.stderr
 
 
 def _cfg(mode: str):
