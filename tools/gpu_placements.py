@@ -134,7 +134,7 @@ def check_runs(args: argparse.Namespace, gpu_memory_gib: float) -> list[dict]:
     from rltrain.config.entry import compose_config
     from rltrain.plan import make_plan
     from rltrain.plan.report import to_json
-    from rltrain.trainer.setup import check_config
+    from rltrain.trainer.setup import check_config, data_lengths
     from rltrain.utils.errors import find_user_error
 
     rows = []
@@ -146,7 +146,7 @@ def check_runs(args: argparse.Namespace, gpu_memory_gib: float) -> list[dict]:
                 cfg = compose_config("grpo_tiny", over)
                 with mock.patch("torch.cuda.is_available", return_value=True):
                     check_config(cfg)
-                plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib)
+                plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, prompts=data_lengths(cfg))  # as the trainer
                 row["plan"] = to_json(plan)
                 if not plan.fits and cfg.trainer.plan_check == "error":
                     row["error"] = "trainer.plan_check refuses it: " + plan.refusal()
@@ -407,6 +407,9 @@ def main() -> None:
     ap.add_argument("--check", type=float, default=None, metavar="GPU_GIB",
                     help="check every run's config and plan for GPUs of this many GiB (79.18: H100, 139.8: H200) "
                          "without running anything; exit 1 if one would be refused")
+    ap.add_argument("--check-json", metavar="PATH", default=None,
+                    help="with --check: also write every run's overrides, refusal and full plan (JSON) to PATH (the "
+                         "prediction to compare the run with, written before it runs)")
     args = ap.parse_args()
     if args.check is not None:
         rows = check_runs(args, args.check)
@@ -414,6 +417,10 @@ def main() -> None:
             p = r["plan"] or {}
             print(f"{r['run']}: {r['error'] or 'ok'}; plan peak {p.get('peak_gib')} GiB, step "
                   f"{p.get('phase_seconds', {}).get('step')} s\n  {' '.join(r['overrides'])}")
+        if args.check_json:
+            with open(args.check_json, "w") as f:
+                json.dump({"gpu_memory_gib": args.check, "engine": args.engine, "model": args.model,
+                           "runs": rows}, f, indent=1)
         return sys.exit(1 if any(r["error"] for r in rows) else 0)
     os.makedirs(args.out, exist_ok=True)
     import torch
