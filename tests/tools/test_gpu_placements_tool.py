@@ -41,8 +41,9 @@ def _args(*placements: str, model: str = "qwen3-4b", overrides=(), only=("qwen06
 def test_the_four_gpu_device_call_passes_the_trainers_checks_on_h100_and_h200():
     """The runs of docs/benchmarks/2026-11-26-four-gpus.md's device call, through check_config and the
     trainer's plan_check (a refusal on the GPU would waste the call): accepted for 79.18 GiB (H100) and
-    139.8 GiB (H200) GPUs. Without the 8k-token micro-batch, the split run's training GPUs are refused on an
-    H100 (the worst-case 128-token rows of 128 sequences in one 16k-token micro-batch)."""
+    139.8 GiB (H200) GPUs. Without the 8k-token micro-batch and with 512-token responses, the split run's training
+    GPUs are refused on an H100 (full 16k-token micro-batches of 517-token rows; at the run's own 69-token rows, the
+    planned lengths of the data, its 8,832-token mini-batches fit)."""
     cap = ["actor.max_tokens_per_micro_batch=8192"]
     for gib in (79.18, 139.8):
         rows = gp.check_runs(_args("colocated_tp2dp2", "split_2p2", overrides=cap), gib)
@@ -51,7 +52,9 @@ def test_the_four_gpu_device_call_passes_the_trainers_checks_on_h100_and_h200():
         coloc, split = (r["plan"]["layout"] for r in rows)
         assert (coloc["gpus"], coloc["tp"], coloc["dp"], coloc["rollout_tp"]) == (4, 2, 2, 4)
         assert (split["gpus"], split["tp"], split["rollout_tp"], split["rollout_replicas"]) == (2, 2, 2, 1)
-    [refused] = gp.check_runs(_args("split_2p2"), 79.18)
+    [fits] = gp.check_runs(_args("split_2p2"), 79.18)
+    assert fits["error"] is None and fits["plan"]["lengths"]["prompt_tokens"] == 5
+    [refused] = gp.check_runs(_args("split_2p2", overrides=["rollout.max_response_length=512"]), 79.18)
     assert refused["error"].startswith("trainer.plan_check refuses it: GPU 0 (actor, ref) does not fit")
     # a config the trainer refuses before planning: a vLLM engine of 8 GPUs on a colocated group of four
     [bad] = gp.check_runs(_args("colocated_tp2dp2", overrides=["rollout.tensor_parallel_size=8"]), 139.8)
