@@ -285,6 +285,7 @@ FOUR_H100 = "four_gpus_h100x4_2026-11-26/"
 WEAK = "weak_mb32_h200x2_2026-11-26/"
 EVENING = "scaling_h200x2_evening_2026-11-26/"
 BLIND = "one_h200_blind_2026-11-26/"
+BLIND2 = "two_h200_blind_2026-11-26/"
 # tools/gpu_smoke.py reports whose mean left out a critic's phases (before it took every phase the log has)
 STEP_LOGS = {BLIND + "ppo.json": BLIND + "ppo_metrics.jsonl"}
 MICRO = "grpo_step_microbatch_h100_2026-11-26/"
@@ -335,6 +336,24 @@ SCALING_RUNS = [
      EVENING + "t4b_metrics.jsonl", "held out", ()),
     ("4B split 1+1, 8k-token micro-batches (H200)", EVENING + "s4b.json", "split_1p1", EVENING + "s4b_metrics.jsonl",
      "held out", ()),
+    # 2026-11-26 night, two H200s, one run after another, each predicted before it ran (BLIND2's predictions_*.json):
+    # the hf engine's two-GPU placements and its one-GPU baseline, vLLM's colocated TP=2 and PP=2, the 4B at DP=2
+    ("hf engine, 0.6B colocated DP=2 (two H200s)", BLIND2 + "hf.json", "colocated_dp2",
+     BLIND2 + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B split 1+1 (two H200s)", BLIND2 + "hf.json", "split_1p1",
+     BLIND2 + "hf_qwen06b_split_1p1_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B colocated TP=2 (two H200s)", BLIND2 + "hf.json", "colocated_tp2",
+     BLIND2 + "hf_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B colocated PP=2 (two H200s)", BLIND2 + "hf.json", "pp2",
+     BLIND2 + "hf_qwen06b_pp2_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B single (same H200 host)", BLIND2 + "hf1.json", "single",
+     BLIND2 + "hf1_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 + vLLM TP=2 (two H200s, night)", BLIND2 + "vl.json", "colocated_tp2",
+     BLIND2 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated PP=2 + vLLM TP=2 (two H200s, night)", BLIND2 + "pp2.json", "pp2",
+     BLIND2 + "pp2_qwen06b_pp2_metrics.jsonl", "held out", ()),
+    ("4B colocated DP=2, one vLLM engine per GPU at 0.3 (two H200s)", BLIND2 + "t4b.json", "colocated_dp2_tp1",
+     BLIND2 + "t4b_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
 ]
 
 
