@@ -16,7 +16,8 @@ recorded by forward hooks on transformers' routers.
 Sampler log-probs are log softmax(logits / T) of the sampled token before top-k/top-p filtering
 (log softmax(logits) when greedy), computed in fp32 from the same logits the sample is drawn from.
 
-sleep(level=1) moves the weights to CPU (a no-op on a CPU engine); sleep(level=2) drops the weights
+sleep(level=1) moves the weights to CPU (on a GPU into page-locked host copies kept between sleeps; a no-op on a
+CPU engine); sleep(level=2) drops the weights
 (parameters go to the meta device, buffers such as rotary tables are kept on CPU) and wake_up()
 re-allocates them empty: update_weights must then load every parameter before generate is allowed.
 The KV cache only lives inside one generate call, so there is no cache to free between calls.
@@ -118,6 +119,7 @@ class HFEngine(Engine):
             pad_token_id = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = pad_token_id if pad_token_id is not None else (self._eos[0] if self._eos else 0)
         self._asleep_level = 0
+        self._host: list[torch.Tensor] | None = None  # level 1 on a GPU: the weights' pinned host copies
         self._buffers_backup: dict[str, torch.Tensor] = {}
         self._missing_params: set[int] = set()  # ids of parameters still empty after a level-2 wake_up
         self._routing = _RoutingRecorder(self.model) if return_routed_experts else None
@@ -236,7 +238,10 @@ class HFEngine(Engine):
         if self._asleep_level:
             return
         if level == 1:
-            self.model.to("cpu")
+            if self.device.type == "cuda":
+                self._offload_pinned()
+            else:
+                self.model.to("cpu")
         else:
             self._buffers_backup = {n: b.detach().to("cpu", copy=True) for n, b in self.model.named_buffers()}
             self.model.to("meta")
@@ -244,9 +249,36 @@ class HFEngine(Engine):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every parameter and buffer of the model once (a tied weight is one Parameter)."""
+        return [*self.model.parameters(), *self.model.buffers()]
+
+    @torch.no_grad()
+    def _offload_pinned(self) -> None:
+        """Level 1 on a GPU: each weight into its own page-locked host copy, kept between sleeps (allocated at the
+        first sleep), then the GPU storage released. `model.to("cpu")` allocated pageable memory at every sleep and
+        copied through it: 0.54 s for the Qwen3-0.6B's 1.19 GB on one host (2026-11-26), 0.13 s on another."""
+        if self._host is None:
+            self._host = [torch.empty_like(t, device="cpu").pin_memory() for t in self._tensors()]
+        tensors = self._tensors()
+        for t, h in zip(tensors, self._host):
+            h.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()  # the host copies are whole before the GPU's go
+        for t, h in zip(tensors, self._host):
+            t.data = h
+
+    @torch.no_grad()
+    def _reload_pinned(self) -> None:
+        for t, h in zip(self._tensors(), self._host):
+            t.data = torch.empty_like(h, device=self.device).copy_(h, non_blocking=True)
+        # stream-ordered: generate's kernels and the next sleep's copies into the same host buffers run after these
+
     def wake_up(self) -> None:
         if self._asleep_level == 1:
-            self.model.to(self.device)
+            if self.device.type == "cuda":
+                self._reload_pinned()
+            else:
+                self.model.to(self.device)
         elif self._asleep_level == 2:
             self.model.to_empty(device=self.device)
             # to("meta") / to_empty give each module a new Parameter: tied weights (lm_head = embeddings) come

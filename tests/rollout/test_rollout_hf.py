@@ -315,3 +315,38 @@ def test_multiturn_on_hf_engine_keeps_ids_exact_and_logprobs_teacher_forced(mode
         got = torch.tensor(r.logprobs, dtype=torch.float64)
         torch.testing.assert_close(got[mask], reference[mask], atol=1e-4, rtol=0)
         assert torch.all(got[~mask] == 0)
+
+
+@pytest.mark.gpu
+def test_gpu_level1_sleep_keeps_pinned_host_copies_and_restores_the_weights(prompts):
+    """On a GPU, sleep(level=1) copies each weight into a page-locked host copy made at the first sleep and reused
+    after (the engine's own 'update, sleep, wake' cycle), frees the GPU memory, and wake_up brings every weight
+    back: the same tokens as before the sleep, tied weights still one tensor, and weights loaded while awake
+    survive the next sleep (the outputs equal a fresh engine's with those weights)."""
+    torch.manual_seed(5)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+    engine = HFEngine(Qwen3ForCausalLM(cfg), device="cuda", eos_token_id=[])
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    before = [r.token_ids for r in engine.generate(prompts, greedy)]
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    torch.cuda.synchronize()
+    used = torch.cuda.memory_allocated()
+    engine.sleep(level=1)
+    assert all(p.device.type == "cpu" and p.is_pinned() for p in engine.model.parameters())
+    assert used - torch.cuda.memory_allocated() >= weights
+    first = [h.data_ptr() for h in engine._host]
+    engine.wake_up()
+    assert all(p.device.type == "cuda" for p in engine.model.parameters())
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+    assert [r.token_ids for r in engine.generate(prompts, greedy)] == before
+    # new weights loaded awake, then a sleep and a wake: the outputs are a fresh engine's with those weights
+    torch.manual_seed(6)
+    new = Qwen3ForCausalLM(cfg)
+    engine.update_weights((k, v.cuda()) for k, v in new.named_parameters())
+    engine.sleep(level=1)
+    assert [h.data_ptr() for h in engine._host] == first  # the host copies are reused, not made again
+    engine.wake_up()
+    fresh = HFEngine(new, device="cuda", eos_token_id=[])
+    assert [r.token_ids for r in engine.generate(prompts, greedy)] == [r.token_ids for r in fresh.generate(prompts,
+                                                                                                             greedy)]
