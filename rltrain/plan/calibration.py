@@ -162,13 +162,16 @@ TIME: dict[str, Const] = {
         0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),
     "vllm_sleep_s": Const(
         0.041, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
-    # the hf engine's level-1 sleep moves its weights to the host and its wake back (model.to): per byte
+    # the hf engine's level-1 sleep copies its weights into pinned host copies and its wake back: per byte (with the
+    # wake's empty_cache); before 2026-11-26 (night) model.to("cpu") took 0.13-0.72 s for the same 1.19 GB by host
     "hf_offload_s_per_gb": Const(
-        0.3372, "s/GB", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: rollout_sleep 0.134 + rollout_wake 0.268 s "
-                        "for the 0.6B's 1.19 GB of bf16 weights (level 1: to the host and back)"),
+        0.08459, "s/GB", "hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl, 2026-11-26, H200: "
+                        "rollout_sleep 0.035 + rollout_wake 0.066 s for the 0.6B's 1.19 GB of bf16 weights (level 1: "
+                        "to the pinned host copies and back; steps 3..)"),
     "hf_reload_s_per_tensor": Const(
-        7.081e-05, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_weights 0.290 - "
-                                             "wake 0.268 s for the 0.6B's 310 tensors (the hf engine's copy_ of each)"),
+        8.085e-05, "s per checkpoint tensor", "hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl, "
+                                            "2026-11-26, H200: update_weights 0.091 - wake 0.066 s for the 0.6B's "
+                                            "310 tensors (the hf engine's copy_ of each)"),
     "reload_s_per_tensor": Const(
         0.0005198, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 "
                                             "- wake 0.127 s for the 0.6B's 310 tensors (colocated in-place reload)"),

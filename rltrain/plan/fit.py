@@ -22,7 +22,7 @@ import sys
 from typing import Any, Iterator
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.fit_cases import Case, cases, compose, load, results_dir  # noqa: F401 (results_dir: re-exported)
+from rltrain.plan.fit_cases import Case, cases, compose, load, results_dir, steady_means  # noqa: F401 (results_dir: re-exported)
 from rltrain.plan.inputs import read
 from rltrain.plan.memory import GIB, full_params, ns, plan_gpus
 from rltrain.plan.timing import phase_seconds, train_seconds, weight_tensors
@@ -169,7 +169,8 @@ def fit(verbose: bool = True) -> dict[str, float]:
     shape06 = read(compose(vl.overrides)).shape  # the Qwen3-0.6B shape of every run below
     tensors = weight_tensors(shape06)
     fitted["reload_s_per_tensor"] = (vm["timing_s/update_weights"] - vm.get("timing_s/rollout_wake", 0.0)) / tensors
-    hm = load("vllm/gpu_smoke_grpo_hf.json")["grpo"]["mean"]
+    # the hf engine's pinned level-1 sleep: its one-GPU trainer run (steps 3..)
+    hm = steady_means("hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl")
     fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors
     gb = 2 * full_params(shape06) / 1e9  # its bf16 checkpoint
     fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb

@@ -88,8 +88,12 @@ class Case:
     lengths: dict | None = None
     fits_constant: str = ""
     fitted: tuple[str, ...] = ()  # role "fit": the quantities a constant was solved from (None: all)
+    # quantities measured through an engine path the model no longer describes (role "legacy" for them)
+    legacy_q: tuple[str, ...] = ()
 
     def role_of(self, quantity: str) -> str:
+        if quantity in self.legacy_q:
+            return "legacy"
         if self.role != "fit" or not self.fitted or quantity in self.fitted:
             return self.role
         return "held out"
@@ -140,7 +144,7 @@ def cases() -> list[Case]:
     # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_mb_layer_s, and its sleep/wake/reload (hf_offload_s_per_gb,
     # hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its update_weights less its wake); grpo vllm k4:
     # ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their own processes)
-    fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s", "weight_sync_s"),
+    fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
                 "grpo vllm": ("weight_sync_s",), "grpo vllm k4": ("weight_sync_s",)}
     steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
              ("grpo vllm", "vllm/gpu_smoke_grpo_vllm.json", ["rollout=vllm"], "fit"),
@@ -185,7 +189,8 @@ def cases() -> list[Case]:
             meas["values_s"] = m["timing_s/values"]
         meas["update_s"] += m.get("timing_s/update_critic", 0.0)  # the planner's update phase is both updates
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), GRPO_06B + extra, role, meas,
-                        "step", GRPO_LENGTHS, fitted=fitted_q.get(name, ()) if role == "fit" else ()))
+                        "step", GRPO_LENGTHS, fitted=fitted_q.get(name, ()) if role == "fit" else (),
+                        legacy_q=HF_PAGEABLE_SLEEP if "grpo hf" in name else ()))
     out += placement_cases()
     out += scaling_cases()
     for name, rel, role in (("vLLM alone, 256 x (128 + 1024)", "vllm/bench_rollout_1k.json", "held out"),
@@ -246,7 +251,7 @@ def placement_cases() -> list[Case]:
         if any(k.startswith("rollout") for k in peaks):
             meas["rollout_allocator_peak_gib"] = max(v for k, v in peaks.items() if k.startswith("rollout"))
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
-                        GRPO_LENGTHS, fitted=fitted))
+                        GRPO_LENGTHS, fitted=fitted, legacy_q=HF_PAGEABLE_SLEEP if "hf engine" in name else ()))
     return out
 
 
@@ -286,6 +291,10 @@ WEAK = "weak_mb32_h200x2_2026-11-26/"
 EVENING = "scaling_h200x2_evening_2026-11-26/"
 BLIND = "one_h200_blind_2026-11-26/"
 BLIND2 = "two_h200_blind_2026-11-26/"
+PINNED = "hf_pinned_sleep_h200x2_2026-11-26/"
+# the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
+# by host): its weight sync, and so its step, are a path the model no longer describes
+HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
 # tools/gpu_smoke.py reports whose mean left out a critic's phases (before it took every phase the log has)
 STEP_LOGS = {BLIND + "ppo.json": BLIND + "ppo_metrics.jsonl"}
 MICRO = "grpo_step_microbatch_h100_2026-11-26/"
@@ -339,15 +348,21 @@ SCALING_RUNS = [
     # 2026-11-26 night, two H200s, one run after another, each predicted before it ran (BLIND2's predictions_*.json):
     # the hf engine's two-GPU placements and its one-GPU baseline, vLLM's colocated TP=2 and PP=2, the 4B at DP=2
     ("hf engine, 0.6B colocated DP=2 (two H200s)", BLIND2 + "hf.json", "colocated_dp2",
-     BLIND2 + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
+     BLIND2 + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", (), HF_PAGEABLE_SLEEP),
     ("hf engine, 0.6B split 1+1 (two H200s)", BLIND2 + "hf.json", "split_1p1",
-     BLIND2 + "hf_qwen06b_split_1p1_metrics.jsonl", "held out", ()),
+     BLIND2 + "hf_qwen06b_split_1p1_metrics.jsonl", "held out", ()),  # split: no sleep, the NCCL path
     ("hf engine, 0.6B colocated TP=2 (two H200s)", BLIND2 + "hf.json", "colocated_tp2",
-     BLIND2 + "hf_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
+     BLIND2 + "hf_qwen06b_colocated_tp2_metrics.jsonl", "held out", (), HF_PAGEABLE_SLEEP),
     ("hf engine, 0.6B colocated PP=2 (two H200s)", BLIND2 + "hf.json", "pp2",
-     BLIND2 + "hf_qwen06b_pp2_metrics.jsonl", "held out", ()),
+     BLIND2 + "hf_qwen06b_pp2_metrics.jsonl", "held out", (), HF_PAGEABLE_SLEEP),
     ("hf engine, 0.6B single (same H200 host)", BLIND2 + "hf1.json", "single",
-     BLIND2 + "hf1_qwen06b_single_metrics.jsonl", "held out", ()),
+     BLIND2 + "hf1_qwen06b_single_metrics.jsonl", "held out", (), HF_PAGEABLE_SLEEP),
+    # the hf engine's pinned level-1 sleep (2026-11-26 night, two H200s, one machine): hf_offload_s_per_gb and
+    # hf_reload_s_per_tensor are solved from the one-GPU run's weight sync; the DP=2 run is held out
+    ("hf engine, pinned sleep, 0.6B single", PINNED + "hf.json", "single", PINNED + "hf_qwen06b_single_metrics.jsonl",
+     "fit", ("weight_sync_s",)),
+    ("hf engine, pinned sleep, 0.6B colocated DP=2", PINNED + "hf.json", "colocated_dp2",
+     PINNED + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
     ("0.6B colocated TP=2 + vLLM TP=2 (two H200s, night)", BLIND2 + "vl.json", "colocated_tp2",
      BLIND2 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
     ("0.6B colocated PP=2 + vLLM TP=2 (two H200s, night)", BLIND2 + "pp2.json", "pp2",
@@ -362,7 +377,7 @@ def scaling_cases() -> list[Case]:
     as the tool's report): max_memory_allocated of the training ranks (and the rollout ranks), every phase, and the
     whole step."""
     out: list[Case] = []
-    for name, rel, key, log, role, fitted in SCALING_RUNS:
+    for name, rel, key, log, role, fitted, *legacy in SCALING_RUNS:
         d = load(rel)
         r = d["qwen06b"][key]
         ov = [o for o in r["command"].split()[4:] if not o.startswith(("trainer.ray_address", "hydra."))]
@@ -378,5 +393,5 @@ def scaling_cases() -> list[Case]:
         if any(k.startswith("rollout") for k in alloc):
             meas["rollout_allocator_peak_gib"] = max(v for k, v in alloc.items() if k.startswith("rollout"))
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
-                        GRPO_LENGTHS, fitted=fitted))
+                        GRPO_LENGTHS, fitted=fitted, legacy_q=legacy[0] if legacy else ()))
     return out

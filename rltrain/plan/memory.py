@@ -332,12 +332,17 @@ def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[st
     return {"vllm (weights + KV cache)": torch_part}, non_torch, notes, kv
 
 
+HF_SAMPLER_BYTES = 2 + 4 * 4  # measured: the hf engine's rollout GPU peaked 0.66 GiB above one fp32 [256, V] (2026-11-26)
+
+
 def hf_engine_bytes(x: Inputs) -> float:
     shape = x.shape
     per_worker = math.ceil(x.train_batch_size * x.n / max(1, x.rollout_replicas))
     batch = min(x.max_batch_size, per_worker)
     kv = batch * x.seq_len * kv_bytes_per_token(shape, 1, x.dtype_bytes)
-    return full_params(shape) * x.dtype_bytes + kv + batch * shape.vocab_size * 4
+    # a decode step's logits and its sampler's temporaries (rollout/hf.py sample_next_token), per row and vocabulary
+    # entry: the model's bf16 logits, their fp32 copy, the scaled logits, the log-softmax and the softmax (fp32)
+    return full_params(shape) * x.dtype_bytes + kv + batch * shape.vocab_size * HF_SAMPLER_BYTES
 
 
 def train_static(x: Inputs, stage: int) -> dict[str, float]:
