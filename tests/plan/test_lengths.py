@@ -43,6 +43,9 @@ def test_data_lengths_of_a_file_are_its_tokenized_prompts(tmp_path):
 def test_the_embedded_task_is_five_tokens():
     d = data_lengths(compose("grpo_tiny", []))
     assert (d.longest, d.mean, d.count) == (5, 5.0, 4096) and "copy_last" in d.where
+    # a large synthetic set (tokenized on access) is sampled evenly, and says so
+    big = data_lengths(compose("grpo_tiny", ["data.synthetic.train_size=50000", "data.synthetic.task=successor"]))
+    assert (big.longest, big.count) == (5, 20_000) and "20,000 of 50,000 sampled" in big.where
 
 
 def test_memory_at_the_longest_prompt_time_at_the_mean():
