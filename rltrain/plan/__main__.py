@@ -2,9 +2,10 @@
 
 Composes the config from configs/ with Hydra's compose API as rltrain.main does, validates it (a bad key or value:
 `rltrain: <message>`, exit 2), reads the training data's prompt lengths as the trainer does (when its files and
-tokenizer are here; else it plans at data.max_prompt_length and says so), and prints the plan: each GPU's peak memory by phase and part, the seconds per step
-by phase, and whether it fits. A GPU that will not fit: exit 2 with the GPU, the phase, the parts and the cheapest
-keys to change (each re-planned). Imports no GPU library and starts nothing.
+tokenizer are here; else it plans at data.max_prompt_length and says so), and prints the plan: each GPU's peak
+memory by phase and part, the seconds per step by phase, and whether it fits. A GPU that will not fit: exit 2 with
+the GPU, the phase, the parts and the cheapest keys to change (each re-planned). Starts nothing and imports no GPU
+stack (vLLM, Ray, megatron; a Hugging Face tokenizer brings transformers); downloads nothing.
 """
 
 from __future__ import annotations

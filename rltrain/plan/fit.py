@@ -22,7 +22,8 @@ import sys
 from typing import Any, Iterator
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.fit_cases import Case, cases, compose, load, results_dir, steady_means  # noqa: F401 (results_dir: re-exported)
+from rltrain.plan.fit_cases import (Case, cases, compose, load, results_dir,  # noqa: F401 (results_dir: re-exported)
+                                    steady_means)
 from rltrain.plan.inputs import read
 from rltrain.plan.memory import GIB, full_params, ns, plan_gpus
 from rltrain.plan.timing import phase_seconds, train_seconds, weight_tensors

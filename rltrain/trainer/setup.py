@@ -112,7 +112,8 @@ def build_datasets(cfg):
     cfg = as_config(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     train, val = _datasets(cfg, tokenizer)
-    sampler = PromptSampler(train, batch_size=cfg.data.train_batch_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    sampler = PromptSampler(train, batch_size=cfg.data.train_batch_size, seed=cfg.trainer.seed,
+                            shuffle=cfg.data.shuffle)
     reward = get_reward_fn(cfg.reward.fn)
     return tokenizer, train, val, sampler, reward
 
@@ -182,7 +183,8 @@ def check_model(cfg, tokenizer) -> None:
     model_hf_config(as_config(cfg).model, tokenizer)
 
 
-def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None, prompts=None):
+def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None,
+               prompts=None):
     """trainer.plan_check on a GPU run, before Ray, vLLM or any worker starts: rltrain.plan's prediction of every
     GPU's peak (docs/plan.md), printed once; a GPU that will not fit raises PlanError (a UserError: the entry
     point prints it and exits 2) with `error`, is a printed warning with `warn`; `off` plans nothing. Returns the
