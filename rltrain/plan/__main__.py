@@ -34,6 +34,8 @@ def _data_lengths(cfg):
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     name = cfg.model.tokenizer or cfg.model.path
+    if not name:
+        return None, "neither model.tokenizer nor model.path names a tokenizer"
     if name != "char" and not os.path.isdir(os.path.expanduser(name)) and not _cached(name):
         return None, f"the tokenizer {name!r} is neither a local directory nor in the Hugging Face cache"
     try:

@@ -33,7 +33,8 @@ layer's router whole and its E experts split over actor.expert_parallel_size ran
                      replaces the fraction by weights + KV + vllm_profile_gib; asleep (colocated, during the
                      training phases): 0 (level 2 drops weights and cache, level 1 moves the weights to the host);
                      rollout.free_cache_engine=false: awake in every phase (the training phases hold it too)
-  hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + their logits; asleep: 0 (as vLLM,
+  hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + the sampler's logits
+                     (HF_SAMPLER_BYTES per row and vocabulary entry); asleep: 0 (as vLLM,
                      awake throughout with rollout.free_cache_engine=false)
   CUDA context       cuda_context_gib per process on the GPU (engines_per_gpu > 1: one more per engine)
 
@@ -332,7 +333,10 @@ def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[st
     return {"vllm (weights + KV cache)": torch_part}, non_torch, notes, kv
 
 
-HF_SAMPLER_BYTES = 2 + 4 * 4  # measured: the hf engine's rollout GPU peaked 0.66 GiB above one fp32 [256, V] (2026-11-26)
+# bytes per row and vocabulary entry of the hf engine's decode step, counted from rollout/hf.py sample_next_token (the
+# model's bf16 logits; fp32 copy, scaled, log-softmax, softmax): the hf split run's rollout GPU of 2026-11-26 measured
+# 3.80 GiB, 3.65 planned with these, 3.14 with one fp32 [rows, vocab]
+HF_SAMPLER_BYTES = 2 + 4 * 4
 
 
 def hf_engine_bytes(x: Inputs) -> float:
@@ -340,8 +344,6 @@ def hf_engine_bytes(x: Inputs) -> float:
     per_worker = math.ceil(x.train_batch_size * x.n / max(1, x.rollout_replicas))
     batch = min(x.max_batch_size, per_worker)
     kv = batch * x.seq_len * kv_bytes_per_token(shape, 1, x.dtype_bytes)
-    # a decode step's logits and its sampler's temporaries (rollout/hf.py sample_next_token), per row and vocabulary
-    # entry: the model's bf16 logits, their fp32 copy, the scaled logits, the log-softmax and the softmax (fp32)
     return full_params(shape) * x.dtype_bytes + kv + batch * shape.vocab_size * HF_SAMPLER_BYTES
 
 

@@ -25,7 +25,7 @@
   weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
                is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); engines in their own
                processes (rollout.engines_per_gpu > 1): x ipc_reload_s_per_tensor (CUDA IPC); hf: its level-1 sleep
-               + wake (the weights to the host and back, hf_offload_s_per_gb) + hf_reload_s_per_tensor;
+               + wake (the weights to their pinned host copies and back, hf_offload_s_per_gb) + hf_reload_s_per_tensor;
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
