@@ -59,8 +59,10 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("config-no-runtime", "never", ("rltrain.config",),
      ("rltrain.rollout", "rltrain.workers", "rltrain.trainer", "rltrain.models.megatron", "rltrain.plan"),
      "config/ validates without the runtime: no rollout/, workers/, trainer/, models/megatron/, plan/"),
-    ("plan-before-launch", "only", ("rltrain.plan",), ("rltrain.config", "rltrain.utils", "rltrain.compat"),
-     "plan/ (the pre-launch memory/time planner) imports only config/, utils/ and compat/"),
+    ("plan-before-launch", "only", ("rltrain.plan",), ("rltrain.config", "rltrain.data", "rltrain.utils",
+                                                       "rltrain.compat"),
+     "plan/ (the pre-launch memory/time planner) imports only config/, data/ (the training data's prompt lengths), "
+     "utils/ and compat/"),
     ("workers-below-trainer", "never", ("rltrain.workers",), ("rltrain.trainer",),
      "workers/ never imports trainer/ (the trainer composes workers)"),
     ("trainer-no-model-internals", "never", ("rltrain.trainer",), ("rltrain.models.megatron",),

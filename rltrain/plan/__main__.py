@@ -29,7 +29,8 @@ def _data_lengths(cfg):
     tokenizer from local files only (the planner downloads nothing)."""
     import os
 
-    from rltrain.trainer.setup import data_lengths
+    from rltrain.config.convert import as_config
+    from rltrain.data.lengths import data_lengths
     from rltrain.utils.errors import find_user_error
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,7 +40,7 @@ def _data_lengths(cfg):
     if name != "char" and not os.path.isdir(os.path.expanduser(name)) and not _cached(name):
         return None, f"the tokenizer {name!r} is neither a local directory nor in the Hugging Face cache"
     try:
-        return data_lengths(cfg), None
+        return data_lengths(as_config(cfg)), None
     except Exception as err:  # a missing data file or tokenizer: plan at the config's bound, and say so
         user_error = find_user_error(err)
         if user_error is None:

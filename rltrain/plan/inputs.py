@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from rltrain.data.lengths import DataLengths  # noqa: F401 (the planner's input type, re-exported)
 from rltrain.utils import flops
 from rltrain.utils.errors import UserError
 
@@ -133,19 +134,6 @@ def model_shape(model: Mapping[str, Any]) -> Shape:
                          "preset; download the model (huggingface-cli download), point model.path at a local "
                          "directory with config.json, or, to plan before that checkpoint exists, add the preset of "
                          "its shape (e.g. model.builtin=qwen3-4b)")
-
-
-@dataclass(frozen=True)
-class DataLengths:
-    """The prompt lengths of a run's training data, in tokens as the trainer renders them
-    (rltrain.trainer.setup.data_lengths): the planner plans memory and the fit at the longest (any step could draw
-    only the longest prompts) and time at the mean, in place of data.max_prompt_length (the config's bound, which
-    the data may never reach: the embedded tasks' prompts are 5 tokens against 32-64)."""
-
-    longest: int
-    mean: float
-    count: int
-    where: str  # what was read, for the report: the files, or the synthetic task
 
 
 @dataclass(frozen=True)

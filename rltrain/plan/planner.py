@@ -195,7 +195,7 @@ def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | No
     """Plan `cfg` (a resolved DictConfig or a plain dict). gpu_memory_gib: each GPU's memory (default: the device
     kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
     lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case); prompts:
-    the training data's prompt lengths (rltrain.trainer.setup.data_lengths), planned at in place of
+    the training data's prompt lengths (rltrain.data.lengths.data_lengths), planned at in place of
     data.max_prompt_length when prompt_tokens is not given (memory at the longest, time at the mean)."""
     c = as_dict(cfg)
     dev = device_of(device, gpu_memory_gib)

@@ -5,7 +5,7 @@ Construction only; the loop itself is in ppo.py. `check_config` is where a run's
 rules, then the rules that belong to a room config/ may not import (rollout/: engine names, tool patterns, the vLLM
 head_dim rules; workers/placement.py: placement, rollout.engines_per_gpu; the device), in one report.
 `plan_check` then runs rltrain.plan on a GPU run (trainer.plan_check) at the training data's prompt lengths
-(`data_lengths`), after the datasets and before Ray or any worker; `plan_metrics` gives its per-GPU prediction to
+(rltrain/data/lengths.py), after the datasets and before Ray or any worker; `plan_metrics` gives its per-GPU prediction to
 each step's metrics.
 """
 
@@ -105,72 +105,18 @@ def build_datasets(cfg):
     """(tokenizer, train dataset, val dataset or None, prompt sampler, reward fn) of an RLConfig (or a dict /
     DictConfig of one)."""
     from rltrain.config.convert import as_config
+    from rltrain.data.build import prompt_datasets
     from rltrain.data.dataset import PromptSampler
     from rltrain.data.tokenizer import load_tokenizer
     from rltrain.rewards import get_reward_fn
 
     cfg = as_config(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-    train, val = _datasets(cfg, tokenizer)
+    train, val = prompt_datasets(cfg, tokenizer)
     sampler = PromptSampler(train, batch_size=cfg.data.train_batch_size, seed=cfg.trainer.seed,
                             shuffle=cfg.data.shuffle)
     reward = get_reward_fn(cfg.reward.fn)
     return tokenizer, train, val, sampler, reward
-
-
-def _datasets(cfg, tokenizer, *, val: bool = True):
-    """(train dataset, val dataset or None) of an RLConfig, tokenized with `tokenizer`."""
-    from rltrain.data.dataset import PromptDataset
-
-    d = cfg.data
-    if d.source == "synthetic":
-        from rltrain.data.synthetic import SyntheticTaskDataset
-
-        s = d.synthetic
-        common = dict(tokenizer=tokenizer, apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
-        return (SyntheticTaskDataset(s.task, s.seed, s.train_size, split="train", **common),
-                SyntheticTaskDataset(s.task, s.seed, s.val_size, split="val", **common) if val else None)
-    common = dict(prompt_key=d.prompt_key, answer_key=d.answer_key, data_source_key=d.data_source_key,
-                  tokenizer=tokenizer, max_prompt_length=d.max_prompt_length,
-                  apply_chat_template=d.apply_chat_template, system_prompt=d.system_prompt)
-
-    def load(path):  # rows without a data_source key are tagged with the file's name
-        name = os.path.splitext(os.path.basename(path))[0]
-        return PromptDataset(path, default_data_source=name, **common)
-
-    train = _concat([load(p) for p in d.train_files])
-    return train, (_concat([load(p) for p in d.val_files]) if val and d.val_files else None)
-
-
-def data_lengths(cfg, dataset=None):
-    """The training data's prompt lengths in tokens (rltrain.plan.DataLengths: longest, mean, count, where), as the
-    trainer renders them: of `dataset` (the trainer's train dataset), or of the one the config builds (its tokenizer
-    and data.train_files / data.synthetic; a missing file or tokenizer raises their UserError). rltrain.plan plans
-    memory at the longest and time at the mean, in place of data.max_prompt_length."""
-    from rltrain.config.convert import as_config
-    from rltrain.plan.inputs import DataLengths
-
-    cfg = as_config(cfg)
-    d = cfg.data
-    if dataset is None:
-        from rltrain.data.tokenizer import load_tokenizer
-
-        dataset, _ = _datasets(cfg, load_tokenizer(cfg.model.tokenizer or cfg.model.path), val=False)
-    n = len(dataset)
-    # file datasets hold their tokenized prompts (all are read); a synthetic one tokenizes on access (~36 us each):
-    # evenly spaced LENGTHS_SAMPLE of a larger one (its prompts share one format)
-    picks = range(n) if d.source != "synthetic" or n <= LENGTHS_SAMPLE else \
-        sorted({i * (n - 1) // (LENGTHS_SAMPLE - 1) for i in range(LENGTHS_SAMPLE)})
-    lengths = [len(dataset[i]["prompt_ids"]) for i in picks]
-    if d.source == "synthetic":
-        where = f"the synthetic task {d.synthetic.task!r}" + (f", {len(lengths):,} of {n:,} sampled" if len(lengths) < n
-                                                             else "")
-    else:
-        where = ", ".join(str(p) for p in d.train_files)
-    return DataLengths(longest=max(lengths), mean=sum(lengths) / len(lengths), count=len(lengths), where=where)
-
-
-LENGTHS_SAMPLE = 20_000  # data_lengths: the synthetic prompts it tokenizes at most
 
 
 def check_model(cfg, tokenizer) -> None:
@@ -192,7 +138,8 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
 
     device: the resolved trainer.device (default: resolved as build_workers does); gpu_memory_gib: each GPU's
     memory (default: what torch reports for GPU 0, `gpu_memory_gib()`); dataset: the trainer's train dataset, whose
-    prompt lengths (`data_lengths`) are planned at in place of data.max_prompt_length (or give them as `prompts`)."""
+    prompt lengths (rltrain/data/lengths.py) are planned at in place of data.max_prompt_length (or give them as
+    `prompts`)."""
     from rltrain.config.convert import as_config
     from rltrain.plan import PlanError, make_plan
     from rltrain.plan.inputs import PlanInputError
@@ -210,6 +157,8 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
     if gpu_memory_gib is None:
         gpu_memory_gib = gpu_memory()  # None (unreadable): the planner's H100 80GB
     if prompts is None and dataset is not None:
+        from rltrain.data.lengths import data_lengths
+
         prompts = data_lengths(cfg, dataset)
     try:
         plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, prompts=prompts)
@@ -268,12 +217,6 @@ def plan_metrics(plan) -> dict[str, float]:
         out[f"perf/plan_max_memory_reserved_gb/gpu{g.index}"] = g.allocator_reserved_bytes / 2**30
         out[f"perf/plan_peak_gib/gpu{g.index}"] = g.peak_bytes / 2**30
     return out
-
-
-def _concat(datasets):
-    if len(datasets) == 1:
-        return datasets[0]
-    return torch.utils.data.ConcatDataset(datasets)
 
 
 def build_workers(cfg, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):

@@ -12,8 +12,14 @@ import pytest
 from rltrain.config.entry import compose_config as compose
 from rltrain.plan import make_plan
 from rltrain.plan.__main__ import main
-from rltrain.plan.inputs import DataLengths
-from rltrain.trainer.setup import data_lengths, plan_check
+from rltrain.config.convert import as_config
+from rltrain.data.lengths import DataLengths
+from rltrain.data.lengths import data_lengths as _data_lengths
+from rltrain.trainer.setup import plan_check
+
+
+def data_lengths(cfg):
+    return _data_lengths(as_config(cfg))
 
 GPU = ["model=qwen3_0.6b_random", "trainer.device=cuda", "rollout=vllm", "data.train_batch_size=32", "rollout.n=8",
        "rollout.max_response_length=64", "data.max_prompt_length=256", "actor.use_kl_loss=true",
