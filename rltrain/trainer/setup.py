@@ -5,8 +5,8 @@ Construction only; the loop itself is in ppo.py. `check_config` is where a run's
 rules, then the rules that belong to a room config/ may not import (rollout/: engine names, tool patterns, the vLLM
 head_dim rules; workers/placement.py: placement, rollout.engines_per_gpu; the device), in one report.
 `plan_check` then runs rltrain.plan on a GPU run (trainer.plan_check) at the training data's prompt lengths
-(rltrain/data/lengths.py), after the datasets and before Ray or any worker; `plan_metrics` gives its per-GPU prediction to
-each step's metrics.
+(rltrain/data/lengths.py), after the datasets and before Ray or any worker; `plan_metrics` gives its per-GPU
+prediction to each step's metrics.
 """
 
 from __future__ import annotations
