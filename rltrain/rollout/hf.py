@@ -258,9 +258,9 @@ class HFEngine(Engine):
         """Level 1 on a GPU: each weight into its own page-locked host copy, kept between sleeps (allocated at the
         first sleep), then the GPU storage released. `model.to("cpu")` allocated pageable memory at every sleep and
         copied through it: 0.54 s for the Qwen3-0.6B's 1.19 GB on one host (2026-11-26), 0.13 s on another."""
-        if self._host is None:
-            self._host = [torch.empty_like(t, device="cpu").pin_memory() for t in self._tensors()]
         tensors = self._tensors()
+        if self._host is None:
+            self._host = [torch.empty_like(t, device="cpu").pin_memory() for t in tensors]
         for t, h in zip(tensors, self._host):
             h.copy_(t, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()  # the host copies are whole before the GPU's go

@@ -129,8 +129,7 @@ def check_model(cfg, tokenizer) -> None:
     model_hf_config(as_config(cfg).model, tokenizer)
 
 
-def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None,
-               prompts=None):
+def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None):
     """trainer.plan_check on a GPU run, before Ray, vLLM or any worker starts: rltrain.plan's prediction of every
     GPU's peak (docs/plan.md), printed once; a GPU that will not fit raises PlanError (a UserError: the entry
     point prints it and exits 2) with `error`, is a printed warning with `warn`; `off` plans nothing. Returns the
@@ -138,8 +137,7 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
 
     device: the resolved trainer.device (default: resolved as build_workers does); gpu_memory_gib: each GPU's
     memory (default: what torch reports for GPU 0, `gpu_memory_gib()`); dataset: the trainer's train dataset, whose
-    prompt lengths (rltrain/data/lengths.py) are planned at in place of data.max_prompt_length (or give them as
-    `prompts`)."""
+    prompt lengths (rltrain/data/lengths.py) are planned at in place of data.max_prompt_length."""
     from rltrain.config.convert import as_config
     from rltrain.plan import PlanError, make_plan
     from rltrain.plan.inputs import PlanInputError
@@ -156,7 +154,8 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
         return None
     if gpu_memory_gib is None:
         gpu_memory_gib = gpu_memory()  # None (unreadable): the planner's H100 80GB
-    if prompts is None and dataset is not None:
+    prompts = None
+    if dataset is not None:
         from rltrain.data.lengths import data_lengths
 
         prompts = data_lengths(cfg, dataset)
