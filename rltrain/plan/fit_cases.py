@@ -108,7 +108,8 @@ def cases() -> list[Case]:
     fit_rows = {"06b-8k-norms+optim": "act_none_fusion_none", "06b-8k-all": "act_none_fusion_compile",
                 "06b-8k-mcore-tp2": "act_none_fusion_mcore", "06b-32k-all-rc_selective": "act_selective",
                 "06b-64k-all-rc_full": "act_full_working"}
-    time_rows = {"4b-8k-all": "update_rate_width_exponent", "4b-8k-all-tp2": "tp_allreduce_s"}  # step time only
+    time_rows = {"4b-8k-all": "update_rate_width_exponent", "4b-8k-all-tp2": "tp_allreduce_s",  # step time only
+                 "06b-32k-all-rc_selective": "attention_tflops"}
     for rel in ("update/bench_update.json", "update/bench_update_h100_64k.json", "update/bench_update_h200_4b.json",
                 "update/bench_update_h200_tp2.json"):
         d = load(rel)
@@ -117,13 +118,14 @@ def cases() -> list[Case]:
                 continue
             name = row["row"]["name"]
             legacy = row["row"].get("norms") == "fp32"
-            fitted = () if name in ("06b-8k-norms+optim", "06b-8k-all") else (
-                ("step_s",) if name in time_rows else ("peak_gib",))
+            fitted = () if name in ("06b-8k-norms+optim", "06b-8k-all") else tuple(
+                q for q, rows in (("peak_gib", fit_rows), ("step_s", time_rows)) if name in rows)
             out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), bench_overrides(row),
                             "fit" if (name in fit_rows or name in time_rows) else ("legacy" if legacy else "held out"),
                             {"peak_gib": row["peak_gib"], "step_s": row["step_s"],
                              "reserved_gib": row.get("reserved_gib", 0.0)},
-                            fits_constant=fit_rows.get(name, "") or time_rows.get(name, ""), fitted=fitted))
+                            fits_constant=", ".join(r[name] for r in (fit_rows, time_rows) if name in r),
+                            fitted=fitted))
     d = load("gpu_smoke_h100_steps.json")
     for sec in ("step8k", "longctx"):
         for row in d[sec]:

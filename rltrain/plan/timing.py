@@ -10,14 +10,15 @@
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
                + critic values, without the LM head's FLOPs: the critic's head is h -> 1): forward FLOPs (1/3 of
                utils/flops.train_flops, on the ACTIVE parameters for MoE) of the step's tokens on one data-parallel
-               rank at the update rate without recompute, + fwd_mb_layer_s per micro-batch (of
+               rank at the update's rates (weight matrices, attention) without recompute, + fwd_mb_layer_s per micro-batch (of
                actor.log_prob_max_tokens_per_micro_batch tokens, else the update's; values: the critic's) and layer
                (+ MoE: moe_pass_seconds per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2
                all-reduces a layer, per micro-batch; PP: the FLOPs and the per-layer cost x (m + pp - 1) / m for m
                micro-batches, the pipeline's fill and drain).
-  update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs at
+  update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs, its weight matrices' FLOPs at
                update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent (the rates are the 0.6B's;
-               a wider model's GEMMs dominate its elementwise work), times recompute_<full|selective>_time_factor
+               a wider model's GEMMs dominate its elementwise work) and its causal attention's at attention_tflops
+               (flash attention's kernels, whatever the width), times recompute_<full|selective>_time_factor
                with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch
                and layer
                (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute; + TP > 1 with torch.compile's
@@ -46,16 +47,33 @@ from rltrain.plan.memory import (VLLM_MAX_NUM_SEQS, full_params, grouped_gemm, k
 from rltrain.utils import flops
 
 
+def recompute_factor(x: Inputs, recompute: bool | None = None) -> float:
+    """The update's time with activation recompute over its time without (1 without recompute)."""
+    if not (x.recompute if recompute is None else recompute):
+        return 1.0
+    selective = x.recompute_granularity == "selective" and "mlp" in x.recompute_modules
+    return cal.value("recompute_selective_time_factor" if selective else "recompute_full_time_factor")
+
+
 def update_rate(x: Inputs, *, recompute: bool | None = None) -> float:
-    """Achieved model FLOP/s of one GPU in the update (a TP group of x.tp GPUs runs x.tp times this); with
-    recompute, divided by its time factor (the extra forward is not counted as model FLOPs)."""
-    rc = x.recompute if recompute is None else recompute
+    """Achieved FLOP/s of one GPU on the weight matrices' FLOPs of the update (a TP group of x.tp GPUs runs x.tp times
+    this); with recompute, divided by its time factor (the extra forward is not counted as model FLOPs)."""
     rate = cal.value("update_tflops_none_none" if x.fusion == "none" else "update_tflops_compile_none")
     rate *= (x.shape.hidden_size / cal.RATE_HIDDEN) ** cal.value("update_rate_width_exponent")
-    if rc:
-        selective = x.recompute_granularity == "selective" and "mlp" in x.recompute_modules
-        rate /= cal.value("recompute_selective_time_factor" if selective else "recompute_full_time_factor")
-    return rate * 1e12
+    return rate * 1e12 / recompute_factor(x, recompute)
+
+
+def flop_seconds(x: Inputs, tokens: float, seq: float, *, recompute: bool | None = None,
+                 skip_flops: float = 0.0) -> float:
+    """Seconds of utils/flops.train_flops (forward + backward) of `tokens` tokens in sequences of `seq` on one TP x PP
+    group: the weight matrices' FLOPs (less skip_flops, e.g. a critic's LM head) at update_rate, the causal
+    attention's at attention_tflops (FlashAttention's kernels: their own rate, whatever the width; the 0.6B's 32k and
+    64k sequences are 76-86% attention FLOPs); with recompute, both over its time factor."""
+    shape = ns(x.shape)
+    attn = flops.attention_flops(shape, tokens, seq)
+    dense = flops.train_flops(shape, tokens, seq) - attn - skip_flops
+    attn_rate = cal.value("attention_tflops") * 1e12 / recompute_factor(x, recompute)
+    return (dense / update_rate(x, recompute=recompute) + attn / attn_rate) / (x.tp * x.pp)
 
 
 def tp_pass_seconds(x: Inputs, all_reduces: int) -> float:
@@ -130,7 +148,6 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     tokens_rank = step_seqs(x) * seq / x.dp
     n_mini = max(1, math.ceil(x.train_batch_size / x.ppo_mini_batch_size))
     out: dict[str, float] = {}
-    fwd_rate = update_rate(x, recompute=False)
     over = 1.0 if loop_overhead else 0.0
     moe = moe_pass_seconds(x)
     layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
@@ -143,7 +160,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
         m + pp - 1 stage slots, not m."""
         n_fwd_mb = max(1, math.ceil(tokens_rank / max(budget, seq)))
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
-        return (((flops.train_flops(shape, tokens_rank, seq) - head_flops) / 3 / (x.tp * x.pp * fwd_rate)
+        return ((flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3
                  + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s")) * bubble
                 + n_fwd_mb * (moe + tp_pass_seconds(x, 2)))
 
@@ -155,7 +172,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
         out["values"] = forward(x.critic_mb_tokens, head)
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
-    upd = flops.train_flops(shape, tokens_rank, seq) / (x.tp * x.pp * update_rate(x)) * bubble
+    upd = flop_seconds(x, tokens_rank, seq) * bubble
     # per micro-batch: the fixed cost of its layers (a stage's; the pipeline's bubble as for the FLOPs), the experts'
     # loop forward + backward (2x; one more forward with full recompute) and TP's all-reduces (4 a layer; + 2 for a
     # recomputed layer, + 1 for a recomputed MLP)

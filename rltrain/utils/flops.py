@@ -90,9 +90,14 @@ def active_params(cfg) -> int:
 def train_flops(cfg, tokens: float, seq_len: float) -> float:
     """Model FLOPs of forward+backward (3x forward) for `tokens` tokens in sequences of `seq_len`:
     2 FLOPs per multiply-add over every active weight matrix (incl. the LM head) + causal attention (QK^T and PV)."""
+    return 3 * tokens * 2 * matmul_params(cfg) + attention_flops(cfg, tokens, seq_len)
+
+
+def attention_flops(cfg, tokens: float, seq_len: float) -> float:
+    """The causal attention's part of train_flops (QK^T and PV, forward + backward = 3x forward): it grows with the
+    sequence, the weight matrices' part does not."""
     q = cfg.num_attention_heads * head_dim(cfg)
-    attn = 2 * 2 * cfg.num_hidden_layers * q * (seq_len / 2)  # per token, causal average context
-    return 3 * tokens * (2 * matmul_params(cfg) + attn)
+    return 3 * tokens * 2 * 2 * cfg.num_hidden_layers * q * (seq_len / 2)  # per token, causal average context
 
 
 # Dense bf16 peak of one GPU, FLOP/s, by a fragment of its torch.cuda.get_device_name() (vendor datasheets, SXM

@@ -9,6 +9,7 @@ import pytest
 from rltrain.models.presets import BUILTINS
 from rltrain.utils.flops import (
     active_params,
+    attention_flops,
     matmul_params,
     num_params,
     peak_flops,
@@ -46,6 +47,8 @@ def test_toy_moe_total_and_active_params_by_hand():
     assert active_params(TOY_MOE) == 1104 + 136 == 1240
     # FLOPs on the active weights: 3 tokens in sequences of 4; attention 2 (QK, PV) x 2 x 2 layers x 8 x 4/2 = 128
     assert train_flops(TOY_MOE, 3, 4) == 3 * 3 * (2 * 1104 + 128)
+    assert attention_flops(TOY_MOE, 3, 4) == 3 * 3 * 128  # the attention's part alone
+    assert attention_flops(TOY_MOE, 3, 8) == 2 * attention_flops(TOY_MOE, 3, 4)  # it grows with the sequence
 
 
 def test_dense_model_active_equals_total():
