@@ -79,8 +79,13 @@ def plans() -> dict[str, list[Row]]:
     small_64k = [_row(p06, 65536, "legacy", recompute="full"), _row(p06, 65536, "all", recompute="full"),
                  _row(p06, 65536, "all", recompute="selective")]
     full = [small_8k[0], small_8k[2], small_8k[4]] + small_32k + big  # < 9 min on one H200
+    # issue 36: lengths no row had, to check rltrain.plan's attention rate blind (predicted with --plan-json first);
+    # the 0.6B on one H100, ~4 min
+    lengths = [_row(p06, 16384, "all"), _row(p06, 16384, "norms+optim"), _row(p06, 49152, "all", recompute="selective"),
+               _row(p06, 49152, "norms+optim", recompute="full"), _row(p06, 98304, "all", recompute="full"),
+               _row(p06, 131072, "all", recompute="full")]
     return {"full": full, "quick": quick, "h100": small_8k + small_32k, "h100-64k": small_64k,
-            "h200-4b": big, "tp2": tp2,
+            "h200-4b": big, "tp2": tp2, "lengths": lengths,
             "cpu": [_row("tiny", 256, "legacy", profile=True), _row("tiny", 256, "norms+optim")]}
 
 
@@ -140,6 +145,24 @@ def predicted_row_s(row: Row, reps: int, compiled_before: bool) -> float:
     step = predicted_step_s(row)
     prof = (3 * step + 10.0) if row.profile else 0.0
     return 12.0 + build + compile_s + (1 + reps) * step + prof + (8.0 if row.tp == 2 else 0.0)
+
+
+def write_plan_predictions(rows: list[Row], gpu: str, path: str) -> None:
+    """rltrain.plan's peak memory, update step time and fit of each row as its config (plan/fit_cases.py's
+    bench_overrides: one sequence of `tokens` in one micro-batch) on one `gpu` -> JSON at `path`."""
+    from rltrain.plan.fit import predict
+    from rltrain.plan.fit_cases import Case, bench_overrides
+
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu,
+           "command": "python " + " ".join(sys.argv), "rows": {}}
+    for r in rows:
+        case = Case(r.name, "prediction", gpu, bench_overrides({"row": dataclasses.asdict(r)}), "held out", {})
+        p = predict(case)
+        out["rows"][r.name] = {k: round(p[k], 4) for k in ("peak_gib", "reserved_gib", "step_s", "fits")}
+        print(f"  {r.name:36s} plan: peak {p['peak_gib']:6.2f} GiB, step {p['step_s']:6.3f} s, "
+              f"fits {bool(p['fits'])}")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 # ------------------------------------------------------------------ one row
@@ -310,6 +333,10 @@ def main() -> None:
     ap.add_argument("--no-attention-probe", action="store_true",
                     help="skip the SDPA backend timing (fwd / fwd+bwd per backend at the models' shapes, ~15 s)")
     ap.add_argument("--list", action="store_true", help="print the plan with predicted times and exit")
+    ap.add_argument("--plan-json", metavar="PATH",
+                    help="write rltrain.plan's prediction of each row (peak GiB, step s, fits) for --gpu and exit: "
+                         "the prediction a run is compared with, written before it runs")
+    ap.add_argument("--gpu", choices=["h100", "h200"], default="h100", help="the device of --plan-json")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: one row (JSON) in this process
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # internal: device + GEMM ceiling
     args = ap.parse_args()
@@ -354,6 +381,9 @@ def main() -> None:
           f"(budget {args.budget_s:.0f} s)")
     for r, p in zip(rows, preds):
         print(f"  {r.name:36s} predicted step {predicted_step_s(r):6.3f} s, row {p:5.0f} s")
+    if args.plan_json:
+        write_plan_predictions(rows, args.gpu, args.plan_json)
+        return
     if args.list:
         return
     start = time.time()
