@@ -95,21 +95,21 @@ TIME: dict[str, Const] = {
     # achieved TFLOP/s of one update micro-batch on its weight matrices' FLOPs (utils/flops.train_flops less
     # attention_flops), by (fusion, recompute): the 8k rows' time less their attention FLOPs at attention_tflops
     "update_tflops_none_none": Const(
-        194.5747, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 29.29 "
+        194.5633, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 29.29 "
                           "TFLOP of weight matrices and 23.09 of attention (0.6B, one 8,192-token sequence)"),
     "update_tflops_compile_none": Const(
-        276.8614, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s, the same FLOPs"),
+        276.8382, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s, the same FLOPs"),
     # the rates above are the Qwen3-0.6B's (hidden size 1,024); a wider model runs its GEMMs nearer the peak (the
     # GEMM FLOPs grow as h^2, the elementwise work and launches around them as h): x (h / 1024)^this
     "update_rate_width_exponent": Const(
-        0.4871, "exponent", "update/bench_update_h200_4b.json, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
+        0.4872, "exponent", "update/bench_update_h200_4b.json, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
                             "2,560, one 8,192-token sequence, torch.compile) 0.5574 s for 197.7 TFLOP of weight "
                             "matrices and 59.4 of attention, against the 0.6B's 06b-8k-all"),
     # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
     # rate, not the weight matrices' (when one rate took both, until 2026-11-26's night, the 0.6B's 32k and 64k rows, 76-86%
     # attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
     "attention_tflops": Const(
-        591.6628, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
+        591.6964, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
                           "one 32,768-token sequence, selective recompute: 117.2 TFLOP of weight matrices, 369.4 of "
                           "attention)"),
     # activation recompute: one more forward of the recomputed part, as a factor on the update's time
@@ -124,16 +124,17 @@ TIME: dict[str, Const] = {
     # fraction of the FLOPs: the 0.6B's TP=2 loss (0.176 s where half its TP=1 time is 0.07) is as many seconds per
     # layer as the 4B's, and the 4B's 32k rows lose no more per pass than its 8k rows; per doubling of TP
     "tp_allreduce_s": Const(
-        0.0008298, "s per TP all-reduce x layer x micro-batch pass",
+        0.0008297, "s per TP all-reduce x layer x micro-batch pass",
         "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: 4b-8k-all 0.5574 s at "
         "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
         "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
         "loss"),
-    # short-sequence GRPO phases: a fixed cost per micro-batch and layer (kernel launches, Python) on top of the FLOPs
-    # at the rates above (per layer: the 8-layer dense twin of 2026-11-26 took 0.19 s where 28 layers' fixed cost
-    # alone would be 0.22 s)
-    "update_mb_layer_s": Const(
-        0.00226, "s per micro-batch x layer",
+    # the update's fixed cost per optimizer step (mini-batch) and layer (the step, the grad norm's host sync, zeroing,
+    # launches) on top of the FLOPs at the rates above (per layer: the 8-layer dense twin of 2026-11-26 took 0.19 s
+    # where 28 layers' fixed cost alone would be 0.22 s); per micro-batch until the 8,192-token responses' 32
+    # micro-batches in one step (lengths_blind_2026-11-26) showed it is not
+    "update_step_layer_s": Const(
+        0.00226, "s per mini-batch x layer",
         "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
         "mini-batches of one 8,832-token micro-batch, 28 layers)"),
     "fwd_mb_layer_s": Const(
@@ -146,14 +147,14 @@ TIME: dict[str, Const] = {
         0.0004128, "s per local expert x sparse layer x forward pass",
         "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
-        "passes) less its active FLOPs at the update rate and update_mb_layer_s"),
+        "passes) less its active FLOPs at the update rate and update_step_layer_s"),
     # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
     # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
     "moe_grouped_layer_pass_s": Const(
         0.003636, "s per sparse layer x forward pass",
         "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
-        "3 passes) less its active FLOPs at the update rate and update_mb_layer_s"),
+        "3 passes) less its active FLOPs at the update rate and update_step_layer_s"),
     "vllm_seq_step_s": Const(
         4.575e-05, "s per sequence x decode step",
         "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "

@@ -111,7 +111,7 @@ def cases() -> list[Case]:
     time_rows = {"4b-8k-all": "update_rate_width_exponent", "4b-8k-all-tp2": "tp_allreduce_s",  # step time only
                  "06b-32k-all-rc_selective": "attention_tflops"}
     for rel in ("update/bench_update.json", "update/bench_update_h100_64k.json", "update/bench_update_h200_4b.json",
-                "update/bench_update_h200_tp2.json"):
+                "update/bench_update_h200_tp2.json", LENGTHS + "bench_update.json"):
         d = load(rel)
         for row in d["rows"]:
             if row.get("status") != "ok":
@@ -143,7 +143,7 @@ def cases() -> list[Case]:
                             bench_overrides(smoke_overrides(row["fused"], False, row["tokens"])), "legacy",
                             {"fits": 0.0}))
     # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
-    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_mb_layer_s, and its sleep/wake/reload (hf_offload_s_per_gb,
+    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_step_layer_s, and its sleep/wake/reload (hf_offload_s_per_gb,
     # hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its update_weights less its wake); grpo vllm k4:
     # ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their own processes)
     fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
@@ -294,6 +294,9 @@ EVENING = "scaling_h200x2_evening_2026-11-26/"
 BLIND = "one_h200_blind_2026-11-26/"
 BLIND2 = "two_h200_blind_2026-11-26/"
 PINNED = "hf_pinned_sleep_h200x2_2026-11-26/"
+# 2026-11-26, late, one H200: bench_update's "lengths" rows (the 0.6B at 16k-128k tokens) and the GRPO step at 2,048-
+# and 8,192-token responses, each predicted before it ran (predictions_*.json there)
+LENGTHS = "lengths_blind_2026-11-26/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -371,6 +374,10 @@ SCALING_RUNS = [
      BLIND2 + "pp2_qwen06b_pp2_metrics.jsonl", "held out", ()),
     ("4B colocated DP=2, one vLLM engine per GPU at 0.3 (two H200s)", BLIND2 + "t4b.json", "colocated_dp2_tp1",
      BLIND2 + "t4b_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+    ("0.6B single, 16 x 8 at 2,048-token responses", LENGTHS + "r2k.json", "single",
+     LENGTHS + "r2k_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("0.6B single, 4 x 8 at 8,192-token responses", LENGTHS + "r8k.json", "single",
+     LENGTHS + "r8k_qwen06b_single_metrics.jsonl", "held out", ()),
 ]
 
 
@@ -394,6 +401,8 @@ def scaling_cases() -> list[Case]:
                 "step_s": m["timing_s/step"]}
         if any(k.startswith("rollout") for k in alloc):
             meas["rollout_allocator_peak_gib"] = max(v for k, v in alloc.items() if k.startswith("rollout"))
+        # the runs' prompts are the embedded task's 5 tokens, every response runs to rollout.max_response_length
+        resp = next((int(o.split("=", 1)[1]) for o in ov if o.startswith("rollout.max_response_length=")), 64)
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
-                        GRPO_LENGTHS, fitted=fitted, legacy_q=legacy[0] if legacy else ()))
+                        {**GRPO_LENGTHS, "response_tokens": resp}, fitted=fitted, legacy_q=legacy[0] if legacy else ()))
     return out

@@ -218,16 +218,24 @@ class GPU:
         return [n for n in self.notes if n.startswith("REFUSE:")]
 
 
-def micro_batch_tokens(x: Inputs, budget: int, seq_len: int) -> int:
-    """Tokens of the largest update micro-batch on one DP rank: the budget (a longer sequence gets a micro-batch of
-    its own), at most the mini-batch's tokens there (every sequence at full length)."""
-    per_rank = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) * seq_len
-    return max(seq_len, min(budget, per_rank))
+def rows_per_micro_batch(budget: int, seq_len: int) -> int:
+    """Sequences of seq_len in one micro-batch of `budget` tokens: whole rows only (models/megatron/micro_batch.py
+    groups rows while rows x the longest fits the budget; a longer row gets a micro-batch of its own), so a budget
+    of 16,384 holds one 8,197-token sequence, not two."""
+    return max(1, budget // max(1, seq_len))
 
 
-def n_micro_batches(x: Inputs, budget: int, seq_len: int) -> int:
-    per_rank = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) * seq_len
-    return max(1, math.ceil(per_rank / max(budget, seq_len)))
+def micro_batch_tokens(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
+    """Tokens of the largest micro-batch on one DP rank: the whole rows the budget holds (a longer sequence gets a
+    micro-batch of its own), at most `rows` (default: the update's mini-batch rows on the rank)."""
+    rows = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) if rows is None else rows
+    return min(rows_per_micro_batch(budget, seq_len), rows) * seq_len
+
+
+def n_micro_batches(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
+    """Micro-batches of `rows` sequences (default: the update's mini-batch rows on one DP rank) under `budget`."""
+    rows = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) if rows is None else rows
+    return max(1, math.ceil(rows / rows_per_micro_batch(budget, seq_len)))
 
 
 def activation_bytes(x: Inputs, T: int, stage: int) -> tuple[float, str]:
@@ -403,8 +411,8 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     per_stage = x.tp * x.dp
     # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
     # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
-    rows_tokens = math.ceil(x.train_batch_size * x.n / x.dp) * x.seq_len
-    T_fwd, T_values = (max(x.seq_len, min(budget, rows_tokens)) for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
+    rows = math.ceil(x.train_batch_size * x.n / x.dp)
+    T_fwd, T_values = (micro_batch_tokens(x, budget, x.seq_len, rows) for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
     for r in range(x.world):
         stage = min(r // per_stage, x.pp - 1)
         static = train_static(x, stage)

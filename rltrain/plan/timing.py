@@ -19,8 +19,8 @@
                update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent (the rates are the 0.6B's;
                a wider model's GEMMs dominate its elementwise work) and its causal attention's at attention_tflops
                (flash attention's kernels, whatever the width), times recompute_<full|selective>_time_factor
-               with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_mb_layer_s per micro-batch
-               and layer
+               with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_step_layer_s per mini-batch
+               (optimizer step) and layer
                (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute; + TP > 1 with torch.compile's
                layers: tp_allreduce_s per all-reduce, 4 a layer and micro-batch, per doubling; fusion none: none).
   weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
@@ -158,7 +158,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
         """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. PP: it runs
         the same pipeline schedule as the update (megatron's, forward_only): m micro-batches through pp stages take
         m + pp - 1 stage slots, not m."""
-        n_fwd_mb = max(1, math.ceil(tokens_rank / max(budget, seq)))
+        n_fwd_mb = n_micro_batches(x, budget, seq, math.ceil(step_seqs(x) / x.dp))
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
         return ((flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3
                  + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s")) * bubble
@@ -173,18 +173,21 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     bubble = 1 + (x.pp - 1) / max(1, n_mb / n_mini) if x.pp > 1 else 1.0
     upd = flop_seconds(x, tokens_rank, seq) * bubble
-    # per micro-batch: the fixed cost of its layers (a stage's; the pipeline's bubble as for the FLOPs), the experts'
-    # loop forward + backward (2x; one more forward with full recompute) and TP's all-reduces (4 a layer; + 2 for a
-    # recomputed layer, + 1 for a recomputed MLP)
+    # per micro-batch: the experts' loop forward + backward (2x; one more forward with full recompute) and TP's
+    # all-reduces (4 a layer; + 2 for a recomputed layer, + 1 for a recomputed MLP); per mini-batch (one optimizer
+    # step: the step, the grad norm's host sync, zeroing): the fixed cost of the stage's layers (the pipeline's bubble
+    # as for the FLOPs). Per micro-batch it planned the 8,192-token responses' 32 micro-batches +24% and the 2,048's
+    # 19 +47%; per step -6% and +21% (and 6 older runs with 2-3 micro-batches a step nearer, none farther)
     full = x.recompute and x.recompute_granularity == "full"
     selective = x.recompute and not full and "mlp" in x.recompute_modules
-    per_mb = (over * layers * cal.value("update_mb_layer_s") * bubble + moe * (4 if full else 3)
+    per_mb = (moe * (4 if full else 3)
               + tp_pass_seconds(x, 4 + (2 if full else 1 if selective else 0)))
-    out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb)
+    per_mini = over * layers * cal.value("update_step_layer_s") * bubble
+    out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb + n_mini * per_mini)
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
         upd_critic = upd - head / (x.tp * x.pp * update_rate(x)) * bubble
-        out["update_critic"] = x.critic_ppo_epochs * (upd_critic + n_mbc * per_mb)
+        out["update_critic"] = x.critic_ppo_epochs * (upd_critic + n_mbc * per_mb + n_mini * per_mini)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,8 +16,8 @@ from rltrain.plan import calibration as cal
 from rltrain.config.entry import compose_config as compose
 from rltrain.plan.__main__ import main
 from rltrain.plan.inputs import PlanInputError, model_shape, read
-from rltrain.plan.memory import (activation_bytes, kv_bytes_per_token, micro_batch_tokens, role_params, train_static,
-                                 update_phase)
+from rltrain.plan.memory import (activation_bytes, kv_bytes_per_token, micro_batch_tokens, n_micro_batches,
+                                 role_params, train_static, update_phase)
 from rltrain.utils.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,6 +97,19 @@ def test_micro_batch_tokens_rule():
     assert micro_batch_tokens(x, x.mb_tokens, x.seq_len) == 8192  # a longer sequence gets its own micro-batch
     x = read(qwen06b("actor.max_tokens_per_micro_batch=65536", "actor.ppo_mini_batch_size=1", "rollout.n=2"))
     assert micro_batch_tokens(x, x.mb_tokens, x.seq_len) == 2 * x.seq_len  # at most the mini-batch's tokens
+    # whole rows (models/megatron/micro_batch.py): 16,384 tokens hold one 8,197-token sequence, so 32 rows take 32
+    # micro-batches of 8,197 tokens, not 17 of 16,384
+    x = read(qwen06b("actor.max_tokens_per_micro_batch=16384", "data.max_prompt_length=5",
+                     "rollout.max_response_length=8192", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+                     "rollout.n=8"))
+    assert x.seq_len == 8197
+    assert micro_batch_tokens(x, x.mb_tokens, x.seq_len) == 8197
+    assert n_micro_batches(x, x.mb_tokens, x.seq_len) == 32
+    x = read(qwen06b("actor.max_tokens_per_micro_batch=16384", "data.max_prompt_length=5",
+                     "rollout.max_response_length=2048", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16",
+                     "rollout.n=8"))
+    assert micro_batch_tokens(x, x.mb_tokens, x.seq_len) == 7 * 2053  # 7 rows of 2,053 (14,371 tokens) fit
+    assert n_micro_batches(x, x.mb_tokens, x.seq_len) == math.ceil(128 / 7)
 
 
 def test_kv_cache_bytes_match_the_engine_rule():
@@ -188,8 +202,8 @@ def test_pipeline_forward_pays_the_fill_and_drain_of_its_schedule():
     one = read(qwen06b())
     two = read(qwen06b("trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"))
     assert (one.dp, two.dp, two.pp) == (1, 1, 2)
-    tokens = step_seqs(one) * one.seq_len
-    m = math.ceil(tokens / max(one.mb_tokens, one.seq_len))  # forward micro-batches, the same on both
+    # forward micro-batches of whole rows (budget // seq_len rows each), the same on both
+    m = math.ceil(step_seqs(one) / max(1, one.mb_tokens // one.seq_len))
     # each stage does half the layers, but m micro-batches through 2 stages take m + 1 stage slots:
     # (F / 2 + m L c / 2) (m + 1) / m against F + m L c on one GPU
     ratio = train_seconds(two)["old_log_prob"] / train_seconds(one)["old_log_prob"]
