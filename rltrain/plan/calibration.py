@@ -160,6 +160,12 @@ TIME: dict[str, Const] = {
         "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
         "sequences (the engine's host work per sequence and step: scheduling, sampling, detokenizing; 512 sequences "
         "took 2.0-2.8x as long as 256 on 2026-11-26)"),
+    # a memory-bound decode step (long contexts: the wave's KV cache outweighs the weights) reads its bytes at this
+    # share of the datasheet bandwidth (paged attention over the KV cache and the weights' GEMV at a small wave)
+    "decode_hbm_fraction": Const(
+        0.6218, "x datasheet HBM bandwidth",
+        "lengths_blind_2026-11-26/r8k_qwen06b_single_metrics.jsonl, 2026-11-26, H200: gen 44.59 s for 8,192 decode "
+        "steps of 32 sequences (1.2 GB of weights + 15.0 GB of KV cache at the mean context a step)"),
     # the hf engine decodes with transformers in eager mode, one Python call per layer a token: launch-bound (the 0.6B's
     # 1.2 GB of weights read in 0.4 ms of its 39 ms step), so a cost per layer and decode step
     "hf_layer_step_s": Const(

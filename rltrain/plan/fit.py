@@ -174,6 +174,9 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["hf_layer_step_s"] = _solve("hf_layer_step_s", hf, "generation_s")
     split = by("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1")
     fitted["vllm_seq_step_s"] = _solve("vllm_seq_step_s", split, "generation_s")
+    stack.enter_context(constant("vllm_seq_step_s", fitted["vllm_seq_step_s"]))
+    fitted["decode_hbm_fraction"] = _solve("decode_hbm_fraction", by("0.6B single, 4 x 8 at 8,192-token responses",
+                                                                      "lengths_blind"), "generation_s")
     vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]
     shape06 = read(compose(vl.overrides)).shape  # the Qwen3-0.6B shape of every run below
     tensors = weight_tensors(shape06)

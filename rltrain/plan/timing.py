@@ -4,7 +4,7 @@
                1,024 (rollout/vllm.py MAX_NUM_SEQS) or as many as its KV cache holds at full length (hf:
                rollout.max_batch_size); each of max_response_length decode steps costs vllm_seq_step_s per sequence of
                the wave (the engine's host work: scheduling, sampling, detokenizing each sequence) or (weights + the
-               wave's KV cache at its mean context) / HBM bandwidth, the larger
+               wave's KV cache at its mean context) / (HBM bandwidth x decode_hbm_fraction), the larger
                (they overlap; hf: hf_layer_step_s per layer, eager transformers being launch-bound; MoE: of the
                experts, those the wave routes to); prefill at the forward rate.
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
@@ -133,7 +133,8 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
         weights = decode_weight_bytes(x, wave)
         # the engine's host work per step (scheduling, sampling and detokenizing each sequence of the wave) and the
         # GPU's reads overlap (CUDA launches are asynchronous): the larger
-        step = max(cal.value("vllm_seq_step_s") * wave, (weights + wave * ctx * kv_tok) / hbm)
+        step = max(cal.value("vllm_seq_step_s") * wave,
+                   (weights + wave * ctx * kv_tok) / (hbm * cal.value("decode_hbm_fraction")))
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
         return waves * resp * step + prefill
