@@ -379,6 +379,11 @@ SCALING_RUNS = [
     # decode_hbm_fraction is solved from its generation (the first run whose decode is bound by HBM, not the host)
     ("0.6B single, 4 x 8 at 8,192-token responses", LENGTHS + "r8k.json", "single",
      LENGTHS + "r8k_qwen06b_single_metrics.jsonl", "fit", ("generation_s",)),
+    # then predicted with it, before they ran: the 4B at 4,096-token responses and the 0.6B at 4,096 (8 x 8)
+    ("Qwen3-4B shape, 4 x 8 at 4,096-token responses", LENGTHS + "g4k.json", "single",
+     LENGTHS + "g4k_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("0.6B single, 8 x 8 at 4,096-token responses", LENGTHS + "r4k.json", "single",
+     LENGTHS + "r4k_qwen06b_single_metrics.jsonl", "held out", ()),
 ]
 
 
