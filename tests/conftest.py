@@ -36,7 +36,56 @@ def pytest_runtest_setup(item):
                     "namespaces, Landlock and seccomp; tests/sandbox/test_isolation_required.py covers the refusal")
 
 
+# `make test` runs the suite on two xdist workers (`-n 2 --dist loadscope`, see the Makefile); each worker is a pytest
+# session of its own. A unit of work handed to a worker keeps together the tests that share an expensive fixture: a
+# module (a module fixture runs once), or the modules that share an expensive session fixture (_SHARED_SESSION).
+# Units start longest first (_LONGEST_FIRST; seconds on a 2-core box, serial run), so no long one is left for the end
+# of one worker while the other idles. Serial runs (`pytest tests/x.py`, `-n 0`, `-p no:xdist`) keep the plain order.
+# (xdist's own `--dist loadgroup` with xdist_group marks does not group under pytest 9.2: it renames node ids
+# through an attribute pytest no longer reads.)
+_SHARED_SESSION = {  # retool_sft_model (tests/trainer/conftest.py): the tiny ReTool SFT model, ~20 s to train
+    "tests/trainer/test_retool_tiny.py": "retool_sft_model", "tests/trainer/test_vllm_trainer.py": "retool_sft_model"}
+_LONGEST_FIRST = [
+    "tests/trainer/test_async_e2e.py",  # ~110 s
+    "retool_sft_model",  # ~130 s
+    "tests/rollout/test_rollout_vllm.py",  # ~100 s
+    "tests/trainer/test_mesh.py",  # ~85 s
+    "tests/test_learn_recipe.py",  # ~60 s
+    "tests/models/test_megatron_moe_ep.py",  # ~45 s
+    "tests/trainer/test_multinode.py",  # ~45 s
+    "tests/trainer/test_moe_e2e.py",  # ~40 s
+    "tests/models/test_megatron_pp2.py",  # ~36 s
+    "tests/trainer/test_resume.py",  # ~31 s
+    "tests/trainer/test_bad_inputs_round2.py",  # ~30 s
+    "tests/trainer/test_sft.py",  # ~30 s
+    "tests/test_golden_run.py",  # ~29 s
+    "tests/ops/test_logprob_memory.py",  # ~25 s
+]
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work (xdist scope) a test belongs to."""
+    module = nodeid.split("::", 1)[0]
+    return _SHARED_SESSION.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist hands out units in the workers' (identical) collection order
+        rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
     try:
         import torch
 
