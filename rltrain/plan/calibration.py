@@ -106,8 +106,8 @@ TIME: dict[str, Const] = {
                             "2,560, one 8,192-token sequence, torch.compile) 0.5574 s for 197.7 TFLOP of weight "
                             "matrices and 59.4 of attention, against the 0.6B's 06b-8k-all"),
     # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
-    # rate, not the weight matrices' (when one rate took both, until 2026-11-26's night, the 0.6B's 32k and 64k rows, 76-86%
-    # attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
+    # rate, not the weight matrices' (when one rate took both, until 2026-11-26's night, the 0.6B's 32k and 64k rows,
+    # 76-86% attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
     "attention_tflops": Const(
         591.6964, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
                           "one 32,768-token sequence, selective recompute: 117.2 TFLOP of weight matrices, 369.4 of "

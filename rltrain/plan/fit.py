@@ -134,7 +134,8 @@ def fit(verbose: bool = True) -> dict[str, float]:
     v = load("vllm_x2/bench_rollout_variants_h200.json")
     fitted["vllm_non_torch_gib"] = v["results"][0]["sleep_freed_gib"] - 0.5 * cal.DEVICES["h200"].total_gib
     stack.enter_context(constant("vllm_non_torch_gib", fitted["vllm_non_torch_gib"]))
-    # time: the update rates (one micro-batch each) and the GRPO step's per-micro-batch costs, solved together
+    # time: the update rates (one micro-batch each) and the GRPO step's fixed costs (per optimizer step, per forward
+    # micro-batch), solved together
     rate_rows = {"update_tflops_none_none": "06b-8k-norms+optim", "update_tflops_compile_none": "06b-8k-all"}
     hf, vl = by("grpo hf", "vllm/gpu_smoke_grpo_hf"), by("grpo vllm", "vllm/gpu_smoke_grpo_vllm")
     sm = {(r["fused"], r["recompute"]): r["step_s"] for r in load("gpu_smoke_h100_steps.json")["step8k"]}

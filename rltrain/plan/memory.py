@@ -412,7 +412,8 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
     # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
     rows = math.ceil(x.train_batch_size * x.n / x.dp)
-    T_fwd, T_values = (micro_batch_tokens(x, budget, x.seq_len, rows) for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
+    T_fwd, T_values = (micro_batch_tokens(x, budget, x.seq_len, rows)
+                       for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
     for r in range(x.world):
         stage = min(r // per_stage, x.pp - 1)
         static = train_static(x, stage)

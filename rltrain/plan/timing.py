@@ -10,8 +10,9 @@
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
                + critic values, without the LM head's FLOPs: the critic's head is h -> 1): forward FLOPs (1/3 of
                utils/flops.train_flops, on the ACTIVE parameters for MoE) of the step's tokens on one data-parallel
-               rank at the update's rates (weight matrices, attention) without recompute, + fwd_mb_layer_s per micro-batch (of
-               actor.log_prob_max_tokens_per_micro_batch tokens, else the update's; values: the critic's) and layer
+               rank at the update's rates (weight matrices, attention) without recompute, + fwd_mb_layer_s per
+               micro-batch (of actor.log_prob_max_tokens_per_micro_batch tokens, else the update's; values: the
+               critic's; whole rows, plan/memory.py's rule) and layer
                (+ MoE: moe_pass_seconds per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2
                all-reduces a layer, per micro-batch; PP: the FLOPs and the per-layer cost x (m + pp - 1) / m for m
                micro-batches, the pipeline's fill and drain).

@@ -144,3 +144,33 @@ def test_phase_factors_scale_each_phase_and_its_detail():
     assert got["detail/update_actor"] == pytest.approx(0.25 * base["detail/update_actor"], rel=1e-12)
     assert got["step"] == pytest.approx(sum(got[p] for p in f), rel=1e-12)  # synchronous: the phases add
     assert phase_seconds(x, 3.35e12, 79.18 * GIB, factors={}) == base
+
+
+def test_the_update_fixed_cost_is_per_optimizer_step_not_per_micro_batch():
+    # 256 x 69 tokens in 2 mini-batches of 128 rows: at 16,384 tokens each mini-batch is one micro-batch, at 4,096 it
+    # is three (59 rows of 69 a micro-batch); same FLOPs, same optimizer steps: the same update. Four mini-batches
+    # add two steps' fixed cost: 2 x 28 layers x update_step_layer_s
+    ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
+          "actor.use_kl_loss=true"]
+    two = train_seconds(qwen(*ov, "actor.ppo_mini_batch_size=16", "actor.max_tokens_per_micro_batch=16384"))
+    many = train_seconds(qwen(*ov, "actor.ppo_mini_batch_size=16", "actor.max_tokens_per_micro_batch=4096"))
+    four = train_seconds(qwen(*ov, "actor.ppo_mini_batch_size=8", "actor.max_tokens_per_micro_batch=16384"))
+    assert many["update_actor"] == pytest.approx(two["update_actor"], rel=1e-12)
+    assert four["update_actor"] - two["update_actor"] == pytest.approx(2 * 28 * cal.value("update_step_layer_s"))
+
+
+def test_a_long_context_decode_step_reads_at_the_decode_share_of_hbm():
+    # 32 sequences of 5 + 8,192 tokens on one H200: a decode step reads the 0.6B's bf16 weights and the wave's KV
+    # cache at its mean context (5 + 8,193 / 2 tokens, 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes a token),
+    # more than the host's work for 32 sequences, so HBM bounds it, at decode_hbm_fraction of 4.8 TB/s
+    x = qwen("rollout=vllm", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "data.max_prompt_length=5",
+             "rollout.max_response_length=8192")
+    from rltrain.plan.memory import full_params, ns
+    from rltrain.utils import flops
+
+    kv_token = 28 * 8 * 128 * 2 * 2
+    step_bytes = 2 * full_params(x.shape) + 32 * (5 + 8193 / 2) * kv_token
+    decode = 8192 * step_bytes / (4.8e12 * cal.value("decode_hbm_fraction"))
+    assert decode / 8192 > 32 * cal.value("vllm_seq_step_s")  # HBM-bound, not host-bound
+    prefill = 2 * flops.matmul_params(ns(x.shape)) * 32 * 5 / (cal.value("update_tflops_none_none") * 1e12)
+    assert gen_seconds(x, 4.8e12, 139.8 * GIB) == pytest.approx(decode + prefill, rel=1e-9)

@@ -23,3 +23,22 @@ def test_one_cpu_row_in_a_child_process_and_its_report(tmp_path):
     assert res["device"].startswith("CPU (") and res["command"].startswith("python tools/bench_update.py --plan cpu")
     md = (out / "bench_update.md").read_text()
     assert "| tiny-256-norms+optim | 256 | norms+optim (bf16 norms, fused AdamW, fusion none) |" in md
+
+
+def test_plan_json_writes_the_planners_prediction_of_each_row_and_runs_nothing(tmp_path):
+    # --plan-json: rltrain.plan's peak and step time of each selected row, written before a GPU run (the prediction
+    # the run is compared with); nothing is run, no report is written
+    path, out = tmp_path / "pred.json", tmp_path / "bu"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_update.py"), "--plan", "lengths", "--rows",
+                           "06b-16k-*", "--plan-json", str(path), "--gpu", "h100", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pred = json.loads(path.read_text())
+    assert pred["gpu"] == "h100" and "--plan-json" in pred["command"]
+    assert sorted(pred["rows"]) == ["06b-16k-all", "06b-16k-norms+optim"]
+    for row in pred["rows"].values():
+        assert row["fits"] == 1.0 and row["step_s"] > 0 and row["reserved_gib"] > row["peak_gib"] > 0
+    # fusion none keeps more activations and runs slower than torch.compile's layers at the same 16,384 tokens
+    assert pred["rows"]["06b-16k-norms+optim"]["peak_gib"] > pred["rows"]["06b-16k-all"]["peak_gib"]
+    assert pred["rows"]["06b-16k-norms+optim"]["step_s"] > pred["rows"]["06b-16k-all"]["step_s"]
+    assert not (out / "bench_update.json").exists()
