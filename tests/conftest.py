@@ -39,27 +39,34 @@ def pytest_runtest_setup(item):
 # `make test` runs the suite on two xdist workers (`-n 2 --dist loadscope`, see the Makefile); each worker is a pytest
 # session of its own. A unit of work handed to a worker keeps together the tests that share an expensive fixture: a
 # module (a module fixture runs once), or the modules that share an expensive session fixture (_SHARED_SESSION).
-# Units start longest first (_LONGEST_FIRST; seconds on a 2-core box, serial run), so no long one is left for the end
-# of one worker while the other idles. Serial runs (`pytest tests/x.py`, `-n 0`, `-p no:xdist`) keep the plain order.
+# Units start longest first (_LONGEST_FIRST), so no long one is left for the end of one worker while the other
+# idles. Serial runs (`pytest tests/x.py`, `-n 0`, `-p no:xdist`) keep the plain order.
 # (xdist's own `--dist loadgroup` with xdist_group marks does not group under pytest 9.2: it renames node ids
 # through an attribute pytest no longer reads.)
 _SHARED_SESSION = {  # retool_sft_model (tests/trainer/conftest.py): the tiny ReTool SFT model, ~20 s to train
     "tests/trainer/test_retool_tiny.py": "retool_sft_model", "tests/trainer/test_vllm_trainer.py": "retool_sft_model"}
-_LONGEST_FIRST = [
-    "tests/trainer/test_async_e2e.py",  # ~110 s
-    "retool_sft_model",  # ~130 s
-    "tests/rollout/test_rollout_vllm.py",  # ~100 s
-    "tests/trainer/test_mesh.py",  # ~85 s
-    "tests/test_learn_recipe.py",  # ~60 s
-    "tests/models/test_megatron_moe_ep.py",  # ~45 s
-    "tests/trainer/test_multinode.py",  # ~45 s
-    "tests/trainer/test_moe_e2e.py",  # ~40 s
-    "tests/models/test_megatron_pp2.py",  # ~36 s
-    "tests/trainer/test_resume.py",  # ~31 s
-    "tests/trainer/test_bad_inputs_round2.py",  # ~30 s
-    "tests/trainer/test_sft.py",  # ~30 s
-    "tests/test_golden_run.py",  # ~29 s
-    "tests/ops/test_logprob_memory.py",  # ~25 s
+_LONGEST_FIRST = [  # seconds each took in a `make test` on the 2-core box, beside the other worker
+    "tests/trainer/test_async_e2e.py",  # 163 (beside the ReTool pair: the vLLM module's start-up comes after it)
+    "retool_sft_model",  # 278
+    "tests/rollout/test_rollout_vllm.py",  # 168
+    "tests/trainer/test_mesh.py",  # 126
+    "tests/trainer/test_multinode.py",  # 91
+    "tests/test_learn_recipe.py",  # 84
+    "tests/trainer/test_resume.py",  # 56
+    "tests/trainer/test_ppo_e2e.py",  # 52
+    "tests/models/test_megatron_moe_ep.py",  # 50
+    "tests/trainer/test_moe_e2e.py",  # 47
+    "tests/test_golden_run.py",  # 40
+    "tests/trainer/test_bad_inputs_round2.py",  # 40
+    "tests/trainer/test_bad_inputs.py",  # 37
+    "tests/trainer/test_sft.py",  # 36
+    "tests/ops/test_logprob_memory.py",  # 33
+    "tests/models/test_megatron_pp2.py",  # 33
+    "tests/plan/test_plan.py",  # 26
+    "tests/trainer/test_plan_check.py",  # 23
+    "tests/tools/test_bench_logprob.py",  # 23
+    "tests/config/test_config.py",  # 22
+    "tests/tools/test_bench_update.py",  # 21
 ]
 
 
