@@ -27,7 +27,7 @@ from rltrain.rollout.vllm_args import start_error
 from rltrain.rollout import vllm as vllm_mod
 from rltrain.utils.distenv import NO_MULTICAST_ENV
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # under two xdist workers the pool child took 193-200 s (69 s alone)
 TOK = CharTokenizer()
 EOS = TOK.eos_token_id
 
@@ -217,7 +217,7 @@ def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_
     """start_engine_pool: two vLLM engines in their own processes (vLLM's CPU build; no CUDA IPC here, so generation
     only): greedy and per-request-seeded sampling equal the in-process engine's, prompt by prompt."""
     prompts = OWN_PROMPTS
-    res = _finished(children["own"], timeout=280)
+    res = _finished(children["own"], timeout=540)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("GREEDY", "SEEDED",
                                                                                            "REFUSED")))
@@ -489,7 +489,7 @@ def test_engine_joins_a_world_made_without_torchrun_variables(models, children):
     trainer, an earlier test) hosts the engine through vLLM's external launcher; the variables vLLM needs are
     set for the start only, so child processes are not told they were launched by torchrun. (The process runs
     in the background from the module's start: `children`.)"""
-    res = _finished(children["join"], timeout=240)
+    res = _finished(children["join"], timeout=480)
     assert res.returncode == 0, res.stderr[-3000:]
     got = [line for line in res.stdout.splitlines() if line.startswith("TOKENS")]
     want = hf_engine(models[1]).generate([[1, 5, 20]], SamplingParams(temperature=0.0, max_tokens=6))
