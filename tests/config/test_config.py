@@ -121,8 +121,8 @@ def _run_main(*args):
                           text=True, timeout=300)
 
 
-def test_cli_rejects_bad_value_before_starting():
-    res = _run_main("--config-name", "grpo_tiny", "rollout.n=0", "hydra.run.dir=/tmp/rltrain_cfg_test")
+def test_cli_rejects_bad_value_before_starting(tmp_path):
+    res = _run_main("--config-name", "grpo_tiny", "rollout.n=0", f"hydra.run.dir={tmp_path}")
     assert res.returncode != 0
     assert "rollout.n" in res.stderr
 
@@ -213,7 +213,7 @@ def test_vllm_on_cpu_refuses_the_tiny_head_dim_naming_the_override():
 
 @pytest.mark.parametrize("override,key", [("actor.lr=abc", "actor.lr"), ("+actor.foo=1", "actor.foo"),
                                           ("rollout.temprature=0.5", "rollout.temprature")])
-def test_cli_wrong_type_or_unknown_key_exits_2_naming_the_key(override, key):
-    res = _run_main("--config-name", "grpo_tiny", override, "hydra.run.dir=/tmp/rltrain_cfg_test")
+def test_cli_wrong_type_or_unknown_key_exits_2_naming_the_key(override, key, tmp_path):
+    res = _run_main("--config-name", "grpo_tiny", override, f"hydra.run.dir={tmp_path}")
     assert res.returncode == 2, res.stderr
     assert key in res.stderr and "Traceback" not in res.stderr
