@@ -225,16 +225,21 @@ def rows_per_micro_batch(budget: int, seq_len: int) -> int:
     return max(1, budget // max(1, seq_len))
 
 
+def _mini_batch_rows(x: Inputs) -> int:
+    """Sequences of one update mini-batch on one DP rank."""
+    return math.ceil(x.ppo_mini_batch_size * x.n / x.dp)
+
+
 def micro_batch_tokens(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
     """Tokens of the largest micro-batch on one DP rank: the whole rows the budget holds (a longer sequence gets a
     micro-batch of its own), at most `rows` (default: the update's mini-batch rows on the rank)."""
-    rows = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) if rows is None else rows
+    rows = _mini_batch_rows(x) if rows is None else rows
     return min(rows_per_micro_batch(budget, seq_len), rows) * seq_len
 
 
 def n_micro_batches(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
     """Micro-batches of `rows` sequences (default: the update's mini-batch rows on one DP rank) under `budget`."""
-    rows = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) if rows is None else rows
+    rows = _mini_batch_rows(x) if rows is None else rows
     return max(1, math.ceil(rows / rows_per_micro_batch(budget, seq_len)))
 
 
