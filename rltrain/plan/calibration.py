@@ -137,10 +137,15 @@ TIME: dict[str, Const] = {
         0.00226, "s per mini-batch x layer",
         "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
         "mini-batches of one 8,832-token micro-batch, 28 layers)"),
+    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's launches of its layers (they
+    # overlap: launches are asynchronous). The 0.6B's short-sequence passes are bound by the host: its forward at DP=2
+    # or TP=2 took as long as at one GPU, and a profile of its 8,832-token update micro-batch of 69-token sequences
+    # (update/profile_qwen3-0.6b-8832x69-all.md) found the GPU idle 40% of the step. Summed with the FLOPs (until
+    # 2026-11-27) it planned the long-response runs' forward passes 37-62% slow, where the FLOPs dominate
     "fwd_mb_layer_s": Const(
-        0.00128, "s per forward pass x layer",
+        0.003217, "s per forward micro-batch x layer (the host's floor)",
         "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s (17,664 tokens in 2 micro-batches, "
-        "forward only, 28 layers)"),
+        "forward only, 28 layers; the FLOPs' 0.054 s a micro-batch is under this floor)"),
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(

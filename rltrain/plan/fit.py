@@ -86,7 +86,9 @@ def predict(case: Case, cfg: dict | None = None, machine: dict[str, float] | Non
 
 def _solve(name: str, case: Case, quantity: str) -> float:
     """The value of constant `name` at which the planner reproduces `case`'s `quantity`: secant steps from the current
-    value (the model is linear in each constant within one branch of its max() over phases)."""
+    value (the model is linear in each constant within one branch of its max()es: host or GPU, per phase), then, where
+    the secant stalls on a flat branch (the constant is not the larger there), bisection between a value that
+    predicts too little and one that predicts too much (the prediction grows with every constant solved here)."""
     cfg = compose(case.overrides)
     target = case.measured[quantity]
 
@@ -103,8 +105,20 @@ def _solve(name: str, case: Case, quantity: str) -> float:
         k0, k1, f0 = k1, k1 - f1 * (k1 - k0) / (f1 - f0), f1
         f1 = f(k1)
         if abs(f1) < 1e-9:
-            break
-    return k1
+            return k1
+    if abs(f1) < 1e-6 * max(1.0, abs(target)):
+        return k1
+    lo, hi = 0.0, max(k1, k0, 1e-12)
+    while f(hi) < 0:
+        hi *= 2
+        if hi > 1e12:
+            raise ValueError(f"{name}: no value reproduces {case.name}'s {quantity}")
+    if f(lo) > 0:
+        raise ValueError(f"{name}: {case.name}'s {quantity} is below the prediction with {name} = 0")
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2
 
 
 def fit(verbose: bool = True) -> dict[str, float]:

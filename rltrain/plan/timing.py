@@ -157,14 +157,16 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     head = 3 * tokens_rank * 2 * shape.vocab_size * shape.hidden_size  # forward + backward of the LM head
 
     def forward(budget: int, head_flops: float) -> float:
-        """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. PP: it runs
-        the same pipeline schedule as the update (megatron's, forward_only): m micro-batches through pp stages take
-        m + pp - 1 stage slots, not m."""
+        """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. Each micro-batch
+        costs the larger of its GPU time (its FLOPs, + MoE's and TP's per-pass costs) and the host's time to launch
+        its layers (fwd_mb_layer_s each): launches are asynchronous, so the two overlap. PP: it runs the same pipeline
+        schedule as the update (megatron's, forward_only): m micro-batches through pp stages take m + pp - 1 stage
+        slots, not m."""
         n_fwd_mb = n_micro_batches(x, budget, seq, math.ceil(step_seqs(x) / x.dp))
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
-        return ((flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3
-                 + over * n_fwd_mb * layers * cal.value("fwd_mb_layer_s")) * bubble
-                + n_fwd_mb * (moe + tp_pass_seconds(x, 2)))
+        gpu_mb = (flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3 / n_fwd_mb
+                  + moe + tp_pass_seconds(x, 2))
+        return n_fwd_mb * max(gpu_mb, over * layers * cal.value("fwd_mb_layer_s")) * bubble
 
     fwd = forward(x.fwd_mb_tokens, 0.0)
     out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them

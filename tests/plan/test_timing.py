@@ -21,6 +21,24 @@ def qwen(*extra: str):
                                                              *extra]), resolve=True))
 
 
+def test_a_forward_micro_batch_costs_the_larger_of_its_flops_and_the_hosts_floor():
+    # the 0.6B's passes of short sequences are bound by the host's launches: at DP=2 each rank's 8,832 tokens still
+    # take one micro-batch, as long as one of the one-GPU run's two. The Qwen3-4B shape's at 4,096-token responses
+    # (4 x 8 x 4,101 tokens, 3 whole rows in each 16,384-token micro-batch: 11) are bound by their FLOPs, and the
+    # floor adds nothing
+    short = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
+             "actor.ppo_mini_batch_size=16"]
+    one, dp2 = train_seconds(qwen(*short)), train_seconds(qwen(*short, "trainer.n_gpus_per_node=2"))
+    floor = 28 * cal.value("fwd_mb_layer_s")
+    assert one["old_log_prob"] == pytest.approx(2 * floor) and dp2["old_log_prob"] == pytest.approx(floor)
+    long = ["model.builtin=qwen3-4b", "data.train_batch_size=4", "rollout.n=8", "data.max_prompt_length=5",
+            "rollout.max_response_length=4096", "actor.ppo_mini_batch_size=4"]
+    x = qwen(*long)
+    flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]
+    assert train_seconds(x)["old_log_prob"] == pytest.approx(flops_s, rel=1e-12)
+    assert flops_s / 11 > 36 * cal.value("fwd_mb_layer_s")
+
+
 def test_tp_cost_is_per_all_reduce_layer_and_pass():
     c = cal.value("tp_allreduce_s")
     tp2 = ("actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2")
@@ -90,30 +108,36 @@ def test_engines_in_their_own_processes_reload_by_ipc():
 
 def test_the_critic_skips_the_lm_head():
     # PPO (algorithm=gae): the critic's forward (values) and update run the actor's layers with a value head (h -> 1)
-    # where the actor has the LM head, so its passes leave out the head's FLOPs: 2 x 151,936 x 1,024 per token forward
+    # where the actor has the LM head, so its passes leave out the head's FLOPs: 2 x 151,936 x 2,560 per token forward
+    # (the Qwen3-4B shape: its passes of 8,832-token micro-batches are bound by their FLOPs, not by the host's floor)
     ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
-          "actor.ppo_mini_batch_size=16"]
+          "actor.ppo_mini_batch_size=16", "model.builtin=qwen3-4b"]
     x = qwen(*ov, "algorithm=gae")
     t = train_seconds(x)
     tokens = 256 * 69
-    head_fwd = 2 * 151_936 * 1024 * tokens  # 5.50 TFLOP
+    head_fwd = 2 * 151_936 * 2560 * tokens  # 13.7 TFLOP
+    assert 2 * 36 * cal.value("fwd_mb_layer_s") < t["values"]  # two micro-batches, each above the host's floor
     assert t["ref"] == t["old_log_prob"]
     assert t["old_log_prob"] - t["values"] == pytest.approx(head_fwd / update_rate(x, recompute=False), rel=1e-9)
     assert t["update_actor"] - t["update_critic"] == pytest.approx(3 * head_fwd / update_rate(x), rel=1e-9)
-    # about a sixth of the 0.6B's forward FLOPs at these lengths: the head is 155.6M of its 596M parameters
+    # about a tenth of the 4B's forward FLOPs at these lengths: the head is 389M of its 4.0B parameters
     assert 0.05 < (t["old_log_prob"] - t["values"]) / t["old_log_prob"] < 0.2
 
 
 def test_the_forward_passes_micro_batch_under_their_own_budget():
     # actor.log_prob_max_tokens_per_micro_batch: the old-log-prob and reference passes of 256 x 69 = 17,664 tokens
-    # take 2 micro-batches at the update's 16,384 and one at 32,768: one less fixed cost of 28 layers x
-    # fwd_mb_layer_s each; the update and the memory of the update are untouched
+    # take 2 micro-batches at the update's 16,384 and one at 32,768. Each micro-batch costs the larger of its FLOPs'
+    # time and the host's floor (28 layers x fwd_mb_layer_s): two half micro-batches of the 0.6B are each under the
+    # floor, the one whole micro-batch is over it. The update and the memory of the update are untouched
     ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
           "actor.ppo_mini_batch_size=16", "actor.use_kl_loss=true"]
-    base, big = train_seconds(qwen(*ov)), train_seconds(qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768"))
-    per_mb = 28 * cal.value("fwd_mb_layer_s")
-    assert base["ref"] - big["ref"] == pytest.approx(per_mb, rel=1e-9)
-    assert base["old_log_prob"] - big["old_log_prob"] == pytest.approx(per_mb, rel=1e-9)
+    x = qwen(*ov)
+    base, big = train_seconds(x), train_seconds(qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768"))
+    floor = 28 * cal.value("fwd_mb_layer_s")
+    flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]  # no floor: the FLOPs alone
+    assert flops_s / 2 < floor < flops_s
+    assert base["ref"] == base["old_log_prob"] == pytest.approx(2 * floor, rel=1e-9)
+    assert big["ref"] == big["old_log_prob"] == pytest.approx(flops_s, rel=1e-9)
     assert base["update_actor"] == big["update_actor"]
     # memory: the forward pass's working memory follows its budget (17,664 tokens in one micro-batch; else the 237
     # whole rows of 69 tokens that 16,384 holds, 16,353)
