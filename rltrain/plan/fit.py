@@ -87,8 +87,8 @@ def predict(case: Case, cfg: dict | None = None, machine: dict[str, float] | Non
 def _solve(name: str, case: Case, quantity: str) -> float:
     """The value of constant `name` at which the planner reproduces `case`'s `quantity`: secant steps from the current
     value (the model is linear in each constant within one branch of its max()es: host or GPU, per phase), then, where
-    the secant stalls on a flat branch (the constant is not the larger there), bisection between a value that
-    predicts too little and one that predicts too much (the prediction grows with every constant solved here)."""
+    the secant stalls on a flat branch (the constant is not the larger there), bisection between values on either side
+    of the measurement (found by halving and doubling the current value)."""
     cfg = compose(case.overrides)
     target = case.measured[quantity]
 
@@ -108,16 +108,20 @@ def _solve(name: str, case: Case, quantity: str) -> float:
             return k1
     if abs(f1) < 1e-6 * max(1.0, abs(target)):
         return k1
-    lo, hi = 0.0, max(k1, k0, 1e-12)
-    while f(hi) < 0:
-        hi *= 2
-        if hi > 1e12:
-            raise ValueError(f"{name}: no value reproduces {case.name}'s {quantity}")
-    if f(lo) > 0:
-        raise ValueError(f"{name}: {case.name}'s {quantity} is below the prediction with {name} = 0")
+    # bracket a sign change geometrically around the current value (every constant here is positive), then bisect
+    k = cal.value(name) or 1.0
+    lo, hi, f_lo, f_hi = k, k, f(k), f(k)
+    for _ in range(60):
+        if (f_lo < 0) != (f_hi < 0):
+            break
+        lo, hi = lo / 2, hi * 2
+        f_lo, f_hi = f(lo), f(hi)
+    else:
+        raise ValueError(f"{name}: no value reproduces {case.name}'s {quantity}")
     for _ in range(100):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+        f_mid = f(mid)
+        lo, hi, f_lo = (mid, hi, f_mid) if (f_mid < 0) == (f_lo < 0) else (lo, mid, f_lo)
     return (lo + hi) / 2
 
 

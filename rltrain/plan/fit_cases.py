@@ -237,7 +237,14 @@ def placement_cases() -> list[Case]:
                   ("MoE slice EP=2, vLLM, expert loop (same call)", moe_g + "grouped_false_gpu_placements.json",
                    "colocated_dp2", "held out", ()),
                   ("4B colocated TP=2 x DP=2 + vLLM TP=4 (four GPUs)",
-                   "four_gpus_h200x4_2026-11-26/gpu_placements.json", "colocated_tp2dp2", "held out", ())]
+                   "four_gpus_h200x4_2026-11-26/gpu_placements.json", "colocated_tp2dp2", "held out", ()),
+                  # 2026-11-27, two H200s, predicted before they ran (BLIND3's predictions_*.json): the 0.6B at
+                  # 2,048-token responses (16 x 8) with the forward passes' micro-batches at 4,096 and 32,768 tokens
+                  # (128 and 9 micro-batches; the report's means of steps 2..3)
+                  ("0.6B single, 2,048-token responses, forward micro-batches of 4,096", BLIND3 + "fwd4096.json",
+                   "single", "held out", ()),
+                  ("0.6B single, 2,048-token responses, forward micro-batches of 32,768", BLIND3 + "fwd32768.json",
+                   "single", "held out", ())]
     for name, rel, key, role, fitted in placements:
         d = load(rel)
         r = d["qwen06b"][key]
@@ -253,8 +260,15 @@ def placement_cases() -> list[Case]:
         if any(k.startswith("rollout") for k in peaks):
             meas["rollout_allocator_peak_gib"] = max(v for k, v in peaks.items() if k.startswith("rollout"))
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
-                        GRPO_LENGTHS, fitted=fitted, legacy_q=HF_PAGEABLE_SLEEP if "hf engine" in name else ()))
+                        run_lengths(ov), fitted=fitted, legacy_q=HF_PAGEABLE_SLEEP if "hf engine" in name else ()))
     return out
+
+
+def run_lengths(ov: list[str]) -> dict:
+    """The tools' GRPO runs' lengths: the embedded task's 5-token prompts, every response to the run's
+    rollout.max_response_length (random weights never stop early)."""
+    resp = next((int(o.split("=", 1)[1]) for o in ov if o.startswith("rollout.max_response_length=")), 64)
+    return {**GRPO_LENGTHS, "response_tokens": resp}
 
 
 def placement_sleep(rel: str, update_weights_s: float) -> float:
@@ -297,6 +311,7 @@ PINNED = "hf_pinned_sleep_h200x2_2026-11-26/"
 # 2026-11-26, late, one H200: bench_update's "lengths" rows (the 0.6B at 16k-128k tokens) and the GRPO step at 2,048-
 # and 8,192-token responses, each predicted before it ran (predictions_*.json there)
 LENGTHS = "lengths_blind_2026-11-26/"
+BLIND3 = "blind_x2_2026-11-27/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -384,6 +399,23 @@ SCALING_RUNS = [
      LENGTHS + "g4k_qwen06b_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 8 x 8 at 4,096-token responses", LENGTHS + "r4k.json", "single",
      LENGTHS + "r4k_qwen06b_single_metrics.jsonl", "held out", ()),
+    # 2026-11-27, two H200s, one run after another, each predicted before it ran (BLIND3's predictions_*_h200.json,
+    # BLIND3 + "README.md"): the forward passes at 65,536 tokens a micro-batch (5; step 3 alone: step 2 still warming),
+    # the hf engine's one-GPU, DP=2 and TP=2 runs, vLLM's one-GPU, DP=2 (an engine per GPU) and TP=2 runs
+    ("0.6B single, 2,048-token responses, forward micro-batches of 65,536", BLIND3 + "fwd65536.json", "single",
+     BLIND3 + "fwd65536_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B single (2026-11-27)", BLIND3 + "hf1.json", "single", BLIND3 + "hf_qwen06b_single_metrics.jsonl",
+     "held out", ()),
+    ("hf engine, 0.6B colocated DP=2 (2026-11-27)", BLIND3 + "hf.json", "colocated_dp2",
+     BLIND3 + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B colocated TP=2 (2026-11-27)", BLIND3 + "hf.json", "colocated_tp2",
+     BLIND3 + "hf_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
+    ("0.6B single, vLLM (2026-11-27)", BLIND3 + "vl.json", "single", BLIND3 + "vl_qwen06b_single_metrics.jsonl",
+     "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (2026-11-27)", BLIND3 + "vl.json", "colocated_dp2_tp1",
+     BLIND3 + "vl_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 + vLLM TP=2 (2026-11-27)", BLIND3 + "vl.json", "colocated_tp2",
+     BLIND3 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
 ]
 
 
@@ -407,8 +439,6 @@ def scaling_cases() -> list[Case]:
                 "step_s": m["timing_s/step"]}
         if any(k.startswith("rollout") for k in alloc):
             meas["rollout_allocator_peak_gib"] = max(v for k, v in alloc.items() if k.startswith("rollout"))
-        # the runs' prompts are the embedded task's 5 tokens, every response runs to rollout.max_response_length
-        resp = next((int(o.split("=", 1)[1]) for o in ov if o.startswith("rollout.max_response_length=")), 64)
         out.append(Case(name, f"{rel}, {d['date']}, {d['device']}", _dev(d["device"]), ov, role, meas, "step",
-                        {**GRPO_LENGTHS, "response_tokens": resp}, fitted=fitted, legacy_q=legacy[0] if legacy else ()))
+                        run_lengths(ov), fitted=fitted, legacy_q=legacy[0] if legacy else ()))
     return out
