@@ -129,14 +129,25 @@ TIME: dict[str, Const] = {
         "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
         "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
         "loss"),
-    # the update's fixed cost per optimizer step (mini-batch) and layer (the step, the grad norm's host sync, zeroing,
-    # launches) on top of the FLOPs at the rates above (per layer: the 8-layer dense twin of 2026-11-26 took 0.19 s
-    # where 28 layers' fixed cost alone would be 0.22 s); per micro-batch until the 8,192-token responses' 32
-    # micro-batches in one step (lengths_blind_2026-11-26) showed it is not
+    # the update's fixed costs beyond its FLOPs at the rates above, each per layer of a stage (the 8-layer dense twin of
+    # 2026-11-26 took 0.19 s where 28 layers' would be 0.22 s), solved together from three runs: per optimizer step
+    # (mini-batch: the step, the grad norm's host sync, zeroing); a floor per micro-batch, the host's launches, which
+    # overlap the GPU's work (a micro-batch costs the larger: the 0.6B's update at DP=2 or TP=2 took about as long as at
+    # one GPU, its 4,416-token micro-batches under the floor); per update call (its setup, the batch to the ranks, the
+    # metrics back: at DP=2 a call of 4 optimizer steps took 0.64 s, one of 2 0.36 s). Until 2026-11-27 the per-step
+    # cost alone (0.00226) planned the DP=2 and TP=2 updates of the 0.6B 11-38% fast
     "update_step_layer_s": Const(
-        0.00226, "s per mini-batch x layer",
+        0.0007535, "s per mini-batch x layer",
         "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
-        "mini-batches of one 8,832-token micro-batch, 28 layers)"),
+        "mini-batches of one 8,832-token micro-batch, 28 layers), with the two runs below"),
+    "update_mb_layer_s": Const(
+        0.004192, "s per update micro-batch x layer (the host's floor)",
+        "blind_x2_2026-11-27/vl_qwen06b_colocated_dp2_tp1_metrics.jsonl, 2026-11-27, 2 x H200: update_actor 0.361 s "
+        "(DP=2, 2 optimizer steps of one 4,416-token micro-batch a rank), with the runs above and below"),
+    "update_call_layer_s": Const(
+        0.003012, "s per update call x layer",
+        "colocated_dp_h200x2_2026-11-26/dp2_tp1_b64_metrics.jsonl, 2026-11-26, 2 x H200: update_actor 0.638 s (DP=2, "
+        "4 optimizer steps of one 4,416-token micro-batch a rank), with the two runs above"),
     # a forward-only micro-batch costs the larger of its FLOPs' time and the host's launches of its layers (they
     # overlap: launches are asynchronous). The 0.6B's short-sequence passes are bound by the host: its forward at DP=2
     # or TP=2 took as long as at one GPU, and a profile of its 8,832-token update micro-batch of 69-token sequences
@@ -152,14 +163,14 @@ TIME: dict[str, Const] = {
         0.0004128, "s per local expert x sparse layer x forward pass",
         "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
-        "passes) less its active FLOPs at the update rate and update_step_layer_s"),
+        "passes) less its active FLOPs at the update rate and the update's fixed costs"),
     # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
     # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
     "moe_grouped_layer_pass_s": Const(
         0.003636, "s per sparse layer x forward pass",
         "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
-        "3 passes) less its active FLOPs at the update rate and update_step_layer_s"),
+        "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),
     "vllm_seq_step_s": Const(
         4.575e-05, "s per sequence x decode step",
         "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "

@@ -125,6 +125,46 @@ def _solve(name: str, case: Case, quantity: str) -> float:
     return (lo + hi) / 2
 
 
+def _solve_many(names: tuple[str, ...], cs: tuple[Case, ...], quantity: str) -> dict[str, float]:
+    """As many constants as runs, at which the planner reproduces `quantity` of every run at once: Newton steps with a
+    numerical Jacobian (the model is linear in each constant within one branch of its max()es, where a step lands)."""
+    n = len(names)
+    cfgs = [compose(c.overrides) for c in cs]
+    v = [cal.value(k) for k in names]
+
+    def resid(vals: list[float]) -> list[float]:
+        with contextlib.ExitStack() as st:
+            for k, val in zip(names, vals):
+                st.enter_context(constant(k, val))
+            return [predict(c, cfg)[quantity] - c.measured[quantity] for c, cfg in zip(cs, cfgs)]
+
+    for _ in range(8):
+        r = resid(v)
+        if max(abs(e) for e in r) < 1e-9:
+            break
+        cols = []
+        for i in range(n):
+            dv = list(v)
+            dv[i] = v[i] * 1.01 if v[i] else 1e-6
+            ri = resid(dv)
+            cols.append([(ri[k] - r[k]) / (dv[i] - v[i]) for k in range(n)])
+        # J[k][i] = d resid_k / d v_i; solve J d = -r by Gaussian elimination with partial pivoting
+        a = [[cols[i][k] for i in range(n)] + [-r[k]] for k in range(n)]
+        for c in range(n):
+            p = max(range(c, n), key=lambda k: abs(a[k][c]))
+            if abs(a[p][c]) < 1e-300:
+                raise ValueError(f"{names}: the runs {[x.name for x in cs]} do not determine them all")
+            a[c], a[p] = a[p], a[c]
+            for k in range(c + 1, n):
+                m = a[k][c] / a[c][c]
+                a[k] = [a[k][j] - m * a[c][j] for j in range(n + 1)]
+        d = [0.0] * n
+        for c in reversed(range(n)):
+            d[c] = (a[c][n] - sum(a[c][j] * d[j] for j in range(c + 1, n))) / a[c][c]
+        v = [v[i] + d[i] for i in range(n)]
+    return dict(zip(names, v))
+
+
 def fit(verbose: bool = True) -> dict[str, float]:
     """Solve every fitted constant from its run; the others stay as calibration.py has them while solving."""
     cs = {c.name + "|" + c.source: c for c in cases()}
@@ -180,8 +220,16 @@ def fit(verbose: bool = True) -> dict[str, float]:
         stack.enter_context(constant("update_rate_width_exponent", fitted["update_rate_width_exponent"]))
         fitted["attention_tflops"] = _solve("attention_tflops", by("06b-32k-all-rc_selective", "update/"), "step_s")
         stack.enter_context(constant("attention_tflops", fitted["attention_tflops"]))
-    fitted["update_step_layer_s"] = _solve("update_step_layer_s", hf, "update_s")
-    stack.enter_context(constant("update_step_layer_s", fitted["update_step_layer_s"]))
+    # the update's fixed costs (per optimizer step, the host's floor per micro-batch, per update call), together: the
+    # one-GPU GRPO step (2 optimizer steps of one 8,832-token micro-batch, its FLOPs above the floor), and two DP=2 runs
+    # on one host (4,416 tokens a rank and micro-batch, under the floor) with 2 and 4 optimizer steps a call
+    dp2_two = by("0.6B colocated DP=2, one vLLM engine per GPU (2026-11-27)", "blind_x2")
+    dp2_four = by("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8", "colocated_dp_h200x2")
+    upd_fixed = _solve_many(("update_step_layer_s", "update_mb_layer_s", "update_call_layer_s"), (hf, dp2_two, dp2_four),
+                            "update_s")
+    for const, v in upd_fixed.items():
+        fitted[const] = v
+        stack.enter_context(constant(const, v))
     fitted["tp_allreduce_s"] = _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")
     stack.enter_context(constant("tp_allreduce_s", fitted["tp_allreduce_s"]))
     fitted["fwd_mb_layer_s"] = _solve("fwd_mb_layer_s", hf, "old_log_prob_s")

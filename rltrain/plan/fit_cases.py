@@ -143,7 +143,7 @@ def cases() -> list[Case]:
                             bench_overrides(smoke_overrides(row["fused"], False, row["tokens"])), "legacy",
                             {"fits": 0.0}))
     # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
-    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_step_layer_s, and its sleep/wake/reload (hf_offload_s_per_gb,
+    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_step_layer_s (with two DP=2 runs, fit.py), and its sleep/wake/reload (hf_offload_s_per_gb,
     # hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its update_weights less its wake); grpo vllm k4:
     # ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their own processes)
     fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
@@ -335,8 +335,10 @@ SCALING_RUNS = [
      "refactor_h200x2_2026-11-26/qwen06b_split_vllm_metrics.jsonl", "held out", ()),
     # issue #35's colocated data-parallel rollout (one vLLM TP=1 engine per GPU), 2026-11-26 afternoon; the two
     # single-GPU runs ran at the same time, one on each GPU of the machine (a shared host)
+    # update_mb_layer_s and update_call_layer_s are solved from its update with the 2026-11-27 DP=2 run's and the grpo
+    # hf run's (fit.py)
     ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8", COLO_DP + "dp2_tp1_b64.json", "colocated_dp2_tp1",
-     COLO_DP + "dp2_tp1_b64_metrics.jsonl", "held out", ()),
+     COLO_DP + "dp2_tp1_b64_metrics.jsonl", "fit", ("update_s",)),
     ("0.6B single, 32 x 8 (beside another run)", COLO_DP + "single_s32.json", "single",
      COLO_DP + "single_s32_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8 (beside another run)", COLO_DP + "single_s64.json", "single",
@@ -413,7 +415,7 @@ SCALING_RUNS = [
     ("0.6B single, vLLM (2026-11-27)", BLIND3 + "vl.json", "single", BLIND3 + "vl_qwen06b_single_metrics.jsonl",
      "held out", ()),
     ("0.6B colocated DP=2, one vLLM engine per GPU (2026-11-27)", BLIND3 + "vl.json", "colocated_dp2_tp1",
-     BLIND3 + "vl_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+     BLIND3 + "vl_qwen06b_colocated_dp2_tp1_metrics.jsonl", "fit", ("update_s",)),  # as the 64 x 8 run above
     ("0.6B colocated TP=2 + vLLM TP=2 (2026-11-27)", BLIND3 + "vl.json", "colocated_tp2",
      BLIND3 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
 ]

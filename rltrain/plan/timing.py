@@ -10,20 +10,21 @@
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
                + critic values, without the LM head's FLOPs: the critic's head is h -> 1): forward FLOPs (1/3 of
                utils/flops.train_flops, on the ACTIVE parameters for MoE) of the step's tokens on one data-parallel
-               rank at the update's rates (weight matrices, attention) without recompute, + fwd_mb_layer_s per
-               micro-batch (of actor.log_prob_max_tokens_per_micro_batch tokens, else the update's; values: the
-               critic's; whole rows, plan/memory.py's rule) and layer
-               (+ MoE: moe_pass_seconds per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2
-               all-reduces a layer, per micro-batch; PP: the FLOPs and the per-layer cost x (m + pp - 1) / m for m
-               micro-batches, the pipeline's fill and drain).
+               rank at the update's rates (weight matrices, attention) without recompute (+ MoE: moe_pass_seconds
+               per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per
+               micro-batch), per micro-batch (of actor.log_prob_max_tokens_per_micro_batch tokens, else the update's;
+               values: the critic's; whole rows, plan/memory.py's rule) the larger of that and the host's floor,
+               fwd_mb_layer_s per layer (the two overlap); PP: x (m + pp - 1) / m for m micro-batches, the
+               pipeline's fill and drain.
   update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs, its weight matrices' FLOPs at
                update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent (the rates are the 0.6B's;
                a wider model's GEMMs dominate its elementwise work) and its causal attention's at attention_tflops
                (flash attention's kernels, whatever the width), times recompute_<full|selective>_time_factor
-               with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches), + update_step_layer_s per mini-batch
-               (optimizer step) and layer
+               with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches)
                (+ MoE: 3 x moe_pass_seconds per micro-batch, 4 x with full recompute; + TP > 1 with torch.compile's
-               layers: tp_allreduce_s per all-reduce, 4 a layer and micro-batch, per doubling; fusion none: none).
+               layers: tp_allreduce_s per all-reduce, 4 a layer and micro-batch, per doubling; fusion none: none),
+               per micro-batch the larger of that and the host's floor, update_mb_layer_s per layer; + per mini-batch
+               (optimizer step) update_step_layer_s per layer; + once a call update_call_layer_s per layer.
   weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
                is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); engines in their own
                processes (rollout.engines_per_gpu > 1): x ipc_reload_s_per_tensor (CUDA IPC); hf: its level-1 sleep
@@ -187,11 +188,20 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     per_mb = (moe * (4 if full else 3)
               + tp_pass_seconds(x, 4 + (2 if full else 1 if selective else 0)))
     per_mini = over * layers * cal.value("update_step_layer_s") * bubble
-    out["update_actor"] = x.ppo_epochs * (upd + n_mb * per_mb + n_mini * per_mini)
+    # per micro-batch the GPU's work (FLOPs + the costs above) overlaps the host's launches of the stage's layers
+    # (update_mb_layer_s each): the larger; per update call (each role's, once a step) a fixed cost of its layers
+    # (update_call_layer_s: the call's setup, the batch to the ranks, the metrics back)
+    host_mb = over * layers * cal.value("update_mb_layer_s") * bubble
+    per_call = over * layers * cal.value("update_call_layer_s")
+
+    def passes(flop_s: float, n: int) -> float:
+        return n * max(flop_s / n + per_mb, host_mb)
+
+    out["update_actor"] = per_call + x.ppo_epochs * (passes(upd, n_mb) + n_mini * per_mini)
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
         upd_critic = upd - head / (x.tp * x.pp * update_rate(x)) * bubble
-        out["update_critic"] = x.critic_ppo_epochs * (upd_critic + n_mbc * per_mb + n_mini * per_mini)
+        out["update_critic"] = per_call + x.critic_ppo_epochs * (passes(upd_critic, n_mbc) + n_mini * per_mini)
     return out
 
 

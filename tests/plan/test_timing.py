@@ -170,17 +170,23 @@ def test_phase_factors_scale_each_phase_and_its_detail():
     assert phase_seconds(x, 3.35e12, 79.18 * GIB, factors={}) == base
 
 
-def test_the_update_fixed_cost_is_per_optimizer_step_not_per_micro_batch():
-    # 256 x 69 tokens in 2 mini-batches of 128 rows: at 16,384 tokens each mini-batch is one micro-batch, at 4,096 it
-    # is three (59 rows of 69 a micro-batch); same FLOPs, same optimizer steps: the same update. Four mini-batches
-    # add two steps' fixed cost: 2 x 28 layers x update_step_layer_s
+def test_the_update_is_per_micro_batch_its_flops_or_the_hosts_floor_plus_per_step_and_per_call_costs():
+    # 256 x 69 tokens of the 0.6B: each micro-batch costs the larger of its FLOPs' time and the host's floor (28 layers
+    # x update_mb_layer_s), each optimizer step 28 x update_step_layer_s, the call 28 x update_call_layer_s. Two
+    # mini-batches of one 8,832-token micro-batch are above the floor; at 4,096 tokens a micro-batch each mini-batch
+    # is three (59 + 59 + 10 rows of 69), under it; four mini-batches of 4,416 tokens too
     ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
           "actor.use_kl_loss=true"]
-    two = train_seconds(qwen(*ov, "actor.ppo_mini_batch_size=16", "actor.max_tokens_per_micro_batch=16384"))
-    many = train_seconds(qwen(*ov, "actor.ppo_mini_batch_size=16", "actor.max_tokens_per_micro_batch=4096"))
-    four = train_seconds(qwen(*ov, "actor.ppo_mini_batch_size=8", "actor.max_tokens_per_micro_batch=16384"))
-    assert many["update_actor"] == pytest.approx(two["update_actor"], rel=1e-12)
-    assert four["update_actor"] - two["update_actor"] == pytest.approx(2 * 28 * cal.value("update_step_layer_s"))
+    xs = {"two": qwen(*ov, "actor.ppo_mini_batch_size=16", "actor.max_tokens_per_micro_batch=16384"),
+          "many": qwen(*ov, "actor.ppo_mini_batch_size=16", "actor.max_tokens_per_micro_batch=4096"),
+          "four": qwen(*ov, "actor.ppo_mini_batch_size=8", "actor.max_tokens_per_micro_batch=16384")}
+    floor, step, call = (28 * cal.value(k) for k in ("update_mb_layer_s", "update_step_layer_s", "update_call_layer_s"))
+    flops_s = train_seconds(xs["two"], loop_overhead=False)["update_actor"]  # the FLOPs alone, the same in all three
+    assert flops_s / 2 > floor > flops_s / 4
+    for name, (mbs, steps) in {"two": (2, 2), "many": (6, 2), "four": (4, 4)}.items():
+        assert train_seconds(xs[name], loop_overhead=False)["update_actor"] == pytest.approx(flops_s, rel=1e-12)
+        assert train_seconds(xs[name])["update_actor"] == pytest.approx(
+            call + mbs * max(flops_s / mbs, floor) + steps * step, rel=1e-12), name
 
 
 def test_a_long_context_decode_step_reads_at_the_decode_share_of_hbm():
