@@ -152,7 +152,9 @@ TIME: dict[str, Const] = {
     # overlap: launches are asynchronous). The 0.6B's short-sequence passes are bound by the host: its forward at DP=2
     # or TP=2 took as long as at one GPU, and a profile of its 8,832-token update micro-batch of 69-token sequences
     # (update/profile_qwen3-0.6b-8832x69-all.md) found the GPU idle 40% of the step. Summed with the FLOPs (until
-    # 2026-11-27) it planned the long-response runs' forward passes 37-62% slow, where the FLOPs dominate
+    # 2026-11-27) it planned the long-response runs' forward passes 37-62% slow, where the FLOPs dominate. Solved from
+    # micro-batches of 128 rows: one of a single 2,053-token row cost 0.048 s (blind_x2_2026-11-27/fwd4096.json), so
+    # the floor grows with the rows (docs/plan.md, Limits)
     "fwd_mb_layer_s": Const(
         0.003217, "s per forward micro-batch x layer (the host's floor)",
         "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s (17,664 tokens in 2 micro-batches, "

@@ -225,8 +225,8 @@ def fit(verbose: bool = True) -> dict[str, float]:
     # on one host (4,416 tokens a rank and micro-batch, under the floor) with 2 and 4 optimizer steps a call
     dp2_two = by("0.6B colocated DP=2, one vLLM engine per GPU (2026-11-27)", "blind_x2")
     dp2_four = by("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8", "colocated_dp_h200x2")
-    upd_fixed = _solve_many(("update_step_layer_s", "update_mb_layer_s", "update_call_layer_s"), (hf, dp2_two, dp2_four),
-                            "update_s")
+    upd_fixed = _solve_many(("update_step_layer_s", "update_mb_layer_s", "update_call_layer_s"),
+                            (hf, dp2_two, dp2_four), "update_s")
     for const, v in upd_fixed.items():
         fitted[const] = v
         stack.enter_context(constant(const, v))

@@ -143,9 +143,10 @@ def cases() -> list[Case]:
                             bench_overrides(smoke_overrides(row["fused"], False, row["tokens"])), "legacy",
                             {"fits": 0.0}))
     # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
-    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_step_layer_s (with two DP=2 runs, fit.py), and its sleep/wake/reload (hf_offload_s_per_gb,
-    # hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its update_weights less its wake); grpo vllm k4:
-    # ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their own processes)
+    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_step_layer_s (with two DP=2 runs, fit.py), and its
+    # sleep/wake/reload (hf_offload_s_per_gb, hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its
+    # update_weights less its wake); grpo vllm k4: ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their
+    # own processes)
     fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
                 "grpo vllm": ("weight_sync_s",), "grpo vllm k4": ("weight_sync_s",)}
     steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
