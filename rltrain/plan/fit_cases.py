@@ -245,7 +245,10 @@ def placement_cases() -> list[Case]:
                   ("0.6B single, 2,048-token responses, forward micro-batches of 4,096", BLIND3 + "fwd4096.json",
                    "single", "held out", ()),
                   ("0.6B single, 2,048-token responses, forward micro-batches of 32,768", BLIND3 + "fwd32768.json",
-                   "single", "held out", ())]
+                   "single", "held out", ()),
+                  # then at PP=2 (predicted before it ran, README.md there)
+                  ("0.6B PP=2, 2,048-token responses, forward micro-batches of 4,096", BLIND3 + "pp2fwd4096.json",
+                   "pp2", "held out", ())]
     for name, rel, key, role, fitted in placements:
         d = load(rel)
         r = d["qwen06b"][key]
