@@ -148,17 +148,21 @@ TIME: dict[str, Const] = {
         0.003012, "s per update call x layer",
         "colocated_dp_h200x2_2026-11-26/dp2_tp1_b64_metrics.jsonl, 2026-11-26, 2 x H200: update_actor 0.638 s (DP=2, "
         "4 optimizer steps of one 4,416-token micro-batch a rank), with the two runs above"),
-    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's launches of its layers (they
-    # overlap: launches are asynchronous). The 0.6B's short-sequence passes are bound by the host: its forward at DP=2
-    # or TP=2 took as long as at one GPU, and a profile of its 8,832-token update micro-batch of 69-token sequences
-    # (update/profile_qwen3-0.6b-8832x69-all.md) found the GPU idle 40% of the step. Summed with the FLOPs (until
-    # 2026-11-27) it planned the long-response runs' forward passes 37-62% slow, where the FLOPs dominate. Solved from
-    # micro-batches of 128 rows: one of a single 2,053-token row cost 0.048 s (blind_x2_2026-11-27/fwd4096.json), so
-    # the floor grows with the rows (docs/plan.md, Limits)
+    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's floor (they overlap: launches are
+    # asynchronous): per layer, a cost and one per row of the micro-batch. The 0.6B's short-sequence passes sit on the
+    # floor: its forward at DP=2 or TP=2 took as long as at one GPU, and a profile of its 8,832-token update
+    # micro-batch of 69-token rows (update/profile_qwen3-0.6b-8832x69-all.md) found the GPU idle 40% of the step.
+    # One-row micro-batches of 2,053 tokens cost 0.048 s at 28 layers, 0.029 s a stage of 14 (PP=2), 128-row ones 0.09
+    # s. Summed with the FLOPs (until 2026-11-27) the forward was planned 37-62% slow on the long-response runs, where
+    # the FLOPs dominate; a floor per micro-batch alone planned one-row micro-batches +85%
     "fwd_mb_layer_s": Const(
-        0.003217, "s per forward micro-batch x layer (the host's floor)",
-        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s (17,664 tokens in 2 micro-batches, "
-        "forward only, 28 layers; the FLOPs' 0.054 s a micro-batch is under this floor)"),
+        0.001722, "s per forward micro-batch x layer (the host's floor)",
+        "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: old_log_prob 6.21 s of the 0.6B's 128 sequences of "
+        "2,053 tokens, one a micro-batch (the 4,096-token budget), with the run below"),
+    "fwd_row_layer_s": Const(
+        1.168e-05, "s per row of a forward micro-batch x layer (the host's floor)",
+        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s (17,664 tokens in 2 micro-batches of 128 "
+        "rows, forward only, 28 layers; their FLOPs' 0.054 s a micro-batch are under the floor), with the run above"),
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(

@@ -232,8 +232,12 @@ def fit(verbose: bool = True) -> dict[str, float]:
         stack.enter_context(constant(const, v))
     fitted["tp_allreduce_s"] = _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")
     stack.enter_context(constant("tp_allreduce_s", fitted["tp_allreduce_s"]))
-    fitted["fwd_mb_layer_s"] = _solve("fwd_mb_layer_s", hf, "old_log_prob_s")
-    stack.enter_context(constant("fwd_mb_layer_s", fitted["fwd_mb_layer_s"]))
+    # the forward's host floor per layer, and per row and layer of a micro-batch: the one-GPU GRPO step (micro-batches
+    # of 128 rows of 69 tokens) and the 2,048-token responses in one-row micro-batches, both under the floor
+    one_row = by("0.6B single, 2,048-token responses, forward micro-batches of 4,096", "blind_x2")
+    for const, v in _solve_many(("fwd_mb_layer_s", "fwd_row_layer_s"), (hf, one_row), "old_log_prob_s").items():
+        fitted[const] = v
+        stack.enter_context(constant(const, v))
     moe = by("MoE slice EP=2, vLLM", "moe_h200x2_2026-11-26/")
     fitted["moe_expert_pass_s"] = _solve("moe_expert_pass_s", moe, "update_s")
     grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")

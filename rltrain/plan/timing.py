@@ -14,8 +14,8 @@
                per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per
                micro-batch), per micro-batch (of actor.log_prob_max_tokens_per_micro_batch tokens, else the update's;
                values: the critic's; whole rows, plan/memory.py's rule) the larger of that and the host's floor,
-               fwd_mb_layer_s per layer (the two overlap); PP: x (m + pp - 1) / m for m micro-batches, the
-               pipeline's fill and drain.
+               fwd_mb_layer_s + fwd_row_layer_s per row, per layer (the two overlap); PP: x (m + pp - 1) / m for m
+               micro-batches, the pipeline's fill and drain.
   update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs, its weight matrices' FLOPs at
                update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent (the rates are the 0.6B's;
                a wider model's GEMMs dominate its elementwise work) and its causal attention's at attention_tflops
@@ -159,15 +159,17 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
 
     def forward(budget: int, head_flops: float) -> float:
         """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. Each micro-batch
-        costs the larger of its GPU time (its FLOPs, + MoE's and TP's per-pass costs) and the host's time to launch
-        its layers (fwd_mb_layer_s each): launches are asynchronous, so the two overlap. PP: it runs the same pipeline
-        schedule as the update (megatron's, forward_only): m micro-batches through pp stages take m + pp - 1 stage
-        slots, not m."""
-        n_fwd_mb = n_micro_batches(x, budget, seq, math.ceil(step_seqs(x) / x.dp))
+        costs the larger of its GPU time (its FLOPs, + MoE's and TP's per-pass costs) and the host's time to run its
+        layers (fwd_mb_layer_s + fwd_row_layer_s per row, each): launches are asynchronous, so the two overlap. PP: it
+        runs the same pipeline schedule as the update (megatron's, forward_only): m micro-batches through pp stages
+        take m + pp - 1 stage slots, not m."""
+        seqs_rank = math.ceil(step_seqs(x) / x.dp)
+        n_fwd_mb = n_micro_batches(x, budget, seq, seqs_rank)
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
         gpu_mb = (flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3 / n_fwd_mb
                   + moe + tp_pass_seconds(x, 2))
-        return n_fwd_mb * max(gpu_mb, over * layers * cal.value("fwd_mb_layer_s")) * bubble
+        floor = layers * (cal.value("fwd_mb_layer_s") + seqs_rank / n_fwd_mb * cal.value("fwd_row_layer_s"))
+        return n_fwd_mb * max(gpu_mb, over * floor) * bubble
 
     fwd = forward(x.fwd_mb_tokens, 0.0)
     out["old_log_prob"] = fwd if x.recompute_old_logprobs else 0.0  # false: the update's forward gives them

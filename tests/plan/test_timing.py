@@ -22,21 +22,28 @@ def qwen(*extra: str):
 
 
 def test_a_forward_micro_batch_costs_the_larger_of_its_flops_and_the_hosts_floor():
-    # the 0.6B's passes of short sequences are bound by the host's launches: at DP=2 each rank's 8,832 tokens still
-    # take one micro-batch, as long as one of the one-GPU run's two. The Qwen3-4B shape's at 4,096-token responses
-    # (4 x 8 x 4,101 tokens, 3 whole rows in each 16,384-token micro-batch: 11) are bound by their FLOPs, and the
-    # floor adds nothing
+    # the host's floor of a micro-batch: 28 layers x (fwd_mb_layer_s + rows x fwd_row_layer_s). The 0.6B's passes of
+    # short sequences sit on it: at DP=2 each rank's 128 rows of 69 tokens take one micro-batch, as long as one of the
+    # one-GPU run's two. One-row micro-batches of 2,053 tokens too (128 of them), and at PP=2 on a stage of 14 layers,
+    # with the fill and drain. The Qwen3-4B shape's at 4,096-token responses (4 x 8 x 4,101 tokens, 3 whole rows in
+    # each 16,384-token micro-batch: 11) are bound by their FLOPs, and the floor adds nothing
+    layer, row = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s")
     short = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
              "actor.ppo_mini_batch_size=16"]
     one, dp2 = train_seconds(qwen(*short)), train_seconds(qwen(*short, "trainer.n_gpus_per_node=2"))
-    floor = 28 * cal.value("fwd_mb_layer_s")
+    floor = 28 * (layer + 128 * row)
     assert one["old_log_prob"] == pytest.approx(2 * floor) and dp2["old_log_prob"] == pytest.approx(floor)
+    rows1 = ["data.train_batch_size=16", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=2048",
+             "actor.log_prob_max_tokens_per_micro_batch=4096"]
+    assert train_seconds(qwen(*rows1))["old_log_prob"] == pytest.approx(128 * 28 * (layer + row))
+    pp2 = qwen(*rows1, "actor.pipeline_parallel_size=2", "trainer.n_gpus_per_node=2")
+    assert train_seconds(pp2)["old_log_prob"] == pytest.approx(128 * 14 * (layer + row) * (1 + 1 / 128))
     long = ["model.builtin=qwen3-4b", "data.train_batch_size=4", "rollout.n=8", "data.max_prompt_length=5",
             "rollout.max_response_length=4096", "actor.ppo_mini_batch_size=4"]
     x = qwen(*long)
     flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]
     assert train_seconds(x)["old_log_prob"] == pytest.approx(flops_s, rel=1e-12)
-    assert flops_s / 11 > 36 * cal.value("fwd_mb_layer_s")
+    assert flops_s / 11 > 36 * (layer + 3 * row)
 
 
 def test_tp_cost_is_per_all_reduce_layer_and_pass():
@@ -126,18 +133,18 @@ def test_the_critic_skips_the_lm_head():
 
 def test_the_forward_passes_micro_batch_under_their_own_budget():
     # actor.log_prob_max_tokens_per_micro_batch: the old-log-prob and reference passes of 256 x 69 = 17,664 tokens
-    # take 2 micro-batches at the update's 16,384 and one at 32,768. Each micro-batch costs the larger of its FLOPs'
-    # time and the host's floor (28 layers x fwd_mb_layer_s): two half micro-batches of the 0.6B are each under the
-    # floor, the one whole micro-batch is over it. The update and the memory of the update are untouched
+    # take 2 micro-batches of 128 rows at the update's 16,384 and one of 256 at 32,768. Each micro-batch costs the
+    # larger of its FLOPs' time and the host's floor (28 layers x (fwd_mb_layer_s + rows x fwd_row_layer_s)): the
+    # 0.6B's are under it either way. The update and the memory of the update are untouched
     ov = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
           "actor.ppo_mini_batch_size=16", "actor.use_kl_loss=true"]
     x = qwen(*ov)
     base, big = train_seconds(x), train_seconds(qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768"))
-    floor = 28 * cal.value("fwd_mb_layer_s")
+    layer, row = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s")
     flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]  # no floor: the FLOPs alone
-    assert flops_s / 2 < floor < flops_s
-    assert base["ref"] == base["old_log_prob"] == pytest.approx(2 * floor, rel=1e-9)
-    assert big["ref"] == big["old_log_prob"] == pytest.approx(flops_s, rel=1e-9)
+    assert flops_s < 28 * (layer + 256 * row) and flops_s / 2 < 28 * (layer + 128 * row)
+    assert base["ref"] == base["old_log_prob"] == pytest.approx(2 * 28 * (layer + 128 * row), rel=1e-9)
+    assert big["ref"] == big["old_log_prob"] == pytest.approx(28 * (layer + 256 * row), rel=1e-9)
     assert base["update_actor"] == big["update_actor"]
     # memory: the forward pass's working memory follows its budget (17,664 tokens in one micro-batch; else the 237
     # whole rows of 69 tokens that 16,384 holds, 16,353)
