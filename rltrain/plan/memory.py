@@ -230,6 +230,12 @@ def _mini_batch_rows(x: Inputs) -> int:
     return math.ceil(x.ppo_mini_batch_size * x.n / x.dp)
 
 
+def step_rows(x: Inputs) -> int:
+    """Sequences of one step's batch on one DP rank: what its forward passes (old log-probs, reference, values) go
+    over."""
+    return math.ceil(x.train_batch_size * x.n / x.dp)
+
+
 def micro_batch_tokens(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
     """Tokens of the largest micro-batch on one DP rank: the whole rows the budget holds (a longer sequence gets a
     micro-batch of its own), at most `rows` (default: the update's mini-batch rows on the rank)."""
@@ -416,7 +422,7 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     per_stage = x.tp * x.dp
     # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
     # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
-    rows = math.ceil(x.train_batch_size * x.n / x.dp)
+    rows = step_rows(x)
     T_fwd, T_values = (micro_batch_tokens(x, budget, x.seq_len, rows)
                        for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
     for r in range(x.world):

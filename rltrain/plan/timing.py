@@ -45,7 +45,7 @@ import math
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import Inputs
 from rltrain.plan.memory import (VLLM_MAX_NUM_SEQS, full_params, grouped_gemm, kv_bytes_per_token, n_micro_batches, ns,
-                                 vllm_parts)
+                                 step_rows, vllm_parts)
 from rltrain.utils import flops
 
 
@@ -163,7 +163,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
         layers (fwd_mb_layer_s + fwd_row_layer_s per row, each): launches are asynchronous, so the two overlap. PP: it
         runs the same pipeline schedule as the update (megatron's, forward_only): m micro-batches through pp stages
         take m + pp - 1 stage slots, not m."""
-        seqs_rank = math.ceil(step_seqs(x) / x.dp)
+        seqs_rank = step_rows(x)
         n_fwd_mb = n_micro_batches(x, budget, seq, seqs_rank)
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
         gpu_mb = (flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3 / n_fwd_mb
