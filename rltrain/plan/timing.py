@@ -183,8 +183,8 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     # per micro-batch: the experts' loop forward + backward (2x; one more forward with full recompute) and TP's
     # all-reduces (4 a layer; + 2 for a recomputed layer, + 1 for a recomputed MLP); per mini-batch (one optimizer
     # step: the step, the grad norm's host sync, zeroing): the fixed cost of the stage's layers (the pipeline's bubble
-    # as for the FLOPs). Per micro-batch it planned the 8,192-token responses' 32 micro-batches +24% and the 2,048's
-    # 19 +47%; per step -6% and +21% (and 6 older runs with 2-3 micro-batches a step nearer, none farther)
+    # as for the FLOPs). A fixed cost added per micro-batch (until 2026-11-26, late) planned the 8,192-token
+    # responses' 32 micro-batches +24% and the 2,048's 19 +47%; per step -6% and +21%
     full = x.recompute and x.recompute_granularity == "full"
     selective = x.recompute and not full and "mlp" in x.recompute_modules
     per_mb = (moe * (4 if full else 3)
