@@ -29,9 +29,10 @@ BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/sca
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 # measured points of the weak-scaling rows: (shape, GPUs) -> what ran and where it is reported
 MEASURED = {("qwen3-4b", 4): "run 2026-11-26 at the short qwen06b recipe (32 x 8, 5 + 64 tokens): on four H100s this "
-            "layout (TP2 x DP2, two colocated vLLM TP2 engines) 3.42 s/step, where this model now gives 1.76 s (5.60 s "
-            "before it took rltrain.plan's weight sync; its update and log-probs, FLOPs only, are 0.72 s against 1.42 "
-            "measured); on four H200s with one vLLM TP4 2.63 s (model 1.73 s); docs/benchmarks/2026-11-26-four-h100s.md"}
+            "layout (TP2 x DP2, two colocated vLLM TP2 engines) 3.42 s/step, where this model now gives 2.10 s (5.60 s "
+            "before it took rltrain.plan's weight sync, 1.76 s before its sleep and wake grew with the weights and the "
+            "host's GPUs; its update and log-probs, FLOPs only, are 0.72 s against 1.42 measured); on four H200s with "
+            "one vLLM TP4 2.63 s (model 2.00 s); docs/benchmarks/2026-11-26-four-h100s.md"}
 
 
 # --------------------------------------------------------------------------- markdown

@@ -199,6 +199,20 @@ TIME: dict[str, Const] = {
         0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),
     "vllm_sleep_s": Const(
         0.041, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
+    # the level-2 wake grows with the model: the engine maps its weights' memory again, and the update's cached blocks
+    # released before it (torch.cuda.empty_cache) are the larger model's (the 4B's wake 0.19-0.24 s on one H200, the
+    # 0.6B's 0.12-0.18): per GB of the engine's bf16 weights on a GPU
+    "vllm_wake_s_per_gb": Const(
+        0.01737, "s per GB of the engine's weights on a GPU",
+        "one_h200_blind_2026-11-26/g4b_metrics.jsonl, 2026-11-26, H200: rollout_sleep + update_weights of the "
+        "Qwen3-4B shape's one-GPU step (8.0 GB), with the run below"),
+    # the GPUs of a host sleep and wake their engines at once and the step waits for the slowest: the CUDA driver's
+    # unmapping and mapping of N engines' memory (vLLM's cumem allocator) take longer than one's. The hf engine's
+    # pinned copies do not (its DP=2 sleep and wake took what its one-GPU ones did)
+    "vllm_rank_sync_factor": Const(
+        0.3882, "x (GPUs on the host - 1), on the sleep and wake",
+        "colocated_dp_h200x2_2026-11-26/dp2_tp1_b64_metrics.jsonl, 2026-11-26, 2 x H200: rollout_sleep 0.10 + "
+        "rollout_wake 0.18 s (DP=2, an engine per GPU), with the run above"),
     # the hf engine's level-1 sleep copies its weights into pinned host copies and its wake back: per byte (with the
     # wake's empty_cache); before 2026-11-26 (night) model.to("cpu") took 0.13-0.72 s for the same 1.19 GB by host
     "hf_offload_s_per_gb": Const(
@@ -212,6 +226,12 @@ TIME: dict[str, Const] = {
     "reload_s_per_tensor": Const(
         0.0005198, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 "
                                             "- wake 0.127 s for the 0.6B's 310 tensors (colocated in-place reload)"),
+    # an MoE checkpoint's expert tensors (3 an expert and layer): vLLM's expert loader copies each into its slice of the
+    # layer's stacked weight, cheaper than a dense tensor's load
+    "reload_s_per_expert_tensor": Const(
+        0.0003371, "s per expert tensor",
+        "moe_h200x2_2026-11-26/moe_slice_metrics.jsonl, 2026-11-26, 2 x H200: rollout_sleep + update_weights of the "
+        "Qwen3-30B-A3B slice (8 layers x 128 experts x 3 tensors + 75 others; EP=2, vLLM TP=2)"),
     # rollout.engines_per_gpu > 1: the engines run in their own processes and take each bucket by CUDA IPC (one RPC
     # and one handle mapping per engine and bucket, the engines loading at once, rollout/sync/ipc.py)
     "ipc_reload_s_per_tensor": Const(

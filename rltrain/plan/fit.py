@@ -252,6 +252,17 @@ def fit(verbose: bool = True) -> dict[str, float]:
     shape06 = read(compose(vl.overrides)).shape  # the Qwen3-0.6B shape of every run below
     tensors = weight_tensors(shape06)
     fitted["reload_s_per_tensor"] = (vm["timing_s/update_weights"] - vm.get("timing_s/rollout_wake", 0.0)) / tensors
+    stack.enter_context(constant("reload_s_per_tensor", fitted["reload_s_per_tensor"]))
+    # the level-2 sleep and wake beyond the 0.6B's one GPU: the 4B's one-GPU step (per GB of weights) and the 0.6B's
+    # DP=2 step (an engine per GPU, both at once), together
+    g4b = by("grpo vllm, Qwen3-4B shape, one GPU", "one_h200_blind")
+    for const, val in _solve_many(("vllm_wake_s_per_gb", "vllm_rank_sync_factor"), (g4b, dp2_four),
+                                  "weight_sync_s").items():
+        fitted[const] = val
+        stack.enter_context(constant(const, val))
+    # an MoE checkpoint's expert tensors: the slice's weight sync at the two above
+    fitted["reload_s_per_expert_tensor"] = _solve("reload_s_per_expert_tensor", moe, "weight_sync_s")
+    stack.enter_context(constant("reload_s_per_expert_tensor", fitted["reload_s_per_expert_tensor"]))
     # the hf engine's pinned level-1 sleep: its one-GPU trainer run (steps 3..)
     hm = steady_means("hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl")
     fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors

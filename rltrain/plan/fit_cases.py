@@ -148,7 +148,8 @@ def cases() -> list[Case]:
     # update_weights less its wake); grpo vllm k4: ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their
     # own processes)
     fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
-                "grpo vllm": ("weight_sync_s",), "grpo vllm k4": ("weight_sync_s",)}
+                "grpo vllm": ("weight_sync_s",), "grpo vllm k4": ("weight_sync_s",),
+                "grpo vllm, Qwen3-4B shape, one GPU": ("weight_sync_s",)}
     steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
              ("grpo vllm", "vllm/gpu_smoke_grpo_vllm.json", ["rollout=vllm"], "fit"),
              ("grpo hf, compile", "update/gpu_smoke_grpo_compile.json", ["actor.elementwise_fusion=compile"],
@@ -170,7 +171,7 @@ def cases() -> list[Case]:
              # (one_h200_blind_2026-11-26/predictions_before_run.md)
              ("grpo vllm, Qwen3-4B shape, one GPU", BLIND + "g4b.json",
               ["rollout=vllm", "model.builtin=qwen3-4b", "rollout.gpu_memory_utilization=0.3",
-               "actor.max_tokens_per_micro_batch=8192"], "held out"),
+               "actor.max_tokens_per_micro_batch=8192"], "fit"),  # its weight sync: vllm_wake_s_per_gb (fit.py)
              ("grpo vllm, PPO (GAE critic)", BLIND + "ppo.json", ["rollout=vllm", "algorithm=gae"], "held out"),
              # docs/benchmarks/2026-11-26-two-h200s-evening.md section 5, one H100: the levers' config again (its
              # engines took each bucket packed in one allocation, a change tried that evening and not kept), then
@@ -222,7 +223,7 @@ def placement_cases() -> list[Case]:
                   ("placement colocated TP=2", "vllm_x2/placements_qwen06b_colocated_tp2.json", "colocated_tp2",
                    "held out", ()),
                   ("MoE slice EP=2, vLLM", moe + "moe_slice_gpu_placements.json", "colocated_dp2", "fit",
-                   ("update_s",)),  # moe_expert_pass_s is solved from its update
+                   ("update_s", "weight_sync_s")),  # moe_expert_pass_s, reload_s_per_expert_tensor
                   ("dense twin of the MoE slice, vLLM", moe + "dense_twin_gpu_placements.json", "colocated_dp2",
                    "held out", ()),
                   ("MoE slice EP=2, vLLM, replay off", moe_r + "replay_off_gpu_placements.json", "colocated_dp2",
@@ -340,9 +341,9 @@ SCALING_RUNS = [
     # issue #35's colocated data-parallel rollout (one vLLM TP=1 engine per GPU), 2026-11-26 afternoon; the two
     # single-GPU runs ran at the same time, one on each GPU of the machine (a shared host)
     # update_mb_layer_s and update_call_layer_s are solved from its update with the 2026-11-27 DP=2 run's and the grpo
-    # hf run's (fit.py)
+    # hf run's, vllm_rank_sync_factor from its weight sync with the 4B's one-GPU run's (fit.py)
     ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8", COLO_DP + "dp2_tp1_b64.json", "colocated_dp2_tp1",
-     COLO_DP + "dp2_tp1_b64_metrics.jsonl", "fit", ("update_s",)),
+     COLO_DP + "dp2_tp1_b64_metrics.jsonl", "fit", ("update_s", "weight_sync_s")),
     ("0.6B single, 32 x 8 (beside another run)", COLO_DP + "single_s32.json", "single",
      COLO_DP + "single_s32_metrics.jsonl", "held out", ()),
     ("0.6B single, 64 x 8 (beside another run)", COLO_DP + "single_s64.json", "single",

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 from rltrain.config.schema import ActorConfig
 from rltrain.plan.inputs import model_shape
 from rltrain.plan.memory import kv_bytes_per_token, ns
-from rltrain.plan.timing import weight_tensors
+from rltrain.plan.timing import inplace_reload_seconds, vllm_sleep_wake_seconds, weight_tensors
 from rltrain.utils.flops import matmul_params, num_params, train_flops
 
 GB = 1e9
@@ -266,8 +266,10 @@ def sync_phase(cfg, layout: Layout, inp: dict[str, Num], *, free_cache_engine: b
     else:
         send_s = 0.0
         awake = not free_cache_engine  # rollout.free_cache_engine=false: the engine never sleeps
-        sleep_wake = 0.0 if awake else inp["vllm_sleep_s"].value + inp["vllm_wake_s"].value
-        load_s = tensors * inp["reload_s_per_tensor"].value
+        value = lambda k: inp[k].value  # noqa: E731
+        gpus_on_host = min(layout.n_gpus, int(inp["gpus_per_node"].value))
+        sleep_wake = 0.0 if awake else vllm_sleep_wake_seconds(s_bytes / 1e9 / layout.rollout_tp, gpus_on_host, value)
+        load_s = inplace_reload_seconds(cfg, value)
     return {"s": gather_s + merge_s + send_s + load_s, "gather_s": gather_s + merge_s, "send_s": send_s,
             "load_s": load_s, "sleep_wake_s": sleep_wake, "bytes_per_replica": s_bytes, "tensors": tensors,
             "bytes_total": s_bytes * layout.replicas}

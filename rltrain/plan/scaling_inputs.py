@@ -55,7 +55,8 @@ def measured_inputs() -> dict[str, Num]:
         # the weight sync's terms are rltrain.plan's (calibration.py, one place): a cost per checkpoint tensor and
         # the level-2 sleep / wake rltrain uses since 2026-11-24 (issue 21 measured level 1 and a reload per byte)
         **{k: Num(cal.value(k), cal.TIME[k].source, True)  # each read or solved off one measured run
-           for k in ("reload_s_per_tensor", "split_sync_s_per_tensor", "vllm_sleep_s", "vllm_wake_s")},
+           for k in ("reload_s_per_tensor", "reload_s_per_expert_tensor", "split_sync_s_per_tensor", "vllm_sleep_s",
+                     "vllm_wake_s", "vllm_wake_s_per_gb", "vllm_rank_sync_factor")},
     })
     return m
 

@@ -25,8 +25,11 @@
                layers: tp_allreduce_s per all-reduce, 4 a layer and micro-batch, per doubling; fusion none: none),
                per micro-batch the larger of that and the host's floor, update_mb_layer_s per layer; + per mini-batch
                (optimizer step) update_step_layer_s per layer; + once a call update_call_layer_s per layer.
-  weight sync  colocated vLLM: sleep + wake + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
-               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB); engines in their own
+  weight sync  colocated vLLM: (sleep + wake + the engine's bf16 GB on a GPU x vllm_wake_s_per_gb) x (1 +
+               vllm_rank_sync_factor x (the host's GPUs - 1): they sleep and wake at once, the step waits for the
+               slowest) + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
+               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB; an expert's tensor
+               reload_s_per_expert_tensor); engines in their own
                processes (rollout.engines_per_gpu > 1): x ipc_reload_s_per_tensor (CUDA IPC); hf: its level-1 sleep
                + wake (the weights to their pinned host copies and back, hf_offload_s_per_gb) + hf_reload_s_per_tensor;
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
@@ -219,21 +222,44 @@ def weight_tensors(shape) -> int:
     return n + 2 + (0 if s.tie_word_embeddings else 1)
 
 
+def expert_tensors(shape) -> int:
+    """Of weight_tensors, the experts' (3 per expert and sparse layer)."""
+    s = ns(shape)
+    return sum(3 * s.num_experts for sparse in flops.sparse_layers(s) if sparse)
+
+
+def inplace_reload_seconds(shape, value=cal.value) -> float:
+    """A colocated vLLM engine's in-place reload: the checkpoint's tensors one at a time (a fixed cost per tensor: the
+    4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s), an expert's tensor at its own
+    cost (vLLM's expert loader copies each into its slice of the layer's stacked weight). value: a constant by name."""
+    experts = expert_tensors(shape)
+    return ((weight_tensors(shape) - experts) * value("reload_s_per_tensor")
+            + experts * value("reload_s_per_expert_tensor"))
+
+
+def vllm_sleep_wake_seconds(engine_gb: float, gpus_on_host: int, value=cal.value) -> float:
+    """vLLM's level-2 sleep and wake-up of a colocated engine: a fixed cost + per GB of the engine's bf16 weights on a
+    GPU (engine_gb), x (1 + vllm_rank_sync_factor x (gpus_on_host - 1)): the host's GPUs do it at once and the step
+    waits for the slowest. value: a constant by name."""
+    one = value("vllm_sleep_s") + value("vllm_wake_s") + engine_gb * value("vllm_wake_s_per_gb")
+    return one * (1 + value("vllm_rank_sync_factor") * (gpus_on_host - 1))
+
+
 def sync_seconds(x: Inputs) -> float:
     gb = full_params(x.shape) * x.dtype_bytes / 1e9
     if not (x.colocate or not x.use_ray):  # each tensor broadcast, then loaded by the engine as it comes
         return weight_tensors(x.shape) * cal.value("split_sync_s_per_tensor") + gb / cal.value("nccl_broadcast_gb_s")
     vllm = x.engine == "vllm" and x.device != "cpu"
-    # in place: the engine's load_weights takes the checkpoint's tensors one at a time (a fixed cost per tensor: the
-    # 4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s); engines in their own
-    # processes take them by CUDA IPC; the hf engine copies each into its module
-    per_tensor = ("hf_reload_s_per_tensor" if not vllm else
-                  "ipc_reload_s_per_tensor" if x.engines_per_gpu > 1 else "reload_s_per_tensor")
-    reload = weight_tensors(x.shape) * cal.value(per_tensor)
+    # in place (inplace_reload_seconds); engines in their own processes take each tensor by CUDA IPC; the hf engine
+    # copies each into its module
+    if vllm and x.engines_per_gpu == 1:
+        reload = inplace_reload_seconds(x.shape)
+    else:
+        reload = weight_tensors(x.shape) * cal.value("ipc_reload_s_per_tensor" if vllm else "hf_reload_s_per_tensor")
     if not x.free_cache_engine:  # the engine stayed awake: no sleep, no wake-up
         return reload
     if vllm:
-        return cal.value("vllm_sleep_s") + cal.value("vllm_wake_s") + reload
+        return vllm_sleep_wake_seconds(gb / x.rollout_tp, x.n_gpus_per_node) + reload
     return gb * cal.value("hf_offload_s_per_gb") + reload  # level 1: the weights to the host and back
 
 

@@ -151,6 +151,22 @@ def test_qwen3_30b_a3b_slice_plans_as_the_h200_runs_measured():
     assert max(g.allocator_peak_bytes for g in hf.gpus) / GIB == pytest.approx(60.2, rel=0.15)
 
 
+def test_slice_weight_sync_reloads_expert_tensors_at_their_own_cost():
+    from rltrain.plan.timing import expert_tensors, sync_seconds, weight_tensors
+    x = read(compose(*SLICE, "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2", LOOP))
+    # 8 sparse layers x (q, k, v, o, 2 RMSNorms, q/k norms, the router, 128 experts x gate/up/down) + embedding, final
+    # norm and the untied head
+    assert (weight_tensors(x.shape), expert_tensors(x.shape)) == (8 * (8 + 1 + 384) + 3, 8 * 384)
+    gb = 2 * full_params(x.shape) / 1e9  # 11.2 GB: the experts are the bulk
+    sleep_wake = (cal.value("vllm_sleep_s") + cal.value("vllm_wake_s")
+                  + gb / 2 * cal.value("vllm_wake_s_per_gb"))  # a vLLM TP=2 engine on each pair of GPUs' halves
+    by_hand = (sleep_wake * (1 + cal.value("vllm_rank_sync_factor")) + 75 * cal.value("reload_s_per_tensor")
+               + 3072 * cal.value("reload_s_per_expert_tensor"))
+    assert sync_seconds(x) == pytest.approx(by_hand)
+    # measured 1.15-1.66 s over the slice's five vLLM runs (2026-11-26, two H200s); a dense tensor's cost each 2.0 s
+    assert 1.1 < sync_seconds(x) < 1.7
+
+
 def test_slice_without_expert_parallelism_is_refused_and_ep2_suggested():
     # EP=1 did not fit beside vLLM at 8 layers (docs/benchmarks/2026-11-26-moe-on-two-gpus.md, section 2's "Not run")
     for grouped in (LOOP, "actor.moe_grouped_gemm=true"):
