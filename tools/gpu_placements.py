@@ -20,6 +20,7 @@ Placements (trainer.use_ray=true, hf rollout engine, one worker process per GPU)
 Other GPU counts (issue 22's scaling points; name them with --placements on a machine that has the GPUs):
   single               1 GPU: actor + rollout colocated
   colocated_dp2_tp1    2 GPUs: colocated_dp2 with --engine vllm at TP=1: one engine per GPU (issue 35)
+  colocated_dp4_tp1    4 GPUs: actor DP=4, --engine vllm at TP=1: one engine per GPU
   colocated_tp2dp2     4 GPUs: actor TP=2 x DP=2 (--engine vllm: one vLLM engine at TP=4 over the 4)
   colocated_tp2dp2_r2  4 GPUs: the same actor, --engine vllm: two vLLM engines at TP=2 (docs/scaling.md's layout)
   split_2p2            4 GPUs: actor TP=2 on 2, the rollout on the other 2 (--engine vllm: one engine at TP=2)
@@ -69,6 +70,7 @@ PLACEMENTS = {
     "pp2": ["trainer.n_gpus_per_node=2", "actor.pipeline_parallel_size=2"],
     "single": ["trainer.n_gpus_per_node=1"],
     "split_2p2": ["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2", "trainer.colocate=false"],
+    "colocated_dp4_tp1": ["trainer.n_gpus_per_node=4"],
     "colocated_tp2dp2": ["trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=2"],
     "colocated_tp2dp2_r2": ["trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=2"],
     "colocated_tp2pp2dp2": ["trainer.n_gpus_per_node=8", "actor.tensor_parallel_size=2",
@@ -76,7 +78,7 @@ PLACEMENTS = {
 }
 TWO_GPUS = ["colocated_dp2", "colocated_tp2", "split_1p1", "pp2"]  # the default matrix
 # --engine vllm: these placements' engines span this many GPUs each; any other placement's one engine, its group
-ROLLOUT_TP = {"colocated_dp2_tp1": 1, "colocated_tp2dp2_r2": 2}
+ROLLOUT_TP = {"colocated_dp2_tp1": 1, "colocated_dp4_tp1": 1, "colocated_tp2dp2_r2": 2}
 GPU = ["trainer.use_ray=true", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.logger=[console,jsonl]", "trainer.fused_linear_logprob_backend=auto"]
 # harness/cases.py's Qwen3-0.6B GRPO run; the device and GPU count are the run's and the placement's
