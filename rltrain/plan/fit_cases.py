@@ -249,7 +249,12 @@ def placement_cases() -> list[Case]:
                    "single", "held out", ()),
                   # then at PP=2 (predicted before it ran, README.md there)
                   ("0.6B PP=2, 2,048-token responses, forward micro-batches of 4,096", BLIND3 + "pp2fwd4096.json",
-                   "pp2", "held out", ())]
+                   "pp2", "held out", ()),
+                  # the 4B on one H200 the same way (8 x 8 sequences; 64 one-row micro-batches, then 5 of 15 rows)
+                  ("4B single, 2,048-token responses, forward micro-batches of 4,096",
+                   BLIND4 + "g4fwd4096_gpu_placements.json", "single", "held out", ()),
+                  ("4B single, 2,048-token responses, forward micro-batches of 32,768",
+                   BLIND4 + "g4fwd32768_gpu_placements.json", "single", "held out", ())]
     for name, rel, key, role, fitted in placements:
         d = load(rel)
         r = d["qwen06b"][key]
@@ -317,6 +322,9 @@ PINNED = "hf_pinned_sleep_h200x2_2026-11-26/"
 # and 8,192-token responses, each predicted before it ran (predictions_*.json there)
 LENGTHS = "lengths_blind_2026-11-26/"
 BLIND3 = "blind_x2_2026-11-27/"
+# 2026-11-27, four H200s, one machine, one run after another, each predicted before it ran (BLIND4's
+# predictions_*_h200.json, BLIND4 + "README.md"; planner of 527f4c9)
+BLIND4 = "blind_x4_2026-11-27/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -423,6 +431,12 @@ SCALING_RUNS = [
      BLIND3 + "vl_qwen06b_colocated_dp2_tp1_metrics.jsonl", "fit", ("update_s",)),  # as the 64 x 8 run above
     ("0.6B colocated TP=2 + vLLM TP=2 (2026-11-27)", BLIND3 + "vl.json", "colocated_tp2",
      BLIND3 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
+    ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H200s)", BLIND4 + "r2.json", "colocated_tp2dp2_r2",
+     BLIND4 + "r2_qwen06b_colocated_tp2dp2_r2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=4, one vLLM engine per GPU (four H200s)", BLIND4 + "dp4.json", "colocated_dp4_tp1",
+     BLIND4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4 + "single.json", "single",
+     BLIND4 + "single_qwen06b_single_metrics.jsonl", "held out", ()),
 ]
 
 
