@@ -105,6 +105,12 @@ TIME: dict[str, Const] = {
         0.4872, "exponent", "update/bench_update_h200_4b.json, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
                             "2,560, one 8,192-token sequence, torch.compile) 0.5574 s for 197.7 TFLOP of weight "
                             "matrices and 59.4 of attention, against the 0.6B's 06b-8k-all"),
+    # the same for the unfused layers (actor.elementwise_fusion=none): the elementwise kernels torch.compile would fuse
+    # weigh less against the GEMMs at a wider model, so the unfused rate grows faster with the width than the compiled
+    "update_rate_width_exponent_none": Const(
+        0.7579, "exponent", "blind_x4_2026-11-27/g4fwd32768_gpu_placements.json, 2026-11-27, H200: update_actor 8.705 s "
+                          "of the Qwen3-4B shape's GRPO step on one GPU (64 sequences of 2,053 tokens, 8,192-token "
+                          "micro-batches, 2 optimizer steps; fusion none), against the 0.6B's 06b-8k-norms+optim"),
     # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
     # rate, not the weight matrices' (when one rate took both, until 2026-11-26's night, the 0.6B's 32k and 64k rows,
     # 76-86% attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
@@ -166,14 +172,14 @@ TIME: dict[str, Const] = {
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(
-        0.0004128, "s per local expert x sparse layer x forward pass",
+        0.000421, "s per local expert x sparse layer x forward pass",
         "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
         "passes) less its active FLOPs at the update rate and the update's fixed costs"),
     # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
     # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
     "moe_grouped_layer_pass_s": Const(
-        0.003636, "s per sparse layer x forward pass",
+        0.004167, "s per sparse layer x forward pass",
         "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),

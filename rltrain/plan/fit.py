@@ -230,6 +230,11 @@ def fit(verbose: bool = True) -> dict[str, float]:
     for const, v in upd_fixed.items():
         fitted[const] = v
         stack.enter_context(constant(const, v))
+    # the unfused layers' width exponent: the 4B's one-GPU GRPO update at 2,053-token sequences (its FLOPs, far above
+    # the floors)
+    g4 = by("4B single, 2,048-token responses, forward micro-batches of 32,768", "blind_x4")
+    fitted["update_rate_width_exponent_none"] = _solve("update_rate_width_exponent_none", g4, "update_s")
+    stack.enter_context(constant("update_rate_width_exponent_none", fitted["update_rate_width_exponent_none"]))
     fitted["tp_allreduce_s"] = _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")
     stack.enter_context(constant("tp_allreduce_s", fitted["tp_allreduce_s"]))
     # the forward's host floor per layer, and per row and layer of a micro-batch: the one-GPU GRPO step (micro-batches

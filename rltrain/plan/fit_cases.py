@@ -254,7 +254,8 @@ def placement_cases() -> list[Case]:
                   ("4B single, 2,048-token responses, forward micro-batches of 4,096",
                    BLIND4 + "g4fwd4096_gpu_placements.json", "single", "held out", ()),
                   ("4B single, 2,048-token responses, forward micro-batches of 32,768",
-                   BLIND4 + "g4fwd32768_gpu_placements.json", "single", "held out", ())]
+                   BLIND4 + "g4fwd32768_gpu_placements.json", "single", "fit",
+                   ("update_s",))]  # update_rate_width_exponent_none (fit.py)
     for name, rel, key, role, fitted in placements:
         d = load(rel)
         r = d["qwen06b"][key]

@@ -17,7 +17,7 @@
                fwd_mb_layer_s + fwd_row_layer_s per row, per layer (the two overlap); PP: x (m + pp - 1) / m for m
                micro-batches, the pipeline's fill and drain.
   update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs, its weight matrices' FLOPs at
-               update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent (the rates are the 0.6B's;
+               update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent[_none] (the 0.6B's rates;
                a wider model's GEMMs dominate its elementwise work) and its causal attention's at attention_tflops
                (flash attention's kernels, whatever the width), times recompute_<full|selective>_time_factor
                with recompute (PP: + the 1F1B bubble (pp - 1) / micro-batches)
@@ -64,7 +64,8 @@ def update_rate(x: Inputs, *, recompute: bool | None = None) -> float:
     """Achieved FLOP/s of one GPU on the weight matrices' FLOPs of the update (a TP group of x.tp GPUs runs x.tp times
     this); with recompute, divided by its time factor (the extra forward is not counted as model FLOPs)."""
     rate = cal.value("update_tflops_none_none" if x.fusion == "none" else "update_tflops_compile_none")
-    rate *= (x.shape.hidden_size / cal.RATE_HIDDEN) ** cal.value("update_rate_width_exponent")
+    exponent = "update_rate_width_exponent_none" if x.fusion == "none" else "update_rate_width_exponent"
+    rate *= (x.shape.hidden_size / cal.RATE_HIDDEN) ** cal.value(exponent)
     return rate * 1e12 / recompute_factor(x, recompute)
 
 
