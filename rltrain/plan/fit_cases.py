@@ -326,6 +326,8 @@ BLIND3 = "blind_x2_2026-11-27/"
 # 2026-11-27, four H200s, one machine, one run after another, each predicted before it ran (BLIND4's
 # predictions_*_h200.json, BLIND4 + "README.md"; planner of 527f4c9)
 BLIND4 = "blind_x4_2026-11-27/"
+# then a fresh machine of the same kind: the 0.6B at DP=2 (two of its GPUs) and DP=4, one after another
+DP_X4 = "dp_x4_2026-11-27/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -438,6 +440,10 @@ SCALING_RUNS = [
      BLIND4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
     ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4 + "single.json", "single",
      BLIND4 + "single_qwen06b_single_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (a second four-H200 host)", DP_X4 + "dp2.json", "colocated_dp2_tp1",
+     DP_X4 + "dp2_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=4, one vLLM engine per GPU (a second four-H200 host)", DP_X4 + "dp4.json", "colocated_dp4_tp1",
+     DP_X4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
 ]
 
 
