@@ -28,7 +28,7 @@
   weight sync  colocated vLLM: (sleep + wake + the engine's bf16 GB on a GPU x vllm_wake_s_per_gb) x (1 +
                vllm_rank_sync_factor x (the host's GPUs - 1): they sleep and wake at once, the step waits for the
                slowest) + the checkpoint's tensors x reload_s_per_tensor (the in-place reload
-               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB; an expert's tensor
+               is a fixed cost per tensor: the 4B's 8 GB took as long as the 0.6B's 1.2 GB; an expert's tensor at
                reload_s_per_expert_tensor); engines in their own
                processes (rollout.engines_per_gpu > 1): x ipc_reload_s_per_tensor (CUDA IPC); hf: its level-1 sleep
                + wake (the weights to their pinned host copies and back, hf_offload_s_per_gb) + hf_reload_s_per_tensor;
