@@ -171,12 +171,18 @@ def fit(verbose: bool = True) -> dict[str, float]:
     by = lambda n, src: next(c for c in cs.values() if c.name == n and src in c.source)  # noqa: E731
     fitted: dict[str, float] = {}
     stack = contextlib.ExitStack()
+
+    def keep(values: dict[str, float]) -> None:
+        """Record each solved constant and hold it at its value for the solves after it."""
+        for k, val in values.items():
+            fitted[k] = val
+            stack.enter_context(constant(k, val))
+
     # memory: activations, one row each
     for row, const in (("06b-8k-norms+optim", "act_none_fusion_none"), ("06b-8k-all", "act_none_fusion_compile"),
                        ("06b-8k-mcore-tp2", "act_none_fusion_mcore"), ("06b-32k-all-rc_selective", "act_selective"),
                        ("06b-64k-all-rc_full", "act_full_working")):
-        fitted[const] = _solve(const, by(row, "update/"), "peak_gib")
-        stack.enter_context(constant(const, fitted[const]))
+        keep({const: _solve(const, by(row, "update/"), "peak_gib")})
     # the unfused head: the difference of the fused/unfused pair at 32k tokens with full recompute
     un, fu = by("smoke-32k-unfused-rc1", "steps"), by("smoke-32k-fused-rc1", "steps")
     diff = un.measured["peak_gib"] - fu.measured["peak_gib"]
@@ -184,25 +190,21 @@ def fit(verbose: bool = True) -> dict[str, float]:
         d0 = predict(un)["peak_gib"] - predict(fu)["peak_gib"]
     with constant("logits_bytes_per_element", 1.0):
         d1 = predict(un)["peak_gib"] - predict(fu)["peak_gib"] - d0
-    fitted["logits_bytes_per_element"] = (diff - d0) / d1
-    stack.enter_context(constant("logits_bytes_per_element", fitted["logits_bytes_per_element"]))
+    keep({"logits_bytes_per_element": (diff - d0) / d1})
     fit_rows = [c for c in cs.values() if c.kind == "update" and c.role_of("peak_gib") == "fit"]
     fitted["allocator_slack"] = sum(c.measured["reserved_gib"] / c.measured["peak_gib"] - 1 for c in fit_rows) / len(
         fit_rows)
     v = load("vllm_x2/bench_rollout_variants_h200.json")
-    fitted["vllm_non_torch_gib"] = v["results"][0]["sleep_freed_gib"] - 0.5 * cal.DEVICES["h200"].total_gib
-    stack.enter_context(constant("vllm_non_torch_gib", fitted["vllm_non_torch_gib"]))
+    keep({"vllm_non_torch_gib": v["results"][0]["sleep_freed_gib"] - 0.5 * cal.DEVICES["h200"].total_gib})
     # time: the update rates (one micro-batch each) and the GRPO step's fixed costs (per optimizer step, per forward
     # micro-batch), solved together
     rate_rows = {"update_tflops_none_none": "06b-8k-norms+optim", "update_tflops_compile_none": "06b-8k-all"}
     hf, vl = by("grpo hf", "vllm/gpu_smoke_grpo_hf"), by("grpo vllm", "vllm/gpu_smoke_grpo_vllm")
     sm = {(r["fused"], r["recompute"]): r["step_s"] for r in load("gpu_smoke_h100_steps.json")["step8k"]}
-    fitted["recompute_full_time_factor"] = sm[(True, True)] / sm[(True, False)]
-    stack.enter_context(constant("recompute_full_time_factor", fitted["recompute_full_time_factor"]))
-    fitted["recompute_selective_time_factor"] = (by("4b-32k-all-rc_selective", "update/").measured["step_s"]
-                                                 / by("4b-32k-all-rc_full", "update/").measured["step_s"]
-                                                 * fitted["recompute_full_time_factor"])
-    stack.enter_context(constant("recompute_selective_time_factor", fitted["recompute_selective_time_factor"]))
+    keep({"recompute_full_time_factor": sm[(True, True)] / sm[(True, False)]})
+    keep({"recompute_selective_time_factor": (by("4b-32k-all-rc_selective", "update/").measured["step_s"]
+                                              / by("4b-32k-all-rc_full", "update/").measured["step_s"]
+                                              * fitted["recompute_full_time_factor"])})
     # the weight matrices' rates, their width exponent and attention's rate depend on each other (the 8k rows are 30-44%
     # attention FLOPs, the 32k row 76%): a few rounds of solving each from its row at the others' values converge
     for _ in range(6):
@@ -212,62 +214,46 @@ def fit(verbose: bool = True) -> dict[str, float]:
             T = x.max_prompt_length + x.max_response_length
             attn = flops.attention_flops(ns(x.shape), T, T)
             dense_s = c.measured["step_s"] - attn / (cal.value("attention_tflops") * 1e12)
-            fitted[const] = (flops.train_flops(ns(x.shape), T, T) - attn) / dense_s / 1e12
-            stack.enter_context(constant(const, fitted[const]))
+            keep({const: (flops.train_flops(ns(x.shape), T, T) - attn) / dense_s / 1e12})
         # how the rate grows with the hidden size: the 4B's compiled 8k row against the 0.6B's (fitted above)
-        fitted["update_rate_width_exponent"] = _solve("update_rate_width_exponent", by("4b-8k-all", "update/"),
-                                                      "step_s")
-        stack.enter_context(constant("update_rate_width_exponent", fitted["update_rate_width_exponent"]))
-        fitted["attention_tflops"] = _solve("attention_tflops", by("06b-32k-all-rc_selective", "update/"), "step_s")
-        stack.enter_context(constant("attention_tflops", fitted["attention_tflops"]))
+        keep({"update_rate_width_exponent": _solve("update_rate_width_exponent", by("4b-8k-all", "update/"),
+                                                   "step_s")})
+        keep({"attention_tflops": _solve("attention_tflops", by("06b-32k-all-rc_selective", "update/"), "step_s")})
     # the update's fixed costs (per optimizer step, the host's floor per micro-batch, per update call), together: the
     # one-GPU GRPO step (2 optimizer steps of one 8,832-token micro-batch, its FLOPs above the floor), and two DP=2 runs
     # on one host (4,416 tokens a rank and micro-batch, under the floor) with 2 and 4 optimizer steps a call
     dp2_two = by("0.6B colocated DP=2, one vLLM engine per GPU (2026-11-27)", "blind_x2")
     dp2_four = by("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8", "colocated_dp_h200x2")
-    upd_fixed = _solve_many(("update_step_layer_s", "update_mb_layer_s", "update_call_layer_s"),
-                            (hf, dp2_two, dp2_four), "update_s")
-    for const, v in upd_fixed.items():
-        fitted[const] = v
-        stack.enter_context(constant(const, v))
+    keep(_solve_many(("update_step_layer_s", "update_mb_layer_s", "update_call_layer_s"), (hf, dp2_two, dp2_four),
+                     "update_s"))
     # the unfused layers' width exponent: the 4B's one-GPU GRPO update at 2,053-token sequences (its FLOPs, far above
     # the floors)
     g4 = by("4B single, 2,048-token responses, forward micro-batches of 32,768", "blind_x4")
-    fitted["update_rate_width_exponent_none"] = _solve("update_rate_width_exponent_none", g4, "update_s")
-    stack.enter_context(constant("update_rate_width_exponent_none", fitted["update_rate_width_exponent_none"]))
-    fitted["tp_allreduce_s"] = _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")
-    stack.enter_context(constant("tp_allreduce_s", fitted["tp_allreduce_s"]))
+    keep({"update_rate_width_exponent_none": _solve("update_rate_width_exponent_none", g4, "update_s")})
+    keep({"tp_allreduce_s": _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")})
     # the forward's host floor per layer, and per row and layer of a micro-batch: the one-GPU GRPO step (micro-batches
     # of 128 rows of 69 tokens) and the 2,048-token responses in one-row micro-batches, both under the floor
     one_row = by("0.6B single, 2,048-token responses, forward micro-batches of 4,096", "blind_x2")
-    for const, v in _solve_many(("fwd_mb_layer_s", "fwd_row_layer_s"), (hf, one_row), "old_log_prob_s").items():
-        fitted[const] = v
-        stack.enter_context(constant(const, v))
+    keep(_solve_many(("fwd_mb_layer_s", "fwd_row_layer_s"), (hf, one_row), "old_log_prob_s"))
     moe = by("MoE slice EP=2, vLLM", "moe_h200x2_2026-11-26/")
     fitted["moe_expert_pass_s"] = _solve("moe_expert_pass_s", moe, "update_s")
     grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")
     fitted["moe_grouped_layer_pass_s"] = _solve("moe_grouped_layer_pass_s", grouped, "update_s")
     fitted["hf_layer_step_s"] = _solve("hf_layer_step_s", hf, "generation_s")
     split = by("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1")
-    fitted["vllm_seq_step_s"] = _solve("vllm_seq_step_s", split, "generation_s")
-    stack.enter_context(constant("vllm_seq_step_s", fitted["vllm_seq_step_s"]))
+    keep({"vllm_seq_step_s": _solve("vllm_seq_step_s", split, "generation_s")})
     fitted["decode_hbm_fraction"] = _solve("decode_hbm_fraction", by("0.6B single, 4 x 8 at 8,192-token responses",
                                                                       "lengths_blind"), "generation_s")
     vm = load("vllm/gpu_smoke_grpo_vllm.json")["grpo"]["mean"]
     shape06 = read(compose(vl.overrides)).shape  # the Qwen3-0.6B shape of every run below
     tensors = weight_tensors(shape06)
-    fitted["reload_s_per_tensor"] = (vm["timing_s/update_weights"] - vm.get("timing_s/rollout_wake", 0.0)) / tensors
-    stack.enter_context(constant("reload_s_per_tensor", fitted["reload_s_per_tensor"]))
+    keep({"reload_s_per_tensor": (vm["timing_s/update_weights"] - vm.get("timing_s/rollout_wake", 0.0)) / tensors})
     # the level-2 sleep and wake beyond the 0.6B's one GPU: the 4B's one-GPU step (per GB of weights) and the 0.6B's
     # DP=2 step (an engine per GPU, both at once), together
     g4b = by("grpo vllm, Qwen3-4B shape, one GPU", "one_h200_blind")
-    for const, val in _solve_many(("vllm_wake_s_per_gb", "vllm_rank_sync_factor"), (g4b, dp2_four),
-                                  "weight_sync_s").items():
-        fitted[const] = val
-        stack.enter_context(constant(const, val))
+    keep(_solve_many(("vllm_wake_s_per_gb", "vllm_rank_sync_factor"), (g4b, dp2_four), "weight_sync_s"))
     # an MoE checkpoint's expert tensors: the slice's weight sync at the two above
-    fitted["reload_s_per_expert_tensor"] = _solve("reload_s_per_expert_tensor", moe, "weight_sync_s")
-    stack.enter_context(constant("reload_s_per_expert_tensor", fitted["reload_s_per_expert_tensor"]))
+    keep({"reload_s_per_expert_tensor": _solve("reload_s_per_expert_tensor", moe, "weight_sync_s")})
     # the hf engine's pinned level-1 sleep: its one-GPU trainer run (steps 3..)
     hm = steady_means("hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl")
     fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors
