@@ -316,8 +316,10 @@ def learn_summary(run: dict) -> dict:
 
 def step_summary(run: dict) -> dict:
     rows = [r for r in run["rows"] if r.get("step", 0) >= 1]
-    # the first step compiles kernels and allocates optimizer state; colocated TP=2 still warms up in the second
-    steady = (rows[2:] if len(rows) >= 4 else rows[1:]) or rows
+    # the first step compiles kernels and allocates optimizer state; colocated TP=2 still warms up in the second; a
+    # step run under the profiler (trainer.profile_steps) is not timed with the others
+    timed = [r for r in rows if not r.get("perf/profiled")]
+    steady = (timed[2:] if len(timed) >= 4 else timed[1:]) or timed
     out = {k: run[k] for k in ("rc", "seconds", "command", "log_checks") if k in run}
     if _multicast(run):
         out["error"] = "NVLink multicast (mnnvl) in the log"

@@ -358,6 +358,11 @@ class TrainerConfig(LogprobHeadConfig):
     export_hf_on_end: bool = False
     plots: bool = True
     progress_bar: bool = True
+    # torch-profiler traces of these steps (1-based), one per training worker (and rollout worker under split
+    # placement), each phase a range (rltrain::phase/<name>): <profile_dir>/step<N>/trace_<group>_rank<r>.json.gz;
+    # tools/profile_step.py reads them. [] = off
+    profile_steps: List[int] = field(default_factory=list)
+    profile_dir: Optional[str] = None  # null: <run dir>/profile
 
 
 @dataclass

@@ -313,6 +313,11 @@ def _trainer(e: list, cfg) -> None:
     _choice(e, "trainer.plan_check", t.plan_check, PLAN_CHECKS)
     for lg in t.logger:
         _choice(e, "trainer.logger", lg, LOGGERS)
+    bad = [s for s in t.profile_steps if isinstance(s, bool) or not isinstance(s, int)
+           or not 1 <= s <= (t.total_steps or 0)]
+    if bad:
+        e.append(f"trainer.profile_steps={list(t.profile_steps)}: each must be a step number from 1 to "
+                 f"trainer.total_steps={t.total_steps} (got {', '.join(map(repr, bad))})")
     if t.resume not in ("auto", "never") and not os.path.exists(t.resume):
         e.append(f"trainer.resume={t.resume!r}: use auto, never, or an existing checkpoint directory")
     _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)

@@ -120,6 +120,9 @@ class PPOTrainer:
     def train_step(self, step: int) -> dict:
         m: dict = {}
         temperature = self.cfg.rollout.temperature or 1.0  # the sampler's, passed to every log-prob computation
+        profiled = self._profiled_groups(step)
+        for g in profiled:
+            g.run("profile_start")
         with timer("step", m):
             self.rollout.boundary(step, m)  # async: wait for this step's batch, push weights, submit the next
             with timer("gen", m):  # rollout + reward (timing_s/reward: scoring; with DAPO, of every refill)
@@ -137,6 +140,8 @@ class PPOTrainer:
             if self.rollout.pipeline is None:  # async: pushed at the next step's boundary
                 with timer("update_weights", m):  # colocated: includes the engine's wake-up (timed alone too), if any
                     self.weight_sync.push(m)
+        if profiled:
+            self._write_profiles(profiled, step, m)
 
         n_tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         m["perf/total_num_tokens"] = n_tokens
@@ -149,6 +154,24 @@ class PPOTrainer:
             m.update(pipe.idle_metrics if pipe is not None else self.rollout_group.memory_metrics())
         m.update(plan_metrics(self.plan))  # the plan's prediction per GPU beside them (GPU runs only)
         return m
+
+    # ------------------------------------------------------------------ profiling (trainer.profile_steps)
+    def _profiled_groups(self, step: int) -> list:
+        """The worker groups to profile this step: the training group, and a split rollout group unless it generates
+        asynchronously (its window would not be this step's)."""
+        if step not in self.cfg.trainer.profile_steps:
+            return []
+        groups = [self.train_group]
+        if not self.colocated and self.rollout.pipeline is None:
+            groups.append(self.rollout_group)
+        return groups
+
+    def _write_profiles(self, groups: list, step: int, m: dict) -> None:
+        out = self.cfg.trainer.profile_dir or os.path.join(self.run_dir, "profile")
+        paths = [p for g in groups for p in g.run("profile_stop", out, step, g.name)]
+        m["perf/profiled"] = 1.0  # this step ran under the profiler: its times are not the run's
+        print(f"rltrain: step {step} profiled under torch.profiler: {len(paths)} trace(s) in "
+              f"{os.path.join(out, f'step{step}')} (python tools/profile_step.py DIR sums them by phase)", flush=True)
 
     # ------------------------------------------------------------------ phases
     def _logprobs(self, batch: Batch, m: dict, temperature: float) -> Batch:

@@ -14,6 +14,7 @@ import torch
 
 from rltrain.data.batch import Batch
 from rltrain.rollout.sync import build_weight_sync, sync_method
+from rltrain.utils.profiling import WorkerProfiler, phase
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.stacks import enable_stack_dumps
 from rltrain.workers.base import Worker, publish_dist_env
@@ -104,6 +105,7 @@ class HybridWorker(Worker):
         enable_stack_dumps()  # a Ray worker that hangs prints where on `kill -USR1 <pid>` (utils/stacks.py)
         self.cfg, self.roles = as_config(cfg), list(roles)  # an RLConfig (a dict of one from tools)
         self.actor = self.ref = self.critic = self.rollout = None
+        self.profiler = WorkerProfiler()  # trainer.profile_steps: started and stopped by the driver around a step
 
     def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
         """Build this rank's roles. local_rank: the CUDA ordinal to use (workers/placement.py decides it).
@@ -177,13 +179,16 @@ class HybridWorker(Worker):
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ rollout
+    @phase("generate")
     def generate(self, prompts: list[dict], group_offset: int, validate: bool = False, seed: int | None = None):
         return self.rollout.generate(prompts, group_offset=group_offset, validate=validate, seed=seed)
 
+    @phase("rollout_sleep")
     def rollout_sleep(self) -> None:
         if self.rollout is not None:
             self.rollout.sleep()
 
+    @phase("rollout_wake_up")
     def rollout_wake_up(self) -> dict[str, float]:
         """Wakes the engine; {the seconds of releasing the update's cached blocks, of the engine's wake-up}."""
         import time
@@ -198,20 +203,25 @@ class HybridWorker(Worker):
         return {"empty_cache": t1 - t0, "engine": time.perf_counter() - t1}
 
     # ------------------------------------------------------------------ forward-only
+    @phase("old_log_prob")
     def compute_old_logprobs(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         return self.actor.compute_logprobs(batch, temperature=temperature, with_entropy=True)
 
+    @phase("ref")
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         return self.ref.compute_logprobs(batch, temperature=temperature, with_entropy=False)[0]
 
+    @phase("values")
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.critic.compute_values(batch)
 
     # ------------------------------------------------------------------ training
+    @phase("update_actor")
     def update_actor(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, temperature: float, seed: int):
         return self.actor.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
                                  temperature=temperature, seed=seed)
 
+    @phase("update_actor")
     def update_actor_on_policy(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, temperature: float,
                                seed: int):
         """actor.recompute_old_logprobs=false: (metrics, old log-probs [B, R], entropy [B, R]) of the on-policy
@@ -219,10 +229,12 @@ class HybridWorker(Worker):
         return self.actor.update_on_policy(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs,
                                            temperature=temperature, seed=seed)
 
+    @phase("update_critic")
     def update_critic(self, batch: Batch, mini_batch_rows: int, ppo_epochs: int, seed: int):
         return self.critic.update(batch, mini_batch_rows=mini_batch_rows, ppo_epochs=ppo_epochs, seed=seed)
 
     # ------------------------------------------------------------------ weight sync (trainer/weight_sync.py drives)
+    @phase("weight_sync_send")
     def weight_sync_send(self, bucket_bytes: int):
         """Export the actor's HF-named weights bucket by bucket into this worker's weight sync: colocated, into the
         engine of this process; split, train rank 0 streams them to the rollout group (its TP peers only iterate)."""
@@ -238,6 +250,7 @@ class HybridWorker(Worker):
         self.weight_sync.connect(host=host, port=port, nccl_port=nccl_port, rank=self.rank,
                                  num_rollout_ranks=num_rollout_ranks, sender=self.rollout is None)
 
+    @phase("weight_sync_receive")
     def weight_sync_receive(self, version: int | None = None) -> int:
         """Split mode, rollout ranks: load the stream train rank 0 sends into this rank's engine. version: the policy
         version of those weights (rollout.partial stamps the tokens generated after it with it); a partial
@@ -253,6 +266,14 @@ class HybridWorker(Worker):
 
     def generate_result(self, job_id: int):
         return self.rollout.generate_result(job_id)
+
+    # ------------------------------------------------------------------ profiling (trainer.profile_steps)
+    def profile_start(self) -> None:
+        self.profiler.start()
+
+    def profile_stop(self, out_dir: str, step: int, group: str) -> str:
+        """Write this worker's trace of the step: <out_dir>/step<step>/trace_<group>_rank<rank>.json.gz."""
+        return self.profiler.stop(os.path.join(out_dir, f"step{step}", f"trace_{group}_rank{self.rank}.json.gz"))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -107,16 +107,16 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize_trace(trace: dict, top: int = 15) -> dict:
-    """Per-category time of the steps marked by `rltrain::step` ranges in a chrome trace (torch profiler
-    export). Returns {"mode": "gpu"|"cpu", "steps", "step_ms", "rows": [{category, ms, share, count}],
-    "top": [...], "host_syncs_per_step"}; ms and counts are per step."""
+def summarize_trace(trace: dict, top: int = 15, range_name: str = STEP_RANGE) -> dict:
+    """Per-category time of the steps marked by `range_name` ranges (default `rltrain::step`) in a chrome trace
+    (torch profiler export). Returns {"mode": "gpu"|"cpu", "steps", "step_ms", "rows": [{category, ms, share,
+    count}], "top": [...], "host_syncs_per_step"}; ms and counts are per step (per range)."""
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     # the host's ranges only: on CUDA the profiler also records each range on the GPU stream
     # ("gpu_user_annotation"), which would count every step twice
-    steps = [e for e in evs if e.get("name") == STEP_RANGE and e.get("cat") != "gpu_user_annotation"]
+    steps = [e for e in evs if e.get("name") == range_name and e.get("cat") != "gpu_user_annotation"]
     if not steps:
-        raise ValueError(f"no '{STEP_RANGE}' range in the trace: profile the step inside record_function")
+        raise ValueError(f"no '{range_name}' range in the trace: profile the step inside record_function")
     windows = sorted((s["ts"], s["ts"] + s["dur"]) for s in steps)
     starts = [w[0] for w in windows]
 
@@ -134,9 +134,10 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
     count: dict[str, int] = defaultdict(int)
     per_name: dict[tuple[str, str], list] = {}
     if kernels:
-        # synchronize calls inside the steps, less the one that closes each profiled step (the tool's own)
+        # synchronize calls inside the steps, less the one that closes each profiled step (profile_train_step's own;
+        # other ranges, e.g. the trainer's phases, have none)
         syncs = sum(1 for e, _, _ in stacked if _SYNC_RUNTIME.search(e["name"])
-                    and in_steps(e["ts"], e["ts"] + e.get("dur", 0))) - n
+                    and in_steps(e["ts"], e["ts"] + e.get("dur", 0))) - (n if range_name == STEP_RANGE else 0)
         mode = "gpu"
         launch = {}  # correlation id -> enclosing names of the runtime call
         for e, names, _ in stacked:
@@ -147,7 +148,7 @@ def summarize_trace(trace: dict, top: int = 15) -> dict:
         for k in kernels:
             t0, t1 = k["ts"], k["ts"] + k.get("dur", 0)
             names = launch.get((k.get("args") or {}).get("correlation"), [])
-            if STEP_RANGE not in names and not in_steps(t0, t1):
+            if range_name not in names and not in_steps(t0, t1):
                 continue
             cat = _category(names, k["name"])
             per_cat[cat] += k.get("dur", 0)

@@ -1,0 +1,72 @@
+"""trainer.profile_steps: a torch-profiler trace of the chosen steps per worker, each phase a range, summed by
+tools/profile_step.py; bad step numbers are refused naming the key."""
+
+import importlib.util
+import os
+
+import pytest
+
+from rltrain.config import ConfigError
+from rltrain.trainer.ppo import PPOTrainer
+
+TOOLS = os.path.join(os.path.dirname(__file__), "..", "..", "tools")
+ONE = ("data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "trainer.use_ray=false", "trainer.test_freq=-1",
+       "trainer.logger=[jsonl]", "trainer.plots=false", "actor.use_kl_loss=true")
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("profile_step", os.path.join(TOOLS, "profile_step.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_profiled_step_writes_a_trace_whose_phases_the_tool_sums(tmp_path, cfg_for, capsys):
+    trainer = PPOTrainer(cfg_for(*ONE, "trainer.total_steps=2", "trainer.profile_steps=[2]"), str(tmp_path / "run"))
+    try:
+        m1 = trainer.train_step(1)
+        assert not os.path.exists(tmp_path / "run" / "profile")  # step 1 is not profiled
+        m2 = trainer.train_step(2)
+    finally:
+        trainer._finish(export=False)
+    assert "perf/profiled" not in m1 and m2["perf/profiled"] == 1.0
+    path = tmp_path / "run" / "profile" / "step2" / "trace_local_rank0.json.gz"
+    assert path.is_file()
+    assert "1 trace(s)" in capsys.readouterr().out
+    tool = _tool()
+    trace = tool.load_trace(str(path))
+    # the phases the colocated step ran in the worker, in order (the hf engine on CPU: sleep and wake-up too)
+    assert tool.phase_names(trace) == ["generate", "rollout_sleep", "old_log_prob", "ref", "update_actor",
+                                       "rollout_wake_up", "weight_sync_send"]
+    rows = {r["phase"]: r for r in tool.summarize(trace)}
+    upd = rows["update_actor"]
+    assert upd["calls"] == 1 and upd["busy"] is None  # CPU: op self times, no GPU share
+    # an update's time sits in its ops: the GEMMs and the rest sum to at most its wall time (the rest is idle)
+    assert 0 < upd["cat"]["GEMM"] <= upd["ms"]
+    assert sum(upd["cat"].values()) == pytest.approx(upd["ms"], rel=1e-6)
+    # the wall time per phase is the range's own: the update outlasts the reference's forward-only pass
+    assert upd["ms"] > rows["ref"]["ms"] > 0
+    out = tmp_path / "report.md"
+    assert tool.main([str(tmp_path / "run" / "profile"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "trace_local_rank0.json.gz" in text and "| update_actor | 1 |" in text
+
+
+def test_profiling_is_off_by_default_and_leaves_no_files(tmp_path, cfg_for):
+    trainer = PPOTrainer(cfg_for(*ONE, "trainer.total_steps=1"), str(tmp_path / "run"))
+    try:
+        m = trainer.train_step(1)
+    finally:
+        trainer._finish(export=False)
+    assert "perf/profiled" not in m and not os.path.exists(tmp_path / "run" / "profile")
+
+
+@pytest.mark.parametrize("steps", ["[0]", "[3]", "[1,5]"])
+def test_profile_steps_outside_the_run_are_refused(cfg_for, steps):
+    with pytest.raises(ConfigError, match=r"trainer\.profile_steps=.*from 1 to trainer\.total_steps=2"):
+        cfg_for("trainer.total_steps=2", f"trainer.profile_steps={steps}")
+
+
+def test_the_tool_names_a_directory_without_traces(tmp_path):
+    with pytest.raises(SystemExit, match="trainer.profile_steps"):
+        _tool().main([str(tmp_path)])

@@ -1,0 +1,115 @@
+"""Where a profiled training step's time goes, per worker and phase: reads the traces trainer.profile_steps wrote
+(<run dir>/profile/step<N>/trace_<group>_rank<r>.json.gz) and prints, for each phase range the worker ran
+(rltrain::phase/<name>: old log-probs, reference, update, generation, sleep, wake-up, weight sync), its calls, wall
+ms per call, the GPU's busy share (kernel time over wall time), its kernel time by category and the top kernels.
+A phase the GPU is idle through most of is bound by the host (launches, Python, syncs); one the GPU is busy through
+is bound by its kernels. Not a test; it changes no code.
+
+    python -m rltrain.main ... trainer.profile_steps=[3]
+    python tools/profile_step.py outputs/<run>/profile/step3            # every trace there
+    python tools/profile_step.py TRACE.json.gz --phases update_actor old_log_prob --out report.md
+
+How a trace is read: tools/harness/update_profile.py (summarize_trace, over each phase's ranges).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
+from harness import md_table
+from harness.update_profile import CATEGORIES, summarize_trace
+
+from rltrain.utils.profiling import PHASE_PREFIX
+
+
+def load_trace(path: str) -> dict:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def phase_names(trace: dict) -> list[str]:
+    """The phases in the trace (host-side ranges), in the order they first ran."""
+    seen: dict[str, float] = {}
+    for e in trace.get("traceEvents", []):
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name.startswith(PHASE_PREFIX) and e.get("cat") != "gpu_user_annotation":
+            seen.setdefault(name[len(PHASE_PREFIX):], e["ts"])
+    return sorted(seen, key=seen.get)
+
+
+def summarize(trace: dict, phases: list[str] | None = None, top: int = 3) -> list[dict]:
+    """One row per phase: {"phase", "calls", "ms" (wall, per call), "busy" (GPU share; None on CPU), "cat": {category:
+    ms per call}, "syncs" (host syncs per call), "top": [(kernel, ms per call)]}."""
+    rows = []
+    for name in phase_names(trace):
+        if phases and name not in phases:
+            continue
+        s = summarize_trace(trace, top=top, range_name=PHASE_PREFIX + name)
+        rows.append({"phase": name, "calls": s["steps"], "ms": s["step_ms"],
+                     "busy": s["busy_share"] if s["mode"] == "gpu" else None,
+                     "cat": {r["category"]: r["ms"] for r in s["rows"]}, "syncs": s["host_syncs_per_step"],
+                     "top": [(t["name"], t["ms"]) for t in s["top"]]})
+    return rows
+
+
+def to_markdown(path: str, rows: list[dict]) -> str:
+    cats = [c for c in CATEGORIES if c != "idle" and any(r["cat"].get(c, 0) > 0 for r in rows)]
+    head = ["phase", "calls", "ms/call", "GPU busy"] + [f"{c} ms" for c in cats] + ["idle ms", "host syncs"]
+    table = []
+    for r in rows:
+        busy = "-" if r["busy"] is None else f"{100 * r['busy']:.0f}%"
+        table.append([r["phase"], str(r["calls"]), f"{r['ms']:.1f}", busy]
+                     + [f"{r['cat'].get(c, 0):.1f}" for c in cats] + [f"{r['cat'].get('idle', 0):.1f}",
+                                                                      f"{r['syncs']:.0f}"])
+    lines = [f"### {os.path.basename(path)}", "", md_table(head, table, ["---"] + ["---:"] * (len(head) - 1)), ""]
+    for r in rows:
+        if r["top"]:
+            tops = "; ".join(f"`{n[:60]}` {ms:.1f} ms" for n, ms in r["top"])
+            lines.append(f"- {r['phase']}: {tops}")
+    return "\n".join(lines) + "\n"
+
+
+def trace_paths(args: list[str]) -> list[str]:
+    paths = []
+    for a in args:
+        if os.path.isdir(a):
+            found = sorted(glob.glob(os.path.join(a, "**", "trace_*.json*"), recursive=True))
+            if not found:
+                raise SystemExit(f"profile_step: no trace_*.json(.gz) under {a}: profile a step with "
+                                 "trainer.profile_steps=[N]")
+            paths += found
+        elif os.path.isfile(a):
+            paths.append(a)
+        else:
+            raise SystemExit(f"profile_step: {a}: no such file or directory")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="trace files, or directories searched for trace_*.json(.gz)")
+    ap.add_argument("--phases", nargs="*", help="only these phases (default: every phase in the trace)")
+    ap.add_argument("--top", type=int, default=3, help="top kernels listed per phase")
+    ap.add_argument("--out", help="also write the markdown here")
+    args = ap.parse_args(argv)
+    parts = []
+    for path in trace_paths(args.paths):
+        trace = load_trace(path)
+        rows = summarize(trace, args.phases, args.top)
+        parts.append(to_markdown(path, rows) if rows else f"### {os.path.basename(path)}\n\nno phase ranges\n")
+        print(parts[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
