@@ -1,7 +1,8 @@
 """Where a profiled training step's time goes, per worker and phase: reads the traces trainer.profile_steps wrote
 (<run dir>/profile/step<N>/trace_<group>_rank<r>.json.gz) and prints, for each phase range the worker ran
 (rltrain::phase/<name>: old log-probs, reference, update, generation, sleep, wake-up, weight sync), its calls, wall
-ms per call, the GPU's busy share (kernel time over wall time), its kernel time by category and the top kernels.
+ms per call, the GPU's busy share (kernel time over wall time), its kernel time by category, the caching allocator's
+cudaMalloc / cudaFree calls and the top kernels.
 A phase the GPU is idle through most of is bound by the host (launches, Python, syncs); one the GPU is busy through
 is bound by its kernels. Not a test; it changes no code.
 
@@ -44,9 +45,28 @@ def phase_names(trace: dict) -> list[str]:
     return sorted(seen, key=seen.get)
 
 
+ALLOCATOR_CALLS = ("cudaMalloc", "cudaFree")  # the caching allocator growing or handing memory back to the driver
+
+
+def allocator_calls(trace: dict, range_name: str) -> dict[str, tuple[float, float]]:
+    """{call: (count, ms)} of the CUDA runtime's cudaMalloc / cudaFree inside the `range_name` ranges, per range. A
+    phase that allocates from an emptied cache (torch.cuda.empty_cache) pays them on the host, one per block."""
+    evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in evs
+               if e.get("name") == range_name and e.get("cat") != "gpu_user_annotation"]
+    out = {c: [0, 0.0] for c in ALLOCATOR_CALLS}
+    for e in evs:
+        if e.get("cat") == "cuda_runtime" and e.get("name") in out and any(a <= e["ts"] <= b for a, b in windows):
+            out[e["name"]][0] += 1
+            out[e["name"]][1] += e.get("dur", 0) / 1e3
+    n = max(1, len(windows))
+    return {c: (k / n, ms / n) for c, (k, ms) in out.items()}
+
+
 def summarize(trace: dict, phases: list[str] | None = None, top: int = 3) -> list[dict]:
     """One row per phase: {"phase", "calls", "ms" (wall, per call), "busy" (GPU share; None on CPU), "cat": {category:
-    ms per call}, "syncs" (host syncs per call), "top": [(kernel, ms per call)]}."""
+    ms per call}, "syncs" (host syncs per call), "alloc": {cudaMalloc | cudaFree: (count, ms) per call}, "top":
+    [(kernel, ms per call)]}."""
     rows = []
     for name in phase_names(trace):
         if phases and name not in phases:
@@ -55,19 +75,22 @@ def summarize(trace: dict, phases: list[str] | None = None, top: int = 3) -> lis
         rows.append({"phase": name, "calls": s["steps"], "ms": s["step_ms"],
                      "busy": s["busy_share"] if s["mode"] == "gpu" else None,
                      "cat": {r["category"]: r["ms"] for r in s["rows"]}, "syncs": s["host_syncs_per_step"],
+                     "alloc": allocator_calls(trace, PHASE_PREFIX + name),
                      "top": [(t["name"], t["ms"]) for t in s["top"]]})
     return rows
 
 
 def to_markdown(path: str, rows: list[dict]) -> str:
     cats = [c for c in CATEGORIES if c != "idle" and any(r["cat"].get(c, 0) > 0 for r in rows)]
-    head = ["phase", "calls", "ms/call", "GPU busy"] + [f"{c} ms" for c in cats] + ["idle ms", "host syncs"]
+    head = (["phase", "calls", "ms/call", "GPU busy"] + [f"{c} ms" for c in cats]
+            + ["idle ms", "host syncs"] + [f"{c} (n, ms)" for c in ALLOCATOR_CALLS])
     table = []
     for r in rows:
         busy = "-" if r["busy"] is None else f"{100 * r['busy']:.0f}%"
         table.append([r["phase"], str(r["calls"]), f"{r['ms']:.1f}", busy]
                      + [f"{r['cat'].get(c, 0):.1f}" for c in cats] + [f"{r['cat'].get('idle', 0):.1f}",
-                                                                      f"{r['syncs']:.0f}"])
+                                                                      f"{r['syncs']:.0f}"]
+                     + [f"{r['alloc'][c][0]:g}, {r['alloc'][c][1]:.1f}" for c in ALLOCATOR_CALLS])
     lines = [f"### {os.path.basename(path)}", "", md_table(head, table, ["---"] + ["---:"] * (len(head) - 1)), ""]
     for r in rows:
         if r["top"]:
@@ -80,7 +103,8 @@ def trace_paths(args: list[str]) -> list[str]:
     paths = []
     for a in args:
         if os.path.isdir(a):
-            found = sorted(glob.glob(os.path.join(a, "**", "trace_*.json*"), recursive=True))
+            found = sorted(p for ext in ("json", "json.gz")
+                           for p in glob.glob(os.path.join(a, "**", f"trace_*.{ext}"), recursive=True))
             if not found:
                 raise SystemExit(f"profile_step: no trace_*.json(.gz) under {a}: profile a step with "
                                  "trainer.profile_steps=[N]")

@@ -298,9 +298,10 @@ def placement_sleep(rel: str, update_weights_s: float) -> float:
 
 def steady_means(rel: str, first_step: int | None = 3) -> dict[str, float]:
     """The means of a trainer's per-step jsonl log (`*_metrics.jsonl`) over steps >= `first_step` (None: the tools'
-    steady steps, 3.. when 4 or more rows, else 2..), every numeric key."""
+    steady steps, 3.. when 4 or more rows, else 2..), every numeric key; a step run under the profiler
+    (trainer.profile_steps) is left out."""
     with open(os.path.join(results_dir(), rel)) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        rows = [r for r in (json.loads(line) for line in f if line.strip()) if not r.get("perf/profiled")]
     if first_step is None:
         first_step = 3 if len(rows) >= 4 else 2
     steady = [r for r in rows if r.get("step", 0) >= first_step] or rows[-1:]
@@ -328,6 +329,11 @@ BLIND3 = "blind_x2_2026-11-27/"
 BLIND4 = "blind_x4_2026-11-27/"
 # then a fresh machine of the same kind: the 0.6B at DP=2 (two of its GPUs) and DP=4, one after another
 DP_X4 = "dp_x4_2026-11-27/"
+# 2026-11-27, later: four H200s, one machine: the 4B TP=2 x DP=2 with two vLLM TP=2 engines, then with one TP=4 engine,
+# then the host's 0.6B one-GPU run, step 5 of the 4B runs under torch's profiler (left out of the means); then one
+# H200: the 0.6B and the 4B one-GPU runs, step 5 profiled (PROFILE4 + "README.md", ONE_PROF + "README.md")
+PROFILE4 = "profile_x4_2026-11-27/"
+ONE_PROF = "one_h200_profile_2026-11-27/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -444,6 +450,16 @@ SCALING_RUNS = [
      DP_X4 + "dp2_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
     ("0.6B colocated DP=4, one vLLM engine per GPU (a second four-H200 host)", DP_X4 + "dp4.json", "colocated_dp4_tp1",
      DP_X4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
+    ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (the profiled four-H200 host)", PROFILE4 + "r2.json",
+     "colocated_tp2dp2_r2", PROFILE4 + "r2_metrics.jsonl", "held out", ()),
+    ("4B colocated TP=2 x DP=2 + vLLM TP=4 (the profiled four-H200 host)", PROFILE4 + "tp2dp2.json", "colocated_tp2dp2",
+     PROFILE4 + "tp2dp2_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (the profiled four-H200 host)", PROFILE4 + "single.json", "single",
+     PROFILE4 + "single_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (the profiled one-H200 host)", ONE_PROF + "s06.json", "single", ONE_PROF + "s06_metrics.jsonl",
+     "held out", ()),
+    ("4B single, 8k-token micro-batches (the profiled one-H200 host)", ONE_PROF + "s4b.json", "single",
+     ONE_PROF + "s4b_metrics.jsonl", "held out", ()),
 ]
 
 

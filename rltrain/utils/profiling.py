@@ -64,8 +64,9 @@ class WorkerProfiler:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         raw = path[:-3] if path.endswith(".gz") else path
         prof.export_chrome_trace(raw)
-        if raw != path:
-            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        if raw != path:  # gzipped under a temporary name, then renamed: a worker stopped mid-way leaves the raw trace
+            with open(raw, "rb") as src, gzip.open(path + ".part", "wb") as dst:
                 shutil.copyfileobj(src, dst)
+            os.replace(path + ".part", path)
             os.remove(raw)
         return path

@@ -70,3 +70,26 @@ def test_profile_steps_outside_the_run_are_refused(cfg_for, steps):
 def test_the_tool_names_a_directory_without_traces(tmp_path):
     with pytest.raises(SystemExit, match="trainer.profile_steps"):
         _tool().main([str(tmp_path)])
+
+
+def test_allocator_calls_are_counted_inside_the_phase_ranges_per_call():
+    """A worked trace: two update ranges, cudaMalloc / cudaFree calls inside and outside them (and the GPU-side copy
+    of a range, which must not count twice)."""
+    tool = _tool()
+
+    def x(name, cat, ts, dur):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+    rng = "rltrain::phase/update_actor"
+    trace = {"traceEvents": [
+        x(rng, "user_annotation", 100, 100), x(rng, "gpu_user_annotation", 100, 100), x(rng, "user_annotation", 400, 50),
+        x("cudaMalloc", "cuda_runtime", 120, 5000.0), x("cudaMalloc", "cuda_runtime", 150, 3000.0),
+        x("cudaFree", "cuda_runtime", 180, 2000.0),
+        x("cudaMalloc", "cuda_runtime", 410, 1000.0), x("cudaMalloc", "cuda_runtime", 420, 1000.0),
+        x("cudaMalloc", "cuda_runtime", 300, 9000.0),  # between the two ranges: not the phase's
+        x("cudaFree", "cuda_runtime", 90, 9000.0),  # before the first range
+    ]}
+    got = tool.allocator_calls(trace, rng)
+    assert got["cudaMalloc"] == (2.0, pytest.approx(5.0))  # 4 calls, (5 + 3 + 1 + 1) ms, over 2 ranges
+    assert got["cudaFree"] == (0.5, pytest.approx(1.0))
+    assert tool.allocator_calls(trace, "rltrain::phase/ref") == {"cudaMalloc": (0, 0.0), "cudaFree": (0, 0.0)}
