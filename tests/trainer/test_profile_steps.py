@@ -82,7 +82,8 @@ def test_allocator_calls_are_counted_inside_the_phase_ranges_per_call():
 
     rng = "rltrain::phase/update_actor"
     trace = {"traceEvents": [
-        x(rng, "user_annotation", 100, 100), x(rng, "gpu_user_annotation", 100, 100), x(rng, "user_annotation", 400, 50),
+        x(rng, "user_annotation", 100, 100), x(rng, "gpu_user_annotation", 100, 100),
+        x(rng, "user_annotation", 400, 50),
         x("cudaMalloc", "cuda_runtime", 120, 5000.0), x("cudaMalloc", "cuda_runtime", 150, 3000.0),
         x("cudaFree", "cuda_runtime", 180, 2000.0),
         x("cudaMalloc", "cuda_runtime", 410, 1000.0), x("cudaMalloc", "cuda_runtime", 420, 1000.0),
