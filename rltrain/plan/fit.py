@@ -259,6 +259,9 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors
     gb = 2 * full_params(shape06) / 1e9  # its bf16 checkpoint
     fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb
+    # the TP x DP layout's factor on every phase: the first such run's step (four H100s), after every constant above
+    keep({"tp_dp_layout_factor": _solve("tp_dp_layout_factor", by(
+        "4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H100s)", "four_gpus_h100x4"), "step_s")})
     k4 = load("vllm/pool_h100_2026-11-25/grpo_vllm_k4.json")["grpo"]["mean"]
     fitted["ipc_reload_s_per_tensor"] = (k4["timing_s/update_weights"] - k4["timing_s/rollout_wake"]) / tensors
     sp = load("vllm_x2/placements_qwen06b_split_1p1.json")["qwen06b"]["split_1p1"]["timing_s"]

@@ -334,6 +334,9 @@ DP_X4 = "dp_x4_2026-11-27/"
 # H200: the 0.6B and the 4B one-GPU runs, step 5 profiled (PROFILE4 + "README.md", ONE_PROF + "README.md")
 PROFILE4 = "profile_x4_2026-11-27/"
 ONE_PROF = "one_h200_profile_2026-11-27/"
+# then the 0.6B at TP=2 x DP=2 with two vLLM TP=2 engines on four H200s, step 5 profiled, predicted before it ran (by
+# the planner without tp_dp_layout_factor: PROFILE4_06B + "README.md")
+PROFILE4_06B = "profile_x4_06b_2026-11-27/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -367,8 +370,9 @@ SCALING_RUNS = [
      COLO_DP + "single_s64_metrics.jsonl", "held out", ()),
     # docs/benchmarks/2026-11-26-four-h100s.md: four H100s (the 0.6B runs on two of them), then two H200s for the
     # weak-scaling run with the mini-batch grown with the GPUs
+    # tp_dp_layout_factor is solved from its step (fit.py); its phases are held out
     ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H100s)", FOUR_H100 + "r2.json", "colocated_tp2dp2_r2",
-     FOUR_H100 + "r2_metrics.jsonl", "held out", ()),
+     FOUR_H100 + "r2_metrics.jsonl", "fit", ("step_s",)),
     ("4B split 2+2, one vLLM TP=2 engine (four H100s)", FOUR_H100 + "split_2p2.json", "split_2p2",
      FOUR_H100 + "split_2p2_metrics.jsonl", "held out", ()),
     ("0.6B colocated PP=2 + vLLM TP=2 (H100s, beside a GPU test)", FOUR_H100 + "pp2.json", "pp2",
@@ -460,6 +464,8 @@ SCALING_RUNS = [
      "held out", ()),
     ("4B single, 8k-token micro-batches (the profiled one-H200 host)", ONE_PROF + "s4b.json", "single",
      ONE_PROF + "s4b_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H200s, profiled)", PROFILE4_06B + "r2.json",
+     "colocated_tp2dp2_r2", PROFILE4_06B + "r2_metrics.jsonl", "held out", ()),
 ]
 
 

@@ -35,6 +35,7 @@
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
+A step whose actor is both tensor- and data-parallel: every phase x tp_dp_layout_factor (tp_dp_factor; measured).
 Sequences are planned at the data's mean prompt length when the plan has the data's lengths
 (Inputs.mean_prompt_length; memory takes the longest), else at data.max_prompt_length. The GPU kind (h100 | h200)
 picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
@@ -264,12 +265,23 @@ def sync_seconds(x: Inputs) -> float:
     return gb * cal.value("hf_offload_s_per_gb") + reload  # level 1: the weights to the host and back
 
 
+def tp_dp_factor(x: Inputs) -> float:
+    """Every phase of a step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups side by side
+    on the host) at tp_dp_layout_factor: measured, not derived. Five runs of that layout on three hosts (the 0.6B and
+    the 4B, either rollout layout) took 1.6-1.8x their planned step in every phase; under torch's profiler one rank of
+    each TP pair waits in the all-reduce for its peer's host (docs/plan.md, "Profiled"). 1 for any other layout."""
+    return cal.value("tp_dp_layout_factor") if x.tp > 1 and x.dp > 1 else 1.0
+
+
 def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
                   factors: dict[str, float] | None = None) -> dict[str, float]:
-    """{generation, log-probs, update, weight sync} seconds of one step, and their detail. factors: {phase: measured /
-    predicted} of another run on the same machine, multiplying each phase and its detail (plan/fit.py's machine
-    table: tried as a per-machine correction, it did not help; the planner does not use it)."""
+    """{generation, log-probs, update, weight sync} seconds of one step, and their detail; a TP x DP layout's at
+    tp_dp_factor. factors: {phase: measured / predicted} of another run on the same machine, multiplying each phase
+    and its detail (plan/fit.py's machine table: tried as a per-machine correction, it did not help; the planner does
+    not use it)."""
     f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
+    layout = tp_dp_factor(x)
+    f = {k: v * layout for k, v in f.items()}
     if x.mean_prompt_length is not None:  # the data's prompts: a typical step's at their mean, not the longest
         x = dataclasses.replace(x, max_prompt_length=max(1, round(x.mean_prompt_length)), mean_prompt_length=None)
     t = train_seconds(x)
