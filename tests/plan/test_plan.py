@@ -474,3 +474,7 @@ def test_the_tp_x_dp_layout_factor_scales_every_phase_of_that_layout_only(layout
     assert set(got) == set(base)
     for k in base:
         assert got[k] == pytest.approx(base[k] * want, rel=1e-12), k
+    # the plan says so where it applies it
+    plan = make_plan(cfg, gpu_memory_gib=139.8)
+    said = [w for w in plan.warnings if "measured on TP=2 x DP=2" in w]
+    assert bool(said) == scaled, plan.warnings
