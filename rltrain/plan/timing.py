@@ -35,7 +35,8 @@
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
-A step whose actor is both tensor- and data-parallel: every phase x tp_dp_layout_factor (tp_dp_factor; measured).
+A colocated step whose actor is both tensor- and data-parallel: every phase x tp_dp_layout_factor (tp_dp_factor;
+measured).
 Sequences are planned at the data's mean prompt length when the plan has the data's lengths
 (Inputs.mean_prompt_length; memory takes the longest), else at data.max_prompt_length. The GPU kind (h100 | h200)
 picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
@@ -266,11 +267,13 @@ def sync_seconds(x: Inputs) -> float:
 
 
 def tp_dp_factor(x: Inputs) -> float:
-    """Every phase of a step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups side by side
-    on the host) at tp_dp_layout_factor: measured, not derived. Five runs of that layout on three hosts (the 0.6B and
-    the 4B, either rollout layout) took 1.6-1.8x their planned step in every phase; under torch's profiler one rank of
-    each TP pair waits in the all-reduce for its peer's host (docs/plan.md, "Profiled"). 1 for any other layout."""
-    return cal.value("tp_dp_layout_factor") if x.tp > 1 and x.dp > 1 else 1.0
+    """Every phase of a colocated step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups
+    side by side on the host) at tp_dp_layout_factor: measured, not derived. Five runs of that layout on three hosts
+    (the 0.6B and the 4B, either rollout layout) took 1.6-1.8x their planned step in every phase; under torch's
+    profiler one rank of each TP pair waits in the all-reduce for its peer's host (docs/plan.md, "Profiled"). 1 for
+    any other layout, and for a split placement (no TP x DP split run was measured)."""
+    colocated = x.colocate or not x.use_ray
+    return cal.value("tp_dp_layout_factor") if colocated and x.tp > 1 and x.dp > 1 else 1.0
 
 
 def phase_seconds(x: Inputs, hbm: float, total_bytes: float,

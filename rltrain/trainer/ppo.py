@@ -167,11 +167,21 @@ class PPOTrainer:
         return groups
 
     def _write_profiles(self, groups: list, step: int, m: dict) -> None:
+        """Stop the workers' profilers and write their traces; a trace that cannot be written (a full disk, an
+        unwritable trainer.profile_dir) is reported and the run goes on: the training is what the user asked for."""
         out = self.cfg.trainer.profile_dir or os.path.join(self.run_dir, "profile")
-        paths = [p for g in groups for p in g.run("profile_stop", out, step, g.name)]
         m["perf/profiled"] = 1.0  # this step ran under the profiler: its times are not the run's
-        print(f"rltrain: step {step} profiled under torch.profiler: {len(paths)} trace(s) in "
-              f"{os.path.join(out, f'step{step}')} (python tools/profile_step.py DIR sums them by phase)", flush=True)
+        paths = []
+        for g in groups:  # each group's workers stop their profilers, written or not
+            try:
+                paths += g.run("profile_stop", out, step, g.name)
+            except Exception as err:  # noqa: BLE001 (any writer's error; the step itself is done)
+                print(f"rltrain: warning: step {step}'s profiler traces of the {g.name} workers were not written to "
+                      f"{out}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        if paths:
+            print(f"rltrain: step {step} profiled under torch.profiler: {len(paths)} trace(s) in "
+                  f"{os.path.join(out, f'step{step}')} (python tools/profile_step.py DIR sums them by phase)",
+                  flush=True)
 
     # ------------------------------------------------------------------ phases
     def _logprobs(self, batch: Batch, m: dict, temperature: float) -> Batch:

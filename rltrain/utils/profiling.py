@@ -39,10 +39,6 @@ class WorkerProfiler:
     def __init__(self) -> None:
         self._prof: torch.profiler.profile | None = None
 
-    @property
-    def running(self) -> bool:
-        return self._prof is not None
-
     def start(self) -> None:
         if self._prof is not None:
             raise RuntimeError("the profiler is already running in this worker (profile_start called twice)")

@@ -451,10 +451,14 @@ def test_free_cache_engine_false_keeps_the_engine_resident_and_pays_no_sleep_or_
     (["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2", "rollout.tensor_parallel_size=2"], False),
     (["trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=1"], False),
     (["trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=1"], False),
+    # split: the training group's TP x DP has no measured run; planned without the factor
+    (["trainer.n_gpus_per_node=8", "trainer.colocate=false", "actor.tensor_parallel_size=2",
+      "rollout.tensor_parallel_size=2"], False),
 ])
 def test_the_tp_x_dp_layout_factor_scales_every_phase_of_that_layout_only(layout, scaled):
-    """Actor TP > 1 with DP > 1 (TP groups side by side): every phase and detail at tp_dp_layout_factor, the step their
-    sum; TP alone, DP alone: unchanged. Worked against the same config with the factor at 1."""
+    """Colocated actor TP > 1 with DP > 1 (TP groups side by side): every phase and detail at tp_dp_layout_factor, the
+    step their sum; TP alone, DP alone, a split placement: unchanged. Worked against the same config with the factor
+    at 1."""
     import dataclasses as dc
 
     from rltrain.plan.fit import constant

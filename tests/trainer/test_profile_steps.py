@@ -52,6 +52,21 @@ def test_a_profiled_step_writes_a_trace_whose_phases_the_tool_sums(tmp_path, cfg
     assert "trace_local_rank0.json.gz" in text and "| update_actor | 1 |" in text
 
 
+def test_a_trace_that_cannot_be_written_is_reported_and_the_run_goes_on(tmp_path, cfg_for, capsys):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the profile directory should go")
+    trainer = PPOTrainer(cfg_for(*ONE, "trainer.total_steps=2", "trainer.profile_steps=[1,2]",
+                                 f"trainer.profile_dir={blocker}"), str(tmp_path / "run"))
+    try:
+        m1 = trainer.train_step(1)
+        m2 = trainer.train_step(2)  # the profiler stopped after the failed write: step 2 profiles again
+    finally:
+        trainer._finish(export=False)
+    err = capsys.readouterr().err
+    assert err.count("profiler traces of the local workers were not written") == 2, err
+    assert m1["perf/profiled"] == m2["perf/profiled"] == 1.0 and "actor/pg_loss" in m2
+
+
 def test_profiling_is_off_by_default_and_leaves_no_files(tmp_path, cfg_for):
     trainer = PPOTrainer(cfg_for(*ONE, "trainer.total_steps=1"), str(tmp_path / "run"))
     try:
