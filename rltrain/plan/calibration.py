@@ -244,18 +244,19 @@ TIME: dict[str, Const] = {
         0.001049, "s per checkpoint tensor",
         "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json, 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
-    # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
-    # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
-    # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)
-    # actor TP > 1 with DP > 1 (TP groups side by side on one host): every phase of the step at this factor. Measured,
-    # not derived: the layout's five runs on three hosts (the 0.6B and the 4B, two vLLM TP=2 engines or one TP=4) took
-    # 1.6-1.8x the step planned without it, in every phase; profiled, one rank of each TP pair waits in the all-reduce
-    # for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md). A host cost per TP all-reduce, floors grown
-    # with the host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow
+    # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): every phase of the step at this factor.
+    # Measured, not derived: the layout's five runs on three hosts (the 0.6B and the 4B, two vLLM TP=2 engines or one
+    # TP=4) took 1.6-1.8x the step planned without it, in every phase; profiled, one rank of each TP pair waits in the
+    # all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md). A host cost per TP all-reduce,
+    # floors grown with the host's GPUs and the rank factor solved at four GPUs each missed these or planned the
+    # two-GPU runs slow
     "tp_dp_layout_factor": Const(
         1.7704, "x every phase of a TP x DP step",
         "four_gpus_h100x4_2026-11-26/r2.json, 2026-11-26, 4 x H100: step 3.417 s of the 4B at actor TP=2 x DP=2 with "
         "two vLLM TP=2 engines over the step planned without it"),
+    # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
+    # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
+    # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)
     "split_sync_s_per_tensor": Const(
         0.0006096, "s per checkpoint tensor",
         "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "
