@@ -200,8 +200,13 @@ class Inputs:
         return max(1, self.world // (self.tp * self.pp))
 
     @property
+    def colocated(self) -> bool:
+        """One group holds every role: trainer.colocate, or no Ray (the in-process worker)."""
+        return self.colocate or not self.use_ray
+
+    @property
     def rollout_replicas(self) -> int:
-        if self.colocate or not self.use_ray:
+        if self.colocated:
             return max(1, self.world // self.rollout_tp)
         if self.num_replicas:
             return int(self.num_replicas)

@@ -418,7 +418,7 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     gpus: list[GPU] = []
     vllm = x.engine == "vllm" and x.device != "cpu"
     roles = ("actor",) + (("ref",) if x.use_ref else ()) + (("critic",) if x.use_critic else ())
-    colocated = x.colocate or not x.use_ray
+    colocated = x.colocated
     per_stage = x.tp * x.dp
     # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
     # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)

@@ -153,7 +153,7 @@ def placement_problems(x: Inputs) -> list[str]:
         e.append("TP does not divide the attention heads")
     if x.pp > s.num_hidden_layers:
         e.append("more pipeline stages than layers")
-    if (x.colocate or not x.use_ray) and x.n_gpus_per_node % x.rollout_tp:
+    if x.colocated and x.n_gpus_per_node % x.rollout_tp:
         e.append("rollout TP does not divide the GPUs of a node")
     if x.ep > 1:
         if not s.moe:
@@ -289,7 +289,7 @@ def _try(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) 
 def _with_best_u(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> dict[str, Any] | None:
     """`ov` plus the largest rollout.gpu_memory_utilization (in steps of 0.05 below the current) that fits."""
     x = read(c)
-    if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not (x.colocate or not x.use_ray):
+    if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not x.colocated:
         return None
     u = round(x.gpu_memory_utilization - 0.05, 2)
     while u >= 0.05:

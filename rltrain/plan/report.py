@@ -36,7 +36,7 @@ def table(plan: Plan) -> str:
     moe = (f"; MoE: {x.shape.num_experts} experts, top-{x.shape.num_experts_per_tok}, {sum(x.shape.sparse)} of "
            f"{x.shape.num_hidden_layers} layers sparse, EP {x.ep}") if x.shape.moe else ""
     lines = [f"rltrain.plan: {x.shape.name}, {x.world} training GPU(s) (TP {x.tp} x PP {x.pp} x DP {x.dp}{moe}), "
-             f"{'colocated' if (x.colocate or not x.use_ray) else 'split'}, rollout {x.engine} "
+             f"{'colocated' if x.colocated else 'split'}, rollout {x.engine} "
              f"(TP {x.rollout_tp}, {x.rollout_replicas} replica(s)); {plan.gpu_memory_gib:.1f} GiB per GPU, rates of "
              f"{dev.name}; sequences of {plan.lengths_note()}", ""]
     for gs in _groups(plan):
@@ -97,7 +97,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "model": x.shape.name, "device": plan.device, "gpu_memory_gib": round(plan.gpu_memory_gib, 3),
         "fits": plan.fits, "peak_gib": round(plan.peak_gib, 3),
         "layout": {"gpus": x.world, "tp": x.tp, "pp": x.pp, "dp": x.dp, "ep": x.ep,
-                   "colocated": bool(x.colocate or not x.use_ray), "rollout_engine": x.engine,
+                   "colocated": x.colocated, "rollout_engine": x.engine,
                    "rollout_tp": x.rollout_tp, "rollout_replicas": x.rollout_replicas},
         "lengths": {"prompt_tokens": x.max_prompt_length, "response_tokens": x.max_response_length,
                     "time_prompt_tokens": round(x.mean_prompt_length if x.mean_prompt_length is not None

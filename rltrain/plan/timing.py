@@ -250,7 +250,7 @@ def vllm_sleep_wake_seconds(engine_gb: float, gpus_on_host: int, value=cal.value
 
 def sync_seconds(x: Inputs) -> float:
     gb = full_params(x.shape) * x.dtype_bytes / 1e9
-    if not (x.colocate or not x.use_ray):  # each tensor broadcast, then loaded by the engine as it comes
+    if not x.colocated:  # each tensor broadcast, then loaded by the engine as it comes
         return weight_tensors(x.shape) * cal.value("split_sync_s_per_tensor") + gb / cal.value("nccl_broadcast_gb_s")
     vllm = x.engine == "vllm" and x.device != "cpu"
     # in place (inplace_reload_seconds); engines in their own processes take each tensor by CUDA IPC; the hf engine
@@ -272,8 +272,7 @@ def tp_dp_factor(x: Inputs) -> float:
     (the 0.6B and the 4B, either rollout layout) took 1.6-1.8x their planned step in every phase; under torch's
     profiler one rank of each TP pair waits in the all-reduce for its peer's host (docs/plan.md, "Profiled"). 1 for
     any other layout, and for a split placement (no TP x DP split run was measured)."""
-    colocated = x.colocate or not x.use_ray
-    return cal.value("tp_dp_layout_factor") if colocated and x.tp > 1 and x.dp > 1 else 1.0
+    return cal.value("tp_dp_layout_factor") if x.colocated and x.tp > 1 and x.dp > 1 else 1.0
 
 
 def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
