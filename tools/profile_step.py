@@ -71,7 +71,7 @@ def summarize(trace: dict, phases: list[str] | None = None, top: int = 3) -> lis
     for name in phase_names(trace):
         if phases and name not in phases:
             continue
-        s = summarize_trace(trace, top=top, range_name=PHASE_PREFIX + name)
+        s = summarize_trace(trace, top=top, range_name=PHASE_PREFIX + name, closing_syncs=0)
         rows.append({"phase": name, "calls": s["steps"], "ms": s["step_ms"],
                      "busy": s["busy_share"] if s["mode"] == "gpu" else None,
                      "cat": {r["category"]: r["ms"] for r in s["rows"]}, "syncs": s["host_syncs_per_step"],

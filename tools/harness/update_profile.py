@@ -107,10 +107,12 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize_trace(trace: dict, top: int = 15, range_name: str = STEP_RANGE) -> dict:
+def summarize_trace(trace: dict, top: int = 15, range_name: str = STEP_RANGE, closing_syncs: int = 1) -> dict:
     """Per-category time of the steps marked by `range_name` ranges (default `rltrain::step`) in a chrome trace
     (torch profiler export). Returns {"mode": "gpu"|"cpu", "steps", "step_ms", "rows": [{category, ms, share,
-    count}], "top": [...], "host_syncs_per_step"}; ms and counts are per step (per range)."""
+    count}], "top": [...], "host_syncs_per_step"}; ms and counts are per step (per range). closing_syncs: the
+    synchronize calls the profiling code itself makes inside each range, not counted as the step's host syncs
+    (profile_train_step closes each step with one; the trainer's phase ranges have none)."""
     evs = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     # the host's ranges only: on CUDA the profiler also records each range on the GPU stream
     # ("gpu_user_annotation"), which would count every step twice
@@ -134,10 +136,9 @@ def summarize_trace(trace: dict, top: int = 15, range_name: str = STEP_RANGE) ->
     count: dict[str, int] = defaultdict(int)
     per_name: dict[tuple[str, str], list] = {}
     if kernels:
-        # synchronize calls inside the steps, less the one that closes each profiled step (profile_train_step's own;
-        # other ranges, e.g. the trainer's phases, have none)
+        # synchronize calls inside the steps, less the profiling code's own (closing_syncs a range)
         syncs = sum(1 for e, _, _ in stacked if _SYNC_RUNTIME.search(e["name"])
-                    and in_steps(e["ts"], e["ts"] + e.get("dur", 0))) - (n if range_name == STEP_RANGE else 0)
+                    and in_steps(e["ts"], e["ts"] + e.get("dur", 0))) - n * closing_syncs
         mode = "gpu"
         launch = {}  # correlation id -> enclosing names of the runtime call
         for e, names, _ in stacked:
