@@ -1,0 +1,209 @@
+"""What kind of host this is, and how fast its CPU side runs: a few seconds of probes to set beside a run's step time.
+
+  python tools/host_probe.py                      # CPU probes only (no GPU library imported)
+  python tools/host_probe.py --cuda --json p.json # plus tiny-kernel launches, launch + sync, a bf16 GEMM, nvidia-smi
+
+Why: the same config measured on different machines of one kind (the 0.6B GRPO step on one H200) took 1.36 to
+2.82 s (docs/plan.md, "host spread"). A small model's step is bound by the host's Python and kernel launches, so a
+probe that runs in seconds might say in advance which hosts are slow. Every number is the best of several repeats
+(the probe measures what the host can do, not what a neighbour took from it), and the load average is printed
+beside them (what a neighbour is taking).
+
+Probes (each the best of --repeats):
+  python_call_ns   one call of an empty Python function
+  python_mix_ns    one iteration of a loop of dict/list/attribute work, like a trainer's bookkeeping
+  torch_cpu_op_us  one torch.add on a one-element CPU tensor (the dispatcher's per-op cost)
+  cuda_launch_us   one torch.add on a one-element CUDA tensor, no sync between (the launch cost the host pays)
+  cuda_sync_us     one launch + torch.cuda.synchronize() (a round trip to the GPU)
+  gemm_tflops      bf16 8192^3 matmuls (the GPU side, to tell a slow GPU from a slow host)
+  --per-cpu N      python_call_ns pinned to each usable CPU, N passes: which CPUs are slow, and whether they stay so
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+
+def _best(fn, n: int, repeats: int) -> float:
+    """Seconds per call of fn's inner loop (fn runs n iterations), the best of repeats."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn(n)
+        best = min(best, time.perf_counter() - t)
+    return best / n
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _noop():
+    return None
+
+
+def _calls(n: int) -> None:
+    """n calls of an empty Python function (the call probe's loop)."""
+    f = _noop
+    for _ in range(n):
+        f()
+
+
+def host_facts() -> dict:
+    cpuinfo = _read("/proc/cpuinfo")
+    models = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")]
+    mhz = [float(ln.split(":", 1)[1]) for ln in cpuinfo.splitlines() if ln.startswith("cpu MHz")]
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = os.cpu_count()
+    return {
+        "cpu_model": models[0] if models else platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "cpus_usable": affinity,
+        "cgroup_cpu_max": _read("/sys/fs/cgroup/cpu.max").strip() or None,
+        "cpu_mhz_mean": round(sum(mhz) / len(mhz), 1) if mhz else None,
+        "loadavg": _read("/proc/loadavg").split()[:3],
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def cpu_probes(repeats: int) -> dict:
+    class Obj:
+        def __init__(self):
+            self.x = 0
+
+    def mix(n):
+        d, lst, o = {}, [], Obj()
+        for i in range(n):
+            d[i & 255] = i
+            lst.append(d.get(i & 127, 0))
+            o.x += len(lst) & 7
+            if len(lst) > 512:
+                lst.clear()
+
+    out = {
+        "python_call_ns": round(_best(_calls, 1_000_000, repeats) * 1e9, 2),
+        "python_mix_ns": round(_best(mix, 300_000, repeats) * 1e9, 2),
+    }
+    try:
+        import torch
+    except ImportError:
+        return out
+    a = torch.zeros(1)
+
+    def cpu_ops(n):
+        for _ in range(n):
+            torch.add(a, 1.0)
+
+    out["torch_cpu_op_us"] = round(_best(cpu_ops, 20_000, repeats) * 1e6, 3)
+    out["torch_threads"] = torch.get_num_threads()
+    return out
+
+
+def cuda_probes(repeats: int) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"cuda": "not available"}
+    dev = torch.device("cuda")
+    a = torch.zeros(1, device=dev)
+    torch.cuda.synchronize()
+
+    def launches(n):
+        for _ in range(n):
+            torch.add(a, 1.0)
+        torch.cuda.synchronize()
+
+    def syncs(n):
+        for _ in range(n):
+            torch.add(a, 1.0)
+            torch.cuda.synchronize()
+
+    x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    x @ x
+    torch.cuda.synchronize()
+
+    def gemms(n):
+        for _ in range(n):
+            x @ x
+        torch.cuda.synchronize()
+
+    out = {
+        "gpu": torch.cuda.get_device_name(0),
+        "cuda_launch_us": round(_best(launches, 20_000, repeats) * 1e6, 3),
+        "cuda_sync_us": round(_best(syncs, 2_000, repeats) * 1e6, 3),
+        "gemm_tflops": round(2 * 8192**3 / _best(gemms, 20, repeats) / 1e12, 1),
+    }
+    fields = ("clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,pstate,"
+              "clocks_event_reasons.active")
+    try:
+        smi = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        out["nvidia_smi"] = {"fields": fields, "rows": smi.stdout.strip().splitlines() or smi.stderr.strip()}
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out["nvidia_smi"] = f"unavailable: {e}"
+    return out
+
+
+def per_cpu_probes(passes: int) -> dict:
+    """The Python call probe pinned to each usable CPU in turn, `passes` times over: whether some CPUs of this host
+    (a VM's vCPUs sharing a core with a busy neighbour) are slower than others, and whether that holds from one
+    pass to the next. Restores the affinity it found."""
+    if not hasattr(os, "sched_setaffinity"):
+        return {"per_cpu": "not supported here (no sched_setaffinity)"}
+
+    cpus = sorted(os.sched_getaffinity(0))
+    rows = {c: [] for c in cpus}
+    try:
+        for _ in range(passes):
+            for c in cpus:
+                os.sched_setaffinity(0, {c})
+                rows[c].append(round(_best(_calls, 100_000, 5) * 1e9, 1))
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+    best = {c: min(v) for c, v in rows.items()}
+    fastest = min(best.values())
+    return {"python_call_ns_by_cpu": {str(c): v for c, v in rows.items()},
+            "slow_cpus": [c for c, v in best.items() if v > 1.5 * fastest],
+            "fastest_ns": fastest}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cuda", action="store_true", help="also the CUDA probes (imports torch, uses GPU 0)")
+    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--per-cpu", type=int, default=0, metavar="PASSES",
+                    help="also pin the Python call probe to each CPU in turn, PASSES times over")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        print("host_probe: --repeats must be at least 1", file=sys.stderr)
+        return 2
+    res = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_facts(),
+           "cpu": cpu_probes(args.repeats)}
+    if args.cuda:
+        res["cuda"] = cuda_probes(args.repeats)
+    if args.per_cpu:
+        res["per_cpu"] = per_cpu_probes(args.per_cpu)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
