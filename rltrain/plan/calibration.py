@@ -245,15 +245,18 @@ TIME: dict[str, Const] = {
         "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json, 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
     # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): every phase of the step at this factor.
-    # Measured, not derived: the layout's five runs on three hosts (the 0.6B and the 4B, two vLLM TP=2 engines or one
-    # TP=4) took 1.6-1.8x the step planned without it, in every phase; profiled, one rank of each TP pair waits in the
-    # all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md). A host cost per TP all-reduce,
-    # floors grown with the host's GPUs and the rank factor solved at four GPUs each missed these or planned the
-    # two-GPU runs slow
+    # Measured, not derived: the layout's seven runs on six hosts (the 0.6B and the 4B, two vLLM TP=2 engines or one
+    # TP=4) took 1.18-1.83x the step planned without it, in every phase; profiled, one rank of each TP pair waits in
+    # the all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md), and the host's vCPUs each
+    # run at half speed for spells of about a second (docs/benchmarks/2026-11-27-host-spread.md). A host cost per TP
+    # all-reduce, floors grown with the host's GPUs and the rank factor solved at four GPUs each missed these or planned
+    # the two-GPU runs slow. Until 2026-11-27 (late) the first run's alone: 1.7704
     "tp_dp_layout_factor": Const(
-        1.7704, "x every phase of a TP x DP step",
-        "four_gpus_h100x4_2026-11-26/r2.json, 2026-11-26, 4 x H100: step 3.417 s of the 4B at actor TP=2 x DP=2 with "
-        "two vLLM TP=2 engines over the step planned without it"),
+        1.5932, "x every phase of a TP x DP step",
+        "the geometric mean over the layout's seven runs (four_gpus_h100x4_2026-11-26/r2.json, "
+        "four_gpus_h200x4_2026-11-26, blind_x4_2026-11-27/r2.json, profile_x4_2026-11-27/{r2,tp2dp2}.json, "
+        "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json; H100 and H200 hosts) of the step "
+        "measured over the step planned without it"),
     # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
     # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
     # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)

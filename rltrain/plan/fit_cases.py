@@ -238,8 +238,9 @@ def placement_cases() -> list[Case]:
                    "fit", ("update_s",)),  # moe_grouped_layer_pass_s is solved from its update
                   ("MoE slice EP=2, vLLM, expert loop (same call)", moe_g + "grouped_false_gpu_placements.json",
                    "colocated_dp2", "held out", ()),
+                  # tp_dp_layout_factor is solved from its step with every TP x DP run's (fit.py)
                   ("4B colocated TP=2 x DP=2 + vLLM TP=4 (four GPUs)",
-                   "four_gpus_h200x4_2026-11-26/gpu_placements.json", "colocated_tp2dp2", "held out", ()),
+                   "four_gpus_h200x4_2026-11-26/gpu_placements.json", "colocated_tp2dp2", "fit", ("step_s",)),
                   # 2026-11-27, two H200s, predicted before they ran (BLIND3's predictions_*.json): the 0.6B at
                   # 2,048-token responses (16 x 8) with the forward passes' micro-batches at 4,096 and 32,768 tokens
                   # (128 and 9 micro-batches; the report's means of steps 2..3)
@@ -337,6 +338,10 @@ ONE_PROF = "one_h200_profile_2026-11-27/"
 # then the 0.6B at TP=2 x DP=2 with two vLLM TP=2 engines on four H200s, step 5 profiled, predicted before it ran (by
 # the planner without tp_dp_layout_factor: PROFILE4_06B + "README.md")
 PROFILE4_06B = "profile_x4_06b_2026-11-27/"
+# then three one-GPU machines (two H200s, an H100) with tools/host_probe.py before and after the 0.6B's one-GPU run,
+# and a four-H200 machine: the 0.6B at TP=2 alone (two of its GPUs), then at TP=2 x DP=2 with two vLLM TP=2 engines,
+# step 5 profiled on every rank (HOSTS + "README.md")
+HOSTS = "host_spread_2026-11-27/"
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -370,7 +375,7 @@ SCALING_RUNS = [
      COLO_DP + "single_s64_metrics.jsonl", "held out", ()),
     # docs/benchmarks/2026-11-26-four-h100s.md: four H100s (the 0.6B runs on two of them), then two H200s for the
     # weak-scaling run with the mini-batch grown with the GPUs
-    # tp_dp_layout_factor is solved from its step (fit.py); its phases are held out
+    # tp_dp_layout_factor is solved from its step with every TP x DP run's (fit.py); their phases are held out
     ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H100s)", FOUR_H100 + "r2.json", "colocated_tp2dp2_r2",
      FOUR_H100 + "r2_metrics.jsonl", "fit", ("step_s",)),
     ("4B split 2+2, one vLLM TP=2 engine (four H100s)", FOUR_H100 + "split_2p2.json", "split_2p2",
@@ -445,7 +450,7 @@ SCALING_RUNS = [
     ("0.6B colocated TP=2 + vLLM TP=2 (2026-11-27)", BLIND3 + "vl.json", "colocated_tp2",
      BLIND3 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
     ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H200s)", BLIND4 + "r2.json", "colocated_tp2dp2_r2",
-     BLIND4 + "r2_qwen06b_colocated_tp2dp2_r2_metrics.jsonl", "held out", ()),
+     BLIND4 + "r2_qwen06b_colocated_tp2dp2_r2_metrics.jsonl", "fit", ("step_s",)),
     ("0.6B colocated DP=4, one vLLM engine per GPU (four H200s)", BLIND4 + "dp4.json", "colocated_dp4_tp1",
      BLIND4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
     ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4 + "single.json", "single",
@@ -455,9 +460,9 @@ SCALING_RUNS = [
     ("0.6B colocated DP=4, one vLLM engine per GPU (a second four-H200 host)", DP_X4 + "dp4.json", "colocated_dp4_tp1",
      DP_X4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
     ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (the profiled four-H200 host)", PROFILE4 + "r2.json",
-     "colocated_tp2dp2_r2", PROFILE4 + "r2_metrics.jsonl", "held out", ()),
+     "colocated_tp2dp2_r2", PROFILE4 + "r2_metrics.jsonl", "fit", ("step_s",)),
     ("4B colocated TP=2 x DP=2 + vLLM TP=4 (the profiled four-H200 host)", PROFILE4 + "tp2dp2.json", "colocated_tp2dp2",
-     PROFILE4 + "tp2dp2_metrics.jsonl", "held out", ()),
+     PROFILE4 + "tp2dp2_metrics.jsonl", "fit", ("step_s",)),
     ("0.6B single, 32 x 8 (the profiled four-H200 host)", PROFILE4 + "single.json", "single",
      PROFILE4 + "single_metrics.jsonl", "held out", ()),
     ("0.6B single, 32 x 8 (the profiled one-H200 host)", ONE_PROF + "s06.json", "single", ONE_PROF + "s06_metrics.jsonl",
@@ -465,7 +470,17 @@ SCALING_RUNS = [
     ("4B single, 8k-token micro-batches (the profiled one-H200 host)", ONE_PROF + "s4b.json", "single",
      ONE_PROF + "s4b_metrics.jsonl", "held out", ()),
     ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H200s, profiled)", PROFILE4_06B + "r2.json",
-     "colocated_tp2dp2_r2", PROFILE4_06B + "r2_metrics.jsonl", "held out", ()),
+     "colocated_tp2dp2_r2", PROFILE4_06B + "r2_metrics.jsonl", "fit", ("step_s",)),
+    ("0.6B single, 32 x 8 (probed H200 host 1)", HOSTS + "h1.json", "single", HOSTS + "h1_metrics.jsonl", "held out",
+     ()),
+    ("0.6B single, 32 x 8 (probed H100 host 2)", HOSTS + "h2.json", "single", HOSTS + "h2_metrics.jsonl", "held out",
+     ()),
+    ("0.6B single, 32 x 8 (probed H200 host 3)", HOSTS + "h3.json", "single", HOSTS + "h3_metrics.jsonl", "held out",
+     ()),
+    ("0.6B colocated TP=2 + vLLM TP=2 (a probed four-H200 host)", HOSTS + "x4_tp2.json", "colocated_tp2",
+     HOSTS + "x4_tp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (the same host, profiled)", HOSTS + "x4_r2.json",
+     "colocated_tp2dp2_r2", HOSTS + "x4_r2_metrics.jsonl", "fit", ("step_s",)),
 ]
 
 

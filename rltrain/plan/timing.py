@@ -268,10 +268,11 @@ def sync_seconds(x: Inputs) -> float:
 
 def tp_dp_factor(x: Inputs) -> float:
     """Every phase of a colocated step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups
-    side by side on the host) at tp_dp_layout_factor: measured, not derived. Five runs of that layout on three hosts
-    (the 0.6B and the 4B, either rollout layout) took 1.6-1.8x their planned step in every phase; under torch's
-    profiler one rank of each TP pair waits in the all-reduce for its peer's host (docs/plan.md, "Profiled"). 1 for
-    any other layout, and for a split placement (no TP x DP split run was measured)."""
+    side by side on the host) at tp_dp_layout_factor: measured, not derived. Seven runs of that layout on six hosts
+    (the 0.6B and the 4B, either rollout layout) took 1.18-1.83x their step planned without it; the factor is their
+    geometric mean. Under torch's profiler one rank of each TP pair waits in the all-reduce for its peer's host
+    (docs/plan.md, "Profiled"). 1 for any other layout, and for a split placement (no TP x DP split run was
+    measured)."""
     return cal.value("tp_dp_layout_factor") if x.colocated and x.tp > 1 and x.dp > 1 else 1.0
 
 

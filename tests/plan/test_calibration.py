@@ -72,3 +72,27 @@ def test_issue_36_runs_step_time(rows):
 
 def test_every_run_is_planned(rows):
     assert not [r for r in rows if r.get("note")], [r for r in rows if r.get("note")]
+
+
+def test_tp_dp_factor_is_inside_its_runs_and_refuses_an_unseen_one():
+    """tp_dp_layout_factor is the geometric mean over every TP x DP run: between the smallest and the largest of their
+    measured / planned-without-it, and a TP x DP run left held out is refused (it would be fitted on yet scored as
+    unseen)."""
+    import dataclasses
+
+    from rltrain.plan.fit_cases import cases
+
+    try:
+        fit.results_dir()
+    except FileNotFoundError:
+        pytest.skip("no measured GPU results in this checkout")
+    runs = [c for c in cases() if c.kind == "step" and "step_s" in c.measured and fit.tp_dp_layout(c)]
+    assert len(runs) >= 7
+    with fit.constant("tp_dp_layout_factor", 1.0):
+        ratios = [c.measured["step_s"] / fit.predict(c)["step_s"] for c in runs]
+    f = cal.value("tp_dp_layout_factor")
+    assert min(ratios) < f < max(ratios)
+    assert f == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)), rel=2e-3)
+    unseen = [dataclasses.replace(runs[0], role="held out", fitted=())] + runs[1:]
+    with pytest.raises(ValueError, match="every TP x DP run"):
+        fit._solve_layout_factor(unseen)
