@@ -22,11 +22,11 @@ import sys
 from typing import Any, Iterator
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.fit_cases import (Case, cases, compose, load, results_dir,  # noqa: F401 (results_dir: re-exported)
-                                    steady_means)
+from rltrain.plan.fit_cases import (HOST_SPREAD_RUNS, Case, cases, compose, load,  # noqa: F401 (results_dir)
+                                    results_dir, steady_means)
 from rltrain.plan.inputs import read
 from rltrain.plan.memory import GIB, full_params, ns, plan_gpus
-from rltrain.plan.timing import phase_seconds, train_seconds, weight_tensors
+from rltrain.plan.timing import host_share, phase_seconds, step_range, train_seconds, weight_tensors
 from rltrain.utils import flops
 
 
@@ -165,6 +165,24 @@ def _solve_many(names: tuple[str, ...], cs: tuple[Case, ...], quantity: str) -> 
     return dict(zip(names, v))
 
 
+def host_speed(c: Case) -> float:
+    """A run's host time over its planned host time: 1 + (measured / planned step - 1) / the plan's host share (the
+    GPU's share taken as planned)."""
+    planned, share = planned_step_and_share(c)
+    return 1 + (c.measured["step_s"] / planned - 1) / share
+
+
+def planned_step_and_share(c: Case) -> tuple[float, float]:
+    """A step case's planned step and the host's share of it (timing.host_share)."""
+    x = read(compose(c.overrides))
+    if c.lengths:
+        x = dataclasses.replace(x, max_prompt_length=c.lengths["prompt_tokens"],
+                                max_response_length=c.lengths["response_tokens"])
+    dev = cal.DEVICES[c.device]
+    planned = predict(c)["step_s"]
+    return planned, host_share(x, dev.hbm_bytes_per_s, dev.total_gib * GIB, planned)
+
+
 def tp_dp_layout(c: Case) -> bool:
     """Whether a case's actor is tensor- and data-parallel on a colocated host (timing.tp_dp_factor's layout)."""
     x = read(compose(c.overrides))
@@ -281,6 +299,11 @@ def fit(verbose: bool = True) -> dict[str, float]:
     # (each a "fit" case for its step) of the measured step over the step planned without the factor. Until 2026-11-27
     # it was the first run's alone (four H100s: 1.77); seven runs on six hosts took 1.18-1.83x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
+    # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
+    # fourteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
+    # stay held out (the planned step does not use these)
+    speeds = [host_speed(by(name, src)) for name, src in HOST_SPREAD_RUNS]
+    fitted["host_speed_low"], fitted["host_speed_high"] = min(speeds), max(speeds)
     k4 = load("vllm/pool_h100_2026-11-25/grpo_vllm_k4.json")["grpo"]["mean"]
     fitted["ipc_reload_s_per_tensor"] = (k4["timing_s/update_weights"] - k4["timing_s/rollout_wake"]) / tensors
     sp = load("vllm_x2/placements_qwen06b_split_1p1.json")["qwen06b"]["split_1p1"]["timing_s"]
@@ -350,7 +373,7 @@ def write_docs(path: str) -> None:
     s = s[:a] + constants_markdown() + s[b:]
     a = s.index("| run | source")
     b = s.index("\n\nIn short")
-    s = s[:a] + markdown(rows) + "\n\n" + summary(rows) + s[b:]
+    s = s[:a] + markdown(rows) + "\n\n" + summary(rows) + "\n\n" + range_summary(range_rows()) + s[b:]
     a = s.index("| run | file | role (memory / step)")
     b = s.index("\n\n", a)
     s = s[:a] + step_table(rows) + s[b:]
@@ -476,6 +499,36 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def range_rows() -> list[dict[str, Any]]:
+    """Every whole step (held out or fit, not legacy) outside the fourteen runs host_speed_low / _high come from:
+    measured, the plan's step and its range across machines (timing.step_range), and whether the range held it."""
+    spread = {(name, src) for name, src in HOST_SPREAD_RUNS}
+    rows = []
+    for c in cases():
+        if c.kind != "step" or "step_s" not in c.measured or c.role_of("step_s") == "legacy":
+            continue
+        if any(c.name == name and src in c.source for name, src in spread):
+            continue
+        planned, share = planned_step_and_share(c)
+        lo, hi = step_range(planned, share)
+        m = c.measured["step_s"]
+        rows.append({"case": c.name, "source": c.source, "measured": m, "predicted": planned, "low": lo, "high": hi,
+                     "inside": lo <= m <= hi})
+    return rows
+
+
+def range_summary(rows: list[dict[str, Any]]) -> str:
+    """One paragraph: how many whole steps the plan's range held, and those it did not."""
+    out = [r for r in rows if not r["inside"]]
+    text = (f"The plan's range across machines (host_speed_low .. host_speed_high of its host time, solved from the "
+            f"0.6B one-GPU step's fourteen runs) held {len(rows) - len(out)} of the {len(rows)} whole steps of the "
+            "other runs")
+    if out:
+        text += "; outside: " + "; ".join(f"{r['case']} {r['measured']:.3f} s ({r['low']:.3f}-{r['high']:.3f})"
+                                          for r in out)
+    return text + "."
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rltrain.plan.fit")
     ap.add_argument("--markdown", action="store_true", help="print the predicted-vs-measured table only")
@@ -507,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     print()
     print(summary(rows))
+    print(range_summary(range_rows()))
     return 0
 
 

@@ -342,6 +342,18 @@ PROFILE4_06B = "profile_x4_06b_2026-11-27/"
 # and a four-H200 machine: the 0.6B at TP=2 alone (two of its GPUs), then at TP=2 x DP=2 with two vLLM TP=2 engines,
 # step 5 profiled on every rank (HOSTS + "README.md")
 HOSTS = "host_spread_2026-11-27/"
+# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): fourteen runs,
+# H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
+# host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
+HOST_SPREAD_RUNS = [
+    ("grpo vllm", "vllm/gpu_smoke_grpo_vllm.json"), ("grpo vllm", "vllm_x2/gpu_smoke_grpo_vllm_h200.json"),
+    ("grpo vllm k1", "grpo_vllm_k1.json"), ("0.6B single, 32 x 8", SCALING),
+    ("0.6B single, 32 x 8 (H100)", FOUR_H100), ("0.6B single, 32 x 8 (beside another run)", COLO_DP),
+    ("0.6B single, 32 x 8 (evening)", EVENING), ("0.6B single, vLLM (2026-11-27)", BLIND3),
+    ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4), ("0.6B single, 32 x 8 (the profiled four-H200 host)", PROFILE4),
+    ("0.6B single, 32 x 8 (the profiled one-H200 host)", ONE_PROF),
+    ("0.6B single, 32 x 8 (probed H200 host 1)", HOSTS), ("0.6B single, 32 x 8 (probed H100 host 2)", HOSTS),
+    ("0.6B single, 32 x 8 (probed H200 host 3)", HOSTS)]
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")

@@ -12,7 +12,7 @@ from typing import Any
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, as_dict, read
 from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
-from rltrain.plan.timing import phase_seconds, tp_dp_factor
+from rltrain.plan.timing import host_share, phase_seconds, step_range, tp_dp_factor
 from rltrain.utils.errors import UserError
 
 GIB = cal.GIB
@@ -44,6 +44,13 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     suggestions: list[Suggestion] = field(default_factory=list)
     prompts: DataLengths | None = None  # the data's prompt lengths the plan was made at (make_plan's prompts)
+    host_share: float = 0.0  # of the planned step, the host's time (timing.host_share)
+
+    @property
+    def step_range(self) -> tuple[float, float]:
+        """The step time this config took across machines of one kind: its host time at host_speed_low ..
+        host_speed_high (timing.step_range)."""
+        return step_range(self.seconds["step"], self.host_share)
 
     @property
     def fits(self) -> bool:
@@ -74,8 +81,10 @@ class Plan:
         """One line for a log: the largest peak, where and when, and the step time by phase."""
         g = max(self.gpus, key=lambda g: g.peak_bytes)
         s = self.seconds
+        lo, hi = self.step_range
         return (f"rltrain.plan: peak {g.peak_bytes / GIB:.1f} of {g.total_bytes / GIB:.1f} GiB on GPU {g.index} in "
-                f"'{g.peak().name}' ({'fits' if self.fits else 'DOES NOT FIT'}); step ~{s['step']:.1f} s (generation "
+                f"'{g.peak().name}' ({'fits' if self.fits else 'DOES NOT FIT'}); step ~{s['step']:.1f} s, "
+                f"{lo:.1f}-{hi:.1f} by machine (generation "
                 f"{s['generation']:.1f}, log-probs {s['log-probs']:.1f}, update {s['update']:.1f}, weight sync "
                 f"{s['weight sync']:.1f}) at {cal.DEVICES[self.device].name} rates; sequences of "
                 f"{self.lengths_note()}")
@@ -230,7 +239,8 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
         warnings.append(f"actor TP={x.tp} x DP={x.dp}, colocated: every phase's time x {tp_dp_factor(x):.2f}, a factor "
                         "measured on TP=2 x DP=2 runs (the 0.6B and the 4B, four GPUs), not derived; other TP x DP "
                         "layouts are extrapolated (docs/plan.md, Limits)")
-    return Plan(x, dev, total / GIB, gpus, secs, warnings)
+    share = host_share(x, cal.DEVICES[dev].hbm_bytes_per_s, total, secs["step"])
+    return Plan(x, dev, total / GIB, gpus, secs, warnings, host_share=share)
 
 
 def _candidates(c: dict, x: Inputs) -> list[dict[str, Any]]:

@@ -68,7 +68,11 @@ def table(plan: Plan) -> str:
             lines.append("  note: " + n.removeprefix("REFUSE: "))
         lines.append("")
     s = plan.seconds
+    lo, hi = plan.step_range
     lines.append("seconds per step: " + ", ".join(f"{k} {s[k]:.2f}" for k in PHASES) + f"; step {s['step']:.2f}")
+    lines.append(f"across machines of one kind: {lo:.2f}-{hi:.2f} s a step ({100 * plan.host_share:.0f}% of it is the "
+                 f"host's time, which ran {cal.value('host_speed_low'):.2f}-{cal.value('host_speed_high'):.2f}x the "
+                 "planned on the machines measured; docs/plan.md, \"Host spread, probed\")")
     for w_ in plan.warnings:
         lines.append("warning: " + w_)
     lines.append("fits: " + ("yes" if plan.fits else "NO"))
@@ -107,6 +111,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
                         "longest": plan.prompts.longest, "mean": round(plan.prompts.mean, 2),
                         "count": plan.prompts.count, "where": plan.prompts.where}},
         "phase_seconds": {k: round(plan.seconds[k], 4) for k in (*PHASES, "step")},
+        "step_s_range": [round(v, 4) for v in plan.step_range],
+        "host_share": round(plan.host_share, 4),
         "phase_seconds_detail": {k.removeprefix("detail/"): round(v, 4) for k, v in plan.seconds.items()
                                  if k.startswith("detail/")},
         "gpus": gpus,

@@ -126,7 +126,9 @@ def moe_pass_seconds(x: Inputs) -> float:
     return sum(shape.sparse) / x.pp * shape.num_experts / x.ep * cal.value("moe_expert_pass_s")
 
 
-def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
+def gen_seconds(x: Inputs, hbm: float, total_bytes: float, *, host: bool = True) -> float:
+    """host=False: the GPU's part alone (the weight and KV-cache reads and the prefill; no engine host work per
+    sequence, and none of the hf engine's launch-bound decode)."""
     shape = x.shape
     replicas = x.rollout_replicas
     seqs = math.ceil(step_seqs(x) / replicas)
@@ -141,11 +143,13 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float) -> float:
         weights = decode_weight_bytes(x, wave)
         # the engine's host work per step (scheduling, sampling and detokenizing each sequence of the wave) and the
         # GPU's reads overlap (CUDA launches are asynchronous): the larger
-        step = max(cal.value("vllm_seq_step_s") * wave,
+        step = max(cal.value("vllm_seq_step_s") * wave if host else 0.0,
                    (weights + wave * ctx * kv_tok) / (hbm * cal.value("decode_hbm_fraction")))
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
         return waves * resp * step + prefill
+    if not host:
+        return 0.0
     waves = math.ceil(seqs / max(1, x.max_batch_size))
     return waves * resp * shape.num_hidden_layers * cal.value("hf_layer_step_s")
 
@@ -285,8 +289,7 @@ def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
     f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
     layout = tp_dp_factor(x)
     f = {k: v * layout for k, v in f.items()}
-    if x.mean_prompt_length is not None:  # the data's prompts: a typical step's at their mean, not the longest
-        x = dataclasses.replace(x, max_prompt_length=max(1, round(x.mean_prompt_length)), mean_prompt_length=None)
+    x = _timed_lengths(x)  # the data's prompts: a typical step's at their mean, not the longest
     t = train_seconds(x)
     t = {k: v * f["update" if k.startswith("update") else "log-probs"] for k, v in t.items()}
     gen = gen_seconds(x, hbm, total_bytes) * f["generation"]
@@ -297,3 +300,30 @@ def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
     out["step"] = (max(gen, logp + upd) + sync) if x.async_rollout else (gen + logp + upd + sync)
     out.update({f"detail/{k}": v for k, v in t.items()})
     return out
+
+
+def _timed_lengths(x: Inputs) -> Inputs:
+    """The inputs a step is timed at: the data's mean prompt length when the plan has the data's lengths."""
+    if x.mean_prompt_length is not None:
+        return dataclasses.replace(x, max_prompt_length=max(1, round(x.mean_prompt_length)), mean_prompt_length=None)
+    return x
+
+
+def host_share(x: Inputs, hbm: float, total_bytes: float, step_s: float) -> float:
+    """The share of a planned step (step_s) that is the host's: all of it but the GPU's own work, which is the
+    training passes' FLOPs (train_seconds without the host's floors and fixed costs) and the generation's reads and
+    prefill (gen_seconds(host=False)). The weight sync (sleep, wake, reload: copies and driver calls) counts as the
+    host's. 0..1."""
+    if step_s <= 0:
+        return 0.0
+    x = _timed_lengths(x)
+    gpu = sum(train_seconds(x, loop_overhead=False).values()) + gen_seconds(x, hbm, total_bytes, host=False)
+    return 1.0 - min(gpu, step_s) / step_s
+
+
+def step_range(step_s: float, share: float, value=cal.value) -> tuple[float, float]:
+    """The step time the same config took across machines of one kind: its host share at host_speed_low ..
+    host_speed_high of the planned host time, its GPU share as planned (docs/plan.md, "Host spread, probed": the
+    guests' vCPUs run at half speed in spells, which nothing before launch predicts). value: a constant by name."""
+    return (step_s * (1 - share * (1 - value("host_speed_low"))),
+            step_s * (1 + share * (value("host_speed_high") - 1)))

@@ -301,6 +301,12 @@ def test_table_output(capsys):
     rc, out, _ = run_main(capsys, "--config-name", "grpo_qwen3", "trainer.n_gpus_per_node=1")
     assert rc == 0
     assert "GPU 0 (actor, ref, rollout): peak" in out and "seconds per step:" in out and "fits: yes" in out
+    assert "across machines of one kind: " in out
+    rc, out, _ = run_main(capsys, "--config-name", "grpo_qwen3", "trainer.n_gpus_per_node=1", "--json")
+    d = json.loads(out)
+    lo, hi = d["step_s_range"]
+    assert 0.0 < d["host_share"] < 1.0 and lo < d["phase_seconds"]["step"] < hi
+    assert f"{lo:.1f}-{hi:.1f} by machine" in d["summary"]
 
 
 def test_refusal_names_gpu_phase_parts_and_keys_then_the_keys_fit(capsys):

@@ -212,3 +212,29 @@ def test_a_long_context_decode_step_reads_at_the_decode_share_of_hbm():
     assert decode / 8192 > 32 * cal.value("vllm_seq_step_s")  # HBM-bound, not host-bound
     prefill = 2 * flops.matmul_params(ns(x.shape)) * 32 * 5 / (cal.value("update_tflops_none_none") * 1e12)
     assert gen_seconds(x, 4.8e12, 139.8 * GIB) == pytest.approx(decode + prefill, rel=1e-9)
+
+
+def test_host_share_and_the_range_across_machines():
+    # the GPU's part of a step: the training passes' FLOPs and the generation's reads and prefill; the hf engine's
+    # decode is all the host's (launch-bound), so without its host part it is nothing
+    from rltrain.plan.timing import host_share, phase_seconds, step_range
+
+    hf = qwen("rollout=hf", "data.train_batch_size=32", "rollout.n=8", "rollout.max_batch_size=256",
+              "data.max_prompt_length=5", "rollout.max_response_length=64")
+    assert gen_seconds(hf, 3.35e12, 79.18 * GIB, host=False) == 0.0
+    short = qwen("rollout=vllm", "data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5",
+                 "rollout.max_response_length=64")
+    long = qwen("rollout=vllm", "data.train_batch_size=4", "rollout.n=8", "data.max_prompt_length=5",
+                "rollout.max_response_length=8192", "actor.ppo_mini_batch_size=4")
+    shares = {}
+    for name, x in (("short", short), ("long", long)):
+        secs = phase_seconds(x, 4.8e12, 139.8 * GIB)
+        gpu = sum(train_seconds(x, loop_overhead=False).values()) + gen_seconds(x, 4.8e12, 139.8 * GIB, host=False)
+        shares[name] = host_share(x, 4.8e12, 139.8 * GIB, secs["step"])
+        assert shares[name] == pytest.approx(1 - gpu / secs["step"])
+    # 64-token responses of a 0.6B: most of the step is the host's; 8,192-token ones read the KV cache at HBM speed
+    assert shares["short"] > 0.6 and shares["long"] < 0.1
+    # the range: the host's part at host_speed_low .. _high, the GPU's as planned (a worked example: 2 s, half host)
+    lo, hi = step_range(2.0, 0.5, value={"host_speed_low": 0.6, "host_speed_high": 1.7}.__getitem__)
+    assert (lo, hi) == pytest.approx((1.0 + 0.6, 1.0 + 1.7))
+    assert step_range(2.0, 0.0) == (2.0, 2.0)
