@@ -35,8 +35,9 @@ Sections:
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
 --engine vllm: rollout=vllm in every run; vLLM's tensor parallel size is the group's GPU count (colocated, its TP
 group is the trainer's ranks; split, the rollout group's, one engine), except colocated_dp2_tp1 (one engine per
-GPU). Every run's log is checked: a line naming `mnnvl` (NVLink multicast) fails the row; whether vLLM said
-`Using ['PYNCCL'] all-reduce backends` is recorded.
+GPU). On a GPU each run's row carries `host_probe`: tools/host_probe.py's host facts and CPU probes, taken just before
+the run (the host's speed, for docs/plan.md's "Host spread, probed"). Every run's log is checked: a line naming
+`mnnvl` (NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
 A run over --run-timeout is first asked for every process's Python stacks (SIGUSR1 to the driver and the Ray
 workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each process's last 40 log lines
 (`process_tails`): where each rank waited.
@@ -463,10 +464,17 @@ def main() -> None:
                     log(f"{sec}/{name}: skipped (deadline)")
                     save(res, args.out)
                     continue
-                log(f"{sec}/{name}: start")
+                probe = None
+                if args.device == "cuda":  # the host's speed just before the run (tools/host_probe.py, ~3 s)
+                    import host_probe
+
+                    probe = {"host": host_probe.host_facts(), "cpu": host_probe.cpu_probes(5)}
+                log(f"{sec}/{name}: start" + (f" (host probe: {json.dumps(probe['cpu'])})" if probe else ""))
                 run = run_trainer(f"{sec}_{name}", over, args.out, address, min(run_timeout_s(args, sec), left),
                                   args.device)
                 res[sec][name] = learn_summary(run) if sec == "learn" else step_summary(run)
+                if probe:
+                    res[sec][name]["host_probe"] = probe
                 log(f"{sec}/{name}: rc={run['rc']} in {run['seconds']:.0f} s "
                     + json.dumps({k: v for k, v in res[sec][name].items()
                                   if k in ("acc_before", "acc_after", "timing_s", "peak_gib_per_gpu")}, default=str))

@@ -342,6 +342,9 @@ PROFILE4_06B = "profile_x4_06b_2026-11-27/"
 # and a four-H200 machine: the 0.6B at TP=2 alone (two of its GPUs), then at TP=2 x DP=2 with two vLLM TP=2 engines,
 # step 5 profiled on every rank (HOSTS + "README.md")
 HOSTS = "host_spread_2026-11-27/"
+# then two GPUs (asked for H100s, came as H200s), predicted before they ran (BLIND5's predictions_*_h200.json, BLIND5 +
+# "README.md"; planner of 432481a): the 0.6B's vLLM DP=2 (an engine per GPU) and TP=2, the hf engine's DP=2
+BLIND5 = "h100x2_blind_2026-11-27/"
 # the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): fourteen runs,
 # H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
 # host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
@@ -493,6 +496,12 @@ SCALING_RUNS = [
      HOSTS + "x4_tp2_metrics.jsonl", "held out", ()),
     ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (the same host, profiled)", HOSTS + "x4_r2.json",
      "colocated_tp2dp2_r2", HOSTS + "x4_r2_metrics.jsonl", "fit", ("step_s",)),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (two H200s, probed slow)", BLIND5 + "vl.json", "colocated_dp2_tp1",
+     BLIND5 + "vl_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 + vLLM TP=2 (two H200s, probed slow)", BLIND5 + "vl.json", "colocated_tp2",
+     BLIND5 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B colocated DP=2 (two H200s, probed slow)", BLIND5 + "hf.json", "colocated_dp2",
+     BLIND5 + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
 ]
 
 
