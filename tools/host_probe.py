@@ -3,11 +3,13 @@
   python tools/host_probe.py                      # CPU probes only (no GPU library imported)
   python tools/host_probe.py --cuda --json p.json # plus tiny-kernel launches, launch + sync, a bf16 GEMM, nvidia-smi
 
-Why: the same config measured on different machines of one kind (the 0.6B GRPO step on one H200) took 1.36 to
-2.82 s (docs/plan.md, "host spread"). A small model's step is bound by the host's Python and kernel launches, so a
-probe that runs in seconds might say in advance which hosts are slow. Every number is the best of several repeats
-(the probe measures what the host can do, not what a neighbour took from it), and the load average is printed
-beside them (what a neighbour is taking).
+Why: the same config measured on different machines of one kind (the 0.6B GRPO step on one GPU) took 1.36 to
+2.82 s (docs/plan.md, "Host spread, probed"). A small model's step is bound by the host's Python and kernel launches,
+so a probe that runs in seconds might say in advance which hosts are slow. Every number is the best of several
+repeats, and the guest's load average is printed beside them. On the lent machines (KVM guests) a vCPU runs at half
+speed for spells of about a second; a probe's best is slow only when the spells last through all its repeats. Over
+five machines the pure-Python probes ranked them roughly; the torch and CUDA ones moved between two levels within a
+minute on one machine. tools/gpu_placements.py records the CPU probes with every GPU run.
 
 Probes (each the best of --repeats):
   python_call_ns   one call of an empty Python function

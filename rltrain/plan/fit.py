@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import math
 import sys
+import textwrap
 from typing import Any, Iterator
 
 from rltrain.plan import calibration as cal
@@ -190,15 +191,25 @@ def tp_dp_layout(c: Case) -> bool:
 
 
 def _solve_layout_factor(all_cases) -> float:
-    """tp_dp_layout_factor: exp(mean log(measured / planned without it)) of the whole step over every case of the
-    layout whose step is fitted; refuses a layout run left held out (it would be fitted on, yet scored as unseen)."""
+    """tp_dp_layout_factor: the value at which the layout's fitted runs' steps are planned at their measured ones in the
+    geometric mean (mean log(measured / planned) = 0; bisection, the plan growing with the factor); refuses a layout
+    run left held out (it would be fitted on, yet scored as unseen)."""
     runs = [c for c in all_cases if c.kind == "step" and "step_s" in c.measured and tp_dp_layout(c)]
     unseen = [c.name for c in runs if c.role_of("step_s") != "fit"]
     if unseen or not runs:
         raise ValueError(f"tp_dp_layout_factor: every TP x DP run's step is fitted; not so: {unseen or 'no runs'}")
-    with constant("tp_dp_layout_factor", 1.0):
-        logs = [math.log(c.measured["step_s"] / predict(c)["step_s"]) for c in runs]
-    return math.exp(sum(logs) / len(logs))
+
+    def mean_log(f: float) -> float:
+        with constant("tp_dp_layout_factor", f):
+            return sum(math.log(c.measured["step_s"] / predict(c)["step_s"]) for c in runs) / len(runs)
+
+    lo, hi = 1.0, 8.0
+    if mean_log(lo) <= 0:  # the runs are no slower than planned without the factor
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_log(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2
 
 
 def fit(verbose: bool = True) -> dict[str, float]:
@@ -295,9 +306,10 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["hf_reload_s_per_tensor"] = (hm["timing_s/update_weights"] - hm["timing_s/rollout_wake"]) / tensors
     gb = 2 * full_params(shape06) / 1e9  # its bf16 checkpoint
     fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb
-    # the TP x DP layout's factor on every phase, after every constant above: the geometric mean over the layout's runs
-    # (each a "fit" case for its step) of the measured step over the step planned without the factor. Until 2026-11-27
-    # it was the first run's alone (four H100s: 1.77); seven runs on six hosts took 1.18-1.83x
+    # the TP x DP layout's factor on the host's floors and the weight sync, after every constant above: the value that
+    # plans the layout's runs (each a "fit" case for its step) at their measured steps in the geometric mean. Until
+    # 2026-11-27 it took every phase, from the first run alone (four H100s: 1.77); seven runs on six hosts took
+    # 1.18-1.83x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
     # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
     # fourteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
@@ -526,7 +538,7 @@ def range_summary(rows: list[dict[str, Any]]) -> str:
     if out:
         text += "; outside: " + "; ".join(f"{r['case']} {r['measured']:.3f} s ({r['low']:.3f}-{r['high']:.3f})"
                                           for r in out)
-    return text + "."
+    return textwrap.fill(text + ".", width=120, break_long_words=False, break_on_hyphens=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -353,7 +353,8 @@ HOST_SPREAD_RUNS = [
     ("grpo vllm k1", "grpo_vllm_k1.json"), ("0.6B single, 32 x 8", SCALING),
     ("0.6B single, 32 x 8 (H100)", FOUR_H100), ("0.6B single, 32 x 8 (beside another run)", COLO_DP),
     ("0.6B single, 32 x 8 (evening)", EVENING), ("0.6B single, vLLM (2026-11-27)", BLIND3),
-    ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4), ("0.6B single, 32 x 8 (the profiled four-H200 host)", PROFILE4),
+    ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4),
+    ("0.6B single, 32 x 8 (the profiled four-H200 host)", PROFILE4),
     ("0.6B single, 32 x 8 (the profiled one-H200 host)", ONE_PROF),
     ("0.6B single, 32 x 8 (probed H200 host 1)", HOSTS), ("0.6B single, 32 x 8 (probed H100 host 2)", HOSTS),
     ("0.6B single, 32 x 8 (probed H200 host 3)", HOSTS)]

@@ -236,7 +236,8 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
                         f"{cal.value('moe_grouped_layer_pass_s') * 1e3:.2f} ms per sparse layer and pass, fitted on "
                         "one run (the Qwen3-30B-A3B slice at EP=2); other shapes are extrapolated")
     if tp_dp_factor(x) != 1.0:
-        warnings.append(f"actor TP={x.tp} x DP={x.dp}, colocated: every phase's time x {tp_dp_factor(x):.2f}, a factor "
+        warnings.append(f"actor TP={x.tp} x DP={x.dp}, colocated: the host's floors and the weight sync x "
+                        f"{tp_dp_factor(x):.2f}, a factor "
                         "measured on TP=2 x DP=2 runs (the 0.6B and the 4B, four GPUs), not derived; other TP x DP "
                         "layouts are extrapolated (docs/plan.md, Limits)")
     share = host_share(x, cal.DEVICES[dev].hbm_bytes_per_s, total, secs["step"])

@@ -35,8 +35,11 @@
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
-A colocated step whose actor is both tensor- and data-parallel: every phase x tp_dp_layout_factor (tp_dp_factor;
-measured).
+A colocated step whose actor is both tensor- and data-parallel: the host's floors and fixed costs above (the forward
+and update floors, per optimizer step and call, vllm_seq_step_s, hf_layer_step_s) and the weight sync x
+tp_dp_layout_factor (tp_dp_factor; measured): the layout's runs sat on those floors in every phase.
+The range across machines (step_range): the step's host share (host_share: all but the training passes' FLOPs and
+the generation's reads and prefill) at host_speed_low .. host_speed_high of its planned time, the rest as planned.
 Sequences are planned at the data's mean prompt length when the plan has the data's lengths
 (Inputs.mean_prompt_length; memory takes the longest), else at data.max_prompt_length. The GPU kind (h100 | h200)
 picks the HBM bandwidth; compute rates are the H100's on both (same GH100 compute).
@@ -143,7 +146,7 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float, *, host: bool = True)
         weights = decode_weight_bytes(x, wave)
         # the engine's host work per step (scheduling, sampling and detokenizing each sequence of the wave) and the
         # GPU's reads overlap (CUDA launches are asynchronous): the larger
-        step = max(cal.value("vllm_seq_step_s") * wave if host else 0.0,
+        step = max(cal.value("vllm_seq_step_s") * wave * tp_dp_factor(x) if host else 0.0,
                    (weights + wave * ctx * kv_tok) / (hbm * cal.value("decode_hbm_fraction")))
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)
@@ -151,7 +154,7 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float, *, host: bool = True)
     if not host:
         return 0.0
     waves = math.ceil(seqs / max(1, x.max_batch_size))
-    return waves * resp * shape.num_hidden_layers * cal.value("hf_layer_step_s")
+    return waves * resp * shape.num_hidden_layers * cal.value("hf_layer_step_s") * tp_dp_factor(x)
 
 
 def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
@@ -161,7 +164,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     tokens_rank = step_seqs(x) * seq / x.dp
     n_mini = max(1, math.ceil(x.train_batch_size / x.ppo_mini_batch_size))
     out: dict[str, float] = {}
-    over = 1.0 if loop_overhead else 0.0
+    over = tp_dp_factor(x) if loop_overhead else 0.0  # the host's floors and fixed costs (TP x DP: x the factor)
     moe = moe_pass_seconds(x)
     layers = x.shape.num_hidden_layers / x.pp  # of one rank's stage
     # the critic has a value head (h -> 1) where the actor has the LM head: its passes skip the head's FLOPs
@@ -271,31 +274,34 @@ def sync_seconds(x: Inputs) -> float:
 
 
 def tp_dp_factor(x: Inputs) -> float:
-    """Every phase of a colocated step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups
-    side by side on the host) at tp_dp_layout_factor: measured, not derived. Seven runs of that layout on six hosts
-    (the 0.6B and the 4B, either rollout layout) took 1.18-1.83x their step planned without it; the factor is their
-    geometric mean. Under torch's profiler one rank of each TP pair waits in the all-reduce for its peer's host
-    (docs/plan.md, "Profiled"). 1 for any other layout, and for a split placement (no TP x DP split run was
-    measured)."""
+    """The factor on the host's floors and fixed costs (train_seconds, gen_seconds) and the weight sync of a colocated
+    step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups side by side on the host):
+    tp_dp_layout_factor, measured, not derived. Seven runs of that layout on six hosts (the 0.6B and the 4B at 64-token
+    responses, either rollout layout, every phase on its host's floor) took 1.18-1.83x their step planned without it;
+    the factor centres them (fit.py). Under torch's profiler one rank of each TP pair waits in the all-reduce for its
+    peer's host (docs/plan.md, "Profiled"), so a step bound by its FLOPs (long sequences) is planned to lose little.
+    1 for any other layout, and for a split placement (no TP x DP split run was measured)."""
     return cal.value("tp_dp_layout_factor") if x.colocated and x.tp > 1 and x.dp > 1 else 1.0
 
 
 def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
                   factors: dict[str, float] | None = None) -> dict[str, float]:
-    """{generation, log-probs, update, weight sync} seconds of one step, and their detail; a TP x DP layout's at
-    tp_dp_factor. factors: {phase: measured / predicted} of another run on the same machine, multiplying each phase
-    and its detail (plan/fit.py's machine table: tried as a per-machine correction, it did not help; the planner does
-    not use it)."""
+    """{generation, log-probs, update, weight sync} seconds of one step, and their detail; a TP x DP layout's with its
+    host floors and weight sync at tp_dp_factor. factors: {phase: measured / predicted} of another run on the same
+    machine, multiplying each phase and its detail (plan/fit.py's machine table: tried as a per-machine correction, it
+    did not help; the planner does not use it)."""
     f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
     layout = tp_dp_factor(x)
-    f = {k: v * layout for k, v in f.items()}
     x = _timed_lengths(x)  # the data's prompts: a typical step's at their mean, not the longest
     t = train_seconds(x)
+    gen = gen_seconds(x, hbm, total_bytes)
+    sync = sync_seconds(x)
+    sync *= layout  # the weight sync is all the host's
     t = {k: v * f["update" if k.startswith("update") else "log-probs"] for k, v in t.items()}
-    gen = gen_seconds(x, hbm, total_bytes) * f["generation"]
+    gen *= f["generation"]
     logp = sum(v for k, v in t.items() if k in ("old_log_prob", "ref", "values"))
     upd = sum(v for k, v in t.items() if k.startswith("update"))
-    sync = sync_seconds(x) * f["weight sync"]
+    sync *= f["weight sync"]
     out = {"generation": gen, "log-probs": logp, "update": upd, "weight sync": sync}
     out["step"] = (max(gen, logp + upd) + sync) if x.async_rollout else (gen + logp + upd + sync)
     out.update({f"detail/{k}": v for k, v in t.items()})
@@ -313,17 +319,20 @@ def host_share(x: Inputs, hbm: float, total_bytes: float, step_s: float) -> floa
     """The share of a planned step (step_s) that is the host's: all of it but the GPU's own work, which is the
     training passes' FLOPs (train_seconds without the host's floors and fixed costs) and the generation's reads and
     prefill (gen_seconds(host=False)). The weight sync (sleep, wake, reload: copies and driver calls) counts as the
-    host's. 0..1."""
+    host's. With rollout.async (generation beside training on its own GPUs) the GPU's work is the larger of the two,
+    as the step is. 0..1."""
     if step_s <= 0:
         return 0.0
     x = _timed_lengths(x)
-    gpu = sum(train_seconds(x, loop_overhead=False).values()) + gen_seconds(x, hbm, total_bytes, host=False)
+    train = sum(train_seconds(x, loop_overhead=False).values())
+    gen = gen_seconds(x, hbm, total_bytes, host=False)
+    gpu = max(gen, train) if x.async_rollout else gen + train
     return 1.0 - min(gpu, step_s) / step_s
 
 
 def step_range(step_s: float, share: float, value=cal.value) -> tuple[float, float]:
     """The step time the same config took across machines of one kind: its host share at host_speed_low ..
     host_speed_high of the planned host time, its GPU share as planned (docs/plan.md, "Host spread, probed": the
-    guests' vCPUs run at half speed in spells, which nothing before launch predicts). value: a constant by name."""
+    guests' vCPUs run at half speed in spells, which the config does not predict). value: a constant by name."""
     return (step_s * (1 - share * (1 - value("host_speed_low"))),
             step_s * (1 + share * (value("host_speed_high") - 1)))
