@@ -465,10 +465,10 @@ def main() -> None:
                     save(res, args.out)
                     continue
                 probe = None
-                if args.device == "cuda":  # the host's speed just before the run (tools/host_probe.py, ~3 s)
-                    import host_probe
+                if args.device == "cuda":  # the host's speed just before the run (tools/host_probe.py's, ~3 s)
+                    from harness.probes import cpu_probes, host_facts
 
-                    probe = {"host": host_probe.host_facts(), "cpu": host_probe.cpu_probes(5)}
+                    probe = {"host": host_facts(), "cpu": cpu_probes(5)}
                 log(f"{sec}/{name}: start" + (f" (host probe: {json.dumps(probe['cpu'])})" if probe else ""))
                 run = run_trainer(f"{sec}_{name}", over, args.out, address, min(run_timeout_s(args, sec), left),
                                   args.device)

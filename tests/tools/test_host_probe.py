@@ -1,5 +1,5 @@
-"""tools/host_probe.py: the timing rule against a workload of known length, the per-CPU pass (which CPUs it calls slow,
-the affinity put back), the JSON it writes, and the refusal of a bad argument."""
+"""tools/host_probe.py and harness/probes.py: the timing rule against a workload of known length, the per-CPU pass
+(which CPUs it calls slow, the affinity put back), the JSON it writes, and the refusal of a bad argument."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 import host_probe  # noqa: E402
+from harness import probes  # noqa: E402
 
 
 def test_best_is_seconds_per_iteration_of_the_fastest_repeat():
@@ -20,7 +21,7 @@ def test_best_is_seconds_per_iteration_of_the_fastest_repeat():
         assert n == 50
         time.sleep(next(sleeps))
 
-    per_iter = host_probe._best(fn, 50, 3)
+    per_iter = probes._best(fn, 50, 3)
     assert 0.01 / 50 <= per_iter < 0.02 / 50
 
 
@@ -33,8 +34,8 @@ def test_per_cpu_names_the_slow_cpus_and_restores_the_affinity(monkeypatch):
         (cpu,) = os.sched_getaffinity(0)  # pinned to exactly one
         return (60e-9 if cpu in slow else 30e-9)
 
-    monkeypatch.setattr(host_probe, "_best", fake_best)
-    out = host_probe.per_cpu_probes(passes=2)
+    monkeypatch.setattr(probes, "_best", fake_best)
+    out = probes.per_cpu_probes(passes=2)
     assert os.sched_getaffinity(0) == set(cpus)
     assert set(out["python_call_ns_by_cpu"]) == {str(c) for c in cpus}
     assert all(len(v) == 2 for v in out["python_call_ns_by_cpu"].values())

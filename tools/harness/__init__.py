@@ -4,7 +4,8 @@ deadline, JSON + markdown reports, the device's name. Must not know any one benc
 A tool puts its own folder (tools/) on sys.path, so it also loads by file path (tests), then imports
 `harness`, which puts the repository root on sys.path, so `rltrain` imports next. Peak FLOP/s per device lives
 in rltrain/utils/flops.py (`peak_flops`). Beside this core: harness/cases.py (cases several tools run),
-harness/host_profile.py (cProfile summaries), harness/update_profile.py (torch-profiler summary of an update step).
+harness/host_profile.py (cProfile summaries), harness/update_profile.py (torch-profiler summary of an update step),
+harness/probes.py (the host's facts and speed probes).
 """
 
 from __future__ import annotations
