@@ -42,13 +42,18 @@ def constant(name: str, value: float) -> Iterator[None]:
         table[name] = old
 
 
-def predict(case: Case, cfg: dict | None = None, machine: dict[str, float] | None = None) -> dict[str, float]:
-    """The planner's numbers for the quantities `case` measured (machine: per-phase factors, see machine_table)."""
-    c = cfg if cfg is not None else compose(case.overrides)
-    x = read(c)
+def case_inputs(case: Case, cfg: dict | None = None):
+    """The planner's Inputs of a case: its overrides composed (or `cfg`, already composed) at its lengths."""
+    x = read(cfg if cfg is not None else compose(case.overrides))
     if case.lengths:
         x = dataclasses.replace(x, max_prompt_length=case.lengths["prompt_tokens"],
                                 max_response_length=case.lengths["response_tokens"])
+    return x
+
+
+def predict(case: Case, cfg: dict | None = None, machine: dict[str, float] | None = None) -> dict[str, float]:
+    """The planner's numbers for the quantities `case` measured (machine: per-phase factors, see machine_table)."""
+    x = case_inputs(case, cfg)
     dev = cal.DEVICES[case.device]
     total = dev.total_gib * GIB
     gpus = plan_gpus(x, total)
@@ -175,18 +180,16 @@ def host_speed(c: Case) -> float:
 
 def planned_step_and_share(c: Case) -> tuple[float, float]:
     """A step case's planned step and the host's share of it (timing.host_share)."""
-    x = read(compose(c.overrides))
-    if c.lengths:
-        x = dataclasses.replace(x, max_prompt_length=c.lengths["prompt_tokens"],
-                                max_response_length=c.lengths["response_tokens"])
+    cfg = compose(c.overrides)
+    x = case_inputs(c, cfg)
     dev = cal.DEVICES[c.device]
-    planned = predict(c)["step_s"]
+    planned = predict(c, cfg)["step_s"]
     return planned, host_share(x, dev.hbm_bytes_per_s, dev.total_gib * GIB, planned)
 
 
 def tp_dp_layout(c: Case) -> bool:
     """Whether a case's actor is tensor- and data-parallel on a colocated host (timing.tp_dp_factor's layout)."""
-    x = read(compose(c.overrides))
+    x = case_inputs(c)
     return x.colocated and x.tp > 1 and x.dp > 1
 
 

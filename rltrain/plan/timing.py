@@ -291,17 +291,14 @@ def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
     machine, multiplying each phase and its detail (plan/fit.py's machine table: tried as a per-machine correction, it
     did not help; the planner does not use it)."""
     f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
-    layout = tp_dp_factor(x)
     x = _timed_lengths(x)  # the data's prompts: a typical step's at their mean, not the longest
     t = train_seconds(x)
-    gen = gen_seconds(x, hbm, total_bytes)
-    sync = sync_seconds(x)
-    sync *= layout  # the weight sync is all the host's
     t = {k: v * f["update" if k.startswith("update") else "log-probs"] for k, v in t.items()}
-    gen *= f["generation"]
+    gen = gen_seconds(x, hbm, total_bytes) * f["generation"]
     logp = sum(v for k, v in t.items() if k in ("old_log_prob", "ref", "values"))
     upd = sum(v for k, v in t.items() if k.startswith("update"))
-    sync *= f["weight sync"]
+    # the weight sync is all the host's: x the TP x DP factor here (train_seconds and gen_seconds scale their floors)
+    sync = sync_seconds(x) * tp_dp_factor(x) * f["weight sync"]
     out = {"generation": gen, "log-probs": logp, "update": upd, "weight sync": sync}
     out["step"] = (max(gen, logp + upd) + sync) if x.async_rollout else (gen + logp + upd + sync)
     out.update({f"detail/{k}": v for k, v in t.items()})
