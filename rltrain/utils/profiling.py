@@ -5,6 +5,9 @@ trace per worker, CPU ops and CUDA kernels, each phase the worker ran inside a `
 (`phase`: old log-probs, reference, update, generation, sleep, wake-up, weight sync). tools/profile_step.py sums a
 trace per phase: wall time, GPU busy time, idle, the top kernels. `phase` costs one range enter/exit per call when
 no profiler runs.
+
+`phase` also notes each call's wall-clock start and end (`take_calls`): the driver (workers/group.py) sets them against
+its own submit and receive times to split a phase's time into the ranks' work and Ray's dispatch and return.
 """
 
 from __future__ import annotations
@@ -13,23 +16,40 @@ import functools
 import gzip
 import os
 import shutil
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 PHASE_PREFIX = "rltrain::phase/"
+# (method name, phase name, wall-clock start, end) of this process's last phase calls; bounded: a group nobody reads
+# (an asynchronous rollout group) keeps its latest only
+_CALLS: deque[tuple[str, str, float, float]] = deque(maxlen=512)
 
 
 def phase(name: str):
-    """A decorator: the call runs inside the `rltrain::phase/<name>` profiler range."""
+    """A decorator: the call runs inside the `rltrain::phase/<name>` profiler range, and its wall-clock start and end
+    are noted under the method's name (`take_calls`)."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def ranged(*args: Any, **kwargs: Any):
-            with torch.profiler.record_function(PHASE_PREFIX + name):
-                return fn(*args, **kwargs)
+            start = time.time()
+            try:
+                with torch.profiler.record_function(PHASE_PREFIX + name):
+                    return fn(*args, **kwargs)
+            finally:
+                _CALLS.append((fn.__name__, name, start, time.time()))
         return ranged
     return wrap
+
+
+def take_calls() -> list[tuple[str, str, float, float]]:
+    """The phase calls noted since the last take, oldest first: (method name, phase name, wall-clock start, end)."""
+    out = list(_CALLS)
+    _CALLS.clear()
+    return out
 
 
 class WorkerProfiler:
@@ -66,3 +86,38 @@ class WorkerProfiler:
             os.replace(path + ".part", path)
             os.remove(raw)
         return path
+
+
+def split_calls(driver: list[tuple[str, float, float]], ranks: list[list[tuple[str, str, float, float]]],
+                tolerance_s: float = 0.005) -> dict[str, float]:
+    """A phase's driver time split by where it went, summed per phase over the calls of `driver` (method name,
+    wall-clock submit, wall-clock results in hand) that every rank noted (`ranks[r]`: that rank's `take_calls`; the
+    clocks are one host's wall clock, or synchronized ones):
+
+      timing_s/worker/<phase>    the slowest rank's time inside the method (its collectives' waits included);
+      timing_s/dispatch/<phase>  submit until the last rank entered the method (Ray's scheduling and the arguments'
+                                 transfer and unpickling);
+      timing_s/return/<phase>    the last rank's exit until the driver holds every result (the results' transfer).
+
+    A driver call that some rank did not note (a method without `phase`, a worker's record dropped) adds nothing; a
+    rank's records from calls the driver did not time (asynchronous submits) are skipped."""
+    pending = [list(calls) for calls in ranks]
+    out: dict[str, float] = {}
+    for method, submit, done in driver:
+        picked = []
+        for calls in pending:
+            i = next((i for i, c in enumerate(calls) if c[0] == method and c[2] >= submit - tolerance_s
+                      and c[3] <= done + tolerance_s), None)
+            if i is None:
+                break
+            picked.append(calls.pop(i))
+        if len(picked) != len(pending) or not picked:
+            continue
+        name = picked[0][1]
+        parts = {"worker": max(end - start for _, _, start, end in picked),
+                 "dispatch": max(0.0, max(start for _, _, start, _ in picked) - submit),
+                 "return": max(0.0, done - max(end for _, _, _, end in picked))}
+        for part, seconds in parts.items():
+            key = f"timing_s/{part}/{name}"
+            out[key] = out.get(key, 0.0) + seconds
+    return out

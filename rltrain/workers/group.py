@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 
 from rltrain.compat.ray import loopback_ray
 from rltrain.data.batch import Batch
+from rltrain.utils.profiling import split_calls, take_calls
 from rltrain.workers.base import LOOPBACK
 from rltrain.workers.placement import (
     Dispatch, GroupPlan, PlacementError, device_ordinal, node_local_ranks, replica_dispatch, train_dispatch,
@@ -148,6 +150,10 @@ def _ray_worker_class(worker_cls):
             return {"max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
                     "max_memory_reserved_gb": torch.cuda.max_memory_reserved() / 2**30}
 
+        def take_phase_calls(self) -> list:
+            """This worker's phase calls since the last take (utils/profiling.take_calls)."""
+            return take_calls()
+
     Hosted.__name__ = Hosted.__qualname__ = worker_cls.__name__  # the process title stays ray::HybridWorker
     return ray.remote(max_restarts=0, max_task_retries=0)(Hosted)
 
@@ -160,6 +166,7 @@ class Pending:
     refs: list
     method: str
     leaders: list = field(default_factory=lambda: [0])
+    submitted: float = field(default_factory=time.time)  # wall clock
 
 
 class WorkerGroup:
@@ -172,6 +179,7 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray, self.plan, self.name = ray, plan, plan.name
+        self._timed: deque = deque(maxlen=512)  # (method, wall-clock submit, results in hand) of waited calls
         self.world_size = plan.world_size
         bundles = [{"CPU": round(n * cpus_per_worker, 4),
                     **({"GPU": float(n * plan.gpus_per_worker)} if plan.gpus_per_worker else {})} for n in plan.bundles]
@@ -224,7 +232,10 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------ calls
     def run(self, method: str, *args, **kwargs) -> list:
-        return self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
+        submit = time.time()
+        out = self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
+        self._timed.append((method, submit, time.time()))
+        return out
 
     def run_rank0(self, method: str, *args, **kwargs):
         """Call on every rank (collectives need all) and return rank 0's result."""
@@ -252,6 +263,7 @@ class WorkerGroup:
     def wait(self, pending: Pending) -> list:
         """Block until submitted calls finish (failing fast as every wait: a dead worker raises WorkerLost)."""
         results = self._get(pending.refs, pending.method)
+        self._timed.append((pending.method, pending.submitted, time.time()))
         return [results[leader] for leader in pending.leaders]
 
     def _dispatch(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict) -> list:
@@ -260,8 +272,9 @@ class WorkerGroup:
     def _submit(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict) -> Pending:
         assert len(per_shard_args) == d.size, (len(per_shard_args), d.size)
         shard = d.shard_of(self.world_size)
+        submitted = time.time()
         return Pending([getattr(w, method).remote(*per_shard_args[shard[r]], **kwargs)
-                        for r, w in enumerate(self.workers)], method, list(d.leaders))
+                        for r, w in enumerate(self.workers)], method, list(d.leaders), submitted)
 
     def _get(self, refs: list, method: str) -> list:
         """ray.get of one ref per rank that fails fast (see `_get_fail_fast`)."""
@@ -280,6 +293,13 @@ class WorkerGroup:
         for rank, stats in enumerate(self.run("device_memory")):
             out.update({f"perf/{k}/{self.name}_rank{rank}": v for k, v in stats.items()})
         return out
+
+    def call_metrics(self) -> dict[str, float]:
+        """The phase calls the driver waited for since the last call_metrics, split into the ranks' work, Ray's
+        dispatch and the results' return (utils/profiling.split_calls): timing_s/{worker,dispatch,return}/<phase>."""
+        driver, self._timed = list(self._timed), deque(maxlen=512)
+        ranks = self._get([w.take_phase_calls.remote() for w in self.workers], "take_phase_calls")
+        return split_calls(driver, ranks)
 
     def placement_table(self) -> list[dict]:
         """Per rank: node address, node-local rank, pid, Ray GPU ids (for logs and tests)."""
@@ -345,6 +365,10 @@ class LocalWorkerGroup:
 
     def memory_metrics(self) -> dict[str, float]:
         return {}  # the driver's own memory_metrics() covers the in-process worker
+
+    def call_metrics(self) -> dict[str, float]:
+        take_calls()  # in-process calls have no dispatch to time: the records are dropped
+        return {}
 
     def shutdown(self) -> None:
         """Free the worker, its process group and the distributed env vars it set in this process."""
