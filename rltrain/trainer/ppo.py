@@ -123,6 +123,7 @@ class PPOTrainer:
         profiled = self._profiled_groups(step)
         for g in profiled:
             g.run("profile_start")
+        started = time.time()  # the phase calls from here on are this step's (call_metrics)
         with timer("step", m):
             self.rollout.boundary(step, m)  # async: wait for this step's batch, push weights, submit the next
             with timer("gen", m):  # rollout + reward (timing_s/reward: scoring; with DAPO, of every refill)
@@ -149,12 +150,12 @@ class PPOTrainer:
         m["timing_s/reward"] = m.get("timing_s/reward", 0.0)
         m.update(memory_metrics())
         m.update(self.train_group.memory_metrics())  # per GPU under Ray
-        m.update(self.train_group.call_metrics())  # each phase's time: the ranks' work, Ray's dispatch and return
+        m.update(self.train_group.call_metrics(started))  # each phase: the ranks' work, Ray's dispatch and return
         if self.rollout_group is not self.train_group:  # async: read before its last submit, never while it generates
             pipe = self.rollout.pipeline
             m.update(pipe.idle_metrics if pipe is not None else self.rollout_group.memory_metrics())
             if pipe is None:
-                for k, v in self.rollout_group.call_metrics().items():
+                for k, v in self.rollout_group.call_metrics(started).items():
                     m[k] = m.get(k, 0.0) + v
         m.update(plan_metrics(self.plan))  # the plan's prediction per GPU beside them (GPU runs only)
         return m

@@ -244,7 +244,9 @@ class WorkerGroup:
     def run_split(self, method: str, batch: Batch, *args, **kwargs) -> list:
         """Slice `batch` over data-parallel ranks; returns the per-dp-rank results, in order, computed on
         slices padded with dummy rows: use `gather_rows` to cut them back."""
-        shards = batch.pad_to_multiple(self.dp_size).split(self.dp_size)
+        padded = batch.pad_to_multiple(self.dp_size)
+        # one data-parallel rank takes the batch whole: no copy of its rows (select) on the driver's critical path
+        shards = [padded] if self.dp_size == 1 else padded.split(self.dp_size)
         return self.run_per_dp(method, [(shard, *args) for shard in shards], **kwargs)
 
     def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
@@ -294,10 +296,12 @@ class WorkerGroup:
             out.update({f"perf/{k}/{self.name}_rank{rank}": v for k, v in stats.items()})
         return out
 
-    def call_metrics(self) -> dict[str, float]:
-        """The phase calls the driver waited for since the last call_metrics, split into the ranks' work, Ray's
-        dispatch and the results' return (utils/profiling.split_calls): timing_s/{worker,dispatch,return}/<phase>."""
-        driver, self._timed = list(self._timed), deque(maxlen=512)
+    def call_metrics(self, since: float = 0.0) -> dict[str, float]:
+        """The phase calls the driver waited for since the last call_metrics and submitted at or after `since` (wall
+        clock: a step's start leaves out the validation between steps), split into the ranks' work, Ray's dispatch and
+        the results' return (utils/profiling.split_calls): timing_s/{worker,dispatch,return}/<phase>."""
+        driver = [c for c in self._timed if c[1] >= since]
+        self._timed = deque(maxlen=512)
         ranks = self._get([w.take_phase_calls.remote() for w in self.workers], "take_phase_calls")
         return split_calls(driver, ranks)
 
@@ -366,7 +370,7 @@ class LocalWorkerGroup:
     def memory_metrics(self) -> dict[str, float]:
         return {}  # the driver's own memory_metrics() covers the in-process worker
 
-    def call_metrics(self) -> dict[str, float]:
+    def call_metrics(self, since: float = 0.0) -> dict[str, float]:
         take_calls()  # in-process calls have no dispatch to time: the records are dropped
         return {}
 
@@ -442,24 +446,17 @@ def _first_dead(pending: list, owner: dict, method: str, grace_s: float = 10.0) 
 
 def gather_rows(results: list, batch: Batch) -> Any:
     """Concatenate per-shard results (tensors [b, ...] or tuples of them) and drop pad_to_multiple rows."""
-    padded_len = sum(_rows(r) for r in results)
-    keep = torch.ones(padded_len, dtype=torch.bool)
-    keep[len(batch):] = False  # dummy rows are appended at the end by pad_to_multiple
+    n = len(batch)  # dummy rows are appended at the end by pad_to_multiple
 
     def cat(parts):
         if parts[0] is None:
             return None
-        return torch.cat(parts, dim=0)[keep]
+        whole = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        return whole if whole.shape[0] == n else whole[:n]
 
     if isinstance(results[0], tuple):
         return tuple(cat([r[i] for r in results]) for i in range(len(results[0])))
     return cat(results)
-
-
-def _rows(r) -> int:
-    if isinstance(r, tuple):
-        r = r[0]
-    return r.shape[0]
 
 
 def mean_metrics(results: list[dict]) -> dict[str, float]:

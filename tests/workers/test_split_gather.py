@@ -1,0 +1,40 @@
+"""workers/group.py's data-parallel slicing (run_split) and gathering (gather_rows), without Ray: against the batch's
+own rows and pad_to_multiple's dummies, for awkward sizes (one row, rows not a multiple of the ranks)."""
+
+import pytest
+import torch
+
+from rltrain.data.batch import Batch
+from rltrain.workers.group import WorkerGroup, gather_rows
+from rltrain.workers.placement import replica_dispatch
+
+
+def _batch(rows: int, p: int = 3, r: int = 5) -> Batch:
+    return Batch(prompt_ids=torch.randint(0, 100, (rows, p)), prompt_mask=torch.ones(rows, p, dtype=torch.long),
+                 response_ids=torch.randint(0, 100, (rows, r)), response_mask=torch.ones(rows, r, dtype=torch.long),
+                 loss_mask=torch.ones(rows, r, dtype=torch.long), scores=torch.randn(rows),
+                 non_tensor={"ground_truth": [str(i) for i in range(rows)]})
+
+
+def _group(dp: int) -> WorkerGroup:
+    g = WorkerGroup.__new__(WorkerGroup)  # no Ray: run_per_dp hands back what each rank would get
+    g.train = replica_dispatch(dp, 1)  # dp data-parallel ranks of one worker each
+    g.run_per_dp = lambda method, per_dp_args, **kw: [args for args in per_dp_args]
+    return g
+
+
+@pytest.mark.parametrize("rows,dp", [(1, 1), (7, 1), (7, 2), (8, 4), (5, 4), (1, 3)])
+def test_shards_cover_the_rows_in_order_and_gather_drops_the_dummies(rows, dp):
+    b = _batch(rows)
+    shards = [args[0] for args in _group(dp).run_split("compute_ref_logprobs", b, 1.0)]
+    assert len(shards) == dp and len({len(s) for s in shards}) == 1  # equal shards, one per data-parallel rank
+    assert all(args[1] == 1.0 for args in _group(dp).run_split("m", b, 1.0))
+    ids = torch.cat([s.response_ids for s in shards])
+    assert torch.equal(ids[:rows], b.response_ids)
+    dummies = torch.cat([s.dummy_mask for s in shards])
+    assert not dummies[:rows].any() and dummies[rows:].all()
+    # each rank answers per row (a tensor, a tuple with a None): gathered, the batch's rows only, in order
+    per_rank = [(s.response_ids.float() * 2, None) for s in shards]
+    lp, ent = gather_rows(per_rank, b)
+    assert ent is None and torch.equal(lp, b.response_ids.float() * 2)
+    assert torch.equal(gather_rows([s.scores for s in shards], b), b.scores)

@@ -1,0 +1,109 @@
+"""Where each phase of a run's steps went: the driver's time (timing_s/<phase>), the slowest rank's work inside the
+phase's worker methods, Ray's dispatch (submit until the last rank started) and return (the last rank's end until the
+driver held every result), and the rest: the driver's own work inside the phase (slicing the batch over the ranks,
+gathering the results, computing metrics), or its waiting on its own threads. Reads the metrics.jsonl a run wrote
+under Ray (workers/group.py's call_metrics); steps with trainer.profile_steps' profiler are left out. Not a test; it
+changes no code.
+
+    python tools/phase_split.py outputs/<run>/metrics.jsonl [more.jsonl ...] [--skip 1] [--json OUT]
+
+A row's parts are means over the steps kept (the first --skip steps, compilation and warm-up, are not). A phase of
+several worker methods (the colocated weight sync: the engine's wake-up and the weights' send) sums them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rltrain.utils.errors import UserError
+
+# the driver's timer of a phase (trainer/ppo.py) -> the worker phases (utils/profiling.phase) it waits on
+PHASES = {
+    "gen": ("generate",),
+    "rollout_sleep": ("rollout_sleep",),
+    "old_log_prob": ("old_log_prob",),
+    "ref": ("ref",),
+    "values": ("values",),
+    "update_critic": ("update_critic",),
+    "update_actor": ("update_actor",),
+    "update_weights": ("rollout_wake_up", "weight_sync_send", "weight_sync_receive"),
+}
+PARTS = ("worker", "dispatch", "return")
+
+
+def read_rows(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        raise UserError(f"phase_split: no such metrics file: {path} (a run's metrics.jsonl: trainer.logger with jsonl)")
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"phase_split: {path} line {n} is not JSON ({err.msg})") from None
+    return rows
+
+
+def split(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
+    """Per driver phase: the mean over the training steps kept of its driver seconds, each part's and the driver's own
+    rest (driver - worker - dispatch - return). Only steps with the split (a Ray run) and without the profiler."""
+    steps = [r for r in rows if "timing_s/step" in r and not r.get("perf/profiled")
+             and any(k.startswith("timing_s/worker/") for k in r)]
+    steps = steps[skip:]
+    out: dict[str, dict[str, float]] = {}
+    for phase, workers in PHASES.items():
+        have = [r for r in steps if f"timing_s/{phase}" in r
+                and any(f"timing_s/worker/{w}" in r for w in workers)]
+        if not have:
+            continue
+        mean = {"steps": float(len(have)),
+                "driver": sum(r[f"timing_s/{phase}"] for r in have) / len(have)}
+        for part in PARTS:
+            mean[part] = sum(r.get(f"timing_s/{part}/{w}", 0.0) for r in have for w in workers) / len(have)
+        mean["rest"] = mean["driver"] - sum(mean[p] for p in PARTS)
+        out[phase] = mean
+    return out
+
+
+def markdown(name: str, table: dict[str, dict[str, float]]) -> str:
+    lines = [f"{name}: seconds a step (mean of {int(max((t['steps'] for t in table.values()), default=0))} steps)", "",
+             "| phase | driver | ranks' work | dispatch | return | driver's rest |", "|---|---:|---:|---:|---:|---:|"]
+    for phase, t in table.items():
+        lines.append(f"| {phase} | {t['driver']:.3f} | {t['worker']:.3f} | {t['dispatch']:.3f} | {t['return']:.3f} | "
+                     f"{t['rest']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("metrics", nargs="+", help="metrics.jsonl files of runs under Ray")
+    ap.add_argument("--skip", type=int, default=1, help="leading training steps left out (default 1: compilation)")
+    ap.add_argument("--json", help="also write {file: {phase: parts}} here")
+    args = ap.parse_args(argv)
+    try:
+        if args.skip < 0:
+            raise UserError(f"phase_split: --skip must be >= 0, got {args.skip}")
+        res = {}
+        for path in args.metrics:
+            table = split(read_rows(path), args.skip)
+            if not table:
+                raise UserError(f"phase_split: {path} has no step with the phase split (timing_s/worker/...): a run "
+                                f"under Ray (trainer.use_ray=true) with more than --skip {args.skip} steps")
+            res[path] = table
+            print(markdown(path, table) + "\n")
+    except UserError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
