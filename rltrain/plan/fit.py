@@ -315,7 +315,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
     # 1.18-1.83x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
     # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
-    # fourteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
+    # seventeen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
     # stay held out (the planned step does not use these)
     speeds = [host_speed(by(name, src)) for name, src in HOST_SPREAD_RUNS]
     fitted["host_speed_low"], fitted["host_speed_high"] = min(speeds), max(speeds)
@@ -515,7 +515,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def range_rows() -> list[dict[str, Any]]:
-    """Every whole step (held out or fit, not legacy) outside the fourteen runs host_speed_low / _high come from:
+    """Every whole step (held out or fit, not legacy) outside the seventeen runs host_speed_low / _high come from:
     measured, the plan's step and its range across machines (timing.step_range), and whether the range held it."""
     spread = {(name, src) for name, src in HOST_SPREAD_RUNS}
     rows = []
@@ -536,7 +536,7 @@ def range_summary(rows: list[dict[str, Any]]) -> str:
     """One paragraph: how many whole steps the plan's range held, and those it did not."""
     out = [r for r in rows if not r["inside"]]
     text = (f"The plan's range across machines (host_speed_low .. host_speed_high of its host time, solved from the "
-            f"0.6B one-GPU step's fourteen runs) held {len(rows) - len(out)} of the {len(rows)} whole steps of the "
+            f"0.6B one-GPU step's seventeen runs) held {len(rows) - len(out)} of the {len(rows)} whole steps of the "
             "other runs")
     if out:
         text += "; outside: " + "; ".join(f"{r['case']} {r['measured']:.3f} s ({r['low']:.3f}-{r['high']:.3f})"

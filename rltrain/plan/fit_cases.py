@@ -345,7 +345,12 @@ HOSTS = "host_spread_2026-11-27/"
 # then two GPUs (asked for H100s, came as H200s), predicted before they ran (BLIND5's predictions_*_h200.json, BLIND5 +
 # "README.md"; planner of 432481a): the 0.6B's vLLM DP=2 (an engine per GPU) and TP=2, the hf engine's DP=2
 BLIND5 = "h100x2_blind_2026-11-27/"
-# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): fourteen runs,
+# then two H200s (four asked for, not lent): the 0.6B at one GPU, DP=2 and TP=2, every phase split into the ranks'
+# work, Ray's dispatch and return and the driver's rest (timing_s/{worker,dispatch,return}/<phase>); then one H200:
+# the one-GPU run after three probes of the host; then another H200 the same: the run after run_split stopped copying
+# a lone rank's rows. Predicted before they ran (DISPATCH + "predicted.json", README.md)
+DISPATCH = "dispatch_2026-11-27/"
+# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): seventeen runs,
 # H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
 # host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
 HOST_SPREAD_RUNS = [
@@ -357,7 +362,10 @@ HOST_SPREAD_RUNS = [
     ("0.6B single, 32 x 8 (the profiled four-H200 host)", PROFILE4),
     ("0.6B single, 32 x 8 (the profiled one-H200 host)", ONE_PROF),
     ("0.6B single, 32 x 8 (probed H200 host 1)", HOSTS), ("0.6B single, 32 x 8 (probed H100 host 2)", HOSTS),
-    ("0.6B single, 32 x 8 (probed H200 host 3)", HOSTS)]
+    ("0.6B single, 32 x 8 (probed H200 host 3)", HOSTS),
+    ("0.6B single, 32 x 8 (a two-H200 host, phases split)", DISPATCH),
+    ("0.6B single, 32 x 8 (a one-H200 host, probed three times)", DISPATCH),
+    ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH)]
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -503,6 +511,16 @@ SCALING_RUNS = [
      BLIND5 + "vl_qwen06b_colocated_tp2_metrics.jsonl", "held out", ()),
     ("hf engine, 0.6B colocated DP=2 (two H200s, probed slow)", BLIND5 + "hf.json", "colocated_dp2",
      BLIND5 + "hf_qwen06b_colocated_dp2_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (a two-H200 host, phases split)", DISPATCH + "d2_single.json", "single",
+     DISPATCH + "d2_single_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (the same two-H200 host)", DISPATCH + "d2_dp2.json",
+     "colocated_dp2_tp1", DISPATCH + "d2_dp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 + vLLM TP=2 (the same two-H200 host)", DISPATCH + "d2_tp2.json", "colocated_tp2",
+     DISPATCH + "d2_tp2_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (a one-H200 host, probed three times)", DISPATCH + "e1_single.json", "single",
+     DISPATCH + "e1_single_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH + "f1_single.json", "single",
+     DISPATCH + "f1_single_metrics.jsonl", "held out", ()),
 ]
 
 

@@ -275,8 +275,16 @@ class WorkerGroup:
         assert len(per_shard_args) == d.size, (len(per_shard_args), d.size)
         shard = d.shard_of(self.world_size)
         submitted = time.time()
+        per_shard_args = [self._put_shared(args) if len(members) > 1 else args
+                          for args, members in zip(per_shard_args, d.members)]
         return Pending([getattr(w, method).remote(*per_shard_args[shard[r]], **kwargs)
                         for r, w in enumerate(self.workers)], method, list(d.leaders), submitted)
+
+    def _put_shared(self, args: tuple) -> tuple:
+        """A shard that several ranks take (a model-parallel group's, a replica's): its batch, tensors and lists go into
+        Ray's object store once and each rank gets the reference (Ray hands the method the value), instead of
+        pickling them once per rank."""
+        return tuple(self._ray.put(a) if isinstance(a, (Batch, torch.Tensor, list, dict)) else a for a in args)
 
     def _get(self, refs: list, method: str) -> list:
         """ray.get of one ref per rank that fails fast (see `_get_fail_fast`)."""
