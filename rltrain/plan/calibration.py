@@ -162,13 +162,21 @@ TIME: dict[str, Const] = {
     # s. Summed with the FLOPs (until 2026-11-27) the forward was planned 37-62% slow on the long-response runs, where
     # the FLOPs dominate; a floor per micro-batch alone planned one-row micro-batches +85%
     "fwd_mb_layer_s": Const(
-        0.001722, "s per forward micro-batch x layer (the host's floor)",
-        "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: old_log_prob 6.21 s of the 0.6B's 128 sequences of "
+        0.001397, "s per forward micro-batch x layer (the host's floor)",
+        "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: ref 5.01 s of the 0.6B's 128 sequences of "
         "2,053 tokens, one a micro-batch (the 4,096-token budget), with the run below"),
     "fwd_row_layer_s": Const(
-        1.168e-05, "s per row of a forward micro-batch x layer (the host's floor)",
-        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: old_log_prob 0.180 s (17,664 tokens in 2 micro-batches of 128 "
+        1.099e-05, "s per row of a forward micro-batch x layer (the host's floor)",
+        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: ref 0.157 s (17,664 tokens in 2 micro-batches of 128 "
         "rows, forward only, 28 layers; their FLOPs' 0.054 s a micro-batch are under the floor), with the run above"),
+    # the old log-probs' pass also gives each token's entropy (the reference's does not): on the host's floor it took
+    # 13% longer than the reference's in the median of 93 runs, and as long where the FLOPs bound the micro-batches
+    # (the 4B's one-row passes: 0.99); in the 0.6B's one-row passes 9.4 ms a micro-batch at 128 of them, 7-9 ms at 5
+    # and 9: a cost per micro-batch, not per token
+    "fwd_entropy_mb_s": Const(
+        0.009129, "s per forward micro-batch that also gives the entropy (the host's floor)",
+        "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row "
+        "micro-batches of 2,053 tokens (the floors above solved from the reference's pass)"),
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(
@@ -255,7 +263,7 @@ TIME: dict[str, Const] = {
     # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Until
     # 2026-11-27 (late) every phase at the first run's alone: 1.7704
     "tp_dp_layout_factor": Const(
-        1.5962, "x the host's floors and the weight sync of a TP x DP step",
+        1.6206, "x the host's floors and the weight sync of a TP x DP step",
         "the value that plans the layout's seven runs (four_gpus_h100x4_2026-11-26/r2.json, "
         "four_gpus_h200x4_2026-11-26, blind_x4_2026-11-27/r2.json, profile_x4_2026-11-27/{r2,tp2dp2}.json, "
         "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json; H100 and H200 hosts) at their "
@@ -265,10 +273,10 @@ TIME: dict[str, Const] = {
     # x 8, 1.36-2.82 s on H100 and H200 machines, 2026-11-22..27), each 1 + (measured / planned - 1) / its host share.
     # Only the plan's range (timing.step_range) uses them; the planned step is unchanged
     "host_speed_low": Const(
-        0.5759, "x the planned host time",
+        0.5884, "x the planned host time",
         "the fastest of the 0.6B one-GPU step's seventeen runs (scaling_vllm_h200x2_2026-11-26/b32.json, 1.360 s)"),
     "host_speed_high": Const(
-        1.6851, "x the planned host time",
+        1.7216, "x the planned host time",
         "the slowest of the 0.6B one-GPU step's seventeen runs (blind_x4_2026-11-27/single.json, 2.824 s)"),
     # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
     # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth

@@ -281,10 +281,12 @@ def fit(verbose: bool = True) -> dict[str, float]:
     g4 = by("4B single, 2,048-token responses, forward micro-batches of 32,768", "blind_x4")
     keep({"update_rate_width_exponent_none": _solve("update_rate_width_exponent_none", g4, "update_s")})
     keep({"tp_allreduce_s": _solve("tp_allreduce_s", by("4b-8k-all-tp2", "update/"), "step_s")})
-    # the forward's host floor per layer, and per row and layer of a micro-batch: the one-GPU GRPO step (micro-batches
-    # of 128 rows of 69 tokens) and the 2,048-token responses in one-row micro-batches, both under the floor
+    # the forward's host floor per layer, and per row and layer of a micro-batch: the reference's pass of the one-GPU
+    # GRPO step (micro-batches of 128 rows of 69 tokens) and of the 2,048-token responses in one-row micro-batches, both
+    # under the floor; then the old log-probs' entropy, per micro-batch: the second run's old log-probs (128 of them)
     one_row = by("0.6B single, 2,048-token responses, forward micro-batches of 4,096", "blind_x2")
-    keep(_solve_many(("fwd_mb_layer_s", "fwd_row_layer_s"), (hf, one_row), "old_log_prob_s"))
+    keep(_solve_many(("fwd_mb_layer_s", "fwd_row_layer_s"), (hf, one_row), "ref_s"))
+    keep({"fwd_entropy_mb_s": _solve("fwd_entropy_mb_s", one_row, "old_log_prob_s")})
     moe = by("MoE slice EP=2, vLLM", "moe_h200x2_2026-11-26/")
     fitted["moe_expert_pass_s"] = _solve("moe_expert_pass_s", moe, "update_s")
     grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")

@@ -143,11 +143,11 @@ def cases() -> list[Case]:
                             bench_overrides(smoke_overrides(row["fused"], False, row["tokens"])), "legacy",
                             {"fits": 0.0}))
     # whole GRPO steps (Qwen3-0.6B shape; tools/gpu_smoke.py and tools/gpu_placements.py)
-    # grpo hf: hf_layer_step_s, fwd_mb_layer_s, update_step_layer_s (with two DP=2 runs, fit.py), and its
-    # sleep/wake/reload (hf_offload_s_per_gb, hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its
+    # grpo hf: hf_layer_step_s, fwd_mb_layer_s (its reference pass), update_step_layer_s (with two DP=2 runs, fit.py),
+    # and its sleep/wake/reload (hf_offload_s_per_gb, hf_reload_s_per_tensor); grpo vllm: reload_s_per_tensor (its
     # update_weights less its wake); grpo vllm k4: ipc_reload_s_per_tensor (the same, by CUDA IPC to engines in their
     # own processes)
-    fitted_q = {"grpo hf": ("generation_s", "old_log_prob_s", "update_s"),
+    fitted_q = {"grpo hf": ("generation_s", "ref_s", "update_s"),
                 "grpo vllm": ("weight_sync_s",), "grpo vllm k4": ("weight_sync_s",),
                 "grpo vllm, Qwen3-4B shape, one GPU": ("weight_sync_s",)}
     steps = [("grpo hf", "vllm/gpu_smoke_grpo_hf.json", [], "fit"),
@@ -245,7 +245,7 @@ def placement_cases() -> list[Case]:
                   # 2,048-token responses (16 x 8) with the forward passes' micro-batches at 4,096 and 32,768 tokens
                   # (128 and 9 micro-batches; the report's means of steps 2..3)
                   ("0.6B single, 2,048-token responses, forward micro-batches of 4,096", BLIND3 + "fwd4096.json",
-                   "single", "fit", ("old_log_prob_s",)),  # fwd_row_layer_s, with the grpo hf run (fit.py)
+                   "single", "fit", ("ref_s", "old_log_prob_s")),  # fwd_row_layer_s, fwd_entropy_mb_s (fit.py)
                   ("0.6B single, 2,048-token responses, forward micro-batches of 32,768", BLIND3 + "fwd32768.json",
                    "single", "held out", ()),
                   # then at PP=2 (predicted before it ran, README.md there)

@@ -22,28 +22,34 @@ def qwen(*extra: str):
 
 
 def test_a_forward_micro_batch_costs_the_larger_of_its_flops_and_the_hosts_floor():
-    # the host's floor of a micro-batch: 28 layers x (fwd_mb_layer_s + rows x fwd_row_layer_s). The 0.6B's passes of
-    # short sequences sit on it: at DP=2 each rank's 128 rows of 69 tokens take one micro-batch, as long as one of the
+    # the host's floor of a micro-batch: 28 layers x (fwd_mb_layer_s + rows x fwd_row_layer_s), + fwd_entropy_mb_s for
+    # the old log-probs' pass (it also gives the entropy; the reference's does not). The 0.6B's passes of short
+    # sequences sit on it: at DP=2 each rank's 128 rows of 69 tokens take one micro-batch, as long as one of the
     # one-GPU run's two. One-row micro-batches of 2,053 tokens too (128 of them), and at PP=2 on a stage of 14 layers,
     # with the fill and drain. The Qwen3-4B shape's at 4,096-token responses (4 x 8 x 4,101 tokens, 3 whole rows in
-    # each 16,384-token micro-batch: 11) are bound by their FLOPs, and the floor adds nothing
-    layer, row = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s")
+    # each 16,384-token micro-batch: 11) are bound by their FLOPs, and the floor adds nothing, the entropy's included
+    layer, row, ent = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s"), cal.value("fwd_entropy_mb_s")
+    assert 0.005 < ent < 0.015  # 0.6B one-row passes: 9.4 ms a micro-batch more with the entropy than without
     short = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
              "actor.ppo_mini_batch_size=16"]
     one, dp2 = train_seconds(qwen(*short)), train_seconds(qwen(*short, "trainer.n_gpus_per_node=2"))
     floor = 28 * (layer + 128 * row)
-    assert one["old_log_prob"] == pytest.approx(2 * floor) and dp2["old_log_prob"] == pytest.approx(floor)
+    assert one["ref"] == pytest.approx(2 * floor) and dp2["ref"] == pytest.approx(floor)
+    assert one["old_log_prob"] == pytest.approx(2 * (floor + ent)) and dp2["old_log_prob"] == pytest.approx(floor + ent)
     rows1 = ["data.train_batch_size=16", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=2048",
              "actor.log_prob_max_tokens_per_micro_batch=4096"]
-    assert train_seconds(qwen(*rows1))["old_log_prob"] == pytest.approx(128 * 28 * (layer + row))
+    t1 = train_seconds(qwen(*rows1))
+    assert t1["old_log_prob"] == pytest.approx(128 * (28 * (layer + row) + ent))
+    assert t1["ref"] == pytest.approx(128 * 28 * (layer + row))
     pp2 = qwen(*rows1, "actor.pipeline_parallel_size=2", "trainer.n_gpus_per_node=2")
-    assert train_seconds(pp2)["old_log_prob"] == pytest.approx(128 * 14 * (layer + row) * (1 + 1 / 128))
+    assert train_seconds(pp2)["old_log_prob"] == pytest.approx(128 * (14 * (layer + row) + ent) * (1 + 1 / 128))
     long = ["model.builtin=qwen3-4b", "data.train_batch_size=4", "rollout.n=8", "data.max_prompt_length=5",
             "rollout.max_response_length=4096", "actor.ppo_mini_batch_size=4"]
     x = qwen(*long)
     flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]
-    assert train_seconds(x)["old_log_prob"] == pytest.approx(flops_s, rel=1e-12)
-    assert flops_s / 11 > 36 * (layer + 3 * row)
+    t4 = train_seconds(x)
+    assert t4["old_log_prob"] == pytest.approx(flops_s, rel=1e-12) and t4["ref"] == t4["old_log_prob"]
+    assert flops_s / 11 > 36 * (layer + 3 * row) + ent
 
 
 def test_tp_cost_is_per_all_reduce_layer_and_pass():
@@ -141,11 +147,13 @@ def test_the_forward_passes_micro_batch_under_their_own_budget():
           "actor.ppo_mini_batch_size=16", "actor.use_kl_loss=true"]
     x = qwen(*ov)
     base, big = train_seconds(x), train_seconds(qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768"))
-    layer, row = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s")
+    layer, row, ent = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s"), cal.value("fwd_entropy_mb_s")
     flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]  # no floor: the FLOPs alone
     assert flops_s < 28 * (layer + 256 * row) and flops_s / 2 < 28 * (layer + 128 * row)
-    assert base["ref"] == base["old_log_prob"] == pytest.approx(2 * 28 * (layer + 128 * row), rel=1e-9)
-    assert big["ref"] == big["old_log_prob"] == pytest.approx(28 * (layer + 256 * row), rel=1e-9)
+    assert base["ref"] == pytest.approx(2 * 28 * (layer + 128 * row), rel=1e-9)
+    assert base["old_log_prob"] == pytest.approx(2 * (28 * (layer + 128 * row) + ent), rel=1e-9)
+    assert big["ref"] == pytest.approx(28 * (layer + 256 * row), rel=1e-9)
+    assert big["old_log_prob"] == pytest.approx(28 * (layer + 256 * row) + ent, rel=1e-9)
     assert base["update_actor"] == big["update_actor"]
     # memory: the forward pass's working memory follows its budget (17,664 tokens in one micro-batch; else the 237
     # whole rows of 69 tokens that 16,384 holds, 16,353)
