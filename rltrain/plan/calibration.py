@@ -169,12 +169,12 @@ TIME: dict[str, Const] = {
         1.099e-05, "s per row of a forward micro-batch x layer (the host's floor)",
         "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: ref 0.157 s (17,664 tokens in 2 micro-batches of 128 "
         "rows, forward only, 28 layers; their FLOPs' 0.054 s a micro-batch are under the floor), with the run above"),
-    # the old log-probs' pass also gives each token's entropy (the reference's does not): on the host's floor it took
-    # 13% longer than the reference's in the median of 93 runs, and as long where the FLOPs bound the micro-batches
-    # (the 4B's one-row passes: 0.99); in the 0.6B's one-row passes 9.4 ms a micro-batch at 128 of them, 7-9 ms at 5
-    # and 9: a cost per micro-batch, not per token
-    "fwd_entropy_mb_s": Const(
-        0.009129, "s per forward micro-batch that also gives the entropy (the host's floor)",
+    # the old log-probs' pass (the actor's engine, with the entropy) over the reference's (its own engine, without):
+    # on the host's floor it took 13% longer in the median of 93 runs, and as long where the FLOPs bound the
+    # micro-batches (the 4B's one-row passes: 0.99); in the 0.6B's one-row passes 9.4 ms a micro-batch at 128 of them,
+    # 7-9 ms at 5 and 9: a cost per micro-batch, not per token. Which of the two differences costs it: not profiled
+    "old_logprob_mb_s": Const(
+        0.009129, "s per old-log-prob micro-batch beyond the reference's (the host's floor)",
         "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row "
         "micro-batches of 2,053 tokens (the floors above solved from the reference's pass)"),
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local

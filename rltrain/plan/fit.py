@@ -286,7 +286,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
     # under the floor; then the old log-probs' entropy, per micro-batch: the second run's old log-probs (128 of them)
     one_row = by("0.6B single, 2,048-token responses, forward micro-batches of 4,096", "blind_x2")
     keep(_solve_many(("fwd_mb_layer_s", "fwd_row_layer_s"), (hf, one_row), "ref_s"))
-    keep({"fwd_entropy_mb_s": _solve("fwd_entropy_mb_s", one_row, "old_log_prob_s")})
+    keep({"old_logprob_mb_s": _solve("old_logprob_mb_s", one_row, "old_log_prob_s")})
     moe = by("MoE slice EP=2, vLLM", "moe_h200x2_2026-11-26/")
     fitted["moe_expert_pass_s"] = _solve("moe_expert_pass_s", moe, "update_s")
     grouped = by("MoE slice EP=2, vLLM, grouped GEMM", "moe_grouped_gemm_h200x2_2026-11-26/")

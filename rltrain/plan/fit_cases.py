@@ -245,7 +245,7 @@ def placement_cases() -> list[Case]:
                   # 2,048-token responses (16 x 8) with the forward passes' micro-batches at 4,096 and 32,768 tokens
                   # (128 and 9 micro-batches; the report's means of steps 2..3)
                   ("0.6B single, 2,048-token responses, forward micro-batches of 4,096", BLIND3 + "fwd4096.json",
-                   "single", "fit", ("ref_s", "old_log_prob_s")),  # fwd_row_layer_s, fwd_entropy_mb_s (fit.py)
+                   "single", "fit", ("ref_s", "old_log_prob_s")),  # fwd_row_layer_s, old_logprob_mb_s (fit.py)
                   ("0.6B single, 2,048-token responses, forward micro-batches of 32,768", BLIND3 + "fwd32768.json",
                    "single", "held out", ()),
                   # then at PP=2 (predicted before it ran, README.md there)

@@ -14,9 +14,9 @@
                per micro-batch; + TP with torch.compile's layers: tp_pass_seconds of 2 all-reduces a layer, per
                micro-batch), per micro-batch (of actor.log_prob_max_tokens_per_micro_batch tokens, else the update's;
                values: the critic's; whole rows, plan/memory.py's rule) the larger of that and the host's floor,
-               fwd_mb_layer_s + fwd_row_layer_s per row, per layer (+ fwd_entropy_mb_s a micro-batch of the old
-               log-probs, which also give the entropy) (the two overlap); PP: x (m + pp - 1) / m for m
-               micro-batches, the pipeline's fill and drain.
+               fwd_mb_layer_s + fwd_row_layer_s per row, per layer (+ old_logprob_mb_s a micro-batch of the old
+               log-probs: the actor's pass, with the entropy, over the reference's) (the two overlap); PP: x (m + pp -
+               1) / m for m micro-batches, the pipeline's fill and drain.
   update       actor (+ critic, without the LM head's FLOPs): train_flops x ppo_epochs, its weight matrices' FLOPs at
                update_tflops_<none|compile>_none x (h / 1024) ^ update_rate_width_exponent[_none] (the 0.6B's rates;
                a wider model's GEMMs dominate its elementwise work) and its causal attention's at attention_tflops
@@ -171,25 +171,25 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     # the critic has a value head (h -> 1) where the actor has the LM head: its passes skip the head's FLOPs
     head = 3 * tokens_rank * 2 * shape.vocab_size * shape.hidden_size  # forward + backward of the LM head
 
-    def forward(budget: int, head_flops: float, entropy: bool = False) -> float:
+    def forward(budget: int, head_flops: float, old: bool = False) -> float:
         """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. Each micro-batch
         costs the larger of its GPU time (its FLOPs, + MoE's and TP's per-pass costs) and the host's time to run its
-        layers (fwd_mb_layer_s + fwd_row_layer_s per row, each; + fwd_entropy_mb_s when the pass also gives the
-        tokens' entropy, as the old log-probs do): launches are asynchronous, so the two overlap. PP: it runs the same
-        pipeline schedule as the update (megatron's, forward_only): m micro-batches through pp stages take m + pp - 1
-        stage slots, not m."""
+        layers (fwd_mb_layer_s + fwd_row_layer_s per row, each; + old_logprob_mb_s for the old log-probs: the actor's
+        pass, which also gives the entropy, took longer than the reference's): launches are asynchronous, so the two
+        overlap. PP: it runs the same pipeline schedule as the update (megatron's, forward_only): m micro-batches
+        through pp stages take m + pp - 1 stage slots, not m."""
         seqs_rank = step_rows(x)
         n_fwd_mb = n_micro_batches(x, budget, seq, seqs_rank)
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
         gpu_mb = (flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3 / n_fwd_mb
                   + moe + tp_pass_seconds(x, 2))
         floor = layers * (cal.value("fwd_mb_layer_s") + seqs_rank / n_fwd_mb * cal.value("fwd_row_layer_s"))
-        if entropy:
-            floor += cal.value("fwd_entropy_mb_s")
+        if old:
+            floor += cal.value("old_logprob_mb_s")
         return n_fwd_mb * max(gpu_mb, over * floor) * bubble
 
     # false: the update's forward gives them
-    out["old_log_prob"] = forward(x.fwd_mb_tokens, 0.0, entropy=True) if x.recompute_old_logprobs else 0.0
+    out["old_log_prob"] = forward(x.fwd_mb_tokens, 0.0, old=True) if x.recompute_old_logprobs else 0.0
     if x.use_ref:
         out["ref"] = forward(x.fwd_mb_tokens, 0.0)
     if x.use_critic:

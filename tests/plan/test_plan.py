@@ -484,7 +484,7 @@ def test_the_tp_x_dp_layout_factor_scales_the_host_floors_of_that_layout_only(la
     want = f if scaled else 1.0
     assert tp_dp_factor(x) == want
     assert set(got) == set(base)
-    host = ("fwd_mb_layer_s", "fwd_row_layer_s", "fwd_entropy_mb_s", "update_mb_layer_s", "update_step_layer_s",
+    host = ("fwd_mb_layer_s", "fwd_row_layer_s", "old_logprob_mb_s", "update_mb_layer_s", "update_step_layer_s",
             "update_call_layer_s", "vllm_seq_step_s", "hf_layer_step_s")
     with contextlib.ExitStack() as stack:
         stack.enter_context(constant("tp_dp_layout_factor", 1.0))

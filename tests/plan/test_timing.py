@@ -22,14 +22,14 @@ def qwen(*extra: str):
 
 
 def test_a_forward_micro_batch_costs_the_larger_of_its_flops_and_the_hosts_floor():
-    # the host's floor of a micro-batch: 28 layers x (fwd_mb_layer_s + rows x fwd_row_layer_s), + fwd_entropy_mb_s for
-    # the old log-probs' pass (it also gives the entropy; the reference's does not). The 0.6B's passes of short
-    # sequences sit on it: at DP=2 each rank's 128 rows of 69 tokens take one micro-batch, as long as one of the
-    # one-GPU run's two. One-row micro-batches of 2,053 tokens too (128 of them), and at PP=2 on a stage of 14 layers,
+    # the host's floor of a micro-batch: 28 layers x (fwd_mb_layer_s + rows x fwd_row_layer_s), + old_logprob_mb_s for
+    # the old log-probs' pass (the actor's, with the entropy: it took longer than the reference's). The 0.6B's passes
+    # of short sequences sit on it: at DP=2 each rank's 128 rows of 69 tokens take one micro-batch, as long as one of
+    # the one-GPU run's two. One-row micro-batches of 2,053 tokens too (128 of them), and at PP=2 on a stage of 14 layers,
     # with the fill and drain. The Qwen3-4B shape's at 4,096-token responses (4 x 8 x 4,101 tokens, 3 whole rows in
-    # each 16,384-token micro-batch: 11) are bound by their FLOPs, and the floor adds nothing, the entropy's included
-    layer, row, ent = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s"), cal.value("fwd_entropy_mb_s")
-    assert 0.005 < ent < 0.015  # 0.6B one-row passes: 9.4 ms a micro-batch more with the entropy than without
+    # each 16,384-token micro-batch: 11) are bound by their FLOPs, and the floor adds nothing, the old log-probs' too
+    layer, row, ent = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s"), cal.value("old_logprob_mb_s")
+    assert 0.005 < ent < 0.015  # 0.6B one-row passes: 9.4 ms a micro-batch more for the old log-probs
     short = ["data.train_batch_size=32", "rollout.n=8", "data.max_prompt_length=5", "rollout.max_response_length=64",
              "actor.ppo_mini_batch_size=16"]
     one, dp2 = train_seconds(qwen(*short)), train_seconds(qwen(*short, "trainer.n_gpus_per_node=2"))
@@ -147,7 +147,7 @@ def test_the_forward_passes_micro_batch_under_their_own_budget():
           "actor.ppo_mini_batch_size=16", "actor.use_kl_loss=true"]
     x = qwen(*ov)
     base, big = train_seconds(x), train_seconds(qwen(*ov, "actor.log_prob_max_tokens_per_micro_batch=32768"))
-    layer, row, ent = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s"), cal.value("fwd_entropy_mb_s")
+    layer, row, ent = cal.value("fwd_mb_layer_s"), cal.value("fwd_row_layer_s"), cal.value("old_logprob_mb_s")
     flops_s = train_seconds(x, loop_overhead=False)["old_log_prob"]  # no floor: the FLOPs alone
     assert flops_s < 28 * (layer + 256 * row) and flops_s / 2 < 28 * (layer + 128 * row)
     assert base["ref"] == pytest.approx(2 * 28 * (layer + 128 * row), rel=1e-9)

@@ -136,9 +136,17 @@ print("depth", os.getcwd().count("/d"))
 """
 
 
+def _call_dirs() -> set[str]:
+    """The calls' temp trees in the host's temp dir (runner.py's rltrain-sandbox-*), not the per-process directory of
+    the child's marshalled code (rltrain-sandbox-code-*, kept until its process exits): another process that starts
+    using the sandbox meanwhile (a parallel test worker, a Ray worker scoring rewards) makes one of those."""
+    return {n for n in os.listdir(TMP)
+            if n.startswith("rltrain-sandbox-") and not n.startswith("rltrain-sandbox-code-")}
+
+
 @pytest.mark.parametrize("where", ["private_tmpfs", "host_temp_dir"])
 def test_a_very_deep_tree_neither_raises_nor_stays_behind(where):
-    before = {n for n in os.listdir(TMP) if n.startswith("rltrain-sandbox-")}
+    before = _call_dirs()
     if where == "private_tmpfs":
         r = run_code(DEEP_TREE, timeout_s=60)
         assert r.isolated
@@ -146,8 +154,7 @@ def test_a_very_deep_tree_neither_raises_nor_stays_behind(where):
         r = _run(DEEP_TREE, os_isolation=False, allow_unisolated=True, audit=False, **_args(timeout_s=60))
     assert r.status == "ok", (r.status, r.message, r.stderr[-500:])
     assert r.stdout == "depth 1100\n"
-    after = {n for n in os.listdir(TMP) if n.startswith("rltrain-sandbox-")}
-    assert not (after - before), "the call's temp tree stayed behind"
+    assert not (_call_dirs() - before), "the call's temp tree stayed behind"
 
 
 def test_rmtree_removes_deep_and_unreadable_trees_and_never_raises(tmp_path):
