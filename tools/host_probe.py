@@ -19,6 +19,9 @@ Probes (each the best of --repeats):
   cuda_sync_us     one launch + torch.cuda.synchronize() (a round trip to the GPU)
   gemm_tflops      bf16 8192^3 matmuls (the GPU side, to tell a slow GPU from a slow host)
   --per-cpu N      python_call_ns pinned to each usable CPU, N passes: which CPUs are slow, and whether they stay so
+  --series N       python_mix_ns N times, --interval apart, and the share of them at >= 1.5x the fastest (slow_share):
+                   one probe flips between ~140 and ~290 ns within seconds on one machine (docs/plan.md, "Each phase
+                   split"); the share over ~10 s is the candidate for a host's speed, recorded with every GPU run
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness.probes import cpu_probes, cuda_probes, host_facts, per_cpu_probes  # noqa: E402
+from harness.probes import cpu_probes, cuda_probes, host_facts, mix_series, per_cpu_probes, slow_share  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -39,10 +42,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--per-cpu", type=int, default=0, metavar="PASSES",
                     help="also pin the Python call probe to each CPU in turn, PASSES times over")
+    ap.add_argument("--series", type=int, default=0, metavar="N", help="also python_mix_ns N times, --interval apart")
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between --series samples (default 0.5)")
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         print("host_probe: --repeats must be at least 1", file=sys.stderr)
+        return 2
+    if args.series < 0 or args.interval < 0:
+        print("host_probe: --series and --interval must be >= 0", file=sys.stderr)
         return 2
     res = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": host_facts(),
            "cpu": cpu_probes(args.repeats)}
@@ -50,6 +58,9 @@ def main(argv=None) -> int:
         res["cuda"] = cuda_probes(args.repeats)
     if args.per_cpu:
         res["per_cpu"] = per_cpu_probes(args.per_cpu)
+    if args.series:
+        series = mix_series(args.series, args.interval)
+        res["series"] = {"python_mix_ns": series, "interval_s": args.interval, "slow_share": slow_share(series)}
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:

@@ -51,9 +51,38 @@ def test_main_writes_the_probes_as_json(tmp_path, capsys):
     assert res["host"]["logical_cpus"] == os.cpu_count()
     for key in ("python_call_ns", "python_mix_ns", "torch_cpu_op_us"):
         assert res["cpu"][key] > 0
-    assert "cuda" not in res and "per_cpu" not in res  # neither asked for
+    assert "cuda" not in res and "per_cpu" not in res and "series" not in res  # none asked for
+
+
+def test_slow_share_counts_the_half_speed_samples():
+    # the lent hosts' pure-Python probe reads ~140 ns or ~290 ns an iteration (a vCPU at half speed)
+    assert probes.slow_share([140.0, 281.0, 150.0, 306.0]) == 0.5
+    assert probes.slow_share([141.0, 143.0, 146.0]) == 0.0
+    assert probes.slow_share([300.0]) == 0.0  # its own fastest
+    assert probes.slow_share([100.0, 149.0, 150.0], factor=1.5) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        probes.slow_share([])
+
+
+def test_series_takes_its_samples_interval_apart(monkeypatch):
+    slept = []
+    monkeypatch.setattr(probes.time, "sleep", slept.append)
+    series = probes.mix_series(4, 0.25, n=2_000)
+    assert len(series) == 4 and all(v > 0 for v in series)
+    assert slept == [0.25] * 3  # between samples, not before the first
+
+
+def test_main_series_in_the_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(probes.time, "sleep", lambda s: None)
+    path = tmp_path / "probe.json"
+    assert host_probe.main(["--repeats", "1", "--series", "3", "--interval", "0.1", "--json", str(path)]) == 0
+    series = json.loads(path.read_text())["series"]
+    assert len(series["python_mix_ns"]) == 3 and series["interval_s"] == 0.1
+    assert series["slow_share"] == probes.slow_share(series["python_mix_ns"])
 
 
 def test_bad_repeats_exit_2(capsys):
     assert host_probe.main(["--repeats", "0"]) == 2
     assert "--repeats" in capsys.readouterr().err
+    assert host_probe.main(["--series", "-1"]) == 2
+    assert "--series" in capsys.readouterr().err

@@ -60,23 +60,46 @@ def host_facts() -> dict:
     }
 
 
+class _Obj:
+    def __init__(self):
+        self.x = 0
+
+
+def _mix(n: int) -> None:
+    """n iterations of dict, list and attribute work (the python_mix_ns probe's loop)."""
+    d, lst, o = {}, [], _Obj()
+    for i in range(n):
+        d[i & 255] = i
+        lst.append(d.get(i & 127, 0))
+        o.x += len(lst) & 7
+        if len(lst) > 512:
+            lst.clear()
+
+
+def mix_series(samples: int, interval_s: float, n: int = 100_000) -> list[float]:
+    """python_mix_ns taken `samples` times, `interval_s` apart (one pass of n iterations each, ~15 ms on these hosts):
+    a vCPU's half-speed spells come and go within a second, so one best-of-N says little; the series shows how much
+    of the time the probe met them (`slow_share`)."""
+    out = []
+    for k in range(samples):
+        if k and interval_s > 0:
+            time.sleep(interval_s)
+        out.append(round(_best(_mix, n, 1) * 1e9, 2))
+    return out
+
+
+def slow_share(series: list[float], factor: float = 1.5) -> float:
+    """The share of a series' samples at least `factor` x its fastest (the half-speed spells read ~2x)."""
+    if not series:
+        raise ValueError("slow_share needs at least one sample")
+    fastest = min(series)
+    return sum(1 for v in series if v >= factor * fastest) / len(series)
+
+
 def cpu_probes(repeats: int) -> dict:
-    class Obj:
-        def __init__(self):
-            self.x = 0
-
-    def mix(n):
-        d, lst, o = {}, [], Obj()
-        for i in range(n):
-            d[i & 255] = i
-            lst.append(d.get(i & 127, 0))
-            o.x += len(lst) & 7
-            if len(lst) > 512:
-                lst.clear()
-
     out = {
         "python_call_ns": round(_best(_calls, 1_000_000, repeats) * 1e9, 2),
-        "python_mix_ns": round(_best(mix, 300_000, repeats) * 1e9, 2),
+        "python_mix_ns": round(_best(_mix, 300_000, repeats) * 1e9, 2),
     }
     try:
         import torch
