@@ -467,11 +467,9 @@ def main() -> None:
                     continue
                 probe = None
                 if args.device == "cuda":  # the host's speed just before the run (tools/host_probe.py's, ~8 s)
-                    from harness.probes import cpu_probes, host_facts, mix_series, slow_share
+                    from harness.probes import cpu_probes, host_facts, series_probe
 
-                    series = mix_series(16, 0.3)
-                    probe = {"host": host_facts(), "cpu": cpu_probes(5),
-                             "series": {"python_mix_ns": series, "interval_s": 0.3, "slow_share": slow_share(series)}}
+                    probe = {"host": host_facts(), "cpu": cpu_probes(5), "series": series_probe(16, 0.3)}
                 log(f"{sec}/{name}: start" + (f" (host probe: {json.dumps(probe['cpu'])}, slow share "
                                                f"{probe['series']['slow_share']:.2f})" if probe else ""))
                 run = run_trainer(f"{sec}_{name}", over, args.out, address, min(run_timeout_s(args, sec), left),

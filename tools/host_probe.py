@@ -33,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness.probes import cpu_probes, cuda_probes, host_facts, mix_series, per_cpu_probes, slow_share  # noqa: E402
+from harness.probes import cpu_probes, cuda_probes, host_facts, per_cpu_probes, series_probe  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -59,8 +59,7 @@ def main(argv=None) -> int:
     if args.per_cpu:
         res["per_cpu"] = per_cpu_probes(args.per_cpu)
     if args.series:
-        series = mix_series(args.series, args.interval)
-        res["series"] = {"python_mix_ns": series, "interval_s": args.interval, "slow_share": slow_share(series)}
+        res["series"] = series_probe(args.series, args.interval)
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:

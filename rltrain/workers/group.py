@@ -232,10 +232,9 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------ calls
     def run(self, method: str, *args, **kwargs) -> list:
-        submit = time.time()
-        out = self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], method)
-        self._timed.append((method, submit, time.time()))
-        return out
+        submitted = time.time()
+        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return self.wait(Pending(refs, method, list(range(len(refs))), submitted))  # every rank's result
 
     def run_rank0(self, method: str, *args, **kwargs):
         """Call on every rank (collectives need all) and return rank 0's result."""

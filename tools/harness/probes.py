@@ -96,6 +96,12 @@ def slow_share(series: list[float], factor: float = 1.5) -> float:
     return sum(1 for v in series if v >= factor * fastest) / len(series)
 
 
+def series_probe(samples: int, interval_s: float) -> dict:
+    """mix_series and its slow_share, as tools/host_probe.py --series and tools/gpu_placements.py record them."""
+    series = mix_series(samples, interval_s)
+    return {"python_mix_ns": series, "interval_s": interval_s, "slow_share": slow_share(series)}
+
+
 def cpu_probes(repeats: int) -> dict:
     out = {
         "python_call_ns": round(_best(_calls, 1_000_000, repeats) * 1e9, 2),
