@@ -1,7 +1,8 @@
 """Where each phase of a run's steps went: the driver's time (timing_s/<phase>), the slowest rank's work inside the
-phase's worker methods, Ray's dispatch (submit until the last rank started) and return (the last rank's end until the
-driver held every result), and the rest: the driver's own work inside the phase (slicing the batch over the ranks,
-gathering the results, computing metrics), or its waiting on its own threads. Reads the metrics.jsonl a run wrote
+phase's worker methods, the driver's slicing of the batch over the data-parallel ranks before the submit, Ray's
+dispatch (submit until the last rank started) and return (the last rank's end until the driver held every result),
+and the rest: the driver's other work inside the phase (gathering the results, computing metrics), or its waiting
+on its own threads. Reads the metrics.jsonl a run wrote
 under Ray (workers/group.py's call_metrics); steps with trainer.profile_steps' profiler are left out. Not a test; it
 changes no code.
 
@@ -31,7 +32,7 @@ PHASES = {
     "update_actor": ("update_actor",),
     "update_weights": ("rollout_wake_up", "weight_sync_send", "weight_sync_receive"),
 }
-PARTS = ("worker", "dispatch", "return")
+PARTS = ("slice", "worker", "dispatch", "return")  # slice: runs from 2026-11-27 (sixth session) on; 0 before
 
 
 def read_rows(path: str) -> list[dict]:
@@ -51,7 +52,7 @@ def read_rows(path: str) -> list[dict]:
 
 def split(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
     """Per driver phase: the mean over the training steps kept of its driver seconds, each part's and the driver's own
-    rest (driver - worker - dispatch - return). Only steps with the split (a Ray run) and without the profiler."""
+    rest (driver - slice - worker - dispatch - return). Only steps with the split (a Ray run) and without the profiler."""
     steps = [r for r in rows if "timing_s/step" in r and not r.get("perf/profiled")
              and any(k.startswith("timing_s/worker/") for k in r)]
     steps = steps[skip:]
@@ -72,9 +73,11 @@ def split(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
 
 def markdown(name: str, table: dict[str, dict[str, float]]) -> str:
     lines = [f"{name}: seconds a step (mean of {int(max((t['steps'] for t in table.values()), default=0))} steps)", "",
-             "| phase | driver | ranks' work | dispatch | return | driver's rest |", "|---|---:|---:|---:|---:|---:|"]
+             "| phase | driver | slicing | ranks' work | dispatch | return | driver's rest |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for phase, t in table.items():
-        lines.append(f"| {phase} | {t['driver']:.3f} | {t['worker']:.3f} | {t['dispatch']:.3f} | {t['return']:.3f} | "
+        lines.append(f"| {phase} | {t['driver']:.3f} | {t['slice']:.3f} | {t['worker']:.3f} | {t['dispatch']:.3f} | "
+                     f"{t['return']:.3f} | "
                      f"{t['rest']:.3f} |")
     return "\n".join(lines)
 

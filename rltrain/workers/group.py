@@ -167,6 +167,7 @@ class Pending:
     method: str
     leaders: list = field(default_factory=lambda: [0])
     submitted: float = field(default_factory=time.time)  # wall clock
+    prepared: float | None = None  # wall clock: when the driver began slicing the batch for these calls (run_split)
 
 
 class WorkerGroup:
@@ -179,7 +180,8 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray, self.plan, self.name = ray, plan, plan.name
-        self._timed: deque = deque(maxlen=512)  # (method, wall-clock submit, results in hand) of waited calls
+        # (method, wall-clock submit, results in hand, slicing began or None) of waited calls
+        self._timed: deque = deque(maxlen=512)
         self.world_size = plan.world_size
         bundles = [{"CPU": round(n * cpus_per_worker, 4),
                     **({"GPU": float(n * plan.gpus_per_worker)} if plan.gpus_per_worker else {})} for n in plan.bundles]
@@ -243,10 +245,11 @@ class WorkerGroup:
     def run_split(self, method: str, batch: Batch, *args, **kwargs) -> list:
         """Slice `batch` over data-parallel ranks; returns the per-dp-rank results, in order, computed on
         slices padded with dummy rows: use `gather_rows` to cut them back."""
+        prepared = time.time()
         padded = batch.pad_to_multiple(self.dp_size)
         # one data-parallel rank takes the batch whole: no copy of its rows (select) on the driver's critical path
         shards = [padded] if self.dp_size == 1 else padded.split(self.dp_size)
-        return self.run_per_dp(method, [(shard, *args) for shard in shards], **kwargs)
+        return self._dispatch(self.train, method, [(shard, *args) for shard in shards], kwargs, prepared)
 
     def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
         """`method(*per_dp_args[k])` on every rank of data-parallel rank k; the results of the dp ranks, in order."""
@@ -264,20 +267,22 @@ class WorkerGroup:
     def wait(self, pending: Pending) -> list:
         """Block until submitted calls finish (failing fast as every wait: a dead worker raises WorkerLost)."""
         results = self._get(pending.refs, pending.method)
-        self._timed.append((pending.method, pending.submitted, time.time()))
+        self._timed.append((pending.method, pending.submitted, time.time(), pending.prepared))
         return [results[leader] for leader in pending.leaders]
 
-    def _dispatch(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict) -> list:
-        return self.wait(self._submit(d, method, per_shard_args, kwargs))
+    def _dispatch(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict,
+                  prepared: float | None = None) -> list:
+        return self.wait(self._submit(d, method, per_shard_args, kwargs, prepared))
 
-    def _submit(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict) -> Pending:
+    def _submit(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict,
+                prepared: float | None = None) -> Pending:
         assert len(per_shard_args) == d.size, (len(per_shard_args), d.size)
         shard = d.shard_of(self.world_size)
         submitted = time.time()
         per_shard_args = [self._put_shared(args) if len(members) > 1 else args
                           for args, members in zip(per_shard_args, d.members)]
         return Pending([getattr(w, method).remote(*per_shard_args[shard[r]], **kwargs)
-                        for r, w in enumerate(self.workers)], method, list(d.leaders), submitted)
+                        for r, w in enumerate(self.workers)], method, list(d.leaders), submitted, prepared)
 
     def _put_shared(self, args: tuple) -> tuple:
         """A shard that several ranks take (a model-parallel group's, a replica's): its batch, tensors and lists go into

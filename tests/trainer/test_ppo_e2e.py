@@ -36,9 +36,9 @@ def test_grpo_steps_with_kl_loss_log_all_metrics(tmp_path, ray_session, cfg_for)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for row in rows[1:]:
         _finite_keys(row, COMMON_KEYS + ["actor/kl_loss", "timing_s/ref"])
-        # each phase's driver time split into the ranks' work, Ray's dispatch and the results' return
+        # each phase's driver time split into the driver's slicing, the ranks' work, Ray's dispatch and the return
         for ph in ("old_log_prob", "ref", "update_actor"):
-            parts = [row[f"timing_s/{part}/{ph}"] for part in ("worker", "dispatch", "return")]
+            parts = [row[f"timing_s/{part}/{ph}"] for part in ("slice", "worker", "dispatch", "return")]
             assert all(0 <= p <= row[f"timing_s/{ph}"] + 1e-3 for p in parts), (ph, parts, row[f"timing_s/{ph}"])
             assert row[f"timing_s/worker/{ph}"] > 0
     assert rows[0]["val/accuracy"] >= 0.0 and "val/synthetic/copy_last/accuracy" in rows[2]

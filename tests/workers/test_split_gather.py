@@ -17,9 +17,9 @@ def _batch(rows: int, p: int = 3, r: int = 5) -> Batch:
 
 
 def _group(dp: int) -> WorkerGroup:
-    g = WorkerGroup.__new__(WorkerGroup)  # no Ray: run_per_dp hands back what each rank would get
+    g = WorkerGroup.__new__(WorkerGroup)  # no Ray: the dispatch hands back what each data-parallel rank would get
     g.train = replica_dispatch(dp, 1)  # dp data-parallel ranks of one worker each
-    g.run_per_dp = lambda method, per_dp_args, **kw: [args for args in per_dp_args]
+    g._dispatch = lambda d, method, per_dp_args, kwargs, prepared=None: [args for args in per_dp_args]
     return g
 
 
