@@ -1,5 +1,6 @@
 """Where each phase of a run's steps went: the driver's time (timing_s/<phase>), the slowest rank's work inside the
-phase's worker methods, the driver's slicing of the batch over the data-parallel ranks before the submit, Ray's
+phase's worker methods, the driver's slicing of the batch over the data-parallel ranks before the submit (and its
+thread's CPU time in it: well under the slicing's time, the thread waited, for the GIL or a CPU), Ray's
 dispatch (submit until the last rank started) and return (the last rank's end until the driver held every result),
 and the rest: the driver's other work inside the phase (gathering the results, computing metrics), or its waiting
 on its own threads. Reads the metrics.jsonl a run wrote
@@ -67,18 +68,25 @@ def split(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
         for part in PARTS:
             mean[part] = sum(r.get(f"timing_s/{part}/{w}", 0.0) for r in have for w in workers) / len(have)
         mean["rest"] = mean["driver"] - sum(mean[p] for p in PARTS)
+        # the driver thread's CPU inside the slicing (not a part: the slicing's own time, worked or waited); runs
+        # before 2026-11-27's sixth session did not note it
+        if any(f"timing_s/slice_cpu/{w}" in r for r in have for w in workers):
+            mean["slice_cpu"] = sum(r.get(f"timing_s/slice_cpu/{w}", 0.0) for r in have for w in workers) / len(have)
         out[phase] = mean
     return out
 
 
+def _cell(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def markdown(name: str, table: dict[str, dict[str, float]]) -> str:
     lines = [f"{name}: seconds a step (mean of {int(max((t['steps'] for t in table.values()), default=0))} steps)", "",
-             "| phase | driver | slicing | ranks' work | dispatch | return | driver's rest |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| phase | driver | slicing | its CPU | ranks' work | dispatch | return | driver's rest |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for phase, t in table.items():
-        lines.append(f"| {phase} | {t['driver']:.3f} | {t['slice']:.3f} | {t['worker']:.3f} | {t['dispatch']:.3f} | "
-                     f"{t['return']:.3f} | "
-                     f"{t['rest']:.3f} |")
+        lines.append(f"| {phase} | {t['driver']:.3f} | {t['slice']:.3f} | {_cell(t.get('slice_cpu'))} | {t['worker']:.3f} | "
+                     f"{t['dispatch']:.3f} | {t['return']:.3f} | {t['rest']:.3f} |")
     return "\n".join(lines)
 
 

@@ -91,12 +91,14 @@ class WorkerProfiler:
 def split_calls(driver: list[tuple], ranks: list[list[tuple[str, str, float, float]]],
                 tolerance_s: float = 0.005) -> dict[str, float]:
     """A phase's driver time split by where it went, summed per phase over the calls of `driver` (method name,
-    wall-clock submit, wall-clock results in hand, and optionally when the driver began slicing the batch for the
-    call, or None) that every rank noted (`ranks[r]`: that rank's `take_calls`; the clocks are one host's wall clock,
-    or synchronized ones):
+    wall-clock submit, wall-clock results in hand, and optionally the driver's slicing of the batch for the call:
+    (wall-clock start, the driver thread's CPU seconds in it), or None) that every rank noted (`ranks[r]`: that rank's
+    `take_calls`; the clocks are one host's wall clock, or synchronized ones):
 
       timing_s/slice/<phase>     the driver's slicing of the batch over the data-parallel ranks, before the submit
-                                 (only calls that note when it began);
+                                 (only calls that note it);
+      timing_s/slice_cpu/<phase> the driver thread's CPU time in that slicing: well under timing_s/slice, the thread
+                                 waited (for the GIL, or for a CPU) rather than worked;
       timing_s/worker/<phase>    the slowest rank's time inside the method (its collectives' waits included);
       timing_s/dispatch/<phase>  submit until the last rank entered the method (Ray's scheduling and the arguments'
                                  transfer and unpickling);
@@ -106,7 +108,7 @@ def split_calls(driver: list[tuple], ranks: list[list[tuple[str, str, float, flo
     rank's records from calls the driver did not time (asynchronous submits) are skipped."""
     pending = [list(calls) for calls in ranks]
     out: dict[str, float] = {}
-    for method, submit, done, *began in driver:
+    for method, submit, done, *slicing in driver:
         picked = []
         for calls in pending:
             i = next((i for i, c in enumerate(calls) if c[0] == method and c[2] >= submit - tolerance_s
@@ -120,8 +122,9 @@ def split_calls(driver: list[tuple], ranks: list[list[tuple[str, str, float, flo
         parts = {"worker": max(end - start for _, _, start, end in picked),
                  "dispatch": max(0.0, max(start for _, _, start, _ in picked) - submit),
                  "return": max(0.0, done - max(end for _, _, _, end in picked))}
-        if began and began[0] is not None:
-            parts["slice"] = max(0.0, submit - began[0])
+        if slicing and slicing[0] is not None:
+            began, cpu_s = slicing[0]
+            parts["slice"], parts["slice_cpu"] = max(0.0, submit - began), cpu_s
         for part, seconds in parts.items():
             key = f"timing_s/{part}/{name}"
             out[key] = out.get(key, 0.0) + seconds

@@ -29,9 +29,19 @@ from rltrain.workers.placement import (
 )
 
 
+# The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python (Ray's threads:
+# the workers' log printer), a call that lets the GIL go (a remote call's argument put, a tensor op) waits up to the
+# interval to get it back. A remote call with a 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at
+# 0.5 ms, 6-8 alone (tools/driver_gil_bench.py, 2 CPUs); on two H200s the driver's slicing at DP=2 took 40 ms a phase
+# at 5 ms and 15-21 at 0.5 ms, back to back (docs/benchmarks/2026-11-27-four-rank-split.md).
+DRIVER_SWITCH_INTERVAL_S = 5e-4
+
+
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Connect to an existing cluster (`trainer.ray_address`: "auto" or host:port), or start a new local one
-    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only."""
+    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only. The driver's
+    GIL hand-off becomes DRIVER_SWITCH_INTERVAL_S."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), DRIVER_SWITCH_INTERVAL_S))
     if ray_initialized():
         return
     from rltrain.utils.distenv import apply_no_multicast, forwarded_env
@@ -167,7 +177,8 @@ class Pending:
     method: str
     leaders: list = field(default_factory=lambda: [0])
     submitted: float = field(default_factory=time.time)  # wall clock
-    prepared: float | None = None  # wall clock: when the driver began slicing the batch for these calls (run_split)
+    # run_split's slicing of the batch for these calls: (wall-clock start, the driver thread's CPU seconds in it)
+    slicing: tuple[float, float] | None = None
 
 
 class WorkerGroup:
@@ -180,7 +191,7 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray, self.plan, self.name = ray, plan, plan.name
-        # (method, wall-clock submit, results in hand, slicing began or None) of waited calls
+        # (method, wall-clock submit, results in hand, Pending.slicing) of waited calls
         self._timed: deque = deque(maxlen=512)
         self.world_size = plan.world_size
         bundles = [{"CPU": round(n * cpus_per_worker, 4),
@@ -245,11 +256,12 @@ class WorkerGroup:
     def run_split(self, method: str, batch: Batch, *args, **kwargs) -> list:
         """Slice `batch` over data-parallel ranks; returns the per-dp-rank results, in order, computed on
         slices padded with dummy rows: use `gather_rows` to cut them back."""
-        prepared = time.time()
+        began, cpu = time.time(), time.thread_time()
         padded = batch.pad_to_multiple(self.dp_size)
         # one data-parallel rank takes the batch whole: no copy of its rows (select) on the driver's critical path
         shards = [padded] if self.dp_size == 1 else padded.split(self.dp_size)
-        return self._dispatch(self.train, method, [(shard, *args) for shard in shards], kwargs, prepared)
+        return self._dispatch(self.train, method, [(shard, *args) for shard in shards], kwargs,
+                              (began, time.thread_time() - cpu))
 
     def run_per_dp(self, method: str, per_dp_args: list[tuple], **kwargs) -> list:
         """`method(*per_dp_args[k])` on every rank of data-parallel rank k; the results of the dp ranks, in order."""
@@ -267,22 +279,22 @@ class WorkerGroup:
     def wait(self, pending: Pending) -> list:
         """Block until submitted calls finish (failing fast as every wait: a dead worker raises WorkerLost)."""
         results = self._get(pending.refs, pending.method)
-        self._timed.append((pending.method, pending.submitted, time.time(), pending.prepared))
+        self._timed.append((pending.method, pending.submitted, time.time(), pending.slicing))
         return [results[leader] for leader in pending.leaders]
 
     def _dispatch(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict,
-                  prepared: float | None = None) -> list:
-        return self.wait(self._submit(d, method, per_shard_args, kwargs, prepared))
+                  slicing: tuple[float, float] | None = None) -> list:
+        return self.wait(self._submit(d, method, per_shard_args, kwargs, slicing))
 
     def _submit(self, d: Dispatch, method: str, per_shard_args: list[tuple], kwargs: dict,
-                prepared: float | None = None) -> Pending:
+                slicing: tuple[float, float] | None = None) -> Pending:
         assert len(per_shard_args) == d.size, (len(per_shard_args), d.size)
         shard = d.shard_of(self.world_size)
         submitted = time.time()
         per_shard_args = [self._put_shared(args) if len(members) > 1 else args
                           for args, members in zip(per_shard_args, d.members)]
         return Pending([getattr(w, method).remote(*per_shard_args[shard[r]], **kwargs)
-                        for r, w in enumerate(self.workers)], method, list(d.leaders), submitted, prepared)
+                        for r, w in enumerate(self.workers)], method, list(d.leaders), submitted, slicing)
 
     def _put_shared(self, args: tuple) -> tuple:
         """A shard that several ranks take (a model-parallel group's, a replica's): its batch, tensors and lists go into

@@ -32,19 +32,21 @@ def test_worked_example(tmp_path, capsys):
     rows = [{"step": 0, "val/accuracy": 0.1},  # validation before training: no step time
             _row(1, 3.0, 2.9, 0.05, 0.01),  # compilation: --skip 1 leaves it out
             _row(2, 0.20, 0.14, 0.010, 0.004),
-            _row(3, 0.30, 0.16, 0.012, 0.004, **{"timing_s/slice/old_log_prob": 0.06}),  # slicing: a newer run's
+            _row(3, 0.30, 0.16, 0.012, 0.004, **{"timing_s/slice/old_log_prob": 0.06,  # slicing: a newer run's
+                                                  "timing_s/slice_cpu/old_log_prob": 0.002}),
             _row(4, 9.0, 8.0, 0.5, 0.1, **{"perf/profiled": 1.0})]  # under the profiler: left out
     t = phase_split.split(phase_split.read_rows(_write(tmp_path, rows)), skip=1)
     old = t["old_log_prob"]
     assert old["steps"] == 2
-    assert old == pytest.approx({"steps": 2, "driver": 0.25, "slice": 0.03, "worker": 0.15, "dispatch": 0.011,
-                                 "return": 0.004, "rest": 0.25 - 0.03 - 0.15 - 0.011 - 0.004})
+    assert old == pytest.approx({"steps": 2, "driver": 0.25, "slice": 0.03, "slice_cpu": 0.001, "worker": 0.15,
+                                 "dispatch": 0.011, "return": 0.004, "rest": 0.25 - 0.03 - 0.15 - 0.011 - 0.004})
     # a phase of two worker methods sums them
-    assert t["update_weights"] == pytest.approx({"steps": 2, "driver": 0.30, "slice": 0.0, "worker": 0.26, "dispatch": 0.003,
+    assert t["update_weights"] == pytest.approx({"steps": 2, "driver": 0.30, "slice": 0.0,  # no slicing's CPU noted
+                                                 "worker": 0.26, "dispatch": 0.003,
                                                  "return": 0.002, "rest": 0.30 - 0.265})
     assert "ref" not in t  # never ran
     assert phase_split.main([_write(tmp_path, rows), "--json", str(tmp_path / "o.json")]) == 0
-    assert "| old_log_prob | 0.250 | 0.030 | 0.150 | 0.011 | 0.004 | 0.055 |" in capsys.readouterr().out
+    assert "| old_log_prob | 0.250 | 0.030 | 0.001 | 0.150 | 0.011 | 0.004 | 0.055 |" in capsys.readouterr().out
     assert json.load(open(tmp_path / "o.json"))[str(tmp_path / "metrics.jsonl")]["old_log_prob"]["steps"] == 2
 
 

@@ -1,5 +1,8 @@
 """workers/group.py's data-parallel slicing (run_split) and gathering (gather_rows), without Ray: against the batch's
-own rows and pad_to_multiple's dummies, for awkward sizes (one row, rows not a multiple of the ranks)."""
+own rows and pad_to_multiple's dummies, for awkward sizes (one row, rows not a multiple of the ranks); the slicing's
+record and the driver's GIL hand-off (init_ray)."""
+
+import time
 
 import pytest
 import torch
@@ -19,7 +22,7 @@ def _batch(rows: int, p: int = 3, r: int = 5) -> Batch:
 def _group(dp: int) -> WorkerGroup:
     g = WorkerGroup.__new__(WorkerGroup)  # no Ray: the dispatch hands back what each data-parallel rank would get
     g.train = replica_dispatch(dp, 1)  # dp data-parallel ranks of one worker each
-    g._dispatch = lambda d, method, per_dp_args, kwargs, prepared=None: [args for args in per_dp_args]
+    g._dispatch = lambda d, method, per_dp_args, kwargs, slicing=None: [args for args in per_dp_args]
     return g
 
 
@@ -38,3 +41,31 @@ def test_shards_cover_the_rows_in_order_and_gather_drops_the_dummies(rows, dp):
     lp, ent = gather_rows(per_rank, b)
     assert ent is None and torch.equal(lp, b.response_ids.float() * 2)
     assert torch.equal(gather_rows([s.scores for s in shards], b), b.scores)
+
+
+def test_run_split_notes_its_slicing_wall_start_and_cpu():
+    g = _group(2)
+    seen = []
+    g._dispatch = lambda d, method, per_dp_args, kwargs, slicing=None: seen.append(slicing) or per_dp_args
+    before = time.time()
+    g.run_split("compute_ref_logprobs", _batch(7), 1.0)
+    began, cpu_s = seen[0]
+    assert before <= began <= time.time() and 0.0 <= cpu_s <= time.time() - began + 1e-3
+
+
+def test_init_ray_shortens_the_drivers_gil_hand_off_and_keeps_a_shorter_one(monkeypatch):
+    import sys
+
+    from rltrain.workers import group
+
+    monkeypatch.setattr(group, "ray_initialized", lambda: True)  # connected already: nothing else to do
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(5e-3)  # Python's default
+        group.init_ray(None)
+        assert sys.getswitchinterval() == pytest.approx(group.DRIVER_SWITCH_INTERVAL_S, rel=0.05)
+        sys.setswitchinterval(1e-4)  # a driver that set its own, shorter one keeps it
+        group.init_ray(None)
+        assert sys.getswitchinterval() == pytest.approx(1e-4, rel=0.05)  # Python keeps it in whole microseconds
+    finally:
+        sys.setswitchinterval(before)
