@@ -254,8 +254,8 @@ TIME: dict[str, Const] = {
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
     # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): the host's floors and fixed costs of
     # every phase (the forward and update floors, per optimizer step and call, vLLM's per-sequence decode cost, the hf
-    # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's seven runs on
-    # six hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.18-1.83x the step
+    # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's eight runs on
+    # seven hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.86x the step
     # planned without it, in every phase, each phase on its host's floor; profiled, one rank of each TP pair waits in
     # the all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md), and the host's vCPUs each
     # run at half speed for spells of about a second (docs/benchmarks/2026-11-27-host-spread.md). So a step bound by
@@ -263,21 +263,22 @@ TIME: dict[str, Const] = {
     # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Until
     # 2026-11-27 (late) every phase at the first run's alone: 1.7704
     "tp_dp_layout_factor": Const(
-        1.6206, "x the host's floors and the weight sync of a TP x DP step",
-        "the value that plans the layout's seven runs (four_gpus_h100x4_2026-11-26/r2.json, "
+        1.6095, "x the host's floors and the weight sync of a TP x DP step",
+        "the value that plans the layout's eight runs (four_gpus_h100x4_2026-11-26/r2.json, "
         "four_gpus_h200x4_2026-11-26, blind_x4_2026-11-27/r2.json, profile_x4_2026-11-27/{r2,tp2dp2}.json, "
-        "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json; H100 and H200 hosts) at their "
+        "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json, split_x4_2026-11-27/k4_tp2dp2.json; "
+        "H100 and H200 hosts) at their "
         "measured steps in the geometric mean"),
     # the host's speed across machines of one kind, as a multiple of the planned host time (the step's host share:
-    # timing.host_share): the lowest and highest over the seventeen runs of one config (the 0.6B one-GPU GRPO step, 32
+    # timing.host_share): the lowest and highest over the eighteen runs of one config (the 0.6B one-GPU GRPO step, 32
     # x 8, 1.36-2.82 s on H100 and H200 machines, 2026-11-22..27), each 1 + (measured / planned - 1) / its host share.
     # Only the plan's range (timing.step_range) uses them; the planned step is unchanged
     "host_speed_low": Const(
         0.5884, "x the planned host time",
-        "the fastest of the 0.6B one-GPU step's seventeen runs (scaling_vllm_h200x2_2026-11-26/b32.json, 1.360 s)"),
+        "the fastest of the 0.6B one-GPU step's eighteen runs (scaling_vllm_h200x2_2026-11-26/b32.json, 1.360 s)"),
     "host_speed_high": Const(
         1.7216, "x the planned host time",
-        "the slowest of the 0.6B one-GPU step's seventeen runs (blind_x4_2026-11-27/single.json, 2.824 s)"),
+        "the slowest of the 0.6B one-GPU step's eighteen runs (blind_x4_2026-11-27/single.json, 2.824 s)"),
     # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
     # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
     # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)

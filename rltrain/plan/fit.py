@@ -313,11 +313,11 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb
     # the TP x DP layout's factor on the host's floors and the weight sync, after every constant above: the value that
     # plans the layout's runs (each a "fit" case for its step) at their measured steps in the geometric mean. Until
-    # 2026-11-27 it took every phase, from the first run alone (four H100s: 1.77); seven runs on six hosts took
-    # 1.18-1.83x
+    # 2026-11-27 it took every phase, from the first run alone (four H100s: 1.77); eight runs on seven hosts took
+    # 1.20-1.86x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
     # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
-    # seventeen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
+    # eighteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
     # stay held out (the planned step does not use these)
     speeds = [host_speed(by(name, src)) for name, src in HOST_SPREAD_RUNS]
     fitted["host_speed_low"], fitted["host_speed_high"] = min(speeds), max(speeds)
@@ -517,7 +517,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def range_rows() -> list[dict[str, Any]]:
-    """Every whole step (held out or fit, not legacy) outside the seventeen runs host_speed_low / _high come from:
+    """Every whole step (held out or fit, not legacy) outside the eighteen runs host_speed_low / _high come from:
     measured, the plan's step and its range across machines (timing.step_range), and whether the range held it."""
     spread = {(name, src) for name, src in HOST_SPREAD_RUNS}
     rows = []
@@ -538,7 +538,7 @@ def range_summary(rows: list[dict[str, Any]]) -> str:
     """One paragraph: how many whole steps the plan's range held, and those it did not."""
     out = [r for r in rows if not r["inside"]]
     text = (f"The plan's range across machines (host_speed_low .. host_speed_high of its host time, solved from the "
-            f"0.6B one-GPU step's seventeen runs) held {len(rows) - len(out)} of the {len(rows)} whole steps of the "
+            f"0.6B one-GPU step's eighteen runs) held {len(rows) - len(out)} of the {len(rows)} whole steps of the "
             "other runs")
     if out:
         text += "; outside: " + "; ".join(f"{r['case']} {r['measured']:.3f} s ({r['low']:.3f}-{r['high']:.3f})"

@@ -350,7 +350,11 @@ BLIND5 = "h100x2_blind_2026-11-27/"
 # the one-GPU run after three probes of the host; then another H200 the same: the run after run_split stopped copying
 # a lone rank's rows. Predicted before they ran (DISPATCH + "predicted.json", README.md)
 DISPATCH = "dispatch_2026-11-27/"
-# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): seventeen runs,
+# then four H200s (four asked for as H100s): the 0.6B at one GPU, DP=2, DP=4 and TP=2 x DP=2 on one host, every phase
+# split (the driver's rest at DP>=2 found inside its slicing of the batch); predicted before they ran (SPLIT4 +
+# "predicted_139.8.json", README.md)
+SPLIT4 = "split_x4_2026-11-27/"
+# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): eighteen runs,
 # H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
 # host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
 HOST_SPREAD_RUNS = [
@@ -365,7 +369,8 @@ HOST_SPREAD_RUNS = [
     ("0.6B single, 32 x 8 (probed H200 host 3)", HOSTS),
     ("0.6B single, 32 x 8 (a two-H200 host, phases split)", DISPATCH),
     ("0.6B single, 32 x 8 (a one-H200 host, probed three times)", DISPATCH),
-    ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH)]
+    ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH),
+    ("0.6B single, 32 x 8 (a four-H200 host, four ranks split)", SPLIT4)]
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -521,6 +526,14 @@ SCALING_RUNS = [
      DISPATCH + "e1_single_metrics.jsonl", "held out", ()),
     ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH + "f1_single.json", "single",
      DISPATCH + "f1_single_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (a four-H200 host, four ranks split)", SPLIT4 + "k4_single.json", "single",
+     SPLIT4 + "k4_single_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (the same four-H200 host)", SPLIT4 + "k4_dp2.json",
+     "colocated_dp2_tp1", SPLIT4 + "k4_dp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=4, one vLLM engine per GPU (the same four-H200 host)", SPLIT4 + "k4_dp4.json",
+     "colocated_dp4_tp1", SPLIT4 + "k4_dp4_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (the same four-H200 host)", SPLIT4 + "k4_tp2dp2.json",
+     "colocated_tp2dp2_r2", SPLIT4 + "k4_tp2dp2_metrics.jsonl", "fit", ("step_s",)),
 ]
 
 
