@@ -29,11 +29,11 @@ from rltrain.workers.placement import (
 )
 
 
-# The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python (Ray's threads:
-# the workers' log printer), a call that lets the GIL go (a remote call's argument put, a tensor op) waits up to the
-# interval to get it back. A remote call with a 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at
-# 0.5 ms, 6-8 alone (tools/driver_gil_bench.py, 2 CPUs); on two H200s the driver's slicing at DP=2 took 40 ms a phase
-# at 5 ms and 15-21 at 0.5 ms, back to back (docs/benchmarks/2026-11-27-four-rank-split.md).
+# The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python (Ray runs its own
+# in the driver), a call that lets the GIL go (a remote call's argument put, a tensor op) waits up to the interval to
+# get it back. A remote call with a 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at 0.5 ms, 6-10
+# alone (tools/driver_gil_bench.py, 2 CPUs); on two H200s the driver's slicing at DP=2 took 40 ms a phase at 5 ms and
+# 15-21 at 0.5 ms, back to back (docs/benchmarks/2026-11-27-four-rank-split.md; which thread ran was not seen).
 DRIVER_SWITCH_INTERVAL_S = 5e-4
 
 
