@@ -1,11 +1,11 @@
 """The trainer's driver under a busy thread of its own: slicing a batch over the data-parallel ranks, gathering the
 results, and submitting a batch-carrying call to a Ray actor, each timed alone and beside a thread that runs pure
-Python (as Ray's log printer does in bursts when workers log), at Python's default GIL hand-off (5 ms) and the
-driver's (workers/group.py DRIVER_SWITCH_INTERVAL_S). Not a test; it changes no code.
+Python (as any other thread of the driver may: Ray runs its own there), at Python's default GIL hand-off (5 ms) and
+the driver's (workers/group.py DRIVER_SWITCH_INTERVAL_S). Not a test; it changes no code.
 
     python tools/driver_gil_bench.py [--rows 256] [--response 64] [--dp 2 4] [--repeats 20] [--ray] [--json OUT]
 
-Why: on 2026-11-27 the driver's slicing took 5-70 ms a phase at DP>=2 on GPU hosts (0 at one rank, which passes
+Why: on 2026-11-27 the driver's slicing took 5-130 ms a phase at DP>=2 on GPU hosts (0 at one rank, which passes
 the batch whole) while the same slicing alone took under 1 ms; cProfile put the time inside Batch.select itself (its
 tensor indexing, which lets the GIL go). A thread that lets the GIL go must wait to get it back while another thread
 runs Python: up to the switch interval each time. Which calls wait varies from run to run (the busy thread may hold
