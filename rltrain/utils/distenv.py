@@ -1,4 +1,5 @@
-"""The environment every process of a run carries: NVLink multicast off, vLLM's all-reduce on plain NCCL.
+"""The environment every process of a run carries: NVLink multicast off, vLLM's all-reduce on plain NCCL; and the
+port a torch.distributed rendezvous binds (`free_port`).
 One rule in one place: the driver applies it, Ray workers inherit it (workers/group.py), vLLM's own
 workers inherit it from theirs. It must not import torch, Ray or vLLM.
 
@@ -10,6 +11,8 @@ service for everyone. On a cluster of your own, `RLTRAIN_ALLOW_MULTICAST=1` leav
 from __future__ import annotations
 
 import os
+import random
+import socket
 from collections.abc import MutableMapping
 
 NO_MULTICAST_ENV: dict[str, str] = {
@@ -41,3 +44,39 @@ def forwarded_env(env: MutableMapping[str, str] | None = None) -> dict[str, str]
     env = dict(os.environ if env is None else env)
     apply_no_multicast(env)
     return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES)}
+
+
+# A rendezvous port (a torch.distributed store's) is picked free, then bound by another process moments later. Ports
+# bound to 0 and outgoing connections take theirs from the kernel's ephemeral range, so a pick there can be taken in
+# between (EADDRINUSE at the store, seen in CI beside Ray and two vLLM engines). Picks come from above Ray's worker
+# ports (10002-19999 by default) and below the ephemeral range; only where that leaves no room, from the kernel.
+RENDEZVOUS_PORT_LOW = 20000
+_EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default ip_local_port_range
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        with open(path) as f:
+            lo, hi = (int(v) for v in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def free_port(host: str = "", *, ephemeral: tuple[int, int] | None = None, tries: int = 64) -> int:
+    """A TCP port free on `host` now, for a rendezvous to bind soon: drawn at random from RENDEZVOUS_PORT_LOW up to
+    the ephemeral range (`ephemeral`, default the kernel's), else one the kernel hands out."""
+    lo, _ = ephemeral or ephemeral_ports()
+    rng = random.SystemRandom()
+    for _ in range(tries if lo - 1 > RENDEZVOUS_PORT_LOW else 0):
+        port = rng.randint(RENDEZVOUS_PORT_LOW, lo - 1)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -9,13 +9,9 @@ from __future__ import annotations
 import os
 import socket
 
+from rltrain.utils.distenv import free_port  # noqa: F401 (the workers' rendezvous port; tools import it from here)
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def node_ip() -> str:

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from rltrain.utils.distenv import free_port
+
 WORLD = 2
 T, H, V_LOCAL, CHUNK, TEMPERATURE = 29, 12, 61, 6, 0.9  # global vocab 122; T not a multiple of CHUNK
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, workdir: Path) -> None:
@@ -97,7 +92,7 @@ def test_vocab_parallel_two_gloo_ranks_match_fp64(tmp_path):
     data = dict(hidden=hidden, weight=weight, labels=labels, keep=keep, grad_lp=torch.randn(T), grad_ent=torch.randn(T))
     torch.save(data, tmp_path / "inputs.pt")
 
-    port = _free_port()
+    port = free_port("127.0.0.1")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
         subprocess.Popen(

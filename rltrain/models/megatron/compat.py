@@ -6,7 +6,6 @@ relies on live in rltrain/compat/megatron.py.
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -14,6 +13,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
 from rltrain.compat.megatron import cuda_enabled, seed_cpu
+from rltrain.utils.distenv import free_port
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -40,12 +40,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: int = 1) -> None:
     """Initialize torch.distributed (if needed) and megatron's model-parallel groups, then seed.
 
@@ -68,7 +62,7 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: i
         else:
             dist.init_process_group(
                 "nccl" if cuda_enabled() else "gloo",
-                init_method=f"tcp://127.0.0.1:{_free_port()}",
+                init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
                 rank=0,
                 world_size=1,
             )
