@@ -7,10 +7,10 @@ the driver's (workers/group.py DRIVER_SWITCH_INTERVAL_S). Not a test; it changes
 
 Why: on 2026-11-27 the driver's slicing took 5-130 ms a phase at DP>=2 on GPU hosts (0 at one rank, which passes
 the batch whole) while the same slicing alone took under 1 ms; cProfile put the time in Batch.select's own time (its
-tensor indexing and row copies, no slow callee). A thread that lets the GIL go must wait to get it back while another thread
-runs Python: up to the switch interval each time. Which calls wait varies from run to run (the busy thread may hold
-the GIL through a whole case, or not at all), so a case beside the busy thread can read 0.2 ms once and 200 the next;
-at the driver's shorter hand-off every case stays within a few times its time alone. Each row is the median of
+tensor indexing and row copies, no slow callee). A thread that lets the GIL go must wait to get it back while another
+thread runs Python: up to the switch interval each time. Which calls wait varies from run to run (the busy thread may
+hold the GIL through a whole case, or not at all), so a case beside the busy thread can read 0.2 ms once and 200 the
+next; at the driver's shorter hand-off every case stays within a few times its time alone. Each row is the median of
 --repeats.
 """
 

@@ -1,11 +1,10 @@
 """Where each phase of a run's steps went: the driver's time (timing_s/<phase>), the slowest rank's work inside the
 phase's worker methods, the driver's slicing of the batch over the data-parallel ranks before the submit (and its
-thread's CPU time in it: well under the slicing's time, the thread waited, for the GIL or a CPU), Ray's
-dispatch (submit until the last rank started) and return (the last rank's end until the driver held every result),
-and the rest: the driver's other work inside the phase (gathering the results, computing metrics), or its waiting
-on its own threads. Reads the metrics.jsonl a run wrote
-under Ray (workers/group.py's call_metrics); steps with trainer.profile_steps' profiler are left out. Not a test; it
-changes no code.
+thread's CPU time in it: well under the slicing's time, the thread waited, for the GIL or a CPU), Ray's dispatch
+(submit until the last rank started) and return (the last rank's end until the driver held every result), and the
+rest: the driver's other work inside the phase (gathering the results, computing metrics), or its waiting on its own
+threads. Reads the metrics.jsonl a run wrote under Ray (workers/group.py's call_metrics); steps with
+trainer.profile_steps' profiler are left out. Not a test; it changes no code.
 
     python tools/phase_split.py outputs/<run>/metrics.jsonl [more.jsonl ...] [--skip 1] [--json OUT]
 
@@ -53,7 +52,8 @@ def read_rows(path: str) -> list[dict]:
 
 def split(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
     """Per driver phase: the mean over the training steps kept of its driver seconds, each part's and the driver's own
-    rest (driver - slice - worker - dispatch - return). Only steps with the split (a Ray run) and without the profiler."""
+    rest (driver - slice - worker - dispatch - return). Only steps with the split (a Ray run) and without the
+    profiler."""
     steps = [r for r in rows if "timing_s/step" in r and not r.get("perf/profiled")
              and any(k.startswith("timing_s/worker/") for k in r)]
     steps = steps[skip:]
@@ -85,8 +85,8 @@ def markdown(name: str, table: dict[str, dict[str, float]]) -> str:
              "| phase | driver | slicing | its CPU | ranks' work | dispatch | return | driver's rest |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for phase, t in table.items():
-        lines.append(f"| {phase} | {t['driver']:.3f} | {t['slice']:.3f} | {_cell(t.get('slice_cpu'))} | {t['worker']:.3f} | "
-                     f"{t['dispatch']:.3f} | {t['return']:.3f} | {t['rest']:.3f} |")
+        lines.append(f"| {phase} | {t['driver']:.3f} | {t['slice']:.3f} | {_cell(t.get('slice_cpu'))} | "
+                     f"{t['worker']:.3f} | {t['dispatch']:.3f} | {t['return']:.3f} | {t['rest']:.3f} |")
     return "\n".join(lines)
 
 
