@@ -17,15 +17,14 @@ next; at the driver's shorter hand-off every case stays within a few times its t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
-import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
+from harness import md_table, time_ms, write_json  # noqa: E402
 
 from rltrain.data.batch import Batch  # noqa: E402
 from rltrain.utils.errors import UserError  # noqa: E402
@@ -44,15 +43,6 @@ def make_batch(rows: int, prompt: int, response: int) -> Batch:
                  scores=torch.randn(rows), group_ids=torch.arange(rows) // 8,
                  non_tensor={"ground_truth": [str(i) for i in range(rows)], "data_source": ["bench"] * rows,
                              "finish_reason": ["length"] * rows})
-
-
-def median_ms(fn, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[len(ts) // 2] * 1e3
 
 
 class BusyThread:
@@ -113,12 +103,11 @@ def run(rows: int, prompt: int, response: int, dps: list[int], repeats: int, use
     results = []
     try:
         for name, fn in fns.items():
-            fn()  # warm
-            row = {"case": name, "alone_ms": median_ms(fn, repeats)}
+            row = {"case": name, "alone_ms": time_ms(fn, repeats, warmup=1, cuda=False)}
             with BusyThread():
                 for label, interval in (("busy_5ms", 5e-3), ("busy_driver", DRIVER_SWITCH_INTERVAL_S)):
                     sys.setswitchinterval(interval)
-                    row[f"{label}_ms"] = median_ms(fn, repeats)
+                    row[f"{label}_ms"] = time_ms(fn, repeats, warmup=0, cuda=False)
             sys.setswitchinterval(before)
             results.append(row)
             print(f"{name}: {row['alone_ms']:.2f} ms alone, {row['busy_5ms_ms']:.2f} beside a busy thread, "
@@ -133,11 +122,10 @@ def run(rows: int, prompt: int, response: int, dps: list[int], repeats: int, use
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| case | alone (ms) | beside a busy thread, hand-off 5 ms | the same, hand-off "
-             f"{DRIVER_SWITCH_INTERVAL_S * 1e3:g} ms |", "|---|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r['case']} | {r['alone_ms']:.2f} | {r['busy_5ms_ms']:.2f} | {r['busy_driver_ms']:.2f} |")
-    return "\n".join(lines)
+    header = ["case", "alone (ms)", "beside a busy thread, hand-off 5 ms",
+              f"the same, hand-off {DRIVER_SWITCH_INTERVAL_S * 1e3:g} ms"]
+    return md_table(header, [[r["case"], *(f"{r[k]:.2f}" for k in ("alone_ms", "busy_5ms_ms", "busy_driver_ms"))]
+                             for r in results], ["---", "---:", "---:", "---:"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs\n")
     print(markdown(results))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results)
     return 0
 
 

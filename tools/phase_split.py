@@ -19,7 +19,10 @@ import json
 import os
 import sys
 
-from rltrain.utils.errors import UserError
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
+from harness import md_table, write_json  # noqa: E402
+
+from rltrain.utils.errors import UserError  # noqa: E402
 
 # the driver's timer of a phase (trainer/ppo.py) -> the worker phases (utils/profiling.phase) it waits on
 PHASES = {
@@ -81,13 +84,11 @@ def _cell(x: float | None) -> str:
 
 
 def markdown(name: str, table: dict[str, dict[str, float]]) -> str:
-    lines = [f"{name}: seconds a step (mean of {int(max((t['steps'] for t in table.values()), default=0))} steps)", "",
-             "| phase | driver | slicing | its CPU | ranks' work | dispatch | return | driver's rest |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for phase, t in table.items():
-        lines.append(f"| {phase} | {t['driver']:.3f} | {t['slice']:.3f} | {_cell(t.get('slice_cpu'))} | "
-                     f"{t['worker']:.3f} | {t['dispatch']:.3f} | {t['return']:.3f} | {t['rest']:.3f} |")
-    return "\n".join(lines)
+    steps = int(max((t["steps"] for t in table.values()), default=0))
+    header = ["phase", "driver", "slicing", "its CPU", "ranks' work", "dispatch", "return", "driver's rest"]
+    rows = [[phase, _cell(t["driver"]), _cell(t["slice"]), _cell(t.get("slice_cpu")),
+             *(_cell(t[k]) for k in ("worker", "dispatch", "return", "rest"))] for phase, t in table.items()]
+    return f"{name}: seconds a step (mean of {steps} steps)\n\n" + md_table(header, rows, ["---"] + ["---:"] * 7)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 2
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.json, res)
     return 0
 
 
