@@ -323,7 +323,8 @@ class WorkerGroup:
     def call_metrics(self, since: float = 0.0) -> dict[str, float]:
         """The phase calls the driver waited for since the last call_metrics and submitted at or after `since` (wall
         clock: a step's start leaves out the validation between steps), split into the ranks' work, Ray's dispatch and
-        the results' return (utils/profiling.split_calls): timing_s/{worker,dispatch,return}/<phase>."""
+        the results' return, and for run_split's calls the driver's slicing and its CPU time (utils/profiling.
+        split_calls): timing_s/{worker,dispatch,return,slice,slice_cpu}/<phase>."""
         driver = [c for c in self._timed if c[1] >= since]
         self._timed = deque(maxlen=512)
         ranks = self._get([w.take_phase_calls.remote() for w in self.workers], "take_phase_calls")
