@@ -29,19 +29,28 @@ from rltrain.workers.placement import (
 )
 
 
-# The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python (Ray runs its own
-# in the driver), a call that lets the GIL go (a remote call's argument put, a tensor op) waits up to the interval to
-# get it back. A remote call with a 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at 0.5 ms, 6-10
-# alone (tools/driver_gil_bench.py, 2 CPUs); on two H200s the driver's slicing at DP=2 took 40 ms a phase at 5 ms and
-# 15-21 at 0.5 ms, back to back (docs/benchmarks/2026-11-27-four-rank-split.md; which thread ran was not seen).
+# The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python, a call that lets
+# the GIL go (a remote call's argument put, a tensor op) waits up to the interval to get it back: a remote call with a
+# 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at 0.5 ms, 6-10 alone (tools/driver_gil_bench.py,
+# 2 CPUs). On the GPU runs no Python thread of the driver was busy (their frames, sampled every 20 ms, sat in Ray's
+# waits): the driver's slow slicing was its torch threads (DRIVER_TORCH_THREADS).
 DRIVER_SWITCH_INTERVAL_S = 5e-4
+
+# The driver's torch threads. It only slices, pads and gathers batches and sums metrics: the ranks do the work. At
+# torch's default (a thread per core), each tensor op of the slicing ran on 32 OpenMP threads that the ranks' and
+# vLLM's processes keep off their cores; every op waited for the last one: Batch.select took 9.6 ms a call (its CPU
+# time the same, 1-5 involuntary switches) at DP=2 on two H200s, 0.25 ms at one thread, the slicing 15-19 ms a batch
+# phase against 1 ms (docs/benchmarks/2026-11-27-driver-threads.md).
+DRIVER_TORCH_THREADS = 1
 
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Connect to an existing cluster (`trainer.ray_address`: "auto" or host:port), or start a new local one
     (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only. The driver's
-    GIL hand-off becomes DRIVER_SWITCH_INTERVAL_S."""
+    GIL hand-off becomes DRIVER_SWITCH_INTERVAL_S and its torch threads DRIVER_TORCH_THREADS (a shorter interval or
+    fewer threads set before are kept)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), DRIVER_SWITCH_INTERVAL_S))
+    torch.set_num_threads(min(torch.get_num_threads(), DRIVER_TORCH_THREADS))
     if ray_initialized():
         return
     from rltrain.utils.distenv import apply_no_multicast, forwarded_env
