@@ -1,6 +1,6 @@
 """workers/group.py's data-parallel slicing (run_split) and gathering (gather_rows), without Ray: against the batch's
 own rows and pad_to_multiple's dummies, for awkward sizes (one row, rows not a multiple of the ranks); the slicing's
-record and the driver's GIL hand-off (init_ray)."""
+record, and the driver's GIL hand-off and torch threads (init_ray)."""
 
 import time
 
@@ -59,7 +59,7 @@ def test_init_ray_shortens_the_drivers_gil_hand_off_and_keeps_a_shorter_one(monk
     from rltrain.workers import group
 
     monkeypatch.setattr(group, "ray_initialized", lambda: True)  # connected already: nothing else to do
-    before = sys.getswitchinterval()
+    before, threads = sys.getswitchinterval(), torch.get_num_threads()
     try:
         sys.setswitchinterval(5e-3)  # Python's default
         group.init_ray(None)
@@ -69,3 +69,24 @@ def test_init_ray_shortens_the_drivers_gil_hand_off_and_keeps_a_shorter_one(monk
         assert sys.getswitchinterval() == pytest.approx(1e-4, rel=0.05)  # Python keeps it in whole microseconds
     finally:
         sys.setswitchinterval(before)
+        torch.set_num_threads(threads)
+
+
+def test_init_ray_gives_the_driver_one_torch_thread_and_keeps_fewer(monkeypatch):
+    from rltrain.workers import group
+
+    monkeypatch.setattr(group, "ray_initialized", lambda: True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # torch's default is a thread per core
+        group.init_ray(None)
+        assert torch.get_num_threads() == group.DRIVER_TORCH_THREADS == 1
+        monkeypatch.setattr(group, "DRIVER_TORCH_THREADS", 4)
+        torch.set_num_threads(2)  # a driver that set fewer keeps them
+        group.init_ray(None)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(6)
+        group.init_ray(None)
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(threads)
