@@ -254,8 +254,8 @@ TIME: dict[str, Const] = {
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
     # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): the host's floors and fixed costs of
     # every phase (the forward and update floors, per optimizer step and call, vLLM's per-sequence decode cost, the hf
-    # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's eight runs on
-    # seven hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.86x the
+    # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's nine runs on
+    # eight hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.86x the
     # step planned without it, in every phase, each phase on its host's floor; profiled, one rank of each TP pair waits
     # in the all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md), and the host's vCPUs each
     # run at half speed for spells of about a second (docs/benchmarks/2026-11-27-host-spread.md). So a step bound by
@@ -263,10 +263,11 @@ TIME: dict[str, Const] = {
     # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Until
     # 2026-11-27 (late) every phase at the first run's alone: 1.7704
     "tp_dp_layout_factor": Const(
-        1.6095, "x the host's floors and the weight sync of a TP x DP step",
-        "the value that plans the layout's eight runs (four_gpus_h100x4_2026-11-26/r2.json, "
+        1.6009, "x the host's floors and the weight sync of a TP x DP step",
+        "the value that plans the layout's nine runs (four_gpus_h100x4_2026-11-26/r2.json, "
         "four_gpus_h200x4_2026-11-26, blind_x4_2026-11-27/r2.json, profile_x4_2026-11-27/{r2,tp2dp2}.json, "
-        "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json, split_x4_2026-11-27/k4_tp2dp2.json; "
+        "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json, split_x4_2026-11-27/k4_tp2dp2.json, "
+        "driver_threads_2026-11-27/f_tp2dp2.json; "
         "H100 and H200 hosts) at their "
         "measured steps in the geometric mean"),
     # the host's speed across machines of one kind, as a multiple of the planned host time (the step's host share:

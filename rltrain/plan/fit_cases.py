@@ -354,6 +354,10 @@ DISPATCH = "dispatch_2026-11-27/"
 # split (the driver's rest at DP>=2 found inside its slicing of the batch); predicted before they ran (SPLIT4 +
 # "predicted_139.8.json", README.md)
 SPLIT4 = "split_x4_2026-11-27/"
+# then, with the driver at one torch thread (its slicing 1 ms a phase, was 15-225), the same four-H200 host type: the
+# 0.6B at DP=4 and DP=2, then TP=2 x DP=2 and TP=2 alone; predicted before they ran (DRIVER_THREADS +
+# "predicted_139.8.json", README.md)
+DRIVER_THREADS = "driver_threads_2026-11-27/"
 # the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): eighteen runs,
 # H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
 # host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
@@ -534,6 +538,15 @@ SCALING_RUNS = [
      "colocated_dp4_tp1", SPLIT4 + "k4_dp4_metrics.jsonl", "held out", ()),
     ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (the same four-H200 host)", SPLIT4 + "k4_tp2dp2.json",
      "colocated_tp2dp2_r2", SPLIT4 + "k4_tp2dp2_metrics.jsonl", "fit", ("step_s",)),
+    ("0.6B colocated DP=4, one vLLM engine per GPU (a four-H200 host, the driver at one torch thread)",
+     DRIVER_THREADS + "f_dp4.json", "colocated_dp4_tp1", DRIVER_THREADS + "f_dp4_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (the same host, the driver at one torch thread)",
+     DRIVER_THREADS + "f_dp2.json", "colocated_dp2_tp1", DRIVER_THREADS + "f_dp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated TP=2 x DP=2, two vLLM TP=2 engines (the same host, the driver at one torch thread)",
+     DRIVER_THREADS + "f_tp2dp2.json", "colocated_tp2dp2_r2", DRIVER_THREADS + "f_tp2dp2_metrics.jsonl", "fit",
+     ("step_s",)),
+    ("0.6B colocated TP=2, one vLLM TP=2 engine (the same host, the driver at one torch thread)",
+     DRIVER_THREADS + "f_tp2.json", "colocated_tp2", DRIVER_THREADS + "f_tp2_metrics.jsonl", "held out", ()),
 ]
 
 

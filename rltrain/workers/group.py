@@ -37,10 +37,10 @@ from rltrain.workers.placement import (
 DRIVER_SWITCH_INTERVAL_S = 5e-4
 
 # The driver's torch threads. It only slices, pads and gathers batches and sums metrics: the ranks do the work. At
-# torch's default (a thread per core), each tensor op of the slicing ran on 32 OpenMP threads that the ranks' and
-# vLLM's processes keep off their cores; every op waited for the last one: Batch.select took 9.6 ms a call (its CPU
-# time the same, 1-5 involuntary switches) at DP=2 on two H200s, 0.25 ms at one thread, the slicing 15-19 ms a batch
-# phase against 1 ms (docs/benchmarks/2026-11-27-driver-threads.md).
+# torch's default (a thread per core), each tensor op of the slicing ran on an OpenMP thread per core, and the ranks'
+# and vLLM's processes keep some of them off their cores; every op waited for the last one: Batch.select took 9.6 ms a
+# call at DP=2 on two H200s (32 vCPUs) and 43 ms at DP=4 on four (64), its CPU time nearly the same, against
+# 0.23-0.25 ms at one thread; the DP=4 step 2.41 -> 1.94 s (docs/benchmarks/2026-11-27-driver-threads.md).
 DRIVER_TORCH_THREADS = 1
 
 
