@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
 from harness import log, md_table, report_header, run_child, trainer_command, write_report  # noqa: E402
-from phase_split import read_rows, split  # noqa: E402
+from harness.runs import read_metrics_file, split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
 
@@ -126,7 +126,7 @@ def summarize(record: dict, rows: list[dict], skip: int) -> dict:
             "select_wall_ms_max": 1e3 * max((s[0] for s in sel), default=0.0),
             "main_cpu_s": next((t["cpu_s"] for t in threads if t["py"] == "MainThread"), None),
             "pool_threads": len(pool), "pool_cpu_s": sum(t["cpu_s"] for t in pool),
-            "frames": record["frames"][:8], "split": split(rows, skip),
+            "frames": record["frames"][:8], "split": split_phases(rows, skip),
             "step_s": sum(steps) / len(steps) if steps else None, "steps": len(steps)}
 
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(record) as f:
                 rec = json.load(f)
             res["device"] = rec["device"]
-            s = summarize(rec, read_rows(os.path.join(run_dir, "metrics.jsonl")), args.skip)
+            s = summarize(rec, read_metrics_file(os.path.join(run_dir, "metrics.jsonl"), TOOL), args.skip)
             res["arms"][arm] = s
             log(TOOL, f"arm {arm}: {s['selects']} selects, {s['select_wall_ms']:.2f} ms each (CPU "
                       f"{s['select_cpu_ms']:.2f}), step {_f(s['step_s'])} s")

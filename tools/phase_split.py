@@ -15,69 +15,14 @@ several worker methods (the colocated weight sync: the engine's wake-up and the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
 from harness import md_table, write_json  # noqa: E402
+from harness.runs import read_metrics_file, split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
-
-# the driver's timer of a phase (trainer/ppo.py) -> the worker phases (utils/profiling.phase) it waits on
-PHASES = {
-    "gen": ("generate",),
-    "rollout_sleep": ("rollout_sleep",),
-    "old_log_prob": ("old_log_prob",),
-    "ref": ("ref",),
-    "values": ("values",),
-    "update_critic": ("update_critic",),
-    "update_actor": ("update_actor",),
-    "update_weights": ("rollout_wake_up", "weight_sync_send", "weight_sync_receive"),
-}
-PARTS = ("slice", "worker", "dispatch", "return")  # slice: runs from 2026-11-27 (sixth session) on; 0 before
-
-
-def read_rows(path: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise UserError(f"phase_split: no such metrics file: {path} (a run's metrics.jsonl: trainer.logger with jsonl)")
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise UserError(f"phase_split: {path} line {n} is not JSON ({err.msg})") from None
-    return rows
-
-
-def split(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
-    """Per driver phase: the mean over the training steps kept of its driver seconds, each part's and the driver's own
-    rest (driver - slice - worker - dispatch - return). Only steps with the split (a Ray run) and without the
-    profiler."""
-    steps = [r for r in rows if "timing_s/step" in r and not r.get("perf/profiled")
-             and any(k.startswith("timing_s/worker/") for k in r)]
-    steps = steps[skip:]
-    out: dict[str, dict[str, float]] = {}
-    for phase, workers in PHASES.items():
-        have = [r for r in steps if f"timing_s/{phase}" in r
-                and any(f"timing_s/worker/{w}" in r for w in workers)]
-        if not have:
-            continue
-        mean = {"steps": float(len(have)),
-                "driver": sum(r[f"timing_s/{phase}"] for r in have) / len(have)}
-        for part in PARTS:
-            mean[part] = sum(r.get(f"timing_s/{part}/{w}", 0.0) for r in have for w in workers) / len(have)
-        mean["rest"] = mean["driver"] - sum(mean[p] for p in PARTS)
-        # the driver thread's CPU inside the slicing (not a part: the slicing's own time, worked or waited); runs
-        # before 2026-11-27's sixth session did not note it
-        if any(f"timing_s/slice_cpu/{w}" in r for r in have for w in workers):
-            mean["slice_cpu"] = sum(r.get(f"timing_s/slice_cpu/{w}", 0.0) for r in have for w in workers) / len(have)
-        out[phase] = mean
-    return out
-
 
 def _cell(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
@@ -102,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"phase_split: --skip must be >= 0, got {args.skip}")
         res = {}
         for path in args.metrics:
-            table = split(read_rows(path), args.skip)
+            table = split_phases(read_metrics_file(path, "phase_split"), args.skip)
             if not table:
                 raise UserError(f"phase_split: {path} has no step with the phase split (timing_s/worker/...): a run "
                                 f"under Ray (trainer.use_ray=true) with more than --skip {args.skip} steps")
