@@ -191,11 +191,20 @@ TIME: dict[str, Const] = {
         "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),
+    # vLLM's host work per decode step: a fixed part (the engine's loop, the step's launches) and a part per sequence
+    # of the wave. Per sequence alone (until 2026-11-27, seventh session) planned the 0.6B's data-parallel generation
+    # 17-53% fast at 64 and 128 sequences an engine, and its 512-sequence runs 2-19% slow: a step of fewer sequences
+    # costs more than its share. The fixed part is solved from one host's two wave sizes in one call; the part per
+    # sequence from the reference run at that fixed part
+    "vllm_step_s": Const(
+        0.001754, "s per decode step (the engine's fixed host work)",
+        "dp_x4_2026-11-27/{dp2,dp4}.json, 2026-11-27, 4 x H200, one call: gen 0.359 s (DP=2, 128 sequences an "
+        "engine) and 0.235 s (DP=4, 64) for 64 decode steps, with vllm_seq_step_s solved at the same time (not kept)"),
     "vllm_seq_step_s": Const(
-        4.575e-05, "s per sequence x decode step",
+        3.89e-05, "s per sequence x decode step",
         "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
-        "sequences (the engine's host work per sequence and step: scheduling, sampling, detokenizing; 512 sequences "
-        "took 2.0-2.8x as long as 256 on 2026-11-26)"),
+        "sequences at vllm_step_s (the engine's host work per sequence and step: scheduling, sampling, "
+        "detokenizing; 512 sequences took 2.0-2.8x as long as 256 on 2026-11-26)"),
     # a memory-bound decode step (long contexts: the wave's KV cache outweighs the weights) reads its bytes at this
     # share of the datasheet bandwidth (paged attention over the KV cache and the weights' GEMV at a small wave)
     "decode_hbm_fraction": Const(
@@ -255,7 +264,7 @@ TIME: dict[str, Const] = {
     # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): the host's floors and fixed costs of
     # every phase (the forward and update floors, per optimizer step and call, vLLM's per-sequence decode cost, the hf
     # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's nine runs on
-    # eight hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.86x the
+    # eight hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.81x the
     # step planned without it, in every phase, each phase on its host's floor; profiled, one rank of each TP pair waits
     # in the all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md), and the host's vCPUs each
     # run at half speed for spells of about a second (docs/benchmarks/2026-11-27-host-spread.md). So a step bound by
@@ -263,7 +272,7 @@ TIME: dict[str, Const] = {
     # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Until
     # 2026-11-27 (late) every phase at the first run's alone: 1.7704
     "tp_dp_layout_factor": Const(
-        1.6009, "x the host's floors and the weight sync of a TP x DP step",
+        1.5587, "x the host's floors and the weight sync of a TP x DP step",
         "the value that plans the layout's nine runs (four_gpus_h100x4_2026-11-26/r2.json, "
         "four_gpus_h200x4_2026-11-26, blind_x4_2026-11-27/r2.json, profile_x4_2026-11-27/{r2,tp2dp2}.json, "
         "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json, split_x4_2026-11-27/k4_tp2dp2.json, "

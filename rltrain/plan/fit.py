@@ -293,6 +293,12 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["moe_grouped_layer_pass_s"] = _solve("moe_grouped_layer_pass_s", grouped, "update_s")
     fitted["hf_layer_step_s"] = _solve("hf_layer_step_s", hf, "generation_s")
     split = by("placement split 1+1", "vllm_x2/placements_qwen06b_split_1p1")
+    # vLLM's host work per decode step: its fixed part from one host's DP=2 and DP=4 runs in one call (128 and 64
+    # sequences an engine; the part per sequence solved with it there is that host's, not kept), then the part per
+    # sequence from the reference run's 256 at that fixed part
+    dp2 = by("0.6B colocated DP=2, one vLLM engine per GPU (a second four-H200 host)", "dp_x4_2026-11-27")
+    dp4 = by("0.6B colocated DP=4, one vLLM engine per GPU (a second four-H200 host)", "dp_x4_2026-11-27")
+    keep({"vllm_step_s": _solve_many(("vllm_step_s", "vllm_seq_step_s"), (dp2, dp4), "generation_s")["vllm_step_s"]})
     keep({"vllm_seq_step_s": _solve("vllm_seq_step_s", split, "generation_s")})
     fitted["decode_hbm_fraction"] = _solve("decode_hbm_fraction", by("0.6B single, 4 x 8 at 8,192-token responses",
                                                                       "lengths_blind"), "generation_s")

@@ -488,10 +488,11 @@ SCALING_RUNS = [
      BLIND4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
     ("0.6B single, 32 x 8 (the four-H200 host)", BLIND4 + "single.json", "single",
      BLIND4 + "single_qwen06b_single_metrics.jsonl", "held out", ()),
+    # vllm_step_s is solved from the two runs' generation (fit.py); their other phases and steps are held out
     ("0.6B colocated DP=2, one vLLM engine per GPU (a second four-H200 host)", DP_X4 + "dp2.json", "colocated_dp2_tp1",
-     DP_X4 + "dp2_qwen06b_colocated_dp2_tp1_metrics.jsonl", "held out", ()),
+     DP_X4 + "dp2_qwen06b_colocated_dp2_tp1_metrics.jsonl", "fit", ("generation_s",)),
     ("0.6B colocated DP=4, one vLLM engine per GPU (a second four-H200 host)", DP_X4 + "dp4.json", "colocated_dp4_tp1",
-     DP_X4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "held out", ()),
+     DP_X4 + "dp4_qwen06b_colocated_dp4_tp1_metrics.jsonl", "fit", ("generation_s",)),
     ("4B colocated TP=2 x DP=2, two vLLM TP=2 engines (the profiled four-H200 host)", PROFILE4 + "r2.json",
      "colocated_tp2dp2_r2", PROFILE4 + "r2_metrics.jsonl", "fit", ("step_s",)),
     ("4B colocated TP=2 x DP=2 + vLLM TP=4 (the profiled four-H200 host)", PROFILE4 + "tp2dp2.json", "colocated_tp2dp2",

@@ -2,9 +2,10 @@
 
   generation   per rollout replica, its share of train_batch_size x n sequences in waves of at most vLLM's
                1,024 (rollout/vllm.py MAX_NUM_SEQS) or as many as its KV cache holds at full length (hf:
-               rollout.max_batch_size); each of max_response_length decode steps costs vllm_seq_step_s per sequence of
-               the wave (the engine's host work: scheduling, sampling, detokenizing each sequence) or (weights + the
-               wave's KV cache at its mean context) / (HBM bandwidth x decode_hbm_fraction), the larger
+               rollout.max_batch_size); each of max_response_length decode steps costs vllm_step_s + vllm_seq_step_s
+               per sequence of the wave (the engine's host work: its loop and launches, then scheduling, sampling and
+               detokenizing each sequence) or (weights + the wave's KV cache at its mean context) / (HBM bandwidth x
+               decode_hbm_fraction), the larger
                (they overlap; hf: hf_layer_step_s per layer, eager transformers being launch-bound; MoE: of the
                experts, those the wave routes to); prefill at the forward rate.
   log-probs    old log-probs (not with actor.recompute_old_logprobs=false: the update's forward gives them; + reference,
@@ -37,7 +38,7 @@
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
 A colocated step whose actor is both tensor- and data-parallel: the host's floors and fixed costs above (the forward
-and update floors, per optimizer step and call, vllm_seq_step_s, hf_layer_step_s) and the weight sync x
+and update floors, per optimizer step and call, vllm_step_s, vllm_seq_step_s, hf_layer_step_s) and the weight sync x
 tp_dp_layout_factor (tp_dp_factor; measured): the layout's runs sat on those floors in every phase.
 The range across machines (step_range): the step's host share (host_share: all but the training passes' FLOPs and
 the generation's reads and prefill) at host_speed_low .. host_speed_high of its planned time, the rest as planned.
@@ -145,9 +146,10 @@ def gen_seconds(x: Inputs, hbm: float, total_bytes: float, *, host: bool = True)
         waves = math.ceil(seqs / wave)
         ctx = prompt + (resp + 1) / 2
         weights = decode_weight_bytes(x, wave)
-        # the engine's host work per step (scheduling, sampling and detokenizing each sequence of the wave) and the
-        # GPU's reads overlap (CUDA launches are asynchronous): the larger
-        step = max(cal.value("vllm_seq_step_s") * wave * tp_dp_factor(x) if host else 0.0,
+        # the engine's host work per step (its loop and launches, then scheduling, sampling and detokenizing each
+        # sequence of the wave) and the GPU's reads overlap (CUDA launches are asynchronous): the larger
+        host_step = cal.value("vllm_step_s") + cal.value("vllm_seq_step_s") * wave
+        step = max(host_step * tp_dp_factor(x) if host else 0.0,
                    (weights + wave * ctx * kv_tok) / (hbm * cal.value("decode_hbm_fraction")))
         prefill = 2 * flops.matmul_params(ns(shape)) * seqs * prompt / (
             cal.value("update_tflops_none_none") * 1e12 * x.rollout_tp)

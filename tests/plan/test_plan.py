@@ -240,15 +240,24 @@ def test_pipeline_forward_pays_the_fill_and_drain_of_its_schedule():
 
 def test_generation_host_cost_grows_with_the_wave():
     from rltrain.plan.timing import gen_seconds
-    # host-bound decode (short sequences): twice the sequences in one wave, about twice the time (measured 2026-11-26
-    # on one H200: 1.27 s for 512 sequences, 0.46 s for 256; on two at TP=2 1.27 s and 0.74 s)
+    # host-bound decode (short sequences): each of the 64 steps costs a fixed part and a part per sequence of the wave,
+    # so twice the sequences take less than twice the time, and an engine of a quarter of them more than a quarter
+    # (measured 2026-11-26 on one H200: 1.27 s for 512 sequences, 0.46 s for 256; 2026-11-27 on four H200s: 0.36 s
+    # for 128 sequences an engine, 0.24 s for 64)
     a = read(qwen06b("rollout=vllm", "data.max_prompt_length=5", "rollout.max_response_length=64",
                      "data.train_batch_size=32"))
     b = read(qwen06b("rollout=vllm", "data.max_prompt_length=5", "rollout.max_response_length=64",
                      "data.train_batch_size=64"))
+    d4 = read(qwen06b("rollout=vllm", "data.max_prompt_length=5", "rollout.max_response_length=64",
+                      "data.train_batch_size=32", "trainer.n_gpus_per_node=4", "rollout.tensor_parallel_size=1"))
+    fixed, per_seq = cal.value("vllm_step_s"), cal.value("vllm_seq_step_s")
+    assert fixed > 0 and per_seq > 0
     ta, tb = gen_seconds(a, 4.8e12, 139.8 * GIB), gen_seconds(b, 4.8e12, 139.8 * GIB)
-    assert ta == pytest.approx(64 * 256 * cal.value("vllm_seq_step_s"), rel=0.05)
-    assert tb / ta == pytest.approx(2.0, rel=0.05)
+    td4 = gen_seconds(d4, 4.8e12, 139.8 * GIB)
+    assert ta == pytest.approx(64 * (fixed + 256 * per_seq), rel=0.02)  # the prefill of 5-token prompts: tiny
+    assert tb == pytest.approx(64 * (fixed + 512 * per_seq), rel=0.02)
+    assert td4 == pytest.approx(64 * (fixed + 64 * per_seq), rel=0.02)
+    assert 1.5 < tb / ta < 2.0 and ta / td4 < 4.0
 
 
 def test_update_rate_by_width_not_by_tp():
@@ -485,7 +494,7 @@ def test_the_tp_x_dp_layout_factor_scales_the_host_floors_of_that_layout_only(la
     assert tp_dp_factor(x) == want
     assert set(got) == set(base)
     host = ("fwd_mb_layer_s", "fwd_row_layer_s", "old_logprob_mb_s", "update_mb_layer_s", "update_step_layer_s",
-            "update_call_layer_s", "vllm_seq_step_s", "hf_layer_step_s")
+            "update_call_layer_s", "vllm_step_s", "vllm_seq_step_s", "hf_layer_step_s")
     with contextlib.ExitStack() as stack:
         stack.enter_context(constant("tp_dp_layout_factor", 1.0))
         for name in host:
@@ -513,8 +522,10 @@ def test_a_gpu_bound_tp_x_dp_step_loses_little_to_the_layout_factor():
     dev = cal.DEVICES["h200"]
     f = cal.value("tp_dp_layout_factor")
     growth = {}
+    # long: 16k-token responses, whose KV cache reads bound the decode of a TP=2 engine's 32 sequences (at 8k its
+    # host work, vLLM's fixed cost per step and the sequences', is the larger)
     for name, extra in (("short", ["rollout.max_response_length=64"]),
-                        ("long", ["rollout.max_response_length=8192", "data.train_batch_size=8",
+                        ("long", ["rollout.max_response_length=16384", "data.train_batch_size=8",
                                   "actor.ppo_mini_batch_size=8"])):
         cfg = compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm", "trainer.device=cuda",
                                      "trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=2",
