@@ -26,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
-from harness import log, md_table, report_header, run_child, trainer_command, write_report  # noqa: E402
+from harness import device_name, log, md_table, report_header, run_child, trainer_command, write_report  # noqa: E402
 from harness.runs import read_metrics_file, split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
@@ -96,8 +96,8 @@ def child(arm: str, record: str, argv: list[str]) -> None:
     def write() -> None:
         import torch
 
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_initialized() else "CPU"
-        out = {"arm": arm, "device": device, "torch_threads": torch.get_num_threads(), "selects": selects,
+        # at exit: the driver itself starts no CUDA while the run goes (its ranks hold the GPUs)
+        out = {"arm": arm, "device": device_name(), "torch_threads": torch.get_num_threads(), "selects": selects,
                "threads": thread_cpu(), "frames": frames.most_common(40)}
         with open(record + ".tmp", "w") as f:
             json.dump(out, f)
