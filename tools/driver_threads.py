@@ -26,8 +26,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
-from harness import device_name, log, md_table, report_header, run_child, trainer_command, write_report  # noqa: E402
-from harness.runs import read_metrics_file, split_phases  # noqa: E402
+from harness import (device_name, log, md_table, report_header, run_child, run_rows, trainer_command,  # noqa: E402
+                     write_report)
+from harness.runs import split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(record) as f:
                 rec = json.load(f)
             res["device"] = rec["device"]
-            s = summarize(rec, read_metrics_file(os.path.join(run_dir, "metrics.jsonl"), TOOL), args.skip)
+            s = summarize(rec, run_rows(run_dir), args.skip)
             res["arms"][arm] = s
             log(TOOL, f"arm {arm}: {s['selects']} selects, {s['select_wall_ms']:.2f} ms each (CPU "
                       f"{s['select_cpu_ms']:.2f}), step {_f(s['step_s'])} s")

@@ -15,14 +15,32 @@ several worker methods (the colocated weight sync: the engine's wake-up and the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
 from harness import md_table, write_json  # noqa: E402
-from harness.runs import read_metrics_file, split_phases  # noqa: E402
+from harness.runs import split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
+
+
+def read_rows(path: str) -> list[dict]:
+    """A metrics.jsonl file as rows; a missing file or a line that is not JSON raises UserError."""
+    if not os.path.isfile(path):
+        raise UserError(f"phase_split: no such metrics file: {path} (a run's metrics.jsonl: trainer.logger with jsonl)")
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise UserError(f"phase_split: {path} line {n} is not JSON ({err.msg})") from None
+    return rows
+
 
 def _cell(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
@@ -47,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"phase_split: --skip must be >= 0, got {args.skip}")
         res = {}
         for path in args.metrics:
-            table = split_phases(read_metrics_file(path, "phase_split"), args.skip)
+            table = split_phases(read_rows(path), args.skip)
             if not table:
                 raise UserError(f"phase_split: {path} has no step with the phase split (timing_s/worker/...): a run "
                                 f"under Ray (trainer.use_ray=true) with more than --skip {args.skip} steps")

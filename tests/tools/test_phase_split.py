@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 import phase_split  # noqa: E402
-from harness.runs import read_metrics_file, split_phases  # noqa: E402
+from harness.runs import split_phases  # noqa: E402
 
 
 def _row(step, old, worker, dispatch, ret, **extra):
@@ -36,7 +36,7 @@ def test_worked_example(tmp_path, capsys):
             _row(3, 0.30, 0.16, 0.012, 0.004, **{"timing_s/slice/old_log_prob": 0.06,  # slicing: a newer run's
                                                   "timing_s/slice_cpu/old_log_prob": 0.002}),
             _row(4, 9.0, 8.0, 0.5, 0.1, **{"perf/profiled": 1.0})]  # under the profiler: left out
-    t = split_phases(read_metrics_file(_write(tmp_path, rows), "phase_split"), skip=1)
+    t = split_phases(phase_split.read_rows(_write(tmp_path, rows)), skip=1)
     old = t["old_log_prob"]
     assert old["steps"] == 2
     assert old == pytest.approx({"steps": 2, "driver": 0.25, "slice": 0.03, "slice_cpu": 0.001, "worker": 0.15,

@@ -5,9 +5,6 @@ slicing, the ranks' work, Ray's dispatch and return. Must not run or report anyt
 
 from __future__ import annotations
 
-import json
-import os
-
 # the phases of a GRPO step the speed summary averages (split placement; gen_wait is the asynchronous wait)
 PHASES = ("timing_s/gen_wait", "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
           "timing_s/update_weights", "timing_s/step")
@@ -60,24 +57,6 @@ SPLIT_PHASES = {
     "update_weights": ("rollout_wake_up", "weight_sync_send", "weight_sync_receive"),
 }
 SPLIT_PARTS = ("slice", "worker", "dispatch", "return")  # slice: runs from 2026-11-27 (sixth session) on; 0 before
-
-
-def read_metrics_file(path: str, tool: str) -> list[dict]:
-    """A run's metrics.jsonl as rows; a missing file or a line that is not JSON raises UserError naming `tool`."""
-    from rltrain.utils.errors import UserError
-
-    if not os.path.isfile(path):
-        raise UserError(f"{tool}: no such metrics file: {path} (a run's metrics.jsonl: trainer.logger with jsonl)")
-    rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise UserError(f"{tool}: {path} line {n} is not JSON ({err.msg})") from None
-    return rows
 
 
 def split_phases(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
