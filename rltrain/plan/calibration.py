@@ -262,7 +262,7 @@ TIME: dict[str, Const] = {
         "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json, 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
     # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): the host's floors and fixed costs of
-    # every phase (the forward and update floors, per optimizer step and call, vLLM's per-sequence decode cost, the hf
+    # every phase (the forward and update floors, per optimizer step and call, vLLM's host cost per decode step, the hf
     # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's nine runs on
     # eight hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.81x the
     # step planned without it, in every phase, each phase on its host's floor; profiled, one rank of each TP pair waits

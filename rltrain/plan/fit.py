@@ -319,8 +319,8 @@ def fit(verbose: bool = True) -> dict[str, float]:
     fitted["hf_offload_s_per_gb"] = (hm["timing_s/rollout_sleep"] + hm["timing_s/rollout_wake"]) / gb
     # the TP x DP layout's factor on the host's floors and the weight sync, after every constant above: the value that
     # plans the layout's runs (each a "fit" case for its step) at their measured steps in the geometric mean. Until
-    # 2026-11-27 it took every phase, from the first run alone (four H100s: 1.77); eight runs on seven hosts took
-    # 1.20-1.86x
+    # 2026-11-27 it took every phase, from the first run alone (four H100s: 1.77); nine runs on eight hosts took
+    # 1.20-1.81x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
     # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
     # eighteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps

@@ -282,8 +282,8 @@ def sync_seconds(x: Inputs) -> float:
 def tp_dp_factor(x: Inputs) -> float:
     """The factor on the host's floors and fixed costs (train_seconds, gen_seconds) and the weight sync of a colocated
     step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups side by side on the host):
-    tp_dp_layout_factor, measured, not derived. Eight runs of that layout on seven hosts (the 0.6B and the 4B at
-    64-token responses, either rollout layout, every phase on its host's floor) took 1.20-1.86x their step planned
+    tp_dp_layout_factor, measured, not derived. Nine runs of that layout on eight hosts (the 0.6B and the 4B at
+    64-token responses, either rollout layout, every phase on its host's floor) took 1.20-1.81x their step planned
     without it; the factor centres them (fit.py). Under torch's profiler one rank of each TP pair waits in the
     all-reduce for its peer's host (docs/plan.md, "Profiled"), so a step bound by its FLOPs (long sequences) is planned
     to lose little.
