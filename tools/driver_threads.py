@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (which puts the repo first)
 from harness import (device_name, log, md_table, report_header, run_child, run_rows, trainer_command,  # noqa: E402
                      write_report)
+from harness.procs import TICK_S, thread_ticks  # noqa: E402
 from harness.runs import split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
@@ -45,18 +46,8 @@ def thread_cpu() -> list[dict]:
     """Every OS thread of this process: {"tid", "comm", "py" (the Python thread's name, or None), "cpu_s"}, the
     busiest first (Linux /proc; [] elsewhere)."""
     names = {t.native_id: t.name for t in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
-    rows = []
-    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                comm = f.read().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-        rows.append({"tid": int(tid), "comm": comm, "py": names.get(int(tid)),
-                     "cpu_s": (int(stat[11]) + int(stat[12])) / tick})  # utime + stime
+    rows = [{"tid": tid, "comm": comm, "py": names.get(tid), "cpu_s": ticks * TICK_S}
+            for tid, (comm, ticks) in thread_ticks("self").items()]
     return sorted(rows, key=lambda r: -r["cpu_s"])
 
 
