@@ -323,7 +323,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
     # 1.20-1.81x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
     # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
-    # eighteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
+    # nineteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
     # stay held out (the planned step does not use these)
     speeds = [host_speed(by(name, src)) for name, src in HOST_SPREAD_RUNS]
     fitted["host_speed_low"], fitted["host_speed_high"] = min(speeds), max(speeds)
@@ -476,6 +476,11 @@ MACHINE_GROUPS = [
     ("0.6B single, 32 x 8 (H100)", ["4B colocated TP=2 x DP=2, two vLLM TP=2 engines (four H100s)",
                                     "4B split 2+2, one vLLM TP=2 engine (four H100s)",
                                     "0.6B colocated PP=2 + vLLM TP=2 (H100s, beside a GPU test)"]),
+    ("0.6B single, 32 x 8 (a two-H200 host, the driver at one torch thread)",
+     ["0.6B colocated DP=2, one vLLM engine per GPU (a two-H200 host, the driver at one torch thread)",
+      "0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8 (the same host)",
+      "hf engine, 0.6B colocated DP=2 (the same host)", "hf engine, 0.6B colocated TP=2 (the same host)",
+      "0.6B colocated DP=2, one vLLM engine per GPU (the same host, again)"]),
 ]
 MACHINE_PHASES = {"generation": ("generation_s",), "log-probs": ("old_log_prob_s", "ref_s", "values_s"),
                   "update": ("update_s",), "weight sync": ("weight_sync_s",)}
@@ -523,8 +528,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def range_rows() -> list[dict[str, Any]]:
-    """Every whole step (held out or fit, not legacy) outside the eighteen runs host_speed_low / _high come from:
-    measured, the plan's step and its range across machines (timing.step_range), and whether the range held it."""
+    """Every whole step (held out or fit, not legacy) outside HOST_SPREAD_RUNS (the runs host_speed_low / _high come
+    from): measured, the plan's step and its range across machines (timing.step_range), and whether the range held
+    it."""
     spread = {(name, src) for name, src in HOST_SPREAD_RUNS}
     rows = []
     for c in cases():
@@ -544,8 +550,8 @@ def range_summary(rows: list[dict[str, Any]]) -> str:
     """One paragraph: how many whole steps the plan's range held, and those it did not."""
     out = [r for r in rows if not r["inside"]]
     text = (f"The plan's range across machines (host_speed_low .. host_speed_high of its host time, solved from the "
-            f"0.6B one-GPU step's eighteen runs) held {len(rows) - len(out)} of the {len(rows)} whole steps of the "
-            "other runs")
+            f"0.6B one-GPU step's {len(HOST_SPREAD_RUNS)} runs) held {len(rows) - len(out)} of the {len(rows)} whole "
+            "steps of the other runs")
     if out:
         text += "; outside: " + "; ".join(f"{r['case']} {r['measured']:.3f} s ({r['low']:.3f}-{r['high']:.3f})"
                                           for r in out)

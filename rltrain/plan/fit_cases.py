@@ -358,7 +358,11 @@ SPLIT4 = "split_x4_2026-11-27/"
 # 0.6B at DP=4 and DP=2, then TP=2 x DP=2 and TP=2 alone; predicted before they ran (DRIVER_THREADS +
 # "predicted_139.8.json", README.md)
 DRIVER_THREADS = "driver_threads_2026-11-27/"
-# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): eighteen runs,
+# then two H200s, one machine, the driver at one torch thread: the 0.6B at DP=2 with 32 x 8 and 64 x 8 samples (2 and 4
+# optimizer steps an update call), one GPU, the hf engine at DP=2 and TP=2, and DP=2 at 32 x 8 again; each under
+# tools/thread_cpu.py, predicted before it ran (FIXED_DRIVER + "predicted_*_139.8.json", README.md)
+FIXED_DRIVER = "fixed_driver_2026-11-27/"
+# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): nineteen runs,
 # H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
 # host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
 HOST_SPREAD_RUNS = [
@@ -374,7 +378,8 @@ HOST_SPREAD_RUNS = [
     ("0.6B single, 32 x 8 (a two-H200 host, phases split)", DISPATCH),
     ("0.6B single, 32 x 8 (a one-H200 host, probed three times)", DISPATCH),
     ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH),
-    ("0.6B single, 32 x 8 (a four-H200 host, four ranks split)", SPLIT4)]
+    ("0.6B single, 32 x 8 (a four-H200 host, four ranks split)", SPLIT4),
+    ("0.6B single, 32 x 8 (a two-H200 host, the driver at one torch thread)", FIXED_DRIVER)]
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -548,6 +553,19 @@ SCALING_RUNS = [
      ("step_s",)),
     ("0.6B colocated TP=2, one vLLM TP=2 engine (the same host, the driver at one torch thread)",
      DRIVER_THREADS + "f_tp2.json", "colocated_tp2", DRIVER_THREADS + "f_tp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (a two-H200 host, the driver at one torch thread)",
+     FIXED_DRIVER + "dp2_b32.json", "colocated_dp2_tp1", FIXED_DRIVER + "dp2_b32_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8 (the same host)",
+     FIXED_DRIVER + "dp2_b64.json", "colocated_dp2_tp1", FIXED_DRIVER + "dp2_b64_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (a two-H200 host, the driver at one torch thread)",
+     FIXED_DRIVER + "single_b32.json", "single", FIXED_DRIVER + "single_b32_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B colocated DP=2 (the same host)",
+     FIXED_DRIVER + "hf_dp2.json", "colocated_dp2", FIXED_DRIVER + "hf_dp2_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B colocated TP=2 (the same host)",
+     FIXED_DRIVER + "hf_tp2.json", "colocated_tp2", FIXED_DRIVER + "hf_tp2_metrics.jsonl", "held out", ()),
+    ("0.6B colocated DP=2, one vLLM engine per GPU (the same host, again)",
+     FIXED_DRIVER + "dp2_b32_again.json", "colocated_dp2_tp1", FIXED_DRIVER + "dp2_b32_again_metrics.jsonl", "held out",
+     ()),
 ]
 
 

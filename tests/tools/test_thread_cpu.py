@@ -15,7 +15,7 @@ from harness import procs  # noqa: E402
 linux = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 
 CHILD = """
-import json, sys, threading, time
+import json, os, sys, threading, time
 def spin(s, rest=0.0):
     t = time.thread_time()
     while time.thread_time() - t < s:
@@ -25,7 +25,7 @@ th = threading.Thread(target=spin, args=({a}, 0.4))
 th.start()
 spin({b})
 th.join()
-json.dump({{"cpu_s": time.process_time()}}, open(sys.argv[1], "w"))
+json.dump({{"cpu_s": time.process_time(), "pid": os.getpid()}}, open(sys.argv[1], "w"))
 time.sleep(0.6)  # past the last samples: every tick the child used is seen
 """
 
@@ -40,9 +40,10 @@ def test_a_childs_cpu_is_what_it_reports_of_itself(tmp_path):
                           CHILD.format(a=a, b=b), str(own)])
     assert rc == 0
     rep = json.loads((tmp_path / "threads.json").read_text())
-    child = [p for p in rep["processes"] if p["label"] == "python -c"]
-    assert len(child) == 1, rep["processes"]
-    reported = json.loads(own.read_text())["cpu_s"]
+    own = json.loads(own.read_text())
+    child = [p for p in rep["processes"] if p["pid"] == own["pid"]]  # the machine's other processes are there too
+    assert len(child) == 1 and child[0]["label"] == "python -c", rep["processes"]
+    reported = own["cpu_s"]
     assert reported >= a + b - 0.02  # the GIL hands the spin loops back and forth: their sum is the child's CPU
     # clock ticks are 10 ms, and the interpreter's start-up is inside both
     assert child[0]["cpu_s"] == pytest.approx(reported, abs=0.05)
