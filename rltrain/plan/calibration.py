@@ -280,15 +280,15 @@ TIME: dict[str, Const] = {
         "H100 and H200 hosts) at their "
         "measured steps in the geometric mean"),
     # the host's speed across machines of one kind, as a multiple of the planned host time (the step's host share:
-    # timing.host_share): the lowest and highest over the nineteen runs of one config (the 0.6B one-GPU GRPO step, 32
+    # timing.host_share): the lowest and highest over the twenty runs of one config (the 0.6B one-GPU GRPO step, 32
     # x 8, 1.36-2.82 s on H100 and H200 machines, 2026-11-22..27), each 1 + (measured / planned - 1) / its host share.
     # Only the plan's range (timing.step_range) uses them; the planned step is unchanged
     "host_speed_low": Const(
         0.5884, "x the planned host time",
-        "the fastest of the 0.6B one-GPU step's nineteen runs (scaling_vllm_h200x2_2026-11-26/b32.json, 1.360 s)"),
+        "the fastest of the 0.6B one-GPU step's twenty runs (scaling_vllm_h200x2_2026-11-26/b32.json, 1.360 s)"),
     "host_speed_high": Const(
         1.7216, "x the planned host time",
-        "the slowest of the 0.6B one-GPU step's nineteen runs (blind_x4_2026-11-27/single.json, 2.824 s)"),
+        "the slowest of the 0.6B one-GPU step's twenty runs (blind_x4_2026-11-27/single.json, 2.824 s)"),
     # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
     # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
     # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)

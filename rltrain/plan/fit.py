@@ -323,7 +323,7 @@ def fit(verbose: bool = True) -> dict[str, float]:
     # 1.20-1.81x
     keep({"tp_dp_layout_factor": _solve_layout_factor(cs.values())})
     # the host's speed across machines of one kind (the plan's range, not its step): the one config measured on
-    # nineteen machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
+    # twenty machines, each run's measured / planned step as a multiple of its planned host time; the runs' steps
     # stay held out (the planned step does not use these)
     speeds = [host_speed(by(name, src)) for name, src in HOST_SPREAD_RUNS]
     fitted["host_speed_low"], fitted["host_speed_high"] = min(speeds), max(speeds)
@@ -481,6 +481,8 @@ MACHINE_GROUPS = [
       "0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8 (the same host)",
       "hf engine, 0.6B colocated DP=2 (the same host)", "hf engine, 0.6B colocated TP=2 (the same host)",
       "0.6B colocated DP=2, one vLLM engine per GPU (the same host, again)"]),
+    ("0.6B single, 32 x 8 (a one-H100 host, the driver at one torch thread)",
+     ["hf engine, 0.6B single (the same H100 host)", "0.6B single, 32 x 8 (the same H100 host, again)"]),
 ]
 MACHINE_PHASES = {"generation": ("generation_s",), "log-probs": ("old_log_prob_s", "ref_s", "values_s"),
                   "update": ("update_s",), "weight sync": ("weight_sync_s",)}

@@ -360,9 +360,10 @@ SPLIT4 = "split_x4_2026-11-27/"
 DRIVER_THREADS = "driver_threads_2026-11-27/"
 # then two H200s, one machine, the driver at one torch thread: the 0.6B at DP=2 with 32 x 8 and 64 x 8 samples (2 and 4
 # optimizer steps an update call), one GPU, the hf engine at DP=2 and TP=2, and DP=2 at 32 x 8 again; each under
-# tools/thread_cpu.py, predicted before it ran (FIXED_DRIVER + "predicted_*_139.8.json", README.md)
+# tools/thread_cpu.py, predicted before it ran (FIXED_DRIVER + "predicted_*_139.8.json", README.md); then one H100: the
+# 0.6B on one GPU with vLLM, with the hf engine, and with vLLM again (FIXED_DRIVER + "predicted_*_79.18.json")
 FIXED_DRIVER = "fixed_driver_2026-11-27/"
-# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): nineteen runs,
+# the one config measured on the most machines (the 0.6B one-GPU GRPO step, 32 x 8, vLLM, KL loss): twenty runs,
 # H100 and H200 machines, 2026-11-22..27 (name, a part of the source naming the file); fit.py solves host_speed_low /
 # host_speed_high (the plan's range across machines) from their steps, which stay held out as predictions
 HOST_SPREAD_RUNS = [
@@ -379,7 +380,8 @@ HOST_SPREAD_RUNS = [
     ("0.6B single, 32 x 8 (a one-H200 host, probed three times)", DISPATCH),
     ("0.6B single, 32 x 8 (another one-H200 host, probed three times)", DISPATCH),
     ("0.6B single, 32 x 8 (a four-H200 host, four ranks split)", SPLIT4),
-    ("0.6B single, 32 x 8 (a two-H200 host, the driver at one torch thread)", FIXED_DRIVER)]
+    ("0.6B single, 32 x 8 (a two-H200 host, the driver at one torch thread)", FIXED_DRIVER),
+    ("0.6B single, 32 x 8 (a one-H100 host, the driver at one torch thread)", FIXED_DRIVER)]
 # the hf engine's level-1 sleep before its pinned host copies (model.to("cpu"): pageable, 0.13-0.72 s for the 0.6B
 # by host): its weight sync, and so its step, are a path the model no longer describes
 HF_PAGEABLE_SLEEP = ("weight_sync_s", "step_s")
@@ -565,6 +567,13 @@ SCALING_RUNS = [
      FIXED_DRIVER + "hf_tp2.json", "colocated_tp2", FIXED_DRIVER + "hf_tp2_metrics.jsonl", "held out", ()),
     ("0.6B colocated DP=2, one vLLM engine per GPU (the same host, again)",
      FIXED_DRIVER + "dp2_b32_again.json", "colocated_dp2_tp1", FIXED_DRIVER + "dp2_b32_again_metrics.jsonl", "held out",
+     ()),
+    ("0.6B single, 32 x 8 (a one-H100 host, the driver at one torch thread)",
+     FIXED_DRIVER + "single_h100.json", "single", FIXED_DRIVER + "single_h100_metrics.jsonl", "held out", ()),
+    ("hf engine, 0.6B single (the same H100 host)",
+     FIXED_DRIVER + "hf1_h100.json", "single", FIXED_DRIVER + "hf1_h100_metrics.jsonl", "held out", ()),
+    ("0.6B single, 32 x 8 (the same H100 host, again)",
+     FIXED_DRIVER + "single_h100_again.json", "single", FIXED_DRIVER + "single_h100_again_metrics.jsonl", "held out",
      ()),
 ]
 
