@@ -136,17 +136,27 @@ print("depth", os.getcwd().count("/d"))
 """
 
 
-def _call_dirs() -> set[str]:
-    """The calls' temp trees in the host's temp dir (runner.py's rltrain-sandbox-*), not the per-process directory of
-    the child's marshalled code (rltrain-sandbox-code-*, kept until its process exits): another process that starts
-    using the sandbox meanwhile (a parallel test worker, a Ray worker scoring rewards) makes one of those."""
-    return {n for n in os.listdir(TMP)
-            if n.startswith("rltrain-sandbox-") and not n.startswith("rltrain-sandbox-code-")}
+def _record_call_dirs(monkeypatch) -> list[str]:
+    """The temp trees this process's sandbox calls make (runner.py's tempfile.mkdtemp), as they are made: the host's
+    temp dir as a whole is no measure, since another process using the sandbox meanwhile (a parallel test worker, a Ray
+    worker scoring rewards) has its own call's tree there while its call runs."""
+    made: list[str] = []
+    mkdtemp = runner_module.tempfile.mkdtemp
+
+    def recording(*args, **kwargs):
+        path = mkdtemp(*args, **kwargs)
+        name = os.path.basename(path)
+        if name.startswith("rltrain-sandbox-") and not name.startswith("rltrain-sandbox-code-"):
+            made.append(path)  # not the per-process directory of the child's code, kept until this process exits
+        return path
+
+    monkeypatch.setattr(runner_module.tempfile, "mkdtemp", recording)
+    return made
 
 
 @pytest.mark.parametrize("where", ["private_tmpfs", "host_temp_dir"])
-def test_a_very_deep_tree_neither_raises_nor_stays_behind(where):
-    before = _call_dirs()
+def test_a_very_deep_tree_neither_raises_nor_stays_behind(where, monkeypatch):
+    made = _record_call_dirs(monkeypatch)
     if where == "private_tmpfs":
         r = run_code(DEEP_TREE, timeout_s=60)
         assert r.isolated
@@ -154,7 +164,8 @@ def test_a_very_deep_tree_neither_raises_nor_stays_behind(where):
         r = _run(DEEP_TREE, os_isolation=False, allow_unisolated=True, audit=False, **_args(timeout_s=60))
     assert r.status == "ok", (r.status, r.message, r.stderr[-500:])
     assert r.stdout == "depth 1100\n"
-    assert not (_call_dirs() - before), "the call's temp tree stayed behind"
+    assert len(made) == 1, made  # the call made its tree where this test sees it
+    assert not os.path.exists(made[0]), "the call's temp tree stayed behind"
 
 
 def test_rmtree_removes_deep_and_unreadable_trees_and_never_raises(tmp_path):
