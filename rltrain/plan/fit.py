@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import statistics
 import sys
 import textwrap
 from typing import Any, Iterator
@@ -374,8 +375,9 @@ def constants_markdown() -> str:
 
 
 def write_docs(path: str) -> None:
-    """Rewrite docs/plan.md's generated blocks: the example (its first code block), the constants table and the
-    predicted-vs-measured table with its summary."""
+    """Rewrite docs/plan.md's generated blocks: the example (its first code block), the constants table, the
+    predicted-vs-measured table with its summary, the whole steps' table, the by-placement table and the machine
+    factors' table."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
@@ -400,6 +402,9 @@ def write_docs(path: str) -> None:
     a = s.index("| run | file | role (memory / step)")
     b = s.index("\n\n", a)
     s = s[:a] + step_table(rows) + s[b:]
+    a = s.index("| model | engine | placement | device |")
+    b = s.index("\n\n", a)
+    s = s[:a] + placement_table(rows) + s[b:]
     a = s.index("| run | machine's factors from")
     b = s.index("\n\n", a)
     s = s[:a] + machine_table() + s[b:]
@@ -458,6 +463,54 @@ def step_table(rows: list[dict[str, Any]]) -> str:
             cells += ([f"{r['measured']:.2f}", f"{r['predicted']:.2f}", f"{r['error_pct']:+.1f}%"] if r else ["-"] * 3)
         mem = q.get("allocator_peak_gib", {}).get("role", "-")
         lines.append(f"| {name} | {src} | {mem} / {q['step_s']['role']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def placement_label(c: Case) -> tuple[str, str, str, str]:
+    """(model, engine, placement, device) of a whole-step case, from its composed config: what placement_table groups
+    its runs by."""
+    x = case_inputs(c)
+    gpus = x.n_gpus_per_node * x.nnodes
+    parts = [f"TP={x.tp}"] * (x.tp > 1) + [f"PP={x.pp}"] * (x.pp > 1)
+    dp = gpus // max(1, x.tp * x.pp)
+    parts += [f"DP={dp}"] * (dp > 1) + [f"EP={x.ep}"] * (x.ep > 1)
+    if not x.colocate:
+        where = f"split, training on {gpus} GPU{'s' * (gpus > 1)}"
+    elif gpus == 1:
+        where = "one GPU"
+    else:
+        where = "colocated " + " x ".join(parts)
+    if x.engine == "vllm":
+        where += f", vLLM TP={x.rollout_tp}" if x.rollout_tp > 1 else (
+            f", {x.engines_per_gpu} engines a GPU" if x.engines_per_gpu > 1 else
+            (", an engine per GPU" if gpus > 1 and x.colocate else ""))
+    if x.max_response_length != 64:
+        where += f", {x.max_response_length:,}-token responses"
+    return x.shape.name, x.engine, where, c.device.upper()
+
+
+def placement_table(rows: list[dict[str, Any]]) -> str:
+    """The whole steps (held out or fit, not legacy) grouped by model, engine, placement and device: how many runs,
+    how many within 25% of plan, their errors' range and median |error|."""
+    by_name = {(c.name, c.source): c for c in cases()}
+    groups: dict[tuple[str, str, str, str], list[tuple[float, str]]] = {}
+    for r in rows:
+        if r["quantity"] != "step_s" or r["role"] == "legacy" or not math.isfinite(r["error_pct"]):
+            continue
+        c = by_name[(r["case"], r["source"])]
+        if c.kind != "step" or "allocator_peak_gib" not in c.measured:  # whole GRPO steps only
+            continue
+        groups.setdefault(placement_label(c), []).append((r["error_pct"], r["role"]))
+    lines = ["| model | engine | placement | device | runs (fitted) | within 25% | errors | median abs. error |",
+             "|---|---|---|---|---:|---:|---|---:|"]
+    for key in sorted(groups):
+        errs = sorted(e for e, _ in groups[key])
+        fitted = sum(role == "fit" for _, role in groups[key])
+        absolute = sorted(abs(e) for e in errs)
+        lines.append(f"| {' | '.join(key)} | {len(errs)}{f' ({fitted})' if fitted else ''} | "
+                     f"{sum(a <= 25 for a in absolute)} | {errs[0]:+.1f}%" + (f" .. {errs[-1]:+.1f}%" if len(errs) > 1
+                                                                                else "")
+                     + f" | {statistics.median(absolute):.1f}% |")
     return "\n".join(lines)
 
 
@@ -568,7 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", action="store_true", help="print the whole-step table of docs/plan.md")
     ap.add_argument("--docs", metavar="PATH", help="rewrite the generated blocks of docs/plan.md at PATH")
     ap.add_argument("--machine", action="store_true", help="print the machine-factor table of docs/plan.md")
+    ap.add_argument("--placements", action="store_true", help="print the by-placement table of docs/plan.md")
     args = ap.parse_args(argv)
+    if args.placements:
+        print(placement_table(compare()))
+        return 0
     if args.machine:
         print(machine_table())
         return 0

@@ -112,3 +112,29 @@ def test_the_range_across_machines_holds_the_other_runs():
     inside = sum(r["inside"] for r in rows)
     assert inside >= 0.85 * len(rows), fit.range_summary(rows)
     assert all(r["low"] <= r["predicted"] <= r["high"] for r in rows)
+
+
+def test_placement_table_groups_each_whole_step_once(rows):
+    """fit.placement_table: every whole step (held out or fitted, not legacy) lands in one placement's row, its counts
+    and error range those of the rows it groups; the labels read the runs' configs."""
+    from rltrain.plan.fit_cases import cases
+
+    by = {(c.name, c.source): c for c in cases()}
+    def whole(r):
+        c = by[(r["case"], r["source"])]
+        return c.kind == "step" and "allocator_peak_gib" in c.measured
+
+    steps = [r for r in rows if r["quantity"] == "step_s" and r["role"] != "legacy" and whole(r)]
+    table = fit.placement_table(rows).splitlines()[2:]
+    cells = [[x.strip() for x in line.strip("|").split("|")] for line in table]
+    assert sum(int(c[4].split()[0]) for c in cells) == len(steps)
+    assert sum(int(c[5]) for c in cells) == sum(abs(r["error_pct"]) <= 25 for r in steps)
+    labels = {fit.placement_label(by[(r["case"], r["source"])]) for r in steps}
+    assert len(labels) == len(cells)
+    one = next(r for r in steps if r["case"] == "0.6B single, 32 x 8 (a one-H100 host, the driver at one torch thread)")
+    assert fit.placement_label(by[(one["case"], one["source"])]) == ("qwen3-0.6b", "vllm", "one GPU", "H100")
+    dp2 = next(r for r in steps
+               if r["case"].startswith("0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8 (the same"))
+    assert fit.placement_label(by[(dp2["case"], dp2["source"])])[2] == "colocated DP=2, an engine per GPU"
+    tp = [c for c in cells if c[:4] == ["qwen3-4b", "vllm", "colocated TP=2, vLLM TP=2", "H200"]]
+    assert len(tp) == 1 and int(tp[0][4]) >= 2
