@@ -66,8 +66,10 @@ class Sampler:
             threads = thread_ticks(pid)
             if not threads:
                 continue
-            if pid not in self.labels:
-                self.labels[pid] = label(pid)
+            name = label(pid)  # read every sample: a Ray worker starts as `python setup_worker.py`, then takes its
+            # actor's title (`ray::HybridWorker`)
+            if name != "?":
+                self.labels[pid] = name
             for tid, (comm, ticks) in threads.items():
                 if baseline:
                     self.first[(pid, tid)] = ticks

@@ -475,7 +475,7 @@ def placement_label(c: Case) -> tuple[str, str, str, str]:
     dp = gpus // max(1, x.tp * x.pp)
     parts += [f"DP={dp}"] * (dp > 1) + [f"EP={x.ep}"] * (x.ep > 1)
     if not x.colocate:
-        where = f"split, training on {gpus} GPU{'s' * (gpus > 1)}"
+        where = f"split, training on {gpus} GPU{'s' * (gpus > 1)}" + (f" ({' x '.join(parts)})" if parts else "")
     elif gpus == 1:
         where = "one GPU"
     else:

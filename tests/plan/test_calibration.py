@@ -120,6 +120,7 @@ def test_placement_table_groups_each_whole_step_once(rows):
     from rltrain.plan.fit_cases import cases
 
     by = {(c.name, c.source): c for c in cases()}
+
     def whole(r):
         c = by[(r["case"], r["source"])]
         return c.kind == "step" and "allocator_peak_gib" in c.measured
