@@ -94,7 +94,8 @@ class Sampler:
             if p["cpu_s"] <= 0:
                 continue
             s = self.series.get(pid, [])
-            busy = [round((b - a) * TICK_S / (tb - ta), 2) for (ta, a), (tb, b) in zip(s, s[1:]) if tb > ta]
+            # a thread that ended between two samples takes its ticks out of the later one: that second reads 0
+            busy = [round(max(0, b - a) * TICK_S / (tb - ta), 2) for (ta, a), (tb, b) in zip(s, s[1:]) if tb > ta]
             threads = sorted(p["threads"].values(), key=lambda g: -g["cpu_s"])
             rows.append({**p, "cpu_s": round(p["cpu_s"], 2), "busy_cores": round(p["cpu_s"] / max(wall_s, 1e-9), 3),
                          "busy_series": busy,
