@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for th
 from harness import (device_name, log, md_table, report_header, run_child, run_rows, trainer_command,  # noqa: E402
                      write_report)
 from harness.procs import TICK_S, thread_ticks  # noqa: E402
-from harness.runs import split_phases  # noqa: E402
+from harness.runs import SPLIT_PHASES, split_phases  # noqa: E402
 
 from rltrain.utils.errors import UserError  # noqa: E402
 
@@ -37,8 +37,6 @@ TOOL = "driver_threads"
 ARMS = ("one", "per-core")
 SAMPLE_S = 0.02  # the other threads' frames, this often
 SELECT_FIELDS = ("wall_s", "cpu_s", "vcsw", "ivcsw")
-PHASE_ORDER = ("gen", "rollout_sleep", "old_log_prob", "ref", "values", "update_critic", "update_actor",
-               "update_weights")
 
 
 # ---------------------------------------------------------------------------- the child: one instrumented run
@@ -134,8 +132,7 @@ def markdown(res: dict) -> str:
              _f(s["select_ivcsw"], ".2f"), _f(s["select_vcsw"], ".2f"), _f(s["select_wall_ms_max"], ".1f"),
              f"{s['pool_threads']}, {s['pool_cpu_s']:.1f}", _f(s["step_s"])] for a, s in arms.items()]
     out = [f"# {TOOL}: {res['device']}, {res['date']}", "", f"`{res['command']}`", "", md_table(head, rows, "---:"), ""]
-    phases = sorted({p for s in arms.values() for p in s["split"]}, key=lambda p: list(PHASE_ORDER).index(p)
-                    if p in PHASE_ORDER else 99)
+    phases = [p for p in SPLIT_PHASES if any(p in s["split"] for s in arms.values())]  # the split's own order
     head = ["phase"] + [f"{a}: {c}" for a in arms for c in ("driver", "slicing", "its CPU", "ranks")]
     rows = []
     for p in phases:
