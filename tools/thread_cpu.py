@@ -53,8 +53,7 @@ class Sampler:
         self.last: dict[tuple[int, int], tuple[str, int]] = {}  # (pid, tid) -> (comm, ticks) at its last sample
         self.labels: dict[int, str] = {}
         self.series: dict[int, list[tuple[float, int]]] = {}  # pid -> [(t, total ticks of its threads seen)]
-        self.machine: list[tuple[float, dict[str, int]]] = []
-        self.samples = 0
+        self.machine: list[tuple[float, dict[str, int]]] = []  # one entry a sample
         self.sample(baseline=True)
 
     def sample(self, baseline: bool = False) -> None:
@@ -76,7 +75,6 @@ class Sampler:
                 self.last[(pid, tid)] = (comm, ticks)
             used = sum(t - self.first.get((pid, tid), 0) for tid, (_, t) in threads.items())
             self.series.setdefault(pid, []).append((now, used))
-        self.samples += 1
 
     def report(self, wall_s: float) -> dict:
         """{"wall_s", "samples", "machine": {...}, "processes": [...]} with CPU seconds since the baseline."""
@@ -102,7 +100,7 @@ class Sampler:
                          "threads": [{**g, "cpu_s": round(g["cpu_s"], 2), "max_s": round(g["max_s"], 2)}
                                      for g in threads]})
         rows.sort(key=lambda r: -r["cpu_s"])
-        return {"wall_s": round(wall_s, 2), "samples": self.samples, "machine": self.machine_report(),
+        return {"wall_s": round(wall_s, 2), "samples": len(self.machine), "machine": self.machine_report(),
                 "processes": rows}
 
     def machine_report(self) -> dict:
