@@ -1,6 +1,10 @@
 """Export the actor of an rltrain checkpoint as a transformers model directory (config + safetensors + tokenizer).
 
-  python tools/export_hf.py RUN_DIR/checkpoints/step_20 OUT_DIR [--config RUN_DIR/config.json]
+  python tools/export_hf.py RUN_DIR/checkpoints/step_20 OUT_DIR [--config RUN_DIR/config.json] [--merged]
+
+A LoRA run (actor.lora.rank > 0) is exported as a PEFT adapter directory (adapter_config.json +
+adapter_model.safetensors: `peft.PeftModel.from_pretrained(base, OUT_DIR)` or vLLM's LoRARequest load it onto
+model.path); --merged also writes the merged model (W + alpha / r B A) as a transformers checkpoint in OUT_DIR/merged.
 
 The run's resolved config (written by rltrain.main as RUN_DIR/config.json) says how to build the model; the
 export runs on CPU in this process (tensor-parallel checkpoints need the same number of processes: use
@@ -20,6 +24,7 @@ def main() -> None:
     ap.add_argument("checkpoint")
     ap.add_argument("out_dir")
     ap.add_argument("--config", help="the run's config.json (default: CHECKPOINT/../../config.json)")
+    ap.add_argument("--merged", action="store_true", help="LoRA runs: also write the merged model to OUT_DIR/merged")
     args = ap.parse_args()
 
     from rltrain.utils.checkpoint import verify_checkpoint
@@ -41,7 +46,7 @@ def main() -> None:
     worker = HybridWorker(cfg, ["actor"])
     worker.setup("127.0.0.1", worker.address()[1])
     worker.load(args.checkpoint, bucket_bytes=1 << 28)
-    print(worker.export_hf(args.out_dir))
+    print(worker.export_hf(args.out_dir, merged=args.merged))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """vLLM shims: the supported release range, and every vLLM internal the engine reaches beyond the public `LLM`
 API (engine shutdown, the world group, the checkpoint's EOS, the CPU attention's head sizes, the sleep race's
-assertion text, the NCCL trainer side), and the head-dim rule of vLLM 0.26's tensor parallelism on GPUs (config/
+assertion text, the NCCL trainer side, LoRA adapters loaded from memory), and the head-dim rule of vLLM 0.26's tensor parallelism on GPUs (config/
 validation reads it without importing the engine). It must not start an engine (rollout/vllm.py does).
 
 Supported vLLM: 0.26 <= version < 0.33. The GPU machine's torch 2.11 takes `vllm==0.26.0`; CPU CI takes
@@ -119,3 +119,62 @@ def nccl_trainer_init(init_info: dict):
     from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
     return trainer_init(init_info)
+
+
+# vLLM's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks, the same in 0.26 and 0.32)
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# lora_path of an adapter held in this process's memory (memory_adapter): the loader below serves it from there
+MEMORY_ADAPTER_PREFIX = "rltrain-memory://"
+_MEMORY_ADAPTERS: dict[str, tuple[dict, dict]] = {}
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest max_lora_rank vLLM takes that holds adapters of `rank` (ValueError above its largest)."""
+    for slot in LORA_RANK_SLOTS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"actor.lora.rank={rank} is above vLLM's largest max_lora_rank ({LORA_RANK_SLOTS[-1]})")
+
+
+@contextlib.contextmanager
+def memory_adapter(path: str, peft_config: dict, tensors: dict):
+    """Inside the block, a LoRARequest whose lora_path is `path` (MEMORY_ADAPTER_PREFIX...) loads `tensors` (PEFT
+    names -> tensors) with `peft_config` (adapter_config.json's fields) from this process's memory, no file: vLLM's
+    offline engine reads adapters only from a directory (LoRARequest.lora_path) in both 0.26 and 0.32, so its worker's
+    loader is wrapped (once) to take these from here, through the same LoRAModel.from_lora_tensors its own directory
+    loader ends in. The engine's worker must run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    _wrap_adapter_loader()
+    _MEMORY_ADAPTERS[path] = (peft_config, tensors)
+    try:
+        yield
+    finally:
+        _MEMORY_ADAPTERS.pop(path, None)
+
+
+def _wrap_adapter_loader() -> None:
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    original = WorkerLoRAManager._load_adapter
+    if getattr(original, "_rltrain_memory", False):
+        return
+
+    def load(self, lora_request):
+        entry = _MEMORY_ADAPTERS.get(lora_request.lora_path)
+        if entry is None:
+            if lora_request.lora_path.startswith(MEMORY_ADAPTER_PREFIX):
+                raise RuntimeError(f"in-memory LoRA adapter {lora_request.lora_path} is no longer held (load it with "
+                                   "load_inplace=True inside memory_adapter)")
+            return original(self, lora_request)
+        from vllm.lora.peft_helper import PEFTHelper
+
+        config, tensors = entry
+        helper = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": self.max_position_embeddings})
+        helper.validate_legal(self.lora_config)
+        lora = self._lora_model_cls.from_lora_tensors(
+            lora_model_id=lora_request.lora_int_id, tensors=tensors, peft_helper=helper, device="cpu",
+            dtype=self.lora_config.lora_dtype, model_vocab_size=self.vocab_size)
+        lora.is_3d_lora_weight = False
+        return lora
+
+    load._rltrain_memory = True
+    WorkerLoRAManager._load_adapter = load

@@ -93,6 +93,34 @@ class LogprobHeadConfig(Section):
     logprobs_chunk_size: Optional[int] = None  # tokens; null picks from a memory budget
 
 
+# The linear layers a LoRA adapter can sit on, as PEFT names them (actor.lora.target_modules; "all": every one)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def resolve_targets(names) -> tuple[str, ...]:
+    """actor.lora.target_modules -> the PEFT names in LORA_TARGETS order ("all": every one). ValueError names an
+    unknown one."""
+    names = list(names)
+    unknown = [n for n in names if n != "all" and n not in LORA_TARGETS]
+    if unknown or not names:
+        raise ValueError(f"actor.lora.target_modules={names}: {unknown or 'empty'}; choose from {list(LORA_TARGETS)} "
+                         "or [all]")
+    return LORA_TARGETS if "all" in names else tuple(t for t in LORA_TARGETS if t in names)
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters on the actor (actor.lora.*; models/lora.py, models/megatron/lora.py): the base frozen, only
+    the adapters trained, synced into the rollout engine and checkpointed; the reference is the base (adapters off)."""
+
+    rank: int = 0  # r of every adapter; 0 = off (full fine-tuning)
+    alpha: float = 32.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
+    dropout: float = 0.0  # dropout on the adapters' input while training (PEFT's lora_dropout)
+    # PEFT's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or [all] (every one of them);
+    # the LM head and the embedding are never adapted
+    target_modules: List[str] = field(default_factory=lambda: ["all"])
+
+
 @dataclass
 class ModelConfig:
     # HF model id or local directory (config + safetensors + tokenizer). Ignored when `builtin` is set.
@@ -252,6 +280,7 @@ class ActorConfig(OptimizerConfig, ParallelConfig, LayerComputeConfig, MoEConfig
     # on-policy update (ppo_epochs 1, one mini-batch of the whole step, nothing reading them before the update): the
     # update's own forward gives them, detached (same weights: ratio 1 exactly), and the pass is skipped
     recompute_old_logprobs: bool = True
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from rltrain.config.schema import OffPolicyConfig
+from rltrain.config.schema import OffPolicyConfig, resolve_targets
 from rltrain.models.presets import BUILTINS
 from rltrain.utils.errors import UserError
 
@@ -234,6 +234,34 @@ def _actor(e: list, cfg) -> None:
     if d.train_batch_size > 0 and a.ppo_mini_batch_size > d.train_batch_size:
         e.append(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is larger than the batch "
                  f"(data.train_batch_size={d.train_batch_size}); it must be <= data.train_batch_size")
+    _lora(e, cfg)
+
+
+def _lora(e: list, cfg) -> None:
+    """actor.lora.*: ranges, PEFT target names, and the rollout engines that can hold adapters."""
+    from rltrain.compat.vllm import LORA_RANK_SLOTS
+
+    lo = cfg.actor.lora
+    if not isinstance(lo.rank, int) or lo.rank < 0:
+        e.append(f"actor.lora.rank={lo.rank} is impossible; it must be an integer >= 0 (0 = off: full fine-tuning)")
+        return
+    if not lo.rank:
+        return
+    if not 0.0 < lo.alpha < math.inf:
+        e.append(f"actor.lora.alpha={lo.alpha} is impossible; it must be > 0 and finite (the scale is alpha / rank)")
+    if not 0.0 <= lo.dropout < 1.0:
+        e.append(f"actor.lora.dropout={lo.dropout} is impossible; it must be in [0, 1)")
+    try:
+        resolve_targets(lo.target_modules)
+    except ValueError as err:
+        e.append(str(err))
+    r = cfg.rollout
+    if r.engine == "vllm" and r.engines_per_gpu > 1:
+        e.append(f"actor.lora.rank={lo.rank} with rollout.engines_per_gpu={r.engines_per_gpu}: the adapters are "
+                 "loaded into vLLM from the trainer's process memory, which engines in processes of their own cannot "
+                 "read; set rollout.engines_per_gpu=1")
+    if r.engine == "vllm" and lo.rank > LORA_RANK_SLOTS[-1]:
+        e.append(f"actor.lora.rank={lo.rank} is above vLLM's largest LoRA rank ({LORA_RANK_SLOTS[-1]})")
 
 
 def _critic(e: list, cfg) -> None:

@@ -15,6 +15,7 @@ from rltrain.config.schema import (
     ActorConfig,
     LayerComputeConfig,
     LogprobHeadConfig,
+    LoraConfig,
     MoEConfig,
     OptimizerConfig,
     ParallelConfig,
@@ -38,6 +39,7 @@ class EngineConfig:
     compute: LayerComputeConfig = field(default_factory=LayerComputeConfig)
     head: LogprobHeadConfig = field(default_factory=LogprobHeadConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # the actor's adapters (rank 0: off; other roles ignore it)
     max_tokens_per_micro_batch: int = ActorConfig.max_tokens_per_micro_batch
     # the forward-only passes' budget (forward_logprobs, forward_values); None: max_tokens_per_micro_batch
     forward_max_tokens_per_micro_batch: int | None = None
@@ -65,6 +67,8 @@ class EngineConfig:
         "max_tokens_per_micro_batch": ("", "max_tokens_per_micro_batch"), "total_steps": ("", "total_steps"),
         "forward_max_tokens_per_micro_batch": ("", "forward_max_tokens_per_micro_batch"),
         "make_vocab_size_divisible_by": ("", "make_vocab_size_divisible_by"),
+        "lora_rank": ("lora", "rank"), "lora_alpha": ("lora", "alpha"), "lora_dropout": ("lora", "dropout"),
+        "lora_target_modules": ("lora", "target_modules"),
     }
 
     def with_flat(self, **flat) -> "EngineConfig":
@@ -73,7 +77,7 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(self.FLAT)}")
         out = dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g)) for g in
-                                           ("optim", "parallel", "compute", "head", "moe")})
+                                           ("optim", "parallel", "compute", "head", "moe", "lora")})
         for name, value in flat.items():
             group, key = self.FLAT[name]
             setattr(getattr(out, group) if group else out, key, value)

@@ -1,6 +1,7 @@
 """The one writer of a transformers-format checkpoint (config.json + model.safetensors [+ tokenizer]): the RL
 actor's export (workers/hybrid.py), SFT's output (trainer/sft.py) and the rollout engine's initial weights
-(workers/rollout.py) all write through `save_hf_checkpoint`.
+(workers/rollout.py) all write through `save_hf_checkpoint`; a LoRA actor's adapter is written as PEFT writes one
+(adapter_config.json + adapter_model.safetensors) by `save_peft_adapter`.
 
 It writes on the rank that calls it (transformers' save_pretrained writes on rank 0 only once torch.distributed is
 up, while every vLLM rank reads its own copy); callers decide which ranks write. Tensor names are checked against the
@@ -62,4 +63,29 @@ def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Te
         if os.path.exists(directory):
             shutil.rmtree(directory)
         os.replace(target, directory)
+    return directory
+
+
+def save_peft_adapter(directory: str, spec, tensors: Mapping[str, torch.Tensor], *, base_model: str | None = None,
+                      tokenizer=None, dtype: torch.dtype = torch.float32) -> str:
+    """Write a LoRA adapter (spec: models/lora.LoraSpec; tensors: PEFT names -> A / B) as a PEFT adapter directory:
+    adapter_config.json (base_model_name_or_path = `base_model`, the model it adapts) and adapter_model.safetensors,
+    with the tokenizer when given. `peft.PeftModel.from_pretrained(base, directory)` and vLLM's LoRARequest read it.
+    Returns the absolute directory."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from rltrain.models.lora import parse_adapter_name
+
+    bad = [k for k in tensors if parse_adapter_name(k) is None]
+    assert not bad, bad[:5]
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(spec.peft_config(base_model), f, indent=2)
+    save_file({k: v.detach().to(dtype).cpu().contiguous() for k, v in tensors.items()},
+              os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(directory)
     return directory

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from rltrain.config.schema import resolve_targets
 from rltrain.data.lengths import DataLengths  # noqa: F401 (the planner's input type, re-exported)
 from rltrain.utils import flops
 from rltrain.utils.errors import UserError
@@ -189,6 +190,8 @@ class Inputs:
     # the prompt length time is planned at (the data's mean: timing.phase_seconds); None: max_prompt_length
     mean_prompt_length: float | None = None
     lengths_from: str = "config"  # where max_prompt_length came from: config (the bound) | data | given
+    lora_rank: int = 0  # actor.lora.rank (0: full fine-tuning)
+    lora_targets: tuple[str, ...] = ()  # actor.lora.target_modules as PEFT names
     extra: dict = field(default_factory=dict)
 
     @property
@@ -273,6 +276,8 @@ def read(cfg: Any) -> Inputs:
             moe_grouped_gemm=bool(a.get("moe_grouped_gemm", True)),
             free_cache_engine=bool(r.get("free_cache_engine", True)),
             recompute_old_logprobs=bool(a.get("recompute_old_logprobs", True)),
+            lora_rank=int((a.get("lora") or {}).get("rank", 0) or 0),
+            lora_targets=resolve_targets((a.get("lora") or {}).get("target_modules") or ["all"]),
         )
     except KeyError as err:
         raise PlanInputError(f"the config has no key {err}; rltrain.plan reads a composed RL config "

@@ -24,7 +24,12 @@ layer's router whole and its E experts split over actor.expert_parallel_size ran
                      fused_head_triton_gib; torch: its chunk budget, ops/chunking.py) + the fp32 grad of the
                      hidden [T, h]; unfused: logits_bytes_per_element x T x V/TP
   forward passes     (old log-probs, reference, critic values) one layer's working memory + the head's
-  reference          weights only (P x dtype bytes) when actor.use_kl_loss or algorithm.use_kl_in_reward
+  reference          weights only (P x dtype bytes) when actor.use_kl_loss or algorithm.use_kl_in_reward; none with
+                     LoRA (the actor's base, adapters off, is the reference)
+  LoRA               actor.lora.rank > 0 (models/megatron/lora.py): the base frozen (weights only: no fp32 master, no
+                     AdamW state, no gradients, no LM-head weight grad); the adapters (A_l = r x (in + out) per target
+                     per layer, the split half / TP) take weights + fp32 master + AdamW + gradients as a full model's
+                     parameters do; vLLM adds one adapter slot (at its max_lora_rank) to its weights
   critic             a second trunk with a value head (algorithm.adv_estimator=gae): weights, master, optimizer,
                      and its own update at critic.max_tokens_per_micro_batch
   vLLM               awake: rollout.gpu_memory_utilization x the GPU (weights + KV cache + its activations, what
@@ -51,6 +56,7 @@ from types import SimpleNamespace
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import Inputs, Shape
+from rltrain.plan.lora import lora_params, vllm_adapter_slot_params
 from rltrain.utils import flops
 
 GIB = cal.GIB
@@ -269,7 +275,8 @@ def activation_bytes(x: Inputs, T: int, stage: int) -> tuple[float, str]:
 
 
 def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
-    """The LM head's memory for T tokens on the last stage (update: with its weight-grad accumulator)."""
+    """The LM head's memory for T tokens on the last stage (update: with its weight-grad accumulator, which a frozen
+    head under LoRA has not)."""
     V_local, h = x.shape.vocab_size / x.tp, x.shape.hidden_size
     if not x.fused_head:
         return cal.value("logits_bytes_per_element") * T * V_local * (1.0 if backward else 0.5)
@@ -279,7 +286,7 @@ def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
         working = min(T, rows) * row
     else:
         working = cal.value("fused_head_triton_gib") * GIB
-    return working + ((4 * V_local * h + 4 * T * h) if backward else 0.0)
+    return working + (((0 if x.lora_rank else 4 * V_local * h) + 4 * T * h) if backward else 0.0)
 
 
 def forward_bytes(x: Inputs, T: int) -> float:
@@ -321,6 +328,8 @@ def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[st
     """(torch-counted parts, non-torch parts, notes, KV-cache bytes) of the awake vLLM engine(s) on one GPU."""
     shape, rtp = x.shape, x.rollout_tp
     weights = full_params(shape) * x.dtype_bytes / rtp
+    if x.lora_rank:
+        weights += vllm_adapter_slot_params(x) * x.dtype_bytes / rtp
     kv_tok = kv_bytes_per_token(shape, rtp, x.dtype_bytes)
     u = x.gpu_memory_utilization
     notes: list[str] = []
@@ -371,7 +380,11 @@ def train_static(x: Inputs, stage: int) -> dict[str, float]:
     shape, dt = x.shape, x.dtype_bytes
     P = role_params(shape, x.tp, x.pp, stage, ep=x.ep)
     parts = {"actor weights": P * dt, "actor fp32 master": P * 4 if dt == 2 else 0.0, "actor optimizer (AdamW)": P * 8}
-    if x.use_ref:
+    if x.lora_rank:  # the base frozen: weights only; the adapters train (models/megatron/lora.py)
+        A = lora_params(x, stage_sparse(shape, x.pp, stage))
+        parts = {"actor weights (frozen base)": P * dt, "actor LoRA adapters": A * dt,
+                 "actor LoRA fp32 master": A * 4 if dt == 2 else 0.0, "actor LoRA optimizer (AdamW)": A * 8}
+    if x.use_ref and not x.lora_rank:
         parts["reference weights"] = P * dt
     if x.use_critic:
         Pc = role_params(shape, x.tp, x.pp, stage, critic=True, ep=x.ep)
@@ -384,6 +397,9 @@ def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: boo
     """The update of the actor (or critic) on a rank of `stage`: the larger of its backward and optimizer step."""
     shape, dt = x.shape, x.dtype_bytes
     P = role_params(shape, x.tp, x.pp, stage, critic=critic, ep=x.ep)
+    lora = bool(x.lora_rank) and not critic
+    if lora:  # only the adapters have gradients
+        P = lora_params(x, stage_sparse(shape, x.pp, stage))
     budget = x.critic_mb_tokens if critic else x.mb_tokens
     T = micro_batch_tokens(x, budget, x.seq_len)
     n_mb = n_micro_batches(x, budget, x.seq_len)
@@ -393,7 +409,7 @@ def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: boo
     last = stage == x.pp - 1
     head = head_bytes(x, T, backward=True) if (last and not critic) else 0.0
     who = "critic" if critic else "actor"
-    head_grad = (shape.vocab_size * shape.hidden_size / x.tp * dt) if (last and not critic) else 0.0
+    head_grad = (shape.vocab_size * shape.hidden_size / x.tp * dt) if (last and not critic and not lora) else 0.0
     grads_bwd = P * dt if (n_mb > 1 or x.pp > 1) else max(P * dt - act, head_grad)  # grads grow as acts are freed
     backward = {**static, f"{who} activations": act,
                 f"{who} gradients": grads_bwd}

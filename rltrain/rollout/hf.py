@@ -31,6 +31,7 @@ from collections.abc import Iterable
 import torch
 
 from rltrain.models.hf_experts import per_expert_views
+from rltrain.models.lora import HFAdapters, LoraSpec
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 
 
@@ -90,12 +91,14 @@ class HFEngine(Engine):
     pad_token_id: filler id for left padding (masked out); default tokenizer pad, else EOS, else 0.
     max_batch_size: rows (prompts x n) per forward batch.
     return_routed_experts: record the MoE routing of every token (RolloutResponse.routed_experts).
+    lora: the actor trains LoRA adapters (actor.lora): the model gets them (models/lora.HFAdapters, B = 0 until the
+        first update) and update_weights takes their PEFT-named tensors, the base staying as it is.
     """
 
     def __init__(self, model, *, tokenizer=None, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, max_batch_size: int = 64,
                  eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
-                 return_routed_experts: bool = False) -> None:
+                 return_routed_experts: bool = False, lora: LoraSpec | None = None) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"HFEngine max_batch_size must be an int >= 1, got {max_batch_size!r}")
         if isinstance(model, (str, os.PathLike)):
@@ -123,6 +126,7 @@ class HFEngine(Engine):
         self._buffers_backup: dict[str, torch.Tensor] = {}
         self._missing_params: set[int] = set()  # ids of parameters still empty after a level-2 wake_up
         self._routing = _RoutingRecorder(self.model) if return_routed_experts else None
+        self.adapters = None if lora is None else HFAdapters(self.model, lora)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -215,6 +219,8 @@ class HFEngine(Engine):
         for name, param in self.model.named_parameters(remove_duplicate=False):
             targets.update(per_expert_views(name, param))  # MoE: checkpoint names of the fused expert tensors
         targets.update(self.model.named_buffers(remove_duplicate=False))
+        if self.adapters is not None:
+            targets.update(self.adapters.tensors)  # LoRA: the adapters by their PEFT names
         loaded = 0
         for name, tensor in named_tensors:
             target = targets.get(name)

@@ -50,6 +50,7 @@ from rltrain.compat import vllm as vllm_compat
 from rltrain.compat.vllm import (  # noqa: F401  (importers use TP_MIN_HEAD_DIM and tp_head_dim_error from here)
     INSTALL_HINT, SLEEP_RACE, SUPPORTED_TEXT, SUPPORTED_VLLM, TP_MIN_HEAD_DIM, import_vllm, tp_head_dim_error,
 )
+from rltrain.models.lora import LoraSpec, parse_adapter_name
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 from rltrain.rollout.vllm_args import (  # noqa: F401  (the engine's start arguments; importers use these names here)
     DEFAULT_GPU_MEMORY_UTILIZATION, ENGINE_ENV, MAX_NUM_SEQS, apply_engine_env, auto_kv_cache_bytes,
@@ -74,12 +75,16 @@ class VLLMEngine(Engine):
     with weight_transfer_backend="ipc" (CUDA IPC on the same GPU); start_engine_pool builds several.
     return_routed_experts: each response carries the experts every MoE layer routed its tokens to
     (RolloutResponse.routed_experts; GPU only).
+    lora: the actor trains LoRA adapters (actor.lora): vLLM runs with LoRA on (one adapter slot), update_weights
+    takes the adapters' PEFT-named tensors and swaps them in from memory (no file; compat/vllm.memory_adapter), and
+    generation uses them once the first arrived (before it, B = 0: the base alone, the same numbers).
     Other keyword arguments go to engine_kwargs (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
     def __init__(self, model: str, *, tokenizer=None, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
                  eos_token_id: int | list[int] | None = None, memory_key: str = "rollout.gpu_memory_utilization",
-                 in_process: bool = True, return_routed_experts: bool = False, **kwargs: Any) -> None:
+                 in_process: bool = True, return_routed_experts: bool = False, lora: LoraSpec | None = None,
+                 **kwargs: Any) -> None:
         vllm = import_vllm()
         if not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"VLLMEngine needs an HF checkpoint directory or hub name, got {type(model).__name__}; "
@@ -94,6 +99,12 @@ class VLLMEngine(Engine):
                 raise UserError(f"return_routed_experts needs a Mixture-of-Experts checkpoint; {model} has no sparse "
                                 "layers (set actor.moe_routing_replay=false)")
             kwargs["enable_return_routed_experts"] = True
+        self.lora, self._lora_request = lora, None
+        if lora is not None:
+            if not in_process:
+                raise ValueError("LoRA adapters (actor.lora.rank > 0) are loaded from this process's memory: the vLLM "
+                                 "engine must run in it (rollout.engines_per_gpu=1)")
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_compat.lora_rank_slot(lora.rank), max_loras=1)
         self._vllm, self.tokenizer, self.device = vllm, tokenizer, device
         had_world = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._owns_world = not had_world  # vLLM creates the process group itself: close() destroys it
@@ -178,7 +189,8 @@ class VLLMEngine(Engine):
             params = self._vllm.SamplingParams(**kw)
         else:  # one seed per request: requests of a batch must not share one random stream
             params = [self._vllm.SamplingParams(**{**kw, "seed": sampling.seed + j}) for j in range(len(rows))]
-        outputs = self._call("generate", self.llm.generate, prompts, params, use_tqdm=False)
+        outputs = self._call("generate", self.llm.generate, prompts, params, use_tqdm=False,
+                             lora_request=self._lora_request)
         decode = (lambda ids: self.tokenizer.decode(ids)) if sampling.stop else None
         user_ids = set(sampling.stop_token_ids)
         eos_only = tuple(e for e in self._eos if e not in user_ids)
@@ -206,6 +218,8 @@ class VLLMEngine(Engine):
         layerwise reload fuses q/k/v and gate/up and shards for TP) when the vLLM worker is in this process
         (uni-process or external_launcher); an engine in its own process takes the same stream by CUDA IPC
         (weight_transfer_backend="ipc", sync.ipc.send_ipc_buckets)."""
+        if self.lora is not None:
+            return self._load_adapter(named_tensors)
         if not self.in_process:
             if self._transfer_backend() != "ipc":
                 raise RuntimeError("VLLMEngine.update_weights reloads from this process's tensors and needs the engine "
@@ -225,6 +239,25 @@ class VLLMEngine(Engine):
                    kwargs={"weights_iterator": iter(counted)})
         self.llm.reset_prefix_cache()  # no KV computed with the old weights is reused
         return counted.n
+
+    def _load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """LoRA: the actor's adapter (PEFT-named A and B tensors, on any device) replaces the engine's one in place,
+        from memory; the prefix cache is reset (its KV was computed with the old adapter)."""
+        from vllm.lora.request import LoRARequest
+
+        tensors = {}
+        for name, t in named_tensors:
+            if parse_adapter_name(name) is None:
+                raise ValueError(f"update_weights: {name!r} is not a LoRA adapter tensor; this engine serves the "
+                                 "actor's adapters (actor.lora.rank > 0) and takes only those")
+            tensors[name] = t.detach().to("cpu", copy=True)  # vLLM scales its B in place; it loads from the host
+        path, name = vllm_compat.MEMORY_ADAPTER_PREFIX + "actor", "rltrain-actor"
+        with vllm_compat.memory_adapter(path, self.lora.peft_config(), tensors):
+            self._call("add_lora", self.llm.llm_engine.add_lora,
+                       LoRARequest(lora_name=name, lora_int_id=1, lora_path=path, load_inplace=True))
+        self.llm.reset_prefix_cache()
+        self._lora_request = LoRARequest(lora_name=name, lora_int_id=1, lora_path=path)
+        return len(tensors)
 
     def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         """Join vLLM's weight-transfer engine (backend chosen at construction: weight_transfer_backend)."""

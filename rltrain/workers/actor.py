@@ -6,6 +6,7 @@ Composes the model backend (models/megatron), the fused loss path (ops, via the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -240,17 +241,27 @@ class ActorRole:
                                    forward_max_tokens_per_micro_batch=actor_cfg.log_prob_max_tokens_per_micro_batch,
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
                                    compute=actor_cfg.group(LayerComputeConfig), moe=actor_cfg.group(MoEConfig),
-                                   head=trainer_cfg.group(LogprobHeadConfig))
+                                   head=trainer_cfg.group(LogprobHeadConfig),
+                                   lora=actor_cfg.lora if role == "actor" else None)
         self.loss = PolicyLoss.from_config(actor_cfg, async_rollout=trainer_cfg.async_rollout)
+
+    def base_reference(self) -> BaseReference:
+        """LoRA: the reference role served by this actor's model with its adapters off (the base, frozen: the
+        initial model), no second model."""
+        return BaseReference(self)
 
     # ------------------------------------------------------------------ forward-only
     @torch.no_grad()
-    def compute_logprobs(self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False):
-        """(logprobs [B, R], entropy [B, R] or None) of the response tokens under this model."""
+    def compute_logprobs(self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
+                         adapters: bool = True):
+        """(logprobs [B, R], entropy [B, R] or None) of the response tokens under this model. adapters=False: under
+        the LoRA actor's base (its adapters off; the reference keeps its own MoE routing)."""
         input_ids, seq_lens, start, label_mask = label_masks(
             batch, response_only=self.trainer_cfg.logprobs_response_only, loss_mask_only=False)
-        lp, ent = self.engine.forward_logprobs(input_ids, seq_lens, label_mask, temperature=temperature,
-                                               with_entropy=with_entropy, routed_experts=self._routing(batch))
+        with contextlib.nullcontext() if adapters else self.engine.lora.disabled():
+            lp, ent = self.engine.forward_logprobs(input_ids, seq_lens, label_mask, temperature=temperature,
+                                                   with_entropy=with_entropy,
+                                                   routed_experts=self._routing(batch) if adapters else None)
         lp = batch.response_from_full(lp.float().cpu(), start)
         ent = None if ent is None else batch.response_from_full(ent.float().cpu(), start)
         return lp, ent
@@ -319,6 +330,9 @@ class ActorRole:
         return batch.full_routed_experts()
 
     def export_weights(self, bucket_bytes: int):
+        """What the rollout engine needs after an update: the HF-named weights, or with LoRA the adapters alone."""
+        if self.engine.lora is not None:
+            return self.engine.export_lora_weights(bucket_bytes=bucket_bytes)
         return self.engine.export_hf_weights(bucket_bytes=bucket_bytes)
 
     def state_dict(self) -> dict:
@@ -326,3 +340,13 @@ class ActorRole:
 
     def load_state_dict(self, sd: dict) -> None:
         self.engine.load_state_dict(sd)
+
+
+class BaseReference:
+    """The reference role of a LoRA actor: its model with the adapters off (ActorRole.base_reference)."""
+
+    def __init__(self, actor: ActorRole):
+        self.actor = actor
+
+    def compute_logprobs(self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False):
+        return self.actor.compute_logprobs(batch, temperature=temperature, with_entropy=with_entropy, adapters=False)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rltrain.data.batch import Batch
+from rltrain.models.lora import LoraSpec
 from rltrain.rollout.sync import build_weight_sync, sync_method
 from rltrain.utils.profiling import WorkerProfiler, phase
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
@@ -136,7 +137,9 @@ class HybridWorker(Worker):
             self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg.actor, trainer_cfg=t,
                                    device=self.device, dtype=train_dtype, seed=seed, total_steps=total,
                                    routing_replay=replay)
-        if "ref" in self.roles:
+        if "ref" in self.roles and self.actor is not None and self.actor.engine.lora is not None:
+            self.ref = self.actor.base_reference()  # LoRA: the initial model is the actor with its adapters off
+        elif "ref" in self.roles:
             from rltrain.workers.actor import ActorRole
 
             self.ref = ActorRole(hf_config, sd, role="ref", actor_cfg=cfg.actor, trainer_cfg=t,
@@ -148,14 +151,16 @@ class HybridWorker(Worker):
                                      device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
         # the weight path, chosen once for this worker's placement (rollout/sync/): colocated when it holds both
         # the actor and the rollout engine
+        lora = LoraSpec.from_config(cfg.actor.lora)  # None: full fine-tuning
         method = sync_method(colocated="actor" in self.roles and "rollout" in self.roles, device=self.device,
-                             engine=cfg.rollout.engine)
+                             engine=cfg.rollout.engine, adapters_only=lora is not None)
         if "rollout" in self.roles:
             from rltrain.workers.rollout import RolloutRole
 
             self.rollout = RolloutRole(engine=cfg.rollout.engine, model=hf_model, tokenizer=self.tokenizer,
                                        rollout_cfg=cfg.rollout, device=self.device, dtype=train_dtype,
-                                       sync=method, seed=seed, sandbox_cfg=cfg.sandbox, routed_experts=replay)
+                                       sync=method, seed=seed, sandbox_cfg=cfg.sandbox, routed_experts=replay,
+                                       lora=lora)
         else:
             del hf_model
         self.weight_sync = build_weight_sync(method, engine=None if self.rollout is None else self.rollout.engine,
@@ -301,12 +306,23 @@ class HybridWorker(Worker):
         if self.rollout is not None and self.actor is not None:
             self.weight_sync_send(bucket_bytes)
 
-    def export_hf(self, out_dir: str) -> str | None:
-        """Write the actor as a transformers checkpoint (config + safetensors + tokenizer), rank 0 only."""
-        from rltrain.models.hf_export import save_hf_checkpoint  # the one HF writer
+    def export_hf(self, out_dir: str, merged: bool = False) -> str | None:
+        """Write the actor as a transformers checkpoint (config + safetensors + tokenizer), rank 0 only. LoRA: a PEFT
+        adapter directory (adapter_config.json, adapter_model.safetensors; peft loads it onto model.path), and with
+        `merged` the merged model (W + alpha / r B A) as a transformers checkpoint in <out_dir>/merged."""
+        from rltrain.models.hf_export import save_hf_checkpoint, save_peft_adapter  # the one HF writer
+        from rltrain.models.lora import merged_weights
 
+        lora = self.actor.engine.lora
         named = dict(self.actor.export_weights(1 << 30))  # collective: every rank gathers
+        base = dict(self.actor.engine.export_hf_weights(1 << 30)) if lora is not None and merged else None
         if self.rank != 0:
             return None
-        save_hf_checkpoint(out_dir, self.hf_config, named, tokenizer=self.tokenizer, dtype=torch.float32)
+        if lora is None:
+            save_hf_checkpoint(out_dir, self.hf_config, named, tokenizer=self.tokenizer, dtype=torch.float32)
+            return out_dir
+        save_peft_adapter(out_dir, lora.spec, named, base_model=self.cfg.model.path, tokenizer=self.tokenizer)
+        if base is not None:
+            save_hf_checkpoint(os.path.join(out_dir, "merged"), self.hf_config, merged_weights(base, named, lora.spec),
+                               tokenizer=self.tokenizer, dtype=torch.float32)
         return out_dir

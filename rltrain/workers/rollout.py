@@ -22,24 +22,27 @@ from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 class RolloutRole:
     """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from.
     sync: how weights will reach the engine (rollout/sync/: "local", "gloo", "nccl"). routed_experts: the batches
-    carry the MoE routing the engine used (rollout routing replay)."""
+    carry the MoE routing the engine used (rollout routing replay). lora: the actor's adapter spec (actor.lora): the
+    engine serves the base with the actor's adapters, which are all a weight sync brings."""
 
     def __init__(self, *, engine: str, model, tokenizer, rollout_cfg, device: str, dtype: torch.dtype,
-                 sync: str = "local", seed: int = 0, sandbox_cfg=None, routed_experts: bool = False):
+                 sync: str = "local", seed: int = 0, sandbox_cfg=None, routed_experts: bool = False, lora=None):
         from rltrain.config.convert import as_config
         from rltrain.config.schema import RolloutConfig, SandboxConfig
 
         rollout_cfg = as_config(rollout_cfg, RolloutConfig)  # a RolloutConfig (or a dict of one from tools/tests)
         self.cfg, self.tokenizer, self.sync = rollout_cfg, tokenizer, sync
-        # vLLM sleeps at level 2 (weights dropped, no host copy) when every wake is followed by a full update
-        self.sleep_level = 2 if engine == "vllm" and sync == "local" else 1
+        # vLLM sleeps at level 2 (weights dropped, no host copy) when every wake is followed by a full update; with
+        # LoRA only the adapters come: the base must survive the sleep (level 1: kept in host memory)
+        self.sleep_level = 2 if engine == "vllm" and sync == "local" and lora is None else 1
         if engine == "hf":
             self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
-                                       max_batch_size=rollout_cfg.max_batch_size, return_routed_experts=routed_experts)
+                                       max_batch_size=rollout_cfg.max_batch_size, return_routed_experts=routed_experts,
+                                       lora=lora)
         else:
             assert engine == "vllm", engine  # config validation allows hf | vllm
             self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed,
-                                      routed_experts=routed_experts)
+                                      routed_experts=routed_experts, lora=lora)
         self.multi_turn = None
         mt = rollout_cfg.multi_turn
         if mt.enable:
@@ -181,7 +184,7 @@ def routing_fields(responses, prompt_lens: list[int], p: int, r: int) -> dict[st
 
 
 def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int,
-                routed_experts: bool = False):
+                routed_experts: bool = False, lora=None):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
     from rltrain.config.convert import as_config
@@ -208,7 +211,7 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)  # unset: the engine fixes a small model's (vllm.py)
     common = dict(tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."), seed=seed,
                   tensor_parallel_size=tp, enforce_eager=c.enforce_eager, return_routed_experts=routed_experts,
-                  eos_token_id=getattr(tokenizer, "eos_token_id", None))
+                  eos_token_id=getattr(tokenizer, "eos_token_id", None), lora=lora)
     k = c.engines_per_gpu
     try:
         if k > 1:  # several engines in their own processes share this GPU; weights by CUDA IPC (rollout/pool.py)

@@ -217,3 +217,22 @@ def test_cli_wrong_type_or_unknown_key_exits_2_naming_the_key(override, key, tmp
     res = _run_main("--config-name", "grpo_tiny", override, f"hydra.run.dir={tmp_path}")
     assert res.returncode == 2, res.stderr
     assert key in res.stderr and "Traceback" not in res.stderr
+
+
+def test_lora_keys_are_checked_naming_the_key():
+    from omegaconf import OmegaConf
+
+    from rltrain.config.validate import config_errors
+
+    base = _compose("grpo_tiny", ["actor.lora.rank=8"])
+    assert config_errors(base) == []
+    cases = [({"actor.lora.rank": -1}, "actor.lora.rank=-1"), ({"actor.lora.alpha": 0.0}, "actor.lora.alpha=0.0"),
+             ({"actor.lora.dropout": 1.0}, "actor.lora.dropout=1.0"),
+             ({"actor.lora.target_modules": ["qkv"]}, "actor.lora.target_modules=['qkv']"),
+             ({"rollout.engine": "vllm", "rollout.engines_per_gpu": 2}, "rollout.engines_per_gpu=2"),
+             ({"rollout.engine": "vllm", "actor.lora.rank": 1024}, "largest LoRA rank (512)")]
+    for changes, message in cases:
+        cfg = base.copy()
+        for key, value in changes.items():
+            OmegaConf.update(cfg, key, value)
+        assert any(message in err for err in config_errors(cfg)), (changes, config_errors(cfg))

@@ -25,7 +25,6 @@ elementwise work runs, `recompute_granularity` what activation recomputation kee
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable
@@ -35,6 +34,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rltrain.models.engine_config import EngineConfig
+from rltrain.models.lora import LoraSpec
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch
 from rltrain.models.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
@@ -44,22 +44,12 @@ from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
 from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
 from rltrain.models.megatron.micro_batch import make_micro_batches
-from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingReplay, set_aux_loss_scale,
-                                        use_grouped_expert_gemm)
+from rltrain.models.megatron.lora import LoraAdapters
+from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingReplay, expert_collectives_on_cpu,
+                                        set_aux_loss_scale, use_grouped_expert_gemm)
 from rltrain.models.megatron.optim import EngineOptimizer
 
 ROLES = ("actor", "ref", "critic")
-
-
-def _expert_collectives_on_cpu(method):
-    """Run `method` under compat's CPU device shim when MoE tokens are dispatched over ranks: megatron's token
-    dispatch allocates its collective buffers on `torch.cuda.current_device()`, forward and backward (a no-op with
-    CUDA; pipeline-parallel calls take the same shim in pipeline.py)."""
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with pipeline_mod.cpu_schedule_shim() if self._dispatch_collectives else contextlib.nullcontext():
-            return method(self, *args, **kwargs)
-    return run
 
 
 class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
@@ -149,6 +139,10 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         elif self.last_stage:
             head_mod.set_head_mode(self.model, "hidden" if head.fused_linear_logprob else "logits")
 
+        # LoRA (actor.lora.rank > 0): adapters on the actor's linears, the base frozen; the optimizer then takes the
+        # adapters only (no master copy or AdamW state of the base)
+        spec = LoraSpec.from_config(c.lora) if role == "actor" else None
+        self.lora = None if spec is None else LoraAdapters(self.model, spec, seed=seed)
         self.optim: EngineOptimizer | None = None
         if role == "ref":
             self.model.requires_grad_(False)
@@ -208,15 +202,21 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         """True on a later pipeline stage holding a copy of the tied embedding as its LM head."""
         return self.pp_size > 1 and self.model.share_embeddings_and_output_weights and not self.model.pre_process
 
+    def export_lora_weights(self, bucket_bytes: int = 512 << 20) -> Iterator[tuple[str, torch.Tensor]]:
+        """The adapters' (PEFT name, full tensor) pairs, every stage's on every rank (as export_hf_weights)."""
+        it = self.lora.export()
+        return it if self.pp_size == 1 else pipeline_mod.merge_stages(it, bucket_bytes, self.device)
+
     def state_dict(self) -> dict[str, Any]:
-        """This rank's model shards + optimizer + scheduler (+ fp32 masters) for checkpoints."""
-        sd: dict[str, Any] = {"model": {k: v for k, v in self.model.state_dict().items()}}
+        """This rank's model shards (with LoRA: the adapters only; the base is the initial model) + optimizer +
+        scheduler (+ fp32 masters) for checkpoints."""
+        sd: dict[str, Any] = {"model": self.lora.state_dict() if self.lora else dict(self.model.state_dict())}
         if self.optim is not None:
             sd.update(self.optim.state_dict())
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.model.load_state_dict(sd["model"])
+        (self.lora or self.model).load_state_dict(sd["model"])
         if self.optim is not None:
             self.optim.load_state_dict(sd)
 
@@ -331,7 +331,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         return torch.as_tensor(seq_lens).long()
 
     @torch.no_grad()
-    @_expert_collectives_on_cpu
+    @expert_collectives_on_cpu
     def forward_logprobs(self, input_ids, seq_lens, label_mask, *, temperature: float = 1.0,
                          with_entropy: bool = True, routed_experts: torch.Tensor | None = None):
         """input_ids [B, S] right-padded, seq_lens [B], label_mask [B, S] bool ->
@@ -383,7 +383,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         return lp_out.to(input_ids.device), None if ent_out is None else ent_out.to(input_ids.device)
 
     @torch.no_grad()
-    @_expert_collectives_on_cpu
+    @expert_collectives_on_cpu
     def forward_values(self, input_ids, seq_lens, mask):
         """Critic values [B, S] fp32 (entry t = V(x_<t)), 0 outside mask. No grad."""
         if self.role != "critic":
@@ -428,7 +428,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                                        routed_experts=mb.routed_experts)
         return ModelOutputs(logprobs=lp, entropy=ent)
 
-    @_expert_collectives_on_cpu
+    @expert_collectives_on_cpu
     def train_step(self, micro_batches: Sequence[MicroBatch | Mapping[str, Any]],
                    loss_fn: LossFn | Callable[[ModelOutputs, MicroBatch], Any], *,
                    temperature: float = 1.0) -> dict[str, float]:

@@ -18,11 +18,25 @@ step's metrics are those of the rank that reports them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+
+from rltrain.compat.megatron import cpu_schedule_shim
+
+
+def expert_collectives_on_cpu(method):
+    """Run the engine's `method` under compat's CPU device shim when MoE tokens are dispatched over ranks: megatron's
+    token dispatch allocates its collective buffers on `torch.cuda.current_device()`, forward and backward (a no-op
+    with CUDA; pipeline-parallel calls take the same shim in pipeline.py)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with cpu_schedule_shim() if self._dispatch_collectives else contextlib.nullcontext():
+            return method(self, *args, **kwargs)
+    return run
 
 
 class ExpertPasses:

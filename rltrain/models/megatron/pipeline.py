@@ -158,6 +158,8 @@ def reduce_tied_embedding_grads(model) -> None:
     if not (model.pre_process or model.post_process):
         return
     weight = model.shared_embedding_or_output_weight()
+    if not weight.requires_grad:  # frozen (LoRA): nothing to sum
+        return
     if weight.grad is None:
         weight.grad = torch.zeros_like(weight)
     dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())

@@ -75,6 +75,10 @@ WEIGHT_RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("value_head.bias", ("score.bias",), "replicated"),
 ]
 
+# The submodule of a megatron linear that holds its LoRA adapters (models/megatron/lora.py): not base weights, so the
+# HF table neither loads nor exports its parameters (the adapters have their own PEFT names and export)
+ADAPTER_ATTR = "lora"
+
 # HF keys that carry no weights of ours (buffers, or the tied copy of the embedding).
 _IGNORED_HF = re.compile(r"(.*rotary_emb\.inv_freq$)")
 
@@ -137,7 +141,7 @@ def _expert_layout(lay: _Layout) -> _Layout:
                                rank=parallel_state.get_expert_tensor_parallel_rank())
 
 
-def _layer_offset(model) -> int:
+def layer_offset(model) -> int:
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     return parallel_state.get_pipeline_model_parallel_rank() * (model.config.num_layers // pp)
 
@@ -253,8 +257,10 @@ def _strip_prefix(name: str) -> str:
 
 
 def _named_params(model) -> Iterable[tuple[str, torch.nn.Parameter]]:
-    """Parameters in table order; the tied output layer (weight None) has no parameter of its own."""
-    return [(n, p) for n, p in model.named_parameters() if not n.endswith("_extra_state")]
+    """Parameters in table order; the tied output layer (weight None) has no parameter of its own; LoRA adapters
+    (ADAPTER_ATTR) are not base weights."""
+    return [(n, p) for n, p in model.named_parameters()
+            if not n.endswith("_extra_state") and f".{ADAPTER_ATTR}." not in n]
 
 
 @torch.no_grad()
@@ -265,7 +271,7 @@ def load_hf_weights(model, state_dict_or_path, *, strict: bool = True) -> None:
     `lm_head.weight`, rotary buffers, and `score.*` for non-critics excepted)."""
     src = _as_source(state_dict_or_path)
     keys = {_strip_prefix(k): k for k in src.keys()}
-    lay, offset, e_offset = _layout(model), _layer_offset(model), _expert_offset(model)
+    lay, offset, e_offset = _layout(model), layer_offset(model), _expert_offset(model)
     used: set[str] = set()
     for name, param in _named_params(model):
         hf_templates, layout, local = _match(name)
@@ -306,7 +312,7 @@ def load_hf_weights(model, state_dict_or_path, *, strict: bool = True) -> None:
             raise KeyError(f"HF weights not used by the megatron model (wrong architecture?): {unused[:8]}")
 
 
-def _all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
+def all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, t.contiguous(), group=group)
     return out
@@ -316,17 +322,17 @@ def _gather_tp(t: torch.Tensor, layout: str) -> list[torch.Tensor]:
     if layout in _EXPERT_LAYOUTS:
         if parallel_state.get_expert_tensor_parallel_world_size() == 1:
             return [t]
-        return _all_gather(t, parallel_state.get_expert_tensor_parallel_group())
+        return all_gather(t, parallel_state.get_expert_tensor_parallel_group())
     if layout == "replicated" or parallel_state.get_tensor_model_parallel_world_size() == 1:
         return [t]
-    return _all_gather(t, parallel_state.get_tensor_model_parallel_group())
+    return all_gather(t, parallel_state.get_tensor_model_parallel_group())
 
 
 def _gather_experts(t: torch.Tensor, layout: str) -> list[torch.Tensor]:
     """The same local expert's tensor from every expert-parallel rank (rank order = expert blocks), or [t]."""
     if layout not in _EXPERT_LAYOUTS or parallel_state.get_expert_model_parallel_world_size() == 1:
         return [t]
-    return _all_gather(t, parallel_state.get_expert_model_parallel_group())
+    return all_gather(t, parallel_state.get_expert_model_parallel_group())
 
 
 @torch.no_grad()
@@ -341,7 +347,7 @@ def export_hf_weights(model, bucket_bytes: int = 512 << 20) -> Iterator[tuple[st
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    lay, offset, n_local = _layout(model), _layer_offset(model), _local_experts(model)
+    lay, offset, n_local = _layout(model), layer_offset(model), _local_experts(model)
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, param in _named_params(model):

@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 
-def sync_method(*, colocated: bool, device: str, engine: str) -> str:
-    """The weight path for a placement (see the package docstring)."""
+def sync_method(*, colocated: bool, device: str, engine: str, adapters_only: bool = False) -> str:
+    """The weight path for a placement (see the package docstring). adapters_only (LoRA): a split placement sends the
+    adapters over gloo (megabytes; vLLM's NCCL weight-transfer engine loads only base weights)."""
     if colocated:
         return "local"
-    if device == "cuda" and engine == "vllm":
+    if device == "cuda" and engine == "vllm" and not adapters_only:
         return "nccl"
     return "gloo"
 
