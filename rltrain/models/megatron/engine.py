@@ -127,22 +127,13 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
             if self.device.type == "cpu":
                 cfg.batch_p2p_comm = False  # plain isend/irecv; batch_p2p_sync needs CUDA
         if self.last_stage and role == "critic":
-            gen = torch.Generator().manual_seed(seed + 17)  # same init on every TP rank (replicated)
-            value_head = torch.nn.Linear(hf_config.hidden_size, 1, dtype=params_dtype)
-            with torch.no_grad():
-                value_head.weight.copy_(torch.randn(value_head.weight.shape, generator=gen) * 0.02)
-                value_head.bias.zero_()
-            self.model.value_head = value_head.to(self.device)
-            if not self.model.share_embeddings_and_output_weights:
-                self.model.output_layer.weight = None  # the critic has no LM head; frees [V, H]
-            head_mod.set_head_mode(self.model, "hidden_replicated")
+            head_mod.attach_value_head(self.model, hf_config.hidden_size, dtype=params_dtype, device=self.device,
+                                       seed=seed)
         elif self.last_stage:
             head_mod.set_head_mode(self.model, "hidden" if head.fused_linear_logprob else "logits")
 
-        # LoRA (actor.lora.rank > 0): adapters on the actor's linears, the base frozen; the optimizer then takes the
-        # adapters only (no master copy or AdamW state of the base)
-        spec = LoraSpec.from_config(c.lora) if role == "actor" else None
-        self.lora = None if spec is None else LoraAdapters(self.model, spec, seed=seed)
+        spec = LoraSpec.from_config(c.lora) if role == "actor" else None  # LoRA: the optimizer takes the adapters
+        self.lora = None if spec is None else LoraAdapters(self.model, spec, seed=seed)  # only (the base frozen)
         self.optim: EngineOptimizer | None = None
         if role == "ref":
             self.model.requires_grad_(False)

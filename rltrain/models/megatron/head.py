@@ -79,6 +79,20 @@ def set_head_mode(model, mode: str) -> None:
     layer.head_mode = mode
 
 
+def attach_value_head(model, hidden_size: int, *, dtype: torch.dtype, device, seed: int) -> None:
+    """The critic's last stage: a value head h -> 1 (the same init on every TP rank: replicated) in place of the LM
+    head, whose weight is dropped when untied (frees [V, H]); the output layer returns the gathered hidden states."""
+    gen = torch.Generator().manual_seed(seed + 17)
+    value_head = torch.nn.Linear(hidden_size, 1, dtype=dtype)
+    with torch.no_grad():
+        value_head.weight.copy_(torch.randn(value_head.weight.shape, generator=gen) * 0.02)
+        value_head.bias.zero_()
+    model.value_head = value_head.to(device)
+    if not model.share_embeddings_and_output_weights:
+        model.output_layer.weight = None
+    set_head_mode(model, "hidden_replicated")
+
+
 def lm_head_weight(model) -> torch.Tensor:
     """This rank's LM-head shard [V_local_padded, H] (tied embedding or output layer)."""
     if model.share_embeddings_and_output_weights:

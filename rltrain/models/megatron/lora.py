@@ -212,7 +212,8 @@ class LoraAdapters:
     @torch.no_grad()
     def load(self, named: Mapping[str, torch.Tensor]) -> None:
         """Copy full PEFT-named tensors into this rank's shards (the other stages' names are skipped)."""
-        tp, rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        rank = parallel_state.get_tensor_model_parallel_rank()
         for a in self.linears:
             for name, which, p in a.local_named():
                 if name not in named:
