@@ -1,5 +1,5 @@
 """LoRA on one GPU (issue 61): Qwen3-8B's shape (random weights), LoRA rank 32 on every linear, vLLM colocated.
-Writes lora.json + lora.md (and the run's metrics.jsonl as grpo_metrics.jsonl) to --out.
+Writes lora.json + lora.md (and the GRPO run's metrics.jsonl as grpo_metrics.jsonl) to --out, nothing else.
 
 Sections, each in a child process of its own (fresh GPU memory; a failed one is a result, the other still runs):
   grpo   the real trainer in process: GRPO steps with actor.lora.rank=32 and the KL loss (its reference is the actor
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -72,7 +73,7 @@ def section_grpo(out_dir: str, steps: int) -> dict:
 
     overrides = ["trainer.use_ray=false", *GRPO, *LORA, f"trainer.total_steps={steps}"]
     cfg = _compose(overrides)
-    run_dir = os.path.join(out_dir, "grpo_run")
+    run_dir = tempfile.mkdtemp(prefix="gpu_lora_run_")  # outside --out: only the report files come back
     t0 = time.time()
     run_from_config(cfg, run_dir)
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
@@ -195,9 +196,10 @@ def section_peft(out_dir: str) -> dict:
     grads = {name: p.grad for a in eng.lora.linears for name, _, p in a.local_named()}
     grad_err = max(float((grads[n].double() - named[n.replace(".weight", ".default.weight")].grad.double()).abs().max()
                          / named[n.replace(".weight", ".default.weight")].grad.abs().max()) for n in ad)
-    save_peft_adapter(os.path.join(out_dir, "peft_adapter"), eng.lora.spec, dict(eng.lora.export()))
+    adapter_dir = tempfile.mkdtemp(prefix="gpu_lora_peft_")
+    save_peft_adapter(adapter_dir, eng.lora.spec, dict(eng.lora.export()))
     with torch.no_grad():
-        loaded = peft_logprobs(PeftModel.from_pretrained(base(), os.path.join(out_dir, "peft_adapter")).eval())
+        loaded = peft_logprobs(PeftModel.from_pretrained(base(), adapter_dir).eval())
         eng.model.eval()
         lp, _ = eng.forward_logprobs(ids, lens, mask)
     return {"logprob_err_vs_peft": float((out.logprobs[:, 1:].double().cuda() - ref.detach()).abs().max()),
@@ -264,8 +266,10 @@ def main() -> None:
         t0 = time.time()
         cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--out", args.out,
                "--steps", str(args.steps)]
-        res[name], run = run_json_child(cmd, os.path.join(args.out, f"section_{name}.json"),
-                                        timeout_s={"grpo": 360, "actor": 120, "peft": 120}[name])
+        section = os.path.join(args.out, f"section_{name}.json")
+        res[name], run = run_json_child(cmd, section, timeout_s={"grpo": 360, "actor": 120, "peft": 120}[name])
+        if os.path.exists(section):
+            os.remove(section)  # its content is in lora.json
         if res[name] is None:
             res[name] = {"error": f"section process exited with {run['rc']} (timed out: {run['timed_out']}) and "
                                   "wrote nothing"}
