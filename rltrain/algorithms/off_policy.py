@@ -273,13 +273,15 @@ def truncated_is_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: T
 
 def policy_mismatch(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Training/inference mismatch over the masked tokens ([B, L] inputs as in `off_policy_weights`):
-    0-dim fp64 `abs_mean` = mean |smp - old|, `abs_max` = max |smp - old|, `kl` = k3 estimate of
-    KL(mu || pi_old) from the sampled tokens. All 0 when the mask is empty."""
+    0-dim fp64 `abs_mean` = mean |smp - old|, `abs_max` = max |smp - old|, `nonzero_frac` = share of the tokens
+    whose two log-probs differ at all (0 under rollout.true_on_policy), `kl` = k3 estimate of KL(mu || pi_old) from
+    the sampled tokens. All 0 when the mask is empty."""
     _check_shapes(old_logprobs, sampler_logprobs, mask)
     keep = mask.bool()
     old, smp = old_logprobs.double()[keep], sampler_logprobs.double()[keep]  # [N] sampled tokens
     if old.numel() == 0:
         z = torch.zeros((), dtype=torch.float64)
-        return {"abs_mean": z, "abs_max": z, "kl": z}
+        return {"abs_mean": z, "abs_max": z, "nonzero_frac": z, "kl": z}
     gap = (old - smp).abs()
-    return {"abs_mean": gap.mean(), "abs_max": gap.max(), "kl": kl_penalty(smp, old, "k3").mean()}
+    return {"abs_mean": gap.mean(), "abs_max": gap.max(), "nonzero_frac": (gap != 0).double().mean(),
+            "kl": kl_penalty(smp, old, "k3").mean()}

@@ -197,6 +197,9 @@ class RolloutConfig:
     # tokens already made (log-probs and per-token versions kept; rollout/partial.py)
     partial: bool = False
     partial_chunk_tokens: int = 64
+    # true on-policy: the engine and the actor compute each sampled token's log-prob with the same arithmetic, so
+    # rollout/logprob_diff_max is exactly 0; the log-prob is of the distribution sampled from (top_k/top_p applied)
+    true_on_policy: bool = False
     # colocated: the engine sleeps (frees its weights and KV cache) while the actor computes log-probs and trains, and
     # wakes up for the weight push; false keeps it awake through the step (no sleep, no wake-up: faster, but its
     # weights + KV cache stay on the GPU beside the training phases; the weights are still reloaded in place)

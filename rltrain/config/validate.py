@@ -363,6 +363,7 @@ def _trainer(e: list, cfg) -> None:
         e.append("trainer.async_rollout=true needs Ray (trainer.use_ray=true): the in-process worker cannot "
                  "generate and train at once")
     _partial(e, cfg)
+    _true_on_policy(e, cfg)
     _step_levers(e, cfg)
 
 
@@ -410,6 +411,29 @@ def _partial(e: list, cfg) -> None:
                  f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.engines_per_gpu="
                  f"{r.engines_per_gpu} the engine's ranks or pool would pause at different chunks: set both to 1 "
                  "or rollout.partial=false")
+
+
+def _true_on_policy(e: list, cfg) -> None:
+    """rollout.true_on_policy: where the engine's and the actor's log-probs cannot be the same bits."""
+    r, a, t = cfg.rollout, cfg.actor, cfg.trainer
+    if not r.true_on_policy:
+        return
+    why = []
+    if r.engine == "vllm" and t.device == "cpu":
+        why.append("rollout.engine=vllm on CPU (vLLM's batch-invariant kernels are CUDA ones): use rollout.engine=hf")
+    if a.tensor_parallel_size > 1 or a.expert_parallel_size > 1 or r.tensor_parallel_size > 1:
+        why.append("tensor or expert parallel size > 1 (a reduction split over ranks adds their partial sums in "
+                   "another order than one device): set actor.tensor_parallel_size, actor.expert_parallel_size and "
+                   "rollout.tensor_parallel_size to 1")
+    if a.elementwise_fusion != "none":
+        why.append(f"actor.elementwise_fusion={a.elementwise_fusion} (fused kernels compute the SiLU and the adds "
+                   "their own way): set actor.elementwise_fusion=none")
+    if t.fused_linear_logprob_backend not in ("auto", "torch"):
+        why.append(f"trainer.fused_linear_logprob_backend={t.fused_linear_logprob_backend} (its tiles reduce the "
+                   "vocab in their own order): set it to torch")
+    if why:
+        e.append("rollout.true_on_policy=true cannot make the engine's and the actor's log-probs equal with "
+                 + "; ".join(why))
 
 
 # one validator per section of RLConfig, in report order

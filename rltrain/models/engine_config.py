@@ -32,6 +32,16 @@ ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
 VOCAB_PADDING = 1
 
 
+@dataclass(frozen=True)
+class SampledDistribution:
+    """rollout.true_on_policy for the actor: its forward computes with the rollout engine's arithmetic
+    (models/megatron/invariant.py) and its log-probs are of the distribution the engine samples from, softmax of the
+    logits / temperature restricted to the top-k / top-p set (rollout.top_k, rollout.top_p; -1 / 1.0: off)."""
+
+    top_k: int = -1
+    top_p: float = 1.0
+
+
 @dataclass
 class EngineConfig:
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -45,6 +55,7 @@ class EngineConfig:
     forward_max_tokens_per_micro_batch: int | None = None
     total_steps: int = 1000  # optimizer steps of the lr schedule (the builder passes the run's)
     make_vocab_size_divisible_by: int = VOCAB_PADDING
+    true_on_policy: SampledDistribution | None = None  # rollout.true_on_policy (None: the plain forward and head)
 
     # flat engine keyword -> (group or "", field): the names tests and tools pass to MegatronEngine(...)
     FLAT = {
@@ -69,6 +80,7 @@ class EngineConfig:
         "make_vocab_size_divisible_by": ("", "make_vocab_size_divisible_by"),
         "lora_rank": ("lora", "rank"), "lora_alpha": ("lora", "alpha"), "lora_dropout": ("lora", "dropout"),
         "lora_target_modules": ("lora", "target_modules"),
+        "true_on_policy": ("", "true_on_policy"),
     }
 
     def with_flat(self, **flat) -> "EngineConfig":

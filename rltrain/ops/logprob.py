@@ -35,7 +35,7 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
-from rltrain.ops import logprob_torch
+from rltrain.ops import logprob_invariant, logprob_torch
 from rltrain.ops.chunking import pick_chunk_size
 
 __all__ = ["BACKENDS", "logprobs_from_hidden", "logprobs_from_logits", "resolve_backend"]
@@ -187,25 +187,18 @@ class _FusedLinearLogprob(torch.autograd.Function):
     def forward(ctx, hidden, weight, labels_local, backend, tp_group, inv_temp, with_entropy, entropy_grad, chunk_size):
         m, s, t, z_label = backend.forward_stats(hidden, weight, labels_local, inv_temp, with_entropy, chunk_size)
         logprob, entropy, lse, mean_z = _combine(m, s, t, z_label, tp_group)
-        ctx.save_for_backward(hidden, weight, labels_local, lse, mean_z)
-        ctx.backend = backend
-        ctx.inv_temp = inv_temp
-        ctx.chunk_size = chunk_size
-        ctx.entropy_has_grad = with_entropy and entropy_grad
-        if not ctx.entropy_has_grad:
-            ctx.mark_non_differentiable(entropy)
-        ctx.set_materialize_grads(False)
+        logprob_torch.save_for_head_backward(ctx, entropy, with_entropy, entropy_grad,
+                                             hidden, weight, labels_local, lse, mean_z)
+        ctx.backend, ctx.inv_temp, ctx.chunk_size = backend, inv_temp, chunk_size
         return logprob, entropy
 
     @staticmethod
     def backward(ctx, grad_lp, grad_ent):
         hidden, weight, labels_local, lse, mean_z = ctx.saved_tensors
-        if not ctx.entropy_has_grad:
-            grad_ent = None
-        if grad_lp is None and grad_ent is None:
+        grads = logprob_torch.head_output_grads(ctx, grad_lp, grad_ent, lse)
+        if grads is None:
             return (None,) * 9
-        grad_lp = torch.zeros_like(lse) if grad_lp is None else grad_lp.float()
-        grad_ent = None if grad_ent is None else grad_ent.float()
+        grad_lp, grad_ent = grads
         grad_hidden, grad_weight = ctx.backend.backward(
             hidden,
             weight,
@@ -239,6 +232,9 @@ def logprobs_from_hidden(
     entropy_grad: bool = True,
     temperature: float = 1.0,
     check_bounds: bool = True,
+    batch_invariant: bool = False,
+    top_k: int = -1,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log p(label) and entropy of softmax(hidden @ weight.T / temperature), fused with the LM head.
 
@@ -254,6 +250,11 @@ def logprobs_from_hidden(
     check_bounds=False skips the range checks of labels and integer rows, which read values on the host (a
     device sync each): for callers that validated them already (the Megatron engine checks them on the host
     before the copy). Out-of-range values are then undefined behaviour, as in an unchecked gather.
+    batch_invariant: every row's result the same bits whatever the number of rows or the chunking. "torch": the
+    arithmetic of ops/invariant.py (logprob_invariant.py; one vocab shard), the rollout engine's under
+    rollout.true_on_policy, and the log-prob is of the distribution sampled from: softmax(logits / temperature)
+    restricted to the top_k / top_p set (top_k -1: off, top_p 1: off) and renormalized. "triton": fixed vocab splits
+    and a fixed merge order (logprob_triton.forward_stats(batch_invariant=True)); no top-k / top-p. Backward unchanged.
 
     Returns (logprobs fp32 [T], entropy fp32 [T] over the full global vocabulary, or None).
     Peak extra memory is O(chunk_size x V_local) (torch backend), independent of T. With a tp_group the
@@ -275,27 +276,50 @@ def logprobs_from_hidden(
     _check_labels(labels, n_tokens, hidden.device)
     _check_common(temperature, chunk_size)
     module = resolve_backend(backend, hidden.device)
+    if batch_invariant:
+        module = _batch_invariant(module, tp_group, top_k, top_p)
 
     index = _row_index(rows, n_tokens, hidden.device, check_bounds)
     if index is not None:
         hidden = hidden.index_select(0, index)
         labels = labels.index_select(0, index)
     labels_local = _local_labels(labels, weight.shape[0], tp_group, check_bounds)
-    logprob, entropy = _FusedLinearLogprob.apply(
-        hidden.to(weight.dtype),
-        weight,
-        labels_local,
-        module,
-        tp_group,
-        1.0 / temperature,
-        with_entropy,
-        entropy_grad,
-        chunk_size,
-    )
+    if module is None:  # batch-invariant torch: ops/invariant.py's arithmetic
+        logprob, entropy = logprob_invariant.invariant_logprobs(
+            hidden.to(weight.dtype), weight, labels_local, temperature=temperature, top_k=top_k, top_p=top_p,
+            with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_size=chunk_size)
+    else:
+        logprob, entropy = _FusedLinearLogprob.apply(
+            hidden.to(weight.dtype), weight, labels_local, module, tp_group, 1.0 / temperature, with_entropy,
+            entropy_grad, chunk_size)
     logprob = _scatter_rows(logprob, index, n_tokens)
     if not with_entropy:
         return logprob, None
     return logprob, _scatter_rows(entropy, index, n_tokens)
+
+
+def _batch_invariant(module: ModuleType, tp_group, top_k: int, top_p: float):
+    """The backend of logprobs_from_hidden(batch_invariant=True): None for torch (logprob_invariant's path), a
+    batch-invariant view of the Triton backend; ValueError where neither applies."""
+    if module is logprob_torch:
+        if _tp_rank_world(tp_group)[1] > 1:
+            raise ValueError("batch_invariant=True on the torch backend needs one vocab shard (tp_group of 1 rank)")
+        return None
+    if module.__name__.endswith("logprob_triton"):
+        if top_k > 0 or top_p < 1.0:
+            raise ValueError("batch_invariant=True with top_k / top_p needs backend='torch'")
+        return _TritonInvariant(module)
+    raise ValueError(f"batch_invariant=True is not available on backend {module.__name__}; use 'torch' or 'triton'")
+
+
+class _TritonInvariant:
+    """logprob_triton with forward_stats(batch_invariant=True) (the backward is unchanged)."""
+
+    def __init__(self, module: ModuleType):
+        self.module, self.backward = module, module.backward
+
+    def forward_stats(self, *args):
+        return self.module.forward_stats(*args, batch_invariant=True)
 
 
 def _logits_chunk_fp32(logits_c: torch.Tensor, inv_temp: float) -> tuple[torch.Tensor, bool]:
@@ -325,24 +349,17 @@ class _LogitsLogprob(torch.autograd.Function):
                 stats[i, start:stop] = value
             del z
         logprob, entropy, lse, mean_z = _combine(stats[0], stats[1], stats[2], stats[3], tp_group)
-        ctx.save_for_backward(logits, labels_local, lse, mean_z)
-        ctx.inv_temp = inv_temp
-        ctx.chunk_size = chunk_size
-        ctx.entropy_has_grad = with_entropy and entropy_grad
-        if not ctx.entropy_has_grad:
-            ctx.mark_non_differentiable(entropy)
-        ctx.set_materialize_grads(False)
+        logprob_torch.save_for_head_backward(ctx, entropy, with_entropy, entropy_grad, logits, labels_local, lse, mean_z)
+        ctx.inv_temp, ctx.chunk_size = inv_temp, chunk_size
         return logprob, entropy
 
     @staticmethod
     def backward(ctx, grad_lp, grad_ent):
         logits, labels_local, lse, mean_z = ctx.saved_tensors
-        if not ctx.entropy_has_grad:
-            grad_ent = None
-        if (grad_lp is None and grad_ent is None) or not ctx.needs_input_grad[0]:
+        grads = logprob_torch.head_output_grads(ctx, grad_lp, grad_ent, lse)
+        if grads is None or not ctx.needs_input_grad[0]:
             return (None,) * 7
-        grad_lp = torch.zeros_like(lse) if grad_lp is None else grad_lp.float()
-        grad_ent = None if grad_ent is None else grad_ent.float()
+        grad_lp, grad_ent = grads
         n, chunk, inv_temp = logits.shape[0], ctx.chunk_size, ctx.inv_temp
 
         def chunk_grad(start: int, stop: int) -> torch.Tensor:

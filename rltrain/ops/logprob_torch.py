@@ -23,7 +23,8 @@ import torch
 from rltrain.compat.torch import cuda_mm_out_dtype
 from rltrain.ops.chunking import pick_chunk_size
 
-__all__ = ["forward_stats", "backward", "logit_stats", "grad_logits_inplace", "is_available"]
+__all__ = ["forward_stats", "backward", "logit_stats", "grad_logits_inplace", "is_available", "save_for_head_backward",
+           "head_output_grads"]
 
 
 def is_available() -> bool:
@@ -111,6 +112,27 @@ def grad_logits_inplace(
     src = torch.where(valid, grad_lp, torch.zeros_like(grad_lp))
     p.scatter_add_(-1, labels_local.clamp(min=0).unsqueeze(-1), src.unsqueeze(-1))
     return p
+
+
+def save_for_head_backward(ctx, entropy: torch.Tensor, with_entropy: bool, entropy_grad: bool, *saved) -> None:
+    """The head Functions' end of forward (logprob.py, logprob_invariant.py): save `saved`; the entropy carries a
+    gradient only when asked for (with_entropy and entropy_grad), else it is marked non-differentiable."""
+    ctx.save_for_backward(*saved)
+    ctx.entropy_has_grad = with_entropy and entropy_grad
+    if not ctx.entropy_has_grad:
+        ctx.mark_non_differentiable(entropy)
+    ctx.set_materialize_grads(False)
+
+
+def head_output_grads(ctx, grad_lp, grad_ent, like: torch.Tensor):
+    """The head Functions' incoming gradients as fp32 [N] (grad_lp zeros when absent, grad_ent None when the
+    entropy has none), or None when neither output has one."""
+    if not ctx.entropy_has_grad:
+        grad_ent = None
+    if grad_lp is None and grad_ent is None:
+        return None
+    return (torch.zeros_like(like) if grad_lp is None else grad_lp.float(),
+            None if grad_ent is None else grad_ent.float())
 
 
 def forward_stats(

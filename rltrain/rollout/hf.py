@@ -32,16 +32,27 @@ import torch
 
 from rltrain.models.hf_experts import per_expert_views
 from rltrain.models.lora import HFAdapters, LoraSpec
+from rltrain.ops import invariant as inv
+from rltrain.ops.exact import exp
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 
 
-def sample_next_token(logits: torch.Tensor, sampling: SamplingParams,
-                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None = None,
+                      *, true_on_policy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. logits: [B, V] (any float dtype; computed in fp32).
 
     Returns (tokens [B] long, logprobs [B] fp32) where logprobs are the tokens' log-probs under
     softmax(logits / T) before top-k/top-p filtering (softmax(logits) when T == 0, greedy argmax).
+    true_on_policy: the token is drawn from, and its log-prob is that of, the distribution actually sampled from:
+    softmax(logits / T) restricted to the top-k / top-p set and renormalized (ops.invariant.log_softmax, the
+    function the actor's head computes it with).
     """
+    if true_on_policy:
+        greedy = sampling.greedy
+        lp_all = inv.log_softmax(logits, 1.0 if greedy else sampling.temperature,
+                                 -1 if greedy else sampling.top_k, 1.0 if greedy else sampling.top_p)  # [B, V] fp64
+        tokens = lp_all.argmax(-1) if greedy else torch.multinomial(exp(lp_all), 1, generator=generator).squeeze(-1)
+        return tokens, lp_all.gather(-1, tokens[:, None]).squeeze(-1).float()
     logits = logits.float()
     if sampling.greedy:
         tokens = logits.argmax(dim=-1)
@@ -93,12 +104,16 @@ class HFEngine(Engine):
     return_routed_experts: record the MoE routing of every token (RolloutResponse.routed_experts).
     lora: the actor trains LoRA adapters (actor.lora): the model gets them (models/lora.HFAdapters, B = 0 until the
         first update) and update_weights takes their PEFT-named tensors, the base staying as it is.
+    true_on_policy: the model computes through ops/invariant.py (models/invariant_hf.py) and samples with
+        sample_next_token(true_on_policy=True): its log-probs are the Megatron actor's to the bit
+        (rollout.true_on_policy).
     """
 
     def __init__(self, model, *, tokenizer=None, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, max_batch_size: int = 64,
                  eos_token_id: int | list[int] | None = None, pad_token_id: int | None = None,
-                 return_routed_experts: bool = False, lora: LoraSpec | None = None) -> None:
+                 return_routed_experts: bool = False, lora: LoraSpec | None = None,
+                 true_on_policy: bool = False) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"HFEngine max_batch_size must be an int >= 1, got {max_batch_size!r}")
         if isinstance(model, (str, os.PathLike)):
@@ -108,6 +123,11 @@ class HFEngine(Engine):
         if next(model.parameters()).dtype != dtype:
             model = model.to(dtype=dtype)
         self.model = model.to(self.device).eval()
+        self.true_on_policy = true_on_policy
+        if true_on_policy:
+            from rltrain.models.invariant_hf import make_invariant
+
+            make_invariant(self.model)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         if eos_token_id is None and tokenizer is not None:
@@ -175,7 +195,8 @@ class HFEngine(Engine):
         stop_reason: list[str | int | None] = [None] * batch
         stop_ids, eos = set(sampling.stop_token_ids), set(self._eos)
         for step in range(sampling.max_tokens):
-            next_tokens, next_logprobs = sample_next_token(out.logits[:, -1, :], sampling, generator)
+            next_tokens, next_logprobs = sample_next_token(out.logits[:, -1, :], sampling, generator,
+                                                           true_on_policy=self.true_on_policy)
             token_list, logprob_list = next_tokens.tolist(), next_logprobs.tolist()
             for b in range(batch):
                 if finish[b] is not None:

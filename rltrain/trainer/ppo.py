@@ -368,7 +368,8 @@ def _mismatch_metrics(batch: Batch, op: OffPolicyConfig) -> dict[str, float]:
     for the *_tis modes, is_masked_frac for the *_mask and *_mis modes, ...: off_policy_weights' stats)."""
     mm = policy_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
     out = {"rollout/mismatch_abs_mean": float(mm["abs_mean"]), "rollout/mismatch_kl": float(mm["kl"]),
-           "rollout/logprob_diff_max": float(mm["abs_max"])}
+           "rollout/logprob_diff_max": float(mm["abs_max"]),
+           "rollout/logprob_diff_nonzero_frac": float(mm["nonzero_frac"])}
     if op.mode != "none":
         corr = off_policy_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, mode=op.mode,
                                   cap=op.cap, low=op.low, high=op.high)

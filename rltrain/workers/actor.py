@@ -28,6 +28,7 @@ from rltrain.config.schema import (
 )
 from rltrain.data.batch import Batch
 from rltrain.models.builder import build_engine
+from rltrain.models.engine_config import SampledDistribution
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch, as_outputs
 
 
@@ -229,7 +230,8 @@ class ActorRole:
 
     def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: ActorConfig,
                  trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int,
-                 routing_replay: bool = False):
+                 routing_replay: bool = False, true_on_policy: SampledDistribution | None = None):
+        """true_on_policy: the rollout engine's arithmetic and sampled distribution (rollout.true_on_policy)."""
         assert role in ("actor", "ref"), role
         self.role, self.actor_cfg, self.trainer_cfg = role, actor_cfg, trainer_cfg
         # rollout routing replay (workers/hybrid.routing_replay): the policy's forwards route as the rollout did;
@@ -242,7 +244,7 @@ class ActorRole:
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
                                    compute=actor_cfg.group(LayerComputeConfig), moe=actor_cfg.group(MoEConfig),
                                    head=trainer_cfg.group(LogprobHeadConfig),
-                                   lora=actor_cfg.lora if role == "actor" else None)
+                                   lora=actor_cfg.lora if role == "actor" else None, true_on_policy=true_on_policy)
         self.loss = PolicyLoss.from_config(actor_cfg, async_rollout=trainer_cfg.async_rollout)
 
     def base_reference(self) -> BaseReference:

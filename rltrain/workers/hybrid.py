@@ -134,9 +134,13 @@ class HybridWorker(Worker):
         if "actor" in self.roles:
             from rltrain.workers.actor import ActorRole
 
+            from rltrain.models.engine_config import SampledDistribution
+
+            r = cfg.rollout
             self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg.actor, trainer_cfg=t,
                                    device=self.device, dtype=train_dtype, seed=seed, total_steps=total,
-                                   routing_replay=replay)
+                                   routing_replay=replay, true_on_policy=SampledDistribution(r.top_k, r.top_p)
+                                   if r.true_on_policy else None)
         if "ref" in self.roles and self.actor is not None and self.actor.engine.lora is not None:
             self.ref = self.actor.base_reference()  # LoRA: the initial model is the actor with its adapters off
         elif "ref" in self.roles:

@@ -38,7 +38,7 @@ class RolloutRole:
         if engine == "hf":
             self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
                                        max_batch_size=rollout_cfg.max_batch_size, return_routed_experts=routed_experts,
-                                       lora=lora)
+                                       lora=lora, true_on_policy=rollout_cfg.true_on_policy)
         else:
             assert engine == "vllm", engine  # config validation allows hf | vllm
             self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed,

@@ -93,6 +93,20 @@ def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
     validate_config(_compose("grpo_tiny", ["actor.moe_routing_replay=false", *overrides[1:]]))
 
 
+@pytest.mark.parametrize("overrides,why", [
+    (["rollout.engine=vllm", "trainer.device=cpu"], "vLLM's batch-invariant kernels are CUDA ones"),
+    (["actor.tensor_parallel_size=2"], "set actor.tensor_parallel_size"),
+    (["actor.expert_parallel_size=2"], "set actor.tensor_parallel_size, actor.expert_parallel_size"),
+    (["actor.elementwise_fusion=compile"], "actor.elementwise_fusion=compile"),
+    (["trainer.fused_linear_logprob_backend=triton"], "trainer.fused_linear_logprob_backend=triton"),
+])
+def test_true_on_policy_is_refused_where_it_cannot_be_exact(overrides, why):
+    with pytest.raises(ConfigError, match="rollout.true_on_policy=true cannot make") as info:
+        validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", *overrides]))
+    assert why in str(info.value)
+    validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", "rollout.top_p=0.9", "rollout.top_k=20"]))
+
+
 def test_error_lists_allowed_values():
     cfg = _compose("grpo_tiny", ["trainer.fused_linear_logprob_backend=cuda"])
     with pytest.raises(ConfigError, match="auto, torch, triton"):

@@ -57,7 +57,7 @@ def run_kernels(mod, hidden, weight, labels_local, inv_temp, grad_lp, grad_ent, 
 # The interpreter check runs in a subprocess: TRITON_INTERPRET must be set before triton is imported.
 # Triton 3.6's interpreter converts loop bounds with int(ndarray of shape (1,)), which numpy >= 2.4
 # rejects; the shim below converts through .reshape(-1)[0] (test-only, does not touch the kernels).
-_INTERP_SCRIPT = r"""
+INTERP_PRELUDE = r"""
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import numpy as np
@@ -67,6 +67,8 @@ def _patched(tensor, scope):
     _orig(tensor, scope)
     scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 _interp._patch_lang_tensor = _patched
+"""
+_INTERP_SCRIPT = INTERP_PRELUDE + r"""
 import torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 from rltrain.ops import logprob_triton as K

@@ -38,6 +38,7 @@ from rltrain.models.lora import LoraSpec
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch
 from rltrain.models.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
+from rltrain.models.megatron import invariant as invariant_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_gpt_model, moe_layer_pattern
@@ -114,6 +115,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                 moe_aux_loss_coeff=c.moe.moe_aux_loss_coeff, moe_z_loss_coeff=c.moe.moe_z_loss_coeff,
             )
         ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
+        self.sampled = invariant_mod.setup(self.model, hf_config, c)  # rollout.true_on_policy: (top_k, top_p)
         if c.moe.moe_grouped_gemm:
             use_grouped_expert_gemm(self.model)
         self.router_stats = RouterStats(self.model)  # empty for a dense model
@@ -257,8 +259,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         """[b, s] bool: mask & inside the row & t >= 1 (no prediction for the first token)."""
         s = mask.shape[1]
         pos = torch.arange(s, device=mask.device)
-        valid = mask.bool() & (pos.unsqueeze(0) < seq_lens.to(mask.device).unsqueeze(1)) & (pos >= 1)
-        return valid
+        return mask.bool() & (pos.unsqueeze(0) < seq_lens.to(mask.device).unsqueeze(1)) & (pos >= 1)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return host_to_device(t, self.device)
@@ -291,15 +292,13 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
         kwargs = dict(rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
                       temperature=temperature, chunk_size=self.chunk_size, check_bounds=check)
-        if self.fused:
-            lp, ent = head_mod.fused_logprobs(self.model, prev, labels, backend=self.backend, **kwargs)
+        if self.fused or self.sampled is not None:
+            lp, ent = head_mod.fused_logprobs(self.model, prev, labels, backend=self.backend, sampled=self.sampled,
+                                              **kwargs)
         else:
             lp, ent = head_mod.unfused_logprobs(self.model, prev, labels, **kwargs)
         zero_col = torch.zeros(b, 1, dtype=torch.float32, device=self.device)
-        lp = torch.cat([zero_col, lp.view(b, s - 1)], dim=1)
-        if ent is not None:
-            ent = torch.cat([zero_col, ent.view(b, s - 1)], dim=1)
-        return lp, ent
+        return tuple(None if x is None else torch.cat([zero_col, x.view(b, s - 1)], dim=1) for x in (lp, ent))
 
     def _token_values(self, input_ids, seq_lens, mask, trunk_out=None):
         """-> values [b, s] fp32: entry t = V(x_<t) from the hidden state at t-1; 0 outside mask."""
