@@ -54,14 +54,14 @@ def slices(x: torch.Tensor, dim: int, bits: int, count: int = 2) -> list[torch.T
     """`count` fp64 slices of x along `dim` (module docstring): slice i holds x on the grid 2^(e - bits*(i+1)) of
     its line, e from the line's largest |x|; their sum is x up to 2^(e - bits*count - 1) per element."""
     x = x.double()
-    amax = x.abs().amax(dim=dim, keepdim=True)
-    e = torch.frexp(amax).exponent.long().clamp(-900, 1000)  # amax < 2^e (0 for an all-zero line)
+    e = torch.frexp(x.abs().amax(dim=dim, keepdim=True)).exponent.long().clamp_(-900, 1000)  # max |x| < 2^e
+    sigma = 1.5 * _pow2(e + (52 - bits))  # ulp(sigma) = 2^(e - bits): (r + sigma) - sigma rounds r to it
     out, rest = [], x
-    for i in range(1, count + 1):
-        sigma = 1.5 * _pow2(e - bits * i + 52)  # ulp(sigma) = 2^(e - bits*i): (r + sigma) - sigma rounds r there
+    for i in range(count):
         part = (rest + sigma) - sigma
         out.append(part)
-        rest = rest - part
+        if i + 1 < count:
+            rest, sigma = rest - part, sigma * 2.0 ** -bits
     return out
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from rltrain.ops.exact import PRODUCT_BITS, exact_cumsum, exact_matmul, exact_sum, exp, log, slices
+from rltrain.ops.exact import exact_cumsum, exact_matmul, exact_sum, exp, log
 
 __all__ = ["attention", "apply_rope", "linear", "log_softmax", "moe_experts", "moe_route", "rms_norm", "rope_cos_sin",
            "silu", "token_stats"]
@@ -147,6 +147,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Te
     return _plain_backward(exact, plain, q, k, v)
 
 
+_P_SIGMA = 1.5 * 2.0 ** 23  # ulp 2^-29
+
+
 def _attend(q, k, v, valid, scale: float) -> torch.Tensor:
     """fp64 attention of a block of queries (attention's docstring); k, v already repeated to q's heads."""
     s = exact_matmul(q, k.transpose(-1, -2)) * scale  # [B, H, lq, Lk] exact dot products, then one rounding
@@ -154,11 +157,9 @@ def _attend(q, k, v, valid, scale: float) -> torch.Tensor:
     m = s.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a query without keys: p = 0 everywhere
     p = exp(s - m)  # [B, H, lq, Lk], 0 on masked keys, max 1
+    p = (p + _P_SIGMA) - _P_SIGMA  # on the grid 2^-29 (p <= 1): a product with an fp32 value is exact in fp64
     denom = exact_sum(p, -1, keepdim=True)
-    hi, lo = slices(p, -1, PRODUCT_BITS)  # a row's max is 1 (or the row is 0): the same grid for every query
-    v64 = v.double().unsqueeze(2)  # [B, H, 1, Lk, D]
-    # each product of a 20-bit slice and an fp32 value is exact in fp64; the sums over keys are exact per query
-    num = exact_sum(hi.unsqueeze(-1) * v64, -2) + exact_sum(lo.unsqueeze(-1) * v64, -2)  # [B, H, lq, D]
+    num = exact_sum(p.unsqueeze(-1) * v.double().unsqueeze(2), -2)  # [B, H, lq, D]: exact terms, summed per query
     return num / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
