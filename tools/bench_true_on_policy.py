@@ -27,8 +27,10 @@ PHASES = ("timing_s/step", "timing_s/gen", "timing_s/gen_engine", "timing_s/old_
           "timing_s/update_weights")
 CPU = ["trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.save_freq=-1"]
-GPU_06B = [*GRPO_06B_OVERRIDES, "rollout=vllm", "trainer.use_ray=false", "trainer.fused_linear_logprob_backend=torch",
-           "trainer.save_freq=-1"]
+GPU_06B = [*GRPO_06B_OVERRIDES, "rollout=vllm", "trainer.use_ray=false", "trainer.save_freq=-1"]
+# the key on: on a GPU the head's torch backend (the default run keeps GRPO_06B_OVERRIDES' Triton head)
+ON = {"cpu": ["rollout.true_on_policy=true"],
+      "cuda": ["rollout.true_on_policy=true", "trainer.fused_linear_logprob_backend=torch"]}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -71,11 +73,13 @@ def main() -> int:
     ap.add_argument("--gpu-06b", action="store_true", help="Qwen3-0.6B shape, vLLM colocated, one GPU")
     ap.add_argument("--set", nargs="*", default=[], help="more overrides for both runs")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run")
+    ap.add_argument("--runs", default=None, help="where the two run directories go (default: --out)")
     args = ap.parse_args()
+    device = "cuda" if args.gpu_06b else "cpu"
     base = (GPU_06B if args.gpu_06b else CPU) + [f"trainer.total_steps={args.steps}", *args.set]
-    report = {**report_header("bench_true_on_policy", device="cuda" if args.gpu_06b else "cpu"), "runs": {}}
-    for name, key in (("off", "false"), ("on", "true")):
-        run = run_trainer(args.config, [*base, f"rollout.true_on_policy={key}"], os.path.join(args.out, name),
+    report = {**report_header("bench_true_on_policy", device=device), "runs": {}}
+    for name, key in (("off", ["rollout.true_on_policy=false"]), ("on", ON[device])):
+        run = run_trainer(args.config, [*base, *key], os.path.join(args.runs or args.out, name),
                           timeout_s=args.timeout)
         if run["rc"] != 0:
             print(f"bench_true_on_policy: the {name} run failed (rc {run['rc']}):\n{run['tail']}", file=sys.stderr)

@@ -428,6 +428,9 @@ def _true_on_policy(e: list, cfg) -> None:
     if a.elementwise_fusion != "none":
         why.append(f"actor.elementwise_fusion={a.elementwise_fusion} (fused kernels compute the SiLU and the adds "
                    "their own way): set actor.elementwise_fusion=none")
+    if r.engine == "vllm" and (r.top_k > 0 or r.top_p < 1.0):
+        why.append("rollout.top_k / rollout.top_p with rollout.engine=vllm (vLLM masks them on a path its batch size "
+                   "picks: a Triton kernel from 8 rows, a sort below): set them to -1 / 1.0, or use rollout.engine=hf")
     if t.fused_linear_logprob_backend not in ("auto", "torch"):
         why.append(f"trainer.fused_linear_logprob_backend={t.fused_linear_logprob_backend} (its tiles reduce the "
                    "vocab in their own order): set it to torch")

@@ -40,6 +40,7 @@ class SampledDistribution:
 
     top_k: int = -1
     top_p: float = 1.0
+    engine: str = "hf"  # the rollout engine whose kernels the actor runs: "hf" (ops/invariant.py) or "vllm" (CUDA)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rltrain.ops.exact import exact_cumsum, exact_matmul, exact_sum, exp, log
 
 __all__ = ["attention", "apply_rope", "linear", "log_softmax", "moe_experts", "moe_route", "rms_norm", "rope_cos_sin",
-           "silu", "token_stats"]
+           "silu", "token_stats", "with_plain_backward"]
 
 _ELEMENTS_PER_CHUNK = 1 << 22  # fp64 scratch per chunk of the row-chunked ops (32 MiB)
 
@@ -47,7 +47,9 @@ class _PlainBackward(torch.autograd.Function):
         return (None, None, *(next(grads) if n else None for n in need))
 
 
-def _plain_backward(exact_fn: Callable, plain_fn: Callable, *tensors: torch.Tensor) -> torch.Tensor:
+def with_plain_backward(exact_fn: Callable, plain_fn: Callable, *tensors: torch.Tensor) -> torch.Tensor:
+    """exact_fn(*tensors), whose gradient (under autograd) is plain_fn's at the same inputs: for forwards that are
+    another arithmetic of the same function (here, and another engine's kernels: models/megatron/invariant.py)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return _PlainBackward.apply(exact_fn, plain_fn, *tensors)
     return exact_fn(*tensors)
@@ -65,7 +67,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return out + b[0] if b else out
 
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    return _plain_backward(exact, F.linear, *tensors)
+    return with_plain_backward(exact, F.linear, *tensors)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,12 +82,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.float()
         return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
-    return _plain_backward(exact, plain, x, weight)
+    return with_plain_backward(exact, plain, x, weight)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     """x * sigmoid(x) = x / (1 + e^-x), in fp64 then x's dtype."""
-    return _plain_backward(lambda t: (t.double() / (1.0 + exp(-t.double()))).to(t.dtype), F.silu, x)
+    return with_plain_backward(lambda t: (t.double() / (1.0 + exp(-t.double()))).to(t.dtype), F.silu, x)
 
 
 _ROPE_LOCK = threading.Lock()
@@ -144,7 +146,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Te
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=valid, scale=scale)
 
-    return _plain_backward(exact, plain, q, k, v)
+    return with_plain_backward(exact, plain, q, k, v)
 
 
 _P_SIGMA = 1.5 * 2.0 ** 23  # ulp 2^-29
@@ -238,5 +240,5 @@ def moe_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, g
         tok, slot = (experts == e).nonzero(as_tuple=True)
         gate, up = linear(x[tok], gate_up[e]).chunk(2, dim=-1)
         out = out.index_put((tok, slot), linear(silu(gate) * up, down[e]))
-    return _plain_backward(lambda o, w: exact_sum(o.double() * w.double().unsqueeze(-1), 1).to(x.dtype),
+    return with_plain_backward(lambda o, w: exact_sum(o.double() * w.double().unsqueeze(-1), 1).to(x.dtype),
                            lambda o, w: (o * w.unsqueeze(-1)).sum(1), out, weights)

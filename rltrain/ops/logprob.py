@@ -235,6 +235,7 @@ def logprobs_from_hidden(
     batch_invariant: bool = False,
     top_k: int = -1,
     top_p: float = 1.0,
+    head_stats=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log p(label) and entropy of softmax(hidden @ weight.T / temperature), fused with the LM head.
 
@@ -255,6 +256,8 @@ def logprobs_from_hidden(
     rollout.true_on_policy, and the log-prob is of the distribution sampled from: softmax(logits / temperature)
     restricted to the top_k / top_p set (top_k -1: off, top_p 1: off) and renormalized. "triton": fixed vocab splits
     and a fixed merge order (logprob_triton.forward_stats(batch_invariant=True)); no top-k / top-p. Backward unchanged.
+    head_stats: with batch_invariant on the torch backend, another engine's arithmetic for each chunk
+    (logprob_invariant.invariant_logprobs).
 
     Returns (logprobs fp32 [T], entropy fp32 [T] over the full global vocabulary, or None).
     Peak extra memory is O(chunk_size x V_local) (torch backend), independent of T. With a tp_group the
@@ -287,7 +290,7 @@ def logprobs_from_hidden(
     if module is None:  # batch-invariant torch: ops/invariant.py's arithmetic
         logprob, entropy = logprob_invariant.invariant_logprobs(
             hidden.to(weight.dtype), weight, labels_local, temperature=temperature, top_k=top_k, top_p=top_p,
-            with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_size=chunk_size)
+            with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_size=chunk_size, head_stats=head_stats)
     else:
         logprob, entropy = _FusedLinearLogprob.apply(
             hidden.to(weight.dtype), weight, labels_local, module, tp_group, 1.0 / temperature, with_entropy,

@@ -71,6 +71,19 @@ def _checkpoint_config(model: str):
     return AutoConfig.from_pretrained(str(model))
 
 
+def true_on_policy_kwargs(device: str) -> dict[str, Any]:
+    """vllm.LLM's keyword arguments under rollout.true_on_policy on a GPU (compat/vllm_kernels.py names what the
+    actor matches): eager with vLLM's custom ops (no Inductor graph rewrites an elementwise step, no CUDA graph),
+    FlashAttention, KV pages of vllm_kernels.BLOCK_SIZE tokens. The process runs vLLM's batch-invariant mode
+    (vllm_kernels.enable, set by the worker before the engine starts)."""
+    if device != "cuda":
+        return {}
+    from rltrain.compat.vllm_kernels import BLOCK_SIZE
+
+    return dict(enforce_eager=True, block_size=BLOCK_SIZE, attention_backend="FLASH_ATTN",
+                compilation_config={"pass_config": {"fuse_allreduce_rms": False}, "custom_ops": ["all"]})
+
+
 def kv_cache_need_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: int,
                         max_num_seqs: int = MAX_NUM_SEQS) -> int:
     """KV-cache bytes one rank needs to hold `max_num_seqs` sequences of the model's full length

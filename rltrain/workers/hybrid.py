@@ -123,6 +123,10 @@ class HybridWorker(Worker):
         if self.device == "cuda":
             torch.cuda.set_device(local_rank)
         train_dtype = torch.float32 if self.device == "cpu" else getattr(torch, cfg.model.dtype)
+        if cfg.rollout.true_on_policy and cfg.rollout.engine == "vllm" and self.device == "cuda":
+            from rltrain.compat import vllm_kernels
+
+            vllm_kernels.enable()  # vLLM's batch-invariant mode, before any engine or GEMM of this process
         from rltrain.data.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
@@ -139,7 +143,7 @@ class HybridWorker(Worker):
             r = cfg.rollout
             self.actor = ActorRole(hf_config, sd, role="actor", actor_cfg=cfg.actor, trainer_cfg=t,
                                    device=self.device, dtype=train_dtype, seed=seed, total_steps=total,
-                                   routing_replay=replay, true_on_policy=SampledDistribution(r.top_k, r.top_p)
+                                   routing_replay=replay, true_on_policy=SampledDistribution(r.top_k, r.top_p, r.engine)
                                    if r.true_on_policy else None)
         if "ref" in self.roles and self.actor is not None and self.actor.engine.lora is not None:
             self.ref = self.actor.base_reference()  # LoRA: the initial model is the actor with its adapters off

@@ -212,6 +212,10 @@ def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: s
     common = dict(tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."), seed=seed,
                   tensor_parallel_size=tp, enforce_eager=c.enforce_eager, return_routed_experts=routed_experts,
                   eos_token_id=getattr(tokenizer, "eos_token_id", None), lora=lora)
+    if c.true_on_policy:
+        from rltrain.rollout.vllm_args import true_on_policy_kwargs
+
+        common.update(true_on_policy_kwargs(device))
     k = c.engines_per_gpu
     try:
         if k > 1:  # several engines in their own processes share this GPU; weights by CUDA IPC (rollout/pool.py)

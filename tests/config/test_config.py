@@ -99,6 +99,7 @@ def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
     (["actor.expert_parallel_size=2"], "set actor.tensor_parallel_size, actor.expert_parallel_size"),
     (["actor.elementwise_fusion=compile"], "actor.elementwise_fusion=compile"),
     (["trainer.fused_linear_logprob_backend=triton"], "trainer.fused_linear_logprob_backend=triton"),
+    (["rollout.engine=vllm", "trainer.device=cuda", "rollout.top_p=0.9"], "its batch size picks"),
 ])
 def test_true_on_policy_is_refused_where_it_cannot_be_exact(overrides, why):
     with pytest.raises(ConfigError, match="rollout.true_on_policy=true cannot make") as info:

@@ -123,13 +123,14 @@ def fused_logprobs(
     backend: str = "auto",
     chunk_size: int | None = None,
     check_bounds: bool = True,
-    sampled: tuple[int, float] | None = None,
+    sampled: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden [N, H] (from "hidden" mode), labels [N] -> fp32 log p(label) [N], entropy [N] | None.
 
     Never builds [N, V] logits: ops.logprobs_from_hidden recomputes chunks of logits in backward.
-    sampled: (top_k, top_p) of rollout.true_on_policy: the head's batch-invariant mode, whose log-probs are the
-    rollout engine's to the bit (ops.logprobs_from_hidden(batch_invariant=True), over the real vocab rows only).
+    sampled: (top_k, top_p, head_stats) of rollout.true_on_policy: the head's batch-invariant mode, whose log-probs
+    are the rollout engine's to the bit (ops.logprobs_from_hidden(batch_invariant=True), over the real vocab rows
+    only; head_stats: the engine's own arithmetic, None for ops/invariant.py's).
     """
     from rltrain.ops import logprobs_from_hidden
 
@@ -137,11 +138,11 @@ def fused_logprobs(
     v_local = weight.shape[0]
     real = _local_real_rows(model, v_local)
     if sampled is not None:  # the padded rows are left out (a constant column would change the exact products)
-        top_k, top_p = sampled
+        top_k, top_p, head_stats = sampled
         return logprobs_from_hidden(
             hidden, weight[:real], labels, tp_group=_tp_group(), backend="torch", chunk_size=chunk_size, rows=rows,
             with_entropy=with_entropy, entropy_grad=entropy_grad, temperature=temperature, check_bounds=check_bounds,
-            batch_invariant=True, top_k=top_k, top_p=top_p)
+            batch_invariant=True, top_k=top_k, top_p=top_p, head_stats=head_stats)
     if real < v_local:
         bias = torch.zeros(v_local, 1, dtype=weight.dtype, device=weight.device)
         bias[real:] = _PAD_LOGIT

@@ -1,22 +1,24 @@
-"""True on-policy for the Megatron actor (rollout.true_on_policy): `make_invariant(model, theta)` routes every
-computing step of a built GPTModel's forward through ops/invariant.py, the functions the hf rollout engine's model
-runs (models/invariant_hf.py), so a token's logits are the engine's to the bit; the head then computes the sampled
-distribution's log-prob with the same function (head.py, ops/logprob_invariant.py). Nothing else of the engine here.
+"""True on-policy for the Megatron actor (rollout.true_on_policy): `setup` routes every computing step of a built
+GPTModel's forward through the kernels the rollout engine runs, so a token's logits are the engine's to the bit; the
+head then computes the sampled distribution's log-prob the engine's way (head.py, ops/logprob_invariant.py). One
+kernel set per engine: `ExactKernels` (ops/invariant.py, which the hf engine's model runs: models/invariant_hf.py)
+and `VllmKernels` (vLLM 0.26's batch-invariant CUDA kernels: compat/vllm_kernels.py). Nothing else of the engine.
 
-Routed (instance forwards replaced; modules, names and weights unchanged; one rank: tensor parallelism splits a
-reduction over ranks and is refused by config validation):
-- ColumnParallelLinear / RowParallelLinear (fused QKV, output projection, fused gate/up, down, the experts'):
-  ops.invariant.linear (a fused weight changes nothing: each output is its own exact dot product);
-- torch.nn.RMSNorm (layer, q/k and final norms): ops.invariant.rms_norm;
+Routed (instance forwards replaced; modules, names and weights unchanged; one rank: a reduction split over ranks is
+refused by config validation):
+- ColumnParallelLinear / RowParallelLinear (fused QKV, output projection, fused gate/up, down): `linear` (a fused
+  or reordered weight changes nothing: each output is its own row's and column's);
+- torch.nn.RMSNorm: `norm`, told whether its input is a fresh residual sum (vLLM fuses that add into the norm;
+  the layer's first input norm and the q/k norms are plain);
 - rotary: megatron's `apply_rotary_pos_emb` as imported by its attention module, wrapped once per process
-  (`_install_rope`); it applies ops.invariant's table by position (0..s-1: rows start at 0) to models marked here and
-  calls megatron's own function for every other model;
-- core attention (build.SDPACoreAttention): ops.invariant.attention, causal;
-- the MLP's SiLU: the config's activation_func (megatron's glu calls it, then multiplies by the up half);
-- MoE layers: megatron's router still runs (aux loss, router statistics, routing replay's targets), its gating on
-  the exact linear; the experts are the top-k of those logits (or the replayed ones), weighted and summed by
-  ops.invariant.moe_route / moe_experts as the engine's Qwen3-MoE block does. The weights' gradient is the router's
-  own (added as `p - p.detach()`, exactly 0 in value).
+  (`_install_rope`): models marked here get `rope` (positions 0..s-1: rows start at 0), others megatron's function;
+- core attention (build.SDPACoreAttention): causal `attention`;
+- the dense MLP: fc1 -> `glu` (silu(gate) * up) -> fc2; residual adds are single additions on both sides;
+- MoE layers (exact kernels only): megatron's router still runs (aux loss, statistics, routing replay's targets),
+  its gating on the exact linear; the experts are the top-k of those logits (or the replayed ones), weighted and
+  summed by ops.invariant.moe_route / moe_experts as the hf engine's Qwen3-MoE block does; the weights' gradient is
+  the router's own (added as `p - p.detach()`, exactly 0 in value).
+Every op's backward is the plain formula's at the same inputs (ops.invariant.with_plain_backward).
 """
 
 from __future__ import annotations
@@ -24,43 +26,132 @@ from __future__ import annotations
 import types
 
 import torch
+import torch.nn.functional as F
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from rltrain.ops import invariant as inv
 
-_ROPE_ATTR = "_rltrain_true_on_policy_rope"  # on a TransformerConfig: (head_dim, theta) of a routed model
+_ROPE_ATTR = "_rltrain_true_on_policy"  # on a TransformerConfig: the kernel set of a routed model
+
+
+def _causal(s: int, device) -> torch.Tensor:
+    pos = torch.arange(s, device=device)
+    return (pos[None, :] <= pos[:, None])[None, None]  # [1, 1, s, s]
+
+
+def _plain_norm(x, w, eps):
+    x32 = x.float()
+    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _plain_attention(q, k, v, scale):
+    rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True,
+                                          scale=scale)
+
+
+class ExactKernels:
+    """ops/invariant.py: the hf engine's arithmetic (any device, any dtype)."""
+
+    head_stats = None  # the head's own exact path (ops/logprob_invariant.py)
+
+    def __init__(self, theta: float):
+        self.theta = theta
+
+    def linear(self, x, w, b=None):
+        return inv.linear(x, w, b)
+
+    def norm(self, x, w, eps, after_add: bool):
+        return inv.rms_norm(x, w, eps)
+
+    def rope(self, t):  # t [s, b, heads, hn]
+        cos, sin = inv.rope_cos_sin(torch.arange(t.shape[0], device=t.device), t.shape[-1], self.theta, t.dtype)
+        return inv.apply_rope(t, cos[:, None, None, :], sin[:, None, None, :])
+
+    def attention(self, q, k, v, scale):  # [b, heads, s, hn]
+        return inv.attention(q, k, v, _causal(q.shape[2], q.device), scale)
+
+    def glu(self, h):
+        gate, up = h.chunk(2, dim=-1)
+        return inv.silu(gate) * up
+
+
+class VllmKernels:
+    """vLLM 0.26's batch-invariant CUDA kernels (compat/vllm_kernels.py), each with its plain formula's backward."""
+
+    def __init__(self, theta: float, max_position: int):
+        from rltrain.compat import vllm_kernels
+
+        self.k, self.theta, self.max_position = vllm_kernels, theta, max_position
+        self.head_stats = vllm_kernels.token_logprobs
+
+    def linear(self, x, w, b=None):
+        tensors = (x, w) if b is None else (x, w, b)
+        return inv.with_plain_backward(self.k.linear, F.linear, *tensors)
+
+    def norm(self, x, w, eps, after_add: bool):
+        fn = self.k.add_rms_norm if after_add else self.k.rms_norm
+        return inv.with_plain_backward(lambda x, w: fn(x, w, eps), lambda x, w: _plain_norm(x, w, eps), x, w)
+
+    def rope(self, t):  # t [s, b, heads, hn]
+        s, b, h, d = t.shape
+        pos = torch.arange(s, device=t.device).repeat_interleave(b)  # megatron's tokens are sequence-major
+
+        def exact(t):
+            return self.k.rope(t.reshape(s * b, h, d), pos, self.theta, self.max_position).view(s, b, h, d)
+
+        def plain(t):
+            cache = self.k._cos_sin_cache(d, self.max_position, float(self.theta), t.dtype, str(t.device))
+            cos, sin = cache[:s, : d // 2], cache[:s, d // 2:]
+            cos, sin = torch.cat([cos, cos], -1)[:, None, None], torch.cat([sin, sin], -1)[:, None, None]
+            return inv.apply_rope(t, cos, sin)
+
+        return inv.with_plain_backward(exact, plain, t)
+
+    def attention(self, q, k, v, scale):
+        return inv.with_plain_backward(lambda q, k, v: self.k.attention(q, k, v, scale),
+                                       lambda q, k, v: _plain_attention(q, k, v, scale), q, k, v)
+
+    def glu(self, h):
+        def plain(h):
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+
+        return inv.with_plain_backward(self.k.silu_and_mul, plain, h)
 
 
 def _column_forward(self, input_, weight=None, runtime_gather_output=None):
     weight = self.weight if weight is None else weight
     bias = None if self.skip_bias_add else self.bias
-    return inv.linear(input_, weight, bias), (self.bias if self.skip_bias_add else None)
+    return self._rltrain_kernels.linear(input_, weight, bias), (self.bias if self.skip_bias_add else None)
 
 
 def _row_forward(self, input_):
     bias = None if self.skip_bias_add else self.bias
-    return inv.linear(input_, self.weight, bias), (self.bias if self.skip_bias_add else None)
+    return self._rltrain_kernels.linear(input_, self.weight, bias), (self.bias if self.skip_bias_add else None)
 
 
 def _norm_forward(self, x):
-    return inv.rms_norm(x, self.weight, self.eps)
+    return self._rltrain_kernels.norm(x, self.weight, self.eps, self._rltrain_after_add)
+
+
+def _mlp_forward(self, hidden_states, *args, **kwargs):
+    h, _ = self.linear_fc1(hidden_states)
+    return self.linear_fc2(self._rltrain_kernels.glu(h))
 
 
 def _core_attention_forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                             packed_seq_params=None):
     """query [s, b, np, hn], key/value [s, b, ng, hn] -> [s, b, np*hn], causal (rows start at position 0)."""
     q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
-    s = q.shape[2]
-    pos = torch.arange(s, device=q.device)
-    valid = (pos[None, :] <= pos[:, None])[None, None]  # [1, 1, s, s]
     scale = self.softmax_scale if self.softmax_scale is not None else q.shape[-1] ** -0.5
-    ctx = inv.attention(q, k, v, valid, scale)  # [b, np, s, hn]
-    return ctx.permute(2, 0, 1, 3).reshape(s, q.shape[0], -1)
+    ctx = self._rltrain_kernels.attention(q, k, v, scale)  # [b, np, s, hn]
+    return ctx.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
 
 
 def _install_rope() -> None:
     """Wrap megatron's apply_rotary_pos_emb (as its attention module calls it) once per process: models marked by
-    make_invariant get ops.invariant's rotary table, every other model megatron's own function."""
+    make_invariant get their kernel set's rotary, every other model megatron's own function."""
     import megatron.core.transformer.attention as attention
 
     if getattr(attention.apply_rotary_pos_emb, "_rltrain_wrapped", False):
@@ -68,12 +159,10 @@ def _install_rope() -> None:
     original = attention.apply_rotary_pos_emb
 
     def apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None):
-        rope = getattr(config, _ROPE_ATTR, None)
-        if rope is None or cu_seqlens is not None:
+        kernels = getattr(config, _ROPE_ATTR, None)
+        if kernels is None or cu_seqlens is not None:
             return original(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
-        head_dim, theta = rope
-        cos, sin = inv.rope_cos_sin(torch.arange(t.shape[0], device=t.device), head_dim, theta, t.dtype)
-        return inv.apply_rope(t, cos[:, None, None, :], sin[:, None, None, :])  # t [s, b, heads, hn]
+        return kernels.rope(t)  # t [s, b, heads, hn]
 
     apply_rotary_pos_emb._rltrain_wrapped = True
     attention.apply_rotary_pos_emb = apply_rotary_pos_emb
@@ -107,47 +196,49 @@ def _moe_forward(self, hidden_states, intermediate_tensors=None, padding_mask=No
     return out.reshape(shape), None
 
 
-def make_invariant(model: torch.nn.Module, theta: float) -> torch.nn.Module:
-    """Route a built GPTModel's forward through ops/invariant.py (module docstring); theta: the rotary base.
-    The output layer is left alone (the engine's head computes the log-probs). Returns the model."""
+def make_invariant(model: torch.nn.Module, kernels) -> torch.nn.Module:
+    """Route a built GPTModel's forward through `kernels` (ExactKernels or VllmKernels; module docstring). The
+    output layer is left alone (the engine's head computes the log-probs). Returns the model."""
+    from megatron.core.transformer.mlp import MLP
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.moe.router import TopKRouter
 
     from rltrain.models.megatron.build import SDPACoreAttention
 
     _install_rope()
-    cfg = model.config
-    cfg.activation_func = inv.silu
-    setattr(cfg, _ROPE_ATTR, (cfg.kv_channels, float(theta)))
     output_layer = getattr(model, "output_layer", None)
+    plain_norms = {id(m) for layer in model.decoder.layers
+                   for m in (getattr(layer.self_attention, "q_layernorm", None),
+                             getattr(layer.self_attention, "k_layernorm", None))}
+    if model.pre_process:  # the first layer's input norm reads the embeddings: no residual add before it
+        plain_norms.add(id(model.decoder.layers[0].input_layernorm))
+    forwards = {ColumnParallelLinear: _column_forward, RowParallelLinear: _row_forward,
+                torch.nn.RMSNorm: _norm_forward, SDPACoreAttention: _core_attention_forward, MLP: _mlp_forward,
+                MoELayer: _moe_forward}
     for m in model.modules():
         if m is output_layer:
             continue
-        if isinstance(m, ColumnParallelLinear):
-            m.forward = types.MethodType(_column_forward, m)
-        elif isinstance(m, RowParallelLinear):
-            m.forward = types.MethodType(_row_forward, m)
-        elif isinstance(m, torch.nn.RMSNorm):
-            m.forward = types.MethodType(_norm_forward, m)
-        elif isinstance(m, SDPACoreAttention):
-            m.forward = types.MethodType(_core_attention_forward, m)
+        if hasattr(m, "config") and hasattr(m.config, "kv_channels"):  # one config object, or a layer's own copy
+            setattr(m.config, _ROPE_ATTR, kernels)
+        m._rltrain_kernels = kernels
+        m._rltrain_after_add = id(m) not in plain_norms
+        kind = next((k for k in forwards if type(m) is k or (k is not MLP and isinstance(m, k))), None)
+        if kind is not None:
+            m.forward = types.MethodType(forwards[kind], m)
         elif isinstance(m, TopKRouter):
             m.gating = types.MethodType(_gating, m)
-        elif isinstance(m, MoELayer):
-            m.forward = types.MethodType(_moe_forward, m)
-    for m in model.modules():  # every layer config is the model's (one TransformerConfig object)
-        if hasattr(m, "config") and m.config is not cfg and hasattr(m.config, "activation_func"):
-            m.config.activation_func = inv.silu
-            setattr(m.config, _ROPE_ATTR, getattr(cfg, _ROPE_ATTR))
     return model
 
 
-def setup(model: torch.nn.Module, hf_config, config) -> tuple[int, float] | None:
-    """The engine's rollout.true_on_policy step (config: its EngineConfig): route the model (make_invariant) and
-    return the head's (top_k, top_p); None when the mode is off. ValueError for an engine it cannot make exact."""
+def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
+    """The engine's rollout.true_on_policy step (config: its EngineConfig): route the model through the rollout
+    engine's kernels (make_invariant) and return the head's (top_k, top_p, head_stats); None when the mode is off.
+    ValueError for an engine it cannot make exact."""
     sampled = config.true_on_policy
     if sampled is None:
         return None
+    from rltrain.models.megatron.build import moe_layer_pattern, rope_theta
+
     par, comp, head = config.parallel, config.compute, config.head
     why = []
     if par.tensor_parallel_size != 1 or par.expert_parallel_size != 1:
@@ -156,9 +247,15 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple[int, float] | None
         why.append("elementwise_fusion=none (fused kernels compute the SiLU and the adds their own way)")
     if head.fused_linear_logprob_backend not in ("auto", "torch"):
         why.append("the torch head backend (the Triton and CuTe heads tile the vocab their own way)")
+    if sampled.engine == "vllm" and any(moe_layer_pattern(hf_config)):
+        why.append("a dense model with rollout.engine=vllm (vLLM's fused MoE kernels are not matched here)")
+    if sampled.engine == "vllm" and (sampled.top_k > 0 or sampled.top_p < 1.0):
+        why.append("top_k=-1 and top_p=1 with rollout.engine=vllm (vLLM's top-k / top-p mask takes a path chosen by "
+                   "the batch size: a Triton kernel for 8 rows or more, a sort below)")
     if why:
         raise ValueError("rollout.true_on_policy needs " + "; ".join(why))
-    from rltrain.models.megatron.build import rope_theta
-
-    make_invariant(model, rope_theta(hf_config))
-    return sampled.top_k, sampled.top_p
+    theta = rope_theta(hf_config)
+    kernels = (VllmKernels(theta, int(hf_config.max_position_embeddings)) if sampled.engine == "vllm"
+               else ExactKernels(theta))
+    make_invariant(model, kernels)
+    return sampled.top_k, sampled.top_p, kernels.head_stats

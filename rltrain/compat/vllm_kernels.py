@@ -1,0 +1,145 @@
+"""vLLM 0.26's batch-invariant forward (VLLM_BATCH_INVARIANT=1, CUDA) as plain functions, so that the Megatron actor
+computes each op with the very kernel the rollout engine ran (rollout.true_on_policy with rollout.engine=vllm;
+models/megatron/invariant.py wraps them with a backward). Forward only, no autograd, no engine started here.
+
+What vLLM 0.26 runs for a Qwen3 decoder in that mode, eager (`enforce_eager`, custom ops on: rollout/vllm_args.py's
+`true_on_policy_kwargs`), and the function here that runs the same kernel with the same arguments:
+- every linear layer and the LM head: `batch_invariant.linear_batch_invariant` (its persistent Triton matmul, one
+  fixed tile config per dtype: a row's result does not depend on the others) -> `linear`;
+- the first layer's input norm and the q/k norms: `rms_norm_batch_invariant` (Triton, one program per row) ->
+  `rms_norm`; every norm after a residual add: `_custom_ops.fused_add_rms_norm` (CUDA, "batch invariant" in 0.26:
+  the add rounds to the model dtype, then the norm) -> `add_rms_norm` (the actor adds first, the same rounding,
+  then the kernel adds a zero residual);
+- rotary: `_custom_ops.rotary_embedding` on the cos/sin cache vLLM builds (fp32 on the GPU, then the model dtype)
+  -> `rope`;
+- SiLU(gate) * up: `torch.ops._C.silu_and_mul` -> `silu_and_mul`;
+- attention: FlashAttention 3 (`vllm_flash_attn.flash_attn_varlen_func`, num_splits=1, no scheduler metadata) over a
+  paged KV cache of BLOCK_SIZE-token pages in vLLM's NHD layout -> `attention` (the same call on a cache built alike);
+- the sampler's log-probs ("processed_logprobs"): fp32 logits divided by the temperature tensor, then the overridden
+  `aten::_log_softmax` (`batch_invariant.log_softmax`, Triton) -> `token_logprobs`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import SimpleNamespace
+
+import torch
+
+BLOCK_SIZE = 16  # tokens per KV-cache page: the engine is started with it (rollout/vllm_args.true_on_policy_kwargs)
+
+
+def enable() -> None:
+    """vLLM's batch-invariant mode for this process, before any engine starts or any GEMM runs: its environment
+    (cuBLAS workspace, NCCL) and its aten overrides (log_softmax, softmax, mean, bmm)."""
+    os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    from vllm.model_executor.layers.batch_invariant import init_batch_invariance
+
+    init_batch_invariance()
+
+
+@functools.cache
+def _vllm() -> SimpleNamespace:
+    """The vLLM entry points this module calls, in one place (the CPU tests give reference ones)."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers import batch_invariant as bi
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    return SimpleNamespace(linear=bi.linear_batch_invariant, rms_norm=bi.rms_norm_batch_invariant,
+                           log_softmax=bi.log_softmax, fused_add_rms_norm=ops.fused_add_rms_norm,
+                           rotary_embedding=ops.rotary_embedding, silu_and_mul=torch.ops._C.silu_and_mul,
+                           flash_attn_varlen_func=flash_attn_varlen_func, fa_version=get_flash_attn_version,
+                           rotary_class=RotaryEmbedding)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K].T (+ bias): vLLM's linear layers' kernel."""
+    return _vllm().linear(x, weight, bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim without a residual (vLLM's first input norm, q/k norms)."""
+    return _vllm().rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x, where x = hidden + residual already rounded to the model dtype: vLLM's fused_add_rms_norm
+    kernel with a zero residual (x + 0 is x), on a contiguous copy (its vectorized path needs 16-byte rows)."""
+    shape = x.shape
+    out = x.reshape(-1, shape[-1]).clone(memory_format=torch.contiguous_format)
+    _vllm().fused_add_rms_norm(out, torch.zeros_like(out), weight.contiguous(), eps)
+    return out.view(shape)
+
+
+@functools.lru_cache(maxsize=8)
+def _cos_sin_cache(head_dim: int, max_position: int, theta: float, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """vLLM's RotaryEmbedding cache: its own _compute_cos_sin_cache, on the GPU (as vLLM builds it inside the model's
+    device context), then in the model dtype."""
+    rotary = _vllm().rotary_class
+    ns = SimpleNamespace(rotary_dim=head_dim, max_position_embeddings=max_position, base=theta)
+    ns._compute_inv_freq = functools.partial(rotary._compute_inv_freq, ns)
+    with torch.device(device):
+        return rotary._compute_cos_sin_cache(ns).to(dtype)
+
+
+def rope(t: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int) -> torch.Tensor:
+    """Rotary (neox style) of t [tokens, heads, head_dim] at integer positions [tokens]: vLLM's in-place kernel, on
+    a copy."""
+    tokens, heads, d = t.shape
+    out = t.reshape(tokens, heads * d).clone(memory_format=torch.contiguous_format)
+    cache = _cos_sin_cache(d, max_position, float(theta), t.dtype, str(t.device))
+    _vllm().rotary_embedding(positions.to(torch.int64).contiguous(), out, None, d, cache, True)
+    return out.view(tokens, heads, d)
+
+
+def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
+    """silu(h[..., :I]) * h[..., I:] for h [..., 2I]: vLLM's SiluAndMul kernel."""
+    d = h.shape[-1] // 2
+    flat = h.reshape(-1, 2 * d).contiguous()
+    out = torch.empty(flat.shape[0], d, dtype=h.dtype, device=h.device)
+    _vllm().silu_and_mul(out, flat)
+    return out.view(*h.shape[:-1], d)
+
+
+def _fa_version(head_dim: int) -> int:
+    return _vllm().fa_version(head_size=head_dim) or 3
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of rows that start at position 0: q [b, h, s, d], k/v [b, hkv, s, d] -> [b, h, s, d], by
+    vLLM's FlashAttention call (num_splits=1) over a paged cache laid out as vLLM's: memory [pages, BLOCK_SIZE, hkv,
+    2d] holding K then V per head (logical (pages, hkv, BLOCK_SIZE, 2d), NHD), one row per run of pages."""
+    b, h, s, d = q.shape
+    hkv = k.shape[1]
+    pages = -(-s // BLOCK_SIZE)
+    mem = torch.zeros(b * pages, BLOCK_SIZE, hkv, 2 * d, dtype=q.dtype, device=q.device)
+    for t, half in ((k, slice(0, d)), (v, slice(d, 2 * d))):
+        rows = torch.zeros(b, pages * BLOCK_SIZE, hkv, d, dtype=q.dtype, device=q.device)
+        rows[:, :s] = t.permute(0, 2, 1, 3)
+        mem[..., half] = rows.view(b * pages, BLOCK_SIZE, hkv, d)
+    i32 = dict(dtype=torch.int32, device=q.device)
+    query = q.permute(0, 2, 1, 3).reshape(b * s, h, d).contiguous()
+    out = torch.empty_like(query)
+    _vllm().flash_attn_varlen_func(
+        q=query, k=mem[..., :d], v=mem[..., d:], out=out, cu_seqlens_q=torch.arange(0, (b + 1) * s, s, **i32),
+        max_seqlen_q=s, seqused_k=torch.full((b,), s, **i32), max_seqlen_k=s, softmax_scale=scale, causal=True,
+        block_table=torch.arange(b * pages, **i32).view(b, pages), fa_version=_fa_version(d), num_splits=1)
+    return out.view(b, s, h, d).permute(0, 2, 1, 3)
+
+
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                   temperature: float) -> tuple[torch.Tensor, ...]:
+    """The sampler's log-prob of labels [c] after the LM head of hidden [c, H] (weight [V, H], the real vocab):
+    vLLM's lm-head kernel, fp32, divided by the temperature (a tensor, as vLLM's apply_temperature), its Triton
+    log-softmax. Returns fp32 [c] (logprob, entropy, lse, mean_z) of z = logits / temperature."""
+    z = linear(hidden, weight).float()
+    if temperature != 1.0:
+        z = z / torch.full((z.shape[0], 1), float(temperature), dtype=torch.float32, device=z.device)
+    lp_all = _vllm().log_softmax(z, dim=-1)
+    p = lp_all.exp()
+    entropy = -torch.where(p > 0, p * lp_all, torch.zeros_like(p)).sum(-1)
+    lse = torch.logsumexp(z, -1)
+    return lp_all.gather(-1, labels.long()[:, None]).squeeze(-1), entropy, lse, (p * z).sum(-1)

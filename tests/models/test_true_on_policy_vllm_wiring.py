@@ -1,0 +1,132 @@
+"""The vLLM kernel set of rollout.true_on_policy (compat/vllm_kernels.py, models/megatron/invariant.VllmKernels) on
+CPU, with reference implementations of the vLLM entry points it calls (their documented semantics: vLLM's paged
+FlashAttention call, its neox rotary kernel on the [cos | sin] cache, fused add + RMSNorm, SiLU-and-mul): our side's
+layouts (the paged KV cache, sequence-major positions, packed queries) against plain torch, and the Megatron actor
+wired to the set against the plain actor, values and gradients. The kernels themselves run on a GPU only
+(tests/rollout/test_true_on_policy_vllm_gpu.py)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rltrain.compat import vllm_kernels as vk
+from rltrain.models.engine_config import SampledDistribution
+from rltrain.models.megatron import MegatronEngine
+from rltrain.ops import invariant as inv
+from _megatron_ref import random_batch, random_hf_model
+
+
+def _norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+class _Rotary:
+    """vLLM RotaryEmbedding's cache recipe: inv_freq = 1 / base^(arange(0, d, 2) / d), rows [cos | sin]."""
+
+    def _compute_inv_freq(self, base):
+        return 1.0 / (base ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float) / self.rotary_dim))
+
+    def _compute_cos_sin_cache(self):
+        f = torch.einsum("i,j->ij", torch.arange(self.max_position_embeddings, dtype=torch.float),
+                         self._compute_inv_freq(self.base))
+        return torch.cat([f.cos(), f.sin()], -1)
+
+
+def _rotary_embedding(positions, query, key, head_size, cache, is_neox):
+    half = head_size // 2
+    for t in (query, key):
+        if t is not None:
+            x = t.view(t.shape[0], -1, head_size)
+            cos, sin = cache[positions][:, None, :half], cache[positions][:, None, half:]
+            x1, x2 = x[..., :half].clone(), x[..., half:].clone()
+            x[..., :half], x[..., half:] = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+def _flash_attn(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal,
+                block_table, fa_version, num_splits):
+    """Paged varlen attention: sequence i's queries cu[i]:cu[i+1] over its seqused_k[i] keys, read page by page
+    through block_table[i] from k/v [pages, page, hkv, d]; causal with the queries last."""
+    assert num_splits == 1 and causal
+    for i in range(len(seqused_k)):
+        lo, hi, n = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seqused_k[i])
+        keys, vals = (c[block_table[i].long()].flatten(0, 1)[:n].transpose(0, 1) for c in (k, v))  # [hkv, n, d]
+        rep = q.shape[1] // keys.shape[0]
+        qi = q[lo:hi].transpose(0, 1)
+        valid = torch.arange(n)[None, :] <= torch.arange(n - (hi - lo), n)[:, None]
+        out[lo:hi] = F.scaled_dot_product_attention(qi, keys.repeat_interleave(rep, 0), vals.repeat_interleave(rep, 0),
+                                                    attn_mask=valid, scale=softmax_scale).transpose(0, 1)
+
+
+@pytest.fixture
+def reference_vllm(monkeypatch):
+    calls = {"rms_norm": 0, "add_rms_norm": 0}
+
+    def rms_norm(x, w, eps):
+        calls["rms_norm"] += 1
+        return _norm(x, w, eps)
+
+    def fused_add_rms_norm(inp, residual, w, eps):
+        calls["add_rms_norm"] += 1
+        residual.add_(inp)
+        inp.copy_(_norm(residual, w, eps))
+
+    ref = SimpleNamespace(linear=lambda x, w, b=None: F.linear(x, w, b), rms_norm=rms_norm,
+                          log_softmax=lambda z, dim=-1: torch.log_softmax(z, dim), fused_add_rms_norm=fused_add_rms_norm,
+                          rotary_embedding=_rotary_embedding, fa_version=lambda head_size: 3, rotary_class=_Rotary,
+                          silu_and_mul=lambda out, x: out.copy_(F.silu(x[..., :x.shape[-1] // 2])
+                                                                * x[..., x.shape[-1] // 2:]),
+                          flash_attn_varlen_func=_flash_attn)
+    monkeypatch.setattr(vk, "_vllm", lambda: ref)
+    vk._cos_sin_cache.cache_clear()
+    yield calls
+    vk._cos_sin_cache.cache_clear()
+
+
+def test_our_layouts_around_vllms_kernels_compute_the_plain_ops(reference_vllm):
+    torch.manual_seed(0)
+    b, h, hkv, s, d = 3, 4, 2, 37, 24  # s not a multiple of the 16-token page
+    q, k, v = torch.randn(b, h, s, d), torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True,
+                                         scale=d ** -0.5)
+    torch.testing.assert_close(vk.attention(q, k, v, d ** -0.5), ref)
+    t, pos = torch.randn(11, h, d), torch.randint(0, 500, (11,))
+    ang = pos[:, None].double() * (1.0 / 1e6 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None].float(), torch.cat([ang.sin()] * 2, -1)[:, None].float()
+    torch.testing.assert_close(vk.rope(t, pos, 1e6, 4096), inv.apply_rope(t, cos, sin), rtol=1e-5, atol=1e-5)
+    x, w = torch.randn(5, 7, 64), torch.randn(64)
+    torch.testing.assert_close(vk.add_rms_norm(x, w, 1e-6), _norm(x, w, 1e-6))
+    g = torch.randn(6, 2 * 32)
+    torch.testing.assert_close(vk.silu_and_mul(g), F.silu(g[:, :32]) * g[:, 32:])
+    hid, wt, lab = torch.randn(9, 16), torch.randn(33, 16), torch.randint(0, 33, (9,))
+    lp, ent, lse, mean_z = vk.token_logprobs(hid, wt, lab, 0.7)
+    z = (hid @ wt.T) / 0.7
+    torch.testing.assert_close(lp, torch.log_softmax(z, -1).gather(-1, lab[:, None]).squeeze(-1))
+    torch.testing.assert_close(lse, torch.logsumexp(z, -1))
+    p = torch.softmax(z, -1)
+    torch.testing.assert_close(ent, -(p * torch.log_softmax(z, -1)).sum(-1))
+    assert math.isfinite(float(mean_z.sum()))
+
+
+def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm):
+    hf = random_hf_model(61, seed=4)
+    ids, lens, mask = random_batch(61, [9, 17, 3], seed=5)
+    engines = {}
+    for name, top in (("plain", None), ("vllm", SampledDistribution(engine="vllm"))):
+        engines[name] = MegatronEngine(hf.config, seed=0, lr=1e-2, true_on_policy=top, fused_linear_logprob_backend="torch")
+        engines[name].load_hf_weights(hf.state_dict())
+    lp, ent = engines["vllm"].forward_logprobs(ids, lens, mask, temperature=0.8)
+    ref_lp, ref_ent = engines["plain"].forward_logprobs(ids, lens, mask, temperature=0.8)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    # per forward of the 2-layer model: the first input norm and 2 q/k norms a layer plain, the rest after an add
+    assert reference_vllm == {"rms_norm": 5, "add_rms_norm": 4}
+    steps = {name: eng.train_step([dict(input_ids=ids, seq_lens=lens, label_mask=mask)],
+                                  lambda out, mb: (-(out.logprobs * mb.label_mask).sum(), {}), temperature=0.8)
+             for name, eng in engines.items()}  # the backward runs through every routed op
+    assert steps["vllm"]["grad_norm"] == pytest.approx(steps["plain"]["grad_norm"], rel=1e-4)
+    assert steps["vllm"]["loss"] == pytest.approx(steps["plain"]["loss"], rel=1e-5)

@@ -1,0 +1,30 @@
+"""tools/bench_true_on_policy.py's report on a worked example: phase means after the first step, the mismatch of
+every step, and the on/off cost ratios in the table."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+
+import bench_true_on_policy as bench  # noqa: E402
+
+
+def _rows(step_s, diff):
+    rows = [{"step": 0, "val/accuracy": 0.1}]
+    for i, s in enumerate(step_s, start=1):
+        rows.append({"step": i, "timing_s/step": s, "timing_s/gen": s / 2, "timing_s/gen_engine": s / 4,
+                     "timing_s/old_log_prob": 0.1, "timing_s/update_actor": 0.2, "timing_s/update_weights": 0.05,
+                     "rollout/logprob_diff_max": diff, "rollout/logprob_diff_nonzero_frac": 0.5 if diff else 0.0,
+                     "critic/score/mean": 0.25})
+    rows[-1]["val/accuracy"] = 0.4
+    return rows
+
+
+def test_summary_skips_the_first_step_and_keeps_every_steps_mismatch():
+    off, on = bench.summary(_rows([9.0, 1.0, 3.0], 4e-7)), bench.summary(_rows([9.0, 2.0, 2.0], 0.0))
+    assert off["mean"]["timing_s/step"] == 2.0 and off["mean"]["timing_s/gen"] == 1.0
+    assert off["logprob_diff_max"] == [4e-7] * 3 and not off["all_zero"]
+    assert on["all_zero"] and on["nonzero_frac"] == [0.0] * 3 and on["score_last10"] == 0.25
+    assert on["val_accuracy"] == [(0, 0.1), (3, 0.4)]
+    md = bench.markdown({"date": "d", "device": "cpu", "command": "c", "runs": {"off": off, "on": on}})
+    assert "| timing_s/step | 2.0000 | 2.0000 | 1.00x |" in md and "exactly 0 every step: True" in md
