@@ -122,11 +122,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
         mem[..., half] = rows.view(b * pages, BLOCK_SIZE, hkv, d)
     i32 = dict(dtype=torch.int32, device=q.device)
     query = q.permute(0, 2, 1, 3).reshape(b * s, h, d).contiguous()
+    ones = torch.ones(1, dtype=torch.float32, device=q.device).expand(b, hkv)
     out = torch.empty_like(query)
     _vllm().flash_attn_varlen_func(
         q=query, k=mem[..., :d], v=mem[..., d:], out=out, cu_seqlens_q=torch.arange(0, (b + 1) * s, s, **i32),
         max_seqlen_q=s, seqused_k=torch.full((b,), s, **i32), max_seqlen_k=s, softmax_scale=scale, causal=True,
-        block_table=torch.arange(b * pages, **i32).view(b, pages), fa_version=_fa_version(d), num_splits=1)
+        block_table=torch.arange(b * pages, **i32).view(b, pages), fa_version=_fa_version(d), num_splits=1,
+        k_descale=ones, v_descale=ones)  # vLLM passes its layer's unit K/V scales, expanded, for a bf16 cache too
     return out.view(b, s, h, d).permute(0, 2, 1, 3)
 
 

@@ -14,7 +14,9 @@ every MoE router picked for each token it processed, prompt then response (`Roll
 recorded by forward hooks on transformers' routers.
 
 Sampler log-probs are log softmax(logits / T) of the sampled token before top-k/top-p filtering
-(log softmax(logits) when greedy), computed in fp32 from the same logits the sample is drawn from.
+(log softmax(logits) when greedy), computed in fp32 from the same logits the sample is drawn from. With
+true_on_policy (rollout.true_on_policy) the model computes through ops/invariant.py and the log-prob is that of the
+distribution sampled from (after top-k/top-p, renormalized), bit for bit the Megatron actor's.
 
 sleep(level=1) moves the weights to CPU (on a GPU into page-locked host copies kept between sleeps; a no-op on a
 CPU engine); sleep(level=2) drops the weights

@@ -48,7 +48,7 @@ def _rotary_embedding(positions, query, key, head_size, cache, is_neox):
 
 
 def _flash_attn(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal,
-                block_table, fa_version, num_splits):
+                block_table, fa_version, num_splits, k_descale, v_descale):
     """Paged varlen attention: sequence i's queries cu[i]:cu[i+1] over its seqused_k[i] keys, read page by page
     through block_table[i] from k/v [pages, page, hkv, d]; causal with the queries last."""
     assert num_splits == 1 and causal
