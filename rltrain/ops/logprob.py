@@ -28,6 +28,7 @@ it over `tp_group` (Megatron's `copy_to_tensor_model_parallel_region` does exact
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from types import ModuleType
@@ -254,8 +255,8 @@ def logprobs_from_hidden(
     batch_invariant: every row's result the same bits whatever the number of rows or the chunking. "torch": the
     arithmetic of ops/invariant.py (logprob_invariant.py; one vocab shard), the rollout engine's under
     rollout.true_on_policy, and the log-prob is of the distribution sampled from: softmax(logits / temperature)
-    restricted to the top_k / top_p set (top_k -1: off, top_p 1: off) and renormalized. "triton": fixed vocab splits
-    and a fixed merge order (logprob_triton.forward_stats(batch_invariant=True)); no top-k / top-p. Backward unchanged.
+    restricted to the top_k / top_p set (top_k -1: off, top_p 1: off) and renormalized. "triton": one vocab split per
+    token block, pointer loads (_TritonInvariant); no top-k / top-p. Backward unchanged.
     head_stats: with batch_invariant on the torch backend, another engine's arithmetic for each chunk
     (logprob_invariant.invariant_logprobs).
 
@@ -316,13 +317,16 @@ def _batch_invariant(module: ModuleType, tp_group, top_k: int, top_p: float):
 
 
 class _TritonInvariant:
-    """logprob_triton with forward_stats(batch_invariant=True) (the backward is unchanged)."""
+    """logprob_triton's forward in one vocab split per token block (each program walks the whole vocab in tile
+    order: nothing is merged across programs, whose split count would follow the number of token blocks) and with
+    pointer loads (TMA's use depends on the rows' alignment); the backward is unchanged."""
 
     def __init__(self, module: ModuleType):
         self.module, self.backward = module, module.backward
+        self.tuning = dataclasses.replace(module.DEFAULT_TUNING, use_desc=False)
 
     def forward_stats(self, *args):
-        return self.module.forward_stats(*args, batch_invariant=True)
+        return self.module.forward_stats(*args, num_splits=1, tuning=self.tuning)
 
 
 def _logits_chunk_fp32(logits_c: torch.Tensor, inv_temp: float) -> tuple[torch.Tensor, bool]:

@@ -302,17 +302,14 @@ def _num_sms(device: torch.device) -> int:
 
 def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, inv_temp: float,
                   with_entropy: bool, chunk_size: int | None = None, *, num_splits: int | None = None,
-                  tuning: TritonTuning | None = None, batch_invariant: bool = False):
+                  tuning: TritonTuning | None = None):
     """Per-shard statistics of z = (hidden @ weight.T) * inv_temp, never writing z to memory.
 
     hidden [N, H] (weight's dtype), weight [V_local, H], labels_local [N] int64 in [0, V_local) or -1.
     Returns fp32 [N] tensors (m, s, t, z_label) as in the module docstring; t is 0 when with_entropy is
     False. `chunk_size` is accepted for the shared interface and unused (the kernel tiles by itself);
     `num_splits` overrides the number of vocab splits (benchmark sweeps); `tuning`: the kernels' knobs (module
-    docstring). batch_invariant: a row's statistics the same bits whatever N: the vocab splits depend on the vocab
-    only (`tuning.fwd_min_splits`, not on the token blocks in flight), tiles load through pointers (not TMA, whose use
-    depends on the rows' alignment) and the splits merge in split order one elementwise step at a time (a reduction
-    over them picks its order by the shape)."""
+    docstring)."""
     _check(hidden, weight, labels_local)
     tuning = _tuning(tuning)
     n, h = hidden.shape
@@ -329,10 +326,7 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
     bm, bn, bk, warps, stages = tuning.tile("fwd", hidden.dtype)
     n_m = triton.cdiv(n, bm)
     n_tiles = triton.cdiv(v, bn)
-    if batch_invariant:
-        num_splits = tuning.fwd_min_splits
-        tuning = dataclasses.replace(tuning, use_desc=False)
-    elif num_splits is None:
+    if num_splits is None:
         num_splits = _fwd_splits(n_m, n_tiles, _num_sms(dev), tuning.fwd_min_splits)
     num_splits = min(num_splits, n_tiles)
     tiles_per_split = triton.cdiv(n_tiles, num_splits)
@@ -352,14 +346,6 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
     m_p, s_p, t_p = part  # in units of the unscaled product (see the kernel)
     if num_splits == 1:
         m, s, t = m_p[0], s_p[0], t_p[0]
-    elif batch_invariant:
-        m = m_p[0]
-        for i in range(1, num_splits):
-            m = torch.maximum(m, m_p[i])
-        s, t = torch.zeros_like(m), torch.zeros_like(m)
-        for i in range(num_splits):
-            scale = torch.exp((m_p[i] - m) * inv_temp)
-            s, t = s + s_p[i] * scale, t + t_p[i] * scale
     else:
         m = m_p.max(dim=0).values
         scale = torch.exp((m_p - m) * inv_temp)  # [S, N]; every split has >= 1 in-range column: m_p is finite

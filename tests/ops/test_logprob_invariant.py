@@ -91,18 +91,21 @@ def test_batch_invariant_mode_refuses_what_it_cannot_do():
 _INTERP_SCRIPT = INTERP_PRELUDE + r"""
 import torch
 sys.path.insert(0, sys.argv[1])
-from rltrain.ops import logprob_triton as K
+from rltrain.ops import logprob_triton
+from rltrain.ops.logprob import _TritonInvariant
+INV = _TritonInvariant(logprob_triton)
 g = torch.Generator().manual_seed(int(sys.argv[2]))
 n, h, v = 70, 24, 2567  # two fp32 token blocks of 64; 41 vocab tiles of 64 (the last partial)
 hid, w = torch.randn(n, h, generator=g), torch.randn(v, h, generator=g) * 0.5
 lab = torch.randint(0, v, (n,), generator=g)
 out = {"same": [], "plain_same": [], "lp": 0.0}
 for invariant in (True, False):
-    full = K.forward_stats(hid, w, lab, 1 / 1.3, True, None, batch_invariant=invariant)
+    stats = INV.forward_stats if invariant else logprob_triton.forward_stats
+    full = stats(hid, w, lab, 1 / 1.3, True, None)
     # row sets starting on a token block: the interpreter's dot is numpy's BLAS, whose result for a row may depend on
     # the row's place in the block (a GPU's MMA does not; tests below under `gpu` take any rows)
     for rows in ((slice(0, 1), slice(64, 70)) if invariant else (slice(0, 1),)):
-        part = K.forward_stats(hid[rows], w, lab[rows], 1 / 1.3, True, None, batch_invariant=invariant)
+        part = stats(hid[rows], w, lab[rows], 1 / 1.3, True, None)
         out["same" if invariant else "plain_same"].append(all(bool(torch.equal(a, b[rows])) for a, b in zip(part, full)))
     if invariant:
         m, s, t, zl = full
@@ -129,13 +132,14 @@ def test_triton_mode_rows_are_the_same_bits_for_any_number_of_rows_under_the_int
 @pytest.mark.skipif(not (HAVE_TRITON and torch.cuda.is_available()), reason="needs triton and a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_mode_any_rows_are_the_same_bits_on_a_gpu(dtype):
-    from rltrain.ops import logprob_triton as K
+    from rltrain.ops import logprob_triton
+    from rltrain.ops.logprob import _TritonInvariant
 
+    stats = _TritonInvariant(logprob_triton).forward_stats
     seed = random.randrange(2**31)
     hidden, weight, labels = (x.cuda() for x in _inputs(3000, 1024, 151_936 // 8, seed))
     hidden, weight = hidden.to(dtype), weight.to(dtype)
-    full = K.forward_stats(hidden, weight, labels, 1.0, True, None, batch_invariant=True)
+    full = stats(hidden, weight, labels, 1.0, True, None)
     for rows in (slice(0, 1), slice(5, 6), slice(17, 1400), torch.randperm(3000, device="cuda")[:777]):
-        part = K.forward_stats(hidden[rows].contiguous(), weight, labels[rows].contiguous(), 1.0, True, None,
-                               batch_invariant=True)
+        part = stats(hidden[rows].contiguous(), weight, labels[rows].contiguous(), 1.0, True, None)
         assert all(torch.equal(a, b[rows]) for a, b in zip(part, full)), (seed, rows)
