@@ -431,9 +431,11 @@ def _true_on_policy(e: list, cfg) -> None:
     if r.engine == "vllm" and (r.top_k > 0 or r.top_p < 1.0):
         why.append("rollout.top_k / rollout.top_p with rollout.engine=vllm (vLLM masks them on a path its batch size "
                    "picks: a Triton kernel from 8 rows, a sort below): set them to -1 / 1.0, or use rollout.engine=hf")
-    if t.fused_linear_logprob_backend not in ("auto", "torch"):
-        why.append(f"trainer.fused_linear_logprob_backend={t.fused_linear_logprob_backend} (its tiles reduce the "
-                   "vocab in their own order): set it to torch")
+    if not t.fused_linear_logprob or t.fused_linear_logprob_backend not in ("auto", "torch"):
+        why.append(f"trainer.fused_linear_logprob={t.fused_linear_logprob} with backend "
+                   f"{t.fused_linear_logprob_backend} (the exact head is the fused head's batch-invariant mode on the "
+                   "torch backend; other backends tile the vocab their own way): set trainer.fused_linear_logprob=true "
+                   "and trainer.fused_linear_logprob_backend=torch")
     if why:
         e.append("rollout.true_on_policy=true cannot make the engine's and the actor's log-probs equal with "
                  + "; ".join(why))

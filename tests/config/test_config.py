@@ -98,7 +98,8 @@ def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
     (["actor.tensor_parallel_size=2"], "set actor.tensor_parallel_size"),
     (["actor.expert_parallel_size=2"], "set actor.tensor_parallel_size, actor.expert_parallel_size"),
     (["actor.elementwise_fusion=compile"], "actor.elementwise_fusion=compile"),
-    (["trainer.fused_linear_logprob_backend=triton"], "trainer.fused_linear_logprob_backend=triton"),
+    (["trainer.fused_linear_logprob_backend=triton"], "backend triton"),
+    (["trainer.fused_linear_logprob=false"], "trainer.fused_linear_logprob=False"),
     (["rollout.engine=vllm", "trainer.device=cuda", "rollout.top_p=0.9"], "its batch size picks"),
 ])
 def test_true_on_policy_is_refused_where_it_cannot_be_exact(overrides, why):

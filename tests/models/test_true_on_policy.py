@@ -98,6 +98,7 @@ def test_moe_engine_and_actor_agree_with_and_without_routing_replay(shape):
 def test_engine_refuses_what_cannot_be_exact():
     hf = random_hf_model(V)
     for kw, match in [(dict(elementwise_fusion="mcore"), "elementwise_fusion"),
-                      (dict(fused_linear_logprob_backend="triton"), "torch head")]:
+                      (dict(fused_linear_logprob_backend="triton"), "torch backend"),
+                      (dict(fused_linear_logprob=False), "fused head")]:
         with pytest.raises(ValueError, match=match):
             MegatronEngine(hf.config, true_on_policy=SampledDistribution(), **kw)

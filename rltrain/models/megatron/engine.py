@@ -292,7 +292,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         prev = out[:, :-1].reshape(b * (s - 1), out.shape[-1])  # [N, X], row t-1 predicts token t
         kwargs = dict(rows=rows, with_entropy=with_entropy, entropy_grad=entropy_grad,
                       temperature=temperature, chunk_size=self.chunk_size, check_bounds=check)
-        if self.fused or self.sampled is not None:
+        if self.fused:
             lp, ent = head_mod.fused_logprobs(self.model, prev, labels, backend=self.backend, sampled=self.sampled,
                                               **kwargs)
         else:

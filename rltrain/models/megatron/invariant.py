@@ -245,8 +245,9 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
         why.append("tensor and expert parallel size 1 (a split reduction adds its partial sums across ranks)")
     if comp.elementwise_fusion != "none":
         why.append("elementwise_fusion=none (fused kernels compute the SiLU and the adds their own way)")
-    if head.fused_linear_logprob_backend not in ("auto", "torch"):
-        why.append("the torch head backend (the Triton and CuTe heads tile the vocab their own way)")
+    if not head.fused_linear_logprob or head.fused_linear_logprob_backend not in ("auto", "torch"):
+        why.append("the fused head on the torch backend (its batch-invariant mode; the Triton and CuTe heads tile the "
+                   "vocab their own way)")
     if sampled.engine == "vllm" and any(moe_layer_pattern(hf_config)):
         why.append("a dense model with rollout.engine=vllm (vLLM's fused MoE kernels are not matched here)")
     if sampled.engine == "vllm" and (sampled.top_k > 0 or sampled.top_p < 1.0):
