@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain.config.schema import OffPolicyConfig, resolve_targets
+from rltrain.config.true_on_policy import true_on_policy_errors
 from rltrain.models.presets import BUILTINS
 from rltrain.utils.errors import UserError
 
@@ -363,7 +364,7 @@ def _trainer(e: list, cfg) -> None:
         e.append("trainer.async_rollout=true needs Ray (trainer.use_ray=true): the in-process worker cannot "
                  "generate and train at once")
     _partial(e, cfg)
-    _true_on_policy(e, cfg)
+    e.extend(true_on_policy_errors(cfg))
     _step_levers(e, cfg)
 
 
@@ -411,34 +412,6 @@ def _partial(e: list, cfg) -> None:
                  f"rollout.tensor_parallel_size={r.tensor_parallel_size} and rollout.engines_per_gpu="
                  f"{r.engines_per_gpu} the engine's ranks or pool would pause at different chunks: set both to 1 "
                  "or rollout.partial=false")
-
-
-def _true_on_policy(e: list, cfg) -> None:
-    """rollout.true_on_policy: where the engine's and the actor's log-probs cannot be the same bits."""
-    r, a, t = cfg.rollout, cfg.actor, cfg.trainer
-    if not r.true_on_policy:
-        return
-    why = []
-    if r.engine == "vllm" and t.device == "cpu":
-        why.append("rollout.engine=vllm on CPU (vLLM's batch-invariant kernels are CUDA ones): use rollout.engine=hf")
-    if a.tensor_parallel_size > 1 or a.expert_parallel_size > 1 or r.tensor_parallel_size > 1:
-        why.append("tensor or expert parallel size > 1 (a reduction split over ranks adds their partial sums in "
-                   "another order than one device): set actor.tensor_parallel_size, actor.expert_parallel_size and "
-                   "rollout.tensor_parallel_size to 1")
-    if a.elementwise_fusion != "none":
-        why.append(f"actor.elementwise_fusion={a.elementwise_fusion} (fused kernels compute the SiLU and the adds "
-                   "their own way): set actor.elementwise_fusion=none")
-    if r.engine == "vllm" and (r.top_k > 0 or r.top_p < 1.0):
-        why.append("rollout.top_k / rollout.top_p with rollout.engine=vllm (vLLM masks them on a path its batch size "
-                   "picks: a Triton kernel from 8 rows, a sort below): set them to -1 / 1.0, or use rollout.engine=hf")
-    if not t.fused_linear_logprob or t.fused_linear_logprob_backend not in ("auto", "torch"):
-        why.append(f"trainer.fused_linear_logprob={t.fused_linear_logprob} with backend "
-                   f"{t.fused_linear_logprob_backend} (the exact head is the fused head's batch-invariant mode on the "
-                   "torch backend; other backends tile the vocab their own way): set trainer.fused_linear_logprob=true "
-                   "and trainer.fused_linear_logprob_backend=torch")
-    if why:
-        e.append("rollout.true_on_policy=true cannot make the engine's and the actor's log-probs equal with "
-                 + "; ".join(why))
 
 
 # one validator per section of RLConfig, in report order

@@ -248,6 +248,8 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
     if not head.fused_linear_logprob or head.fused_linear_logprob_backend not in ("auto", "torch"):
         why.append("the fused head on the torch backend (its batch-invariant mode; the Triton and CuTe heads tile the "
                    "vocab their own way)")
+    if getattr(config, "lora", None) is not None and int(config.lora.rank) > 0:
+        why.append("no LoRA (its adapters' products are plain GEMMs)")
     if sampled.engine == "vllm" and any(moe_layer_pattern(hf_config)):
         why.append("a dense model with rollout.engine=vllm (vLLM's fused MoE kernels are not matched here)")
     if sampled.engine == "vllm" and (sampled.top_k > 0 or sampled.top_p < 1.0):
