@@ -4,10 +4,12 @@ Run: `python -m rltrain.main --config-name grpo_tiny` (CPU, no downloads) or `--
 any key can be overridden on the command line, e.g. `actor.lr=1e-6 trainer.fused_linear_logprob_backend=triton`.
 A user's mistake (bad key, missing file, unsupported model, no sandbox isolation) ends as one message and exit 2.
 
+Before Hydra writes into the run directory (config/entry.py), it is checked: another local user's, a shared writable
+one, a link in place of a file written there or a read-only one ends as one line and exit 2 (utils/rundir.py).
 Before the trainer is built (`prepare_run`): the run directory is locked for the run's life (a second run on it
-exits 2 naming the first's pid), the checkpoint directory is checked to be writable and cleared of crashed runs'
-temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` given on the command line in a fresh
-Hydra run directory continues the newest unfinished run of the same experiment (the default `auto` of a fresh run
+exits 2 naming the first's pid), the checkpoint directory is checked, locked by its real path and cleared of crashed
+runs' temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` given on the command line in a
+fresh Hydra run directory continues the newest unfinished run of the same experiment (the default `auto` of a fresh run
 starts from step 1), and a local `model.path` is checked for complete weights.
 """
 
@@ -22,7 +24,7 @@ from omegaconf import DictConfig
 from rltrain.config import config_main, register_configs, validate_config
 from rltrain.config.entry import CONFIG_DIR
 from rltrain.utils.errors import find_user_error
-from rltrain.utils.rundir import lock_run_dir, mark_finished, resume_command
+from rltrain.utils.rundir import lock_run_dir, mark_finished, prepare_run_dir, resume_command
 from rltrain.utils.stacks import enable_stack_dumps
 
 register_configs()
@@ -40,6 +42,7 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
         # torchrun (SFT) rank 0 holds the lock
         run_dir = _hydra_run_dir() if os.environ.get("RANK", "0") == "0" else None
         if run_dir is not None:
+            prepare_run_dir(run_dir, _hydra_job_name())  # entry's check before Hydra wrote, again for this process
             lock_run_dir(run_dir)
         try:
             run(cfg)
@@ -63,16 +66,12 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
 def prepare_run(cfg: DictConfig, run_dir: str) -> None:
     """The checks of the run's files before the trainer is built (see the module docstring); may set
     cfg.trainer.resume to the checkpoint of the run that `auto` continues."""
-    from rltrain.utils.checkpoint import check_resume_checkpoint, check_writable, clean_stale_tmp, list_checkpoints
-    from rltrain.utils.rundir import find_previous_run, lock_run_dir
+    from rltrain.utils.checkpoint import check_resume_checkpoint, list_checkpoints
+    from rltrain.utils.rundir import claim_checkpoint_dir, find_previous_run
 
     t = cfg.trainer
     ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
-    if t.save_freq > 0:
-        check_writable(ckpt_dir)
-    if t.ckpt_dir and os.path.isdir(ckpt_dir) and os.path.realpath(ckpt_dir) != os.path.realpath(run_dir):
-        lock_run_dir(ckpt_dir, what="checkpoint directory", key="trainer.ckpt_dir")
-    clean_stale_tmp(ckpt_dir)  # under the lock: no live run writes there
+    claim_checkpoint_dir(ckpt_dir, run_dir, save=t.save_freq > 0)  # writable, this user's only, locked, cleaned
     if cfg.model.builtin is None and cfg.model.path:
         from rltrain.models.checkpoint_files import check_model_dir
 
@@ -156,8 +155,19 @@ def _hydra_run_dir() -> str | None:
         return None
 
 
+def _hydra_job_name() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().job.name
+
+
 def _hydra_chose_run_dir() -> bool:
-    """Whether the run directory is Hydra's fresh `outputs/<experiment>/<time>` (not given by hydra.run.dir)."""
+    """Whether the run directory is Hydra's fresh `outputs/<experiment>/<time>` (not given by hydra.run.dir; the
+    entry point pins the recipe's, config/entry.py)."""
+    from rltrain.config.entry import run_dir_pinned
+
+    if run_dir_pinned():
+        return True
     try:
         from hydra.core.hydra_config import HydraConfig
 

@@ -20,13 +20,15 @@ register_configs()
 
 def run_sft(cfg: DictConfig) -> None:
     """Refused before training (exit 2): a local model.path with missing or truncated weights, a checkpoint
-    directory that cannot be written, a trainer.resume=PATH that is not an intact checkpoint. Rank 0 removes
-    crashed runs' temp dirs from the checkpoint directory (rltrain.main.run_entry holds the run's lock)."""
+    directory that cannot be written or that another local user owns or can write, a trainer.resume=PATH that is
+    not an intact checkpoint of yours. Rank 0 locks the checkpoint directory and removes crashed runs' temp dirs
+    from it (rltrain.main.run_entry holds the run's lock)."""
     import os
 
     from rltrain.trainer.sft import run_sft_from_config
     from rltrain.trainer.setup import run_directory
-    from rltrain.utils.checkpoint import check_writable, clean_stale_tmp, resume_path
+    from rltrain.utils.checkpoint import check_writable, resume_path
+    from rltrain.utils.rundir import claim_checkpoint_dir
 
     if cfg.model.builtin is None and cfg.model.path:
         from rltrain.models.checkpoint_files import check_model_dir
@@ -34,10 +36,10 @@ def run_sft(cfg: DictConfig) -> None:
         check_model_dir(cfg.model.path)
     t = cfg.trainer
     ckpt_dir = t.ckpt_dir or os.path.join(run_directory(), "checkpoints")
-    if t.save_freq > 0:
-        check_writable(ckpt_dir)
     if os.environ.get("RANK", "0") == "0":
-        clean_stale_tmp(ckpt_dir)
+        claim_checkpoint_dir(ckpt_dir, run_directory(), save=t.save_freq > 0)
+    elif t.save_freq > 0:
+        check_writable(ckpt_dir)
     if t.resume not in ("auto", "never"):
         resume_path(t.resume, ckpt_dir)  # a broken PATH: CheckpointError (exit 2) before anything loads
 

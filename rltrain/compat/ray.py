@@ -1,10 +1,12 @@
-"""Ray shims: a local cluster on loopback only. Ray reads its multi-node switch once, at import; a process that
-imported Ray before setting it needs the constant patched. It must not start or join a cluster (workers/group.py does).
+"""Ray shims: a local cluster on loopback only, its authentication token readable by this user only. Ray reads its
+multi-node switch once, at import; a process that imported Ray before setting it needs the constant patched. It must
+not start or join a cluster (workers/group.py does).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 # Ray treats a node as single-machine (loopback address, services bound to 127.0.0.1) when multi-node
@@ -19,3 +21,33 @@ def loopback_ray() -> None:
         from ray._private import ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def keep_auth_token_private() -> str | None:
+    """Ray's token authentication (Ray >= 2.52 turns it on for a cluster `ray.init()` starts) keeps its token in
+    `RAY_AUTH_TOKEN_PATH` or ~/.ray/auth_token, which Ray writes with the umask: readable by every local user under
+    the usual 022, which would defeat it. Before a local cluster starts: the token file is made (Ray's generator)
+    or kept with mode 0600, its directory this user's only. Returns the token file; None where Ray has no token
+    authentication, it is off (RAY_AUTH_MODE=disabled) or the token is given in RAY_AUTH_TOKEN."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled" or os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    try:
+        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+    except ImportError:  # a Ray without token authentication
+        return None
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    if os.stat(folder).st_uid == os.geteuid():
+        os.chmod(folder, 0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
+    return path

@@ -4,7 +4,10 @@ mistake a user can make (rltrain/main.py, rltrain/sft.py).
 
 Hydra itself reports a composition error with exit code 1, the code of a crash; `config_main` composes the
 command line's config once with Hydra's compose API before Hydra's own main runs, so the mistake is caught first.
-It must not run anything: composition and the schema only.
+It also resolves the run directory Hydra would make (`hydra.run.dir`, `${now:...}` included), has it checked before
+Hydra writes `.hydra/` and its log there (utils/rundir.prepare_run_dir: not another user's, not writable by others,
+no planted links, writable) and pins it on the command line, so Hydra writes into the directory that was checked.
+It must not run anything: composition, the schema and that check only.
 """
 
 from __future__ import annotations
@@ -38,20 +41,30 @@ def compose_config(config_name: str, overrides: Sequence[str] = ()):
         GlobalHydra.instance().clear()
 
 
+def _single_run_args(argv: list[str]):
+    """Hydra's parsed command line `argv`, or None for what is not a single run (help, info, a multirun) or does not
+    parse (argparse has printed its usage; Hydra will refuse the same way)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:
+        return None
+    if args.help or args.hydra_help or args.shell_completion or args.info or args.multirun:
+        return None
+    return args
+
+
 def composition_error(config_dir: str, config_name: str, argv: list[str], schema: type = RLConfig) -> str | None:
     """Why the config `argv` (Hydra's command line) composes to is refused (None: it composes and fits `schema`)."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf.errors import OmegaConfBaseException
 
     from rltrain.config.convert import as_config
 
-    try:
-        args = get_args_parser().parse_args(argv)
-    except SystemExit:  # argparse has printed its usage; Hydra will refuse the same way
-        return None
-    if args.help or args.hydra_help or args.shell_completion or args.info or args.multirun:
+    args = _single_run_args(argv)
+    if args is None:
         return None
     overrides = [o for o in args.overrides if not o.lstrip("+~").startswith("hydra.")]
     try:
@@ -82,17 +95,64 @@ def schema_message(err: Exception) -> str:
     return f"{key}: {first}" if key else first
 
 
+_PINNED: list[str] = []  # the run directory entry() resolved from the recipe and put on the command line
+
+
+def run_dir_pinned() -> bool:
+    """Whether this process's run directory is the recipe's (Hydra's `outputs/<experiment>/<time>`), resolved and
+    pinned by config_main, rather than one the user gave with hydra.run.dir."""
+    return bool(_PINNED)
+
+
+def pin_run_dir(config_dir: str, config_name: str, argv: list[str], job: str) -> list[str]:
+    """`argv` with `hydra.run.dir=<the directory Hydra would make>` in place of any given, after that directory was
+    made and checked (utils/rundir.prepare_run_dir; its UserError propagates). Unchanged for a multirun or a
+    hydra.run.dir that does not resolve here (Hydra makes it; the entry point checks it before writing)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from rltrain.utils.rundir import prepare_run_dir
+
+    args = _single_run_args(argv)
+    if args is None or args.cfg:  # --cfg prints the config and runs nothing
+        return argv
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=args.config_dir or config_dir, version_base=None):
+            cfg = compose(config_name=args.config_name or config_name, overrides=args.overrides,
+                          return_hydra_config=True)
+        run_dir = os.path.abspath(str(OmegaConf.select(cfg, "hydra.run.dir", throw_on_resolution_failure=True)))
+    except Exception:  # noqa: BLE001 (an interpolation only Hydra's run resolves: Hydra decides the directory)
+        return argv
+    finally:
+        GlobalHydra.instance().clear()
+    prepare_run_dir(run_dir, job)
+    given = [a for a in argv if a.lstrip("+~").startswith("hydra.run.dir=")]
+    if not given:
+        _PINNED.append(run_dir)
+    quoted = run_dir.replace("\\", "\\\\").replace("'", "\\'")
+    return [a for a in argv if a not in given] + [f"hydra.run.dir='{quoted}'"]
+
+
 def config_main(config_dir: str, config_name: str, schema: type = RLConfig) -> Callable:
     """hydra.main(version_base=None, config_path=config_dir, config_name=config_name) with the gate in front: a
-    refused config prints `rltrain: <why>` and exits with code 2 before Hydra starts the task."""
+    refused config, or a run directory that fails its check (pin_run_dir), prints `rltrain: <why>` and exits with
+    code 2 before Hydra starts the task or writes anything."""
     import hydra
 
     def decorate(task: Callable[[Any], None]) -> Callable[[], None]:
         hydra_task = hydra.main(version_base=None, config_path=config_dir, config_name=config_name)(task)
+        job = os.path.splitext(os.path.basename(getattr(sys.modules.get(task.__module__), "__file__", "") or ""))[0]
 
         @functools.wraps(task)
         def entry() -> None:
             why = composition_error(config_dir, config_name, sys.argv[1:], schema)
+            if why is None and os.environ.get("RANK", "0") == "0":
+                try:
+                    sys.argv[1:] = pin_run_dir(config_dir, config_name, sys.argv[1:], job or "main")
+                except UserError as err:
+                    why = str(err)
             if why is not None:
                 print(f"rltrain: {why}", file=sys.stderr, flush=True)
                 sys.exit(2)

@@ -134,6 +134,8 @@ class ModelConfig:
     overrides: Dict[str, Any] = field(default_factory=dict)
     # Parameter dtype on GPU: "bfloat16" | "float32". CPU always trains in float32.
     dtype: str = "bfloat16"
+    # Run the Python code a model or tokenizer directory ships (auto_map) when transformers loads it: only for code you
+    # have read and trust. false refuses such a directory (never asks on stdin).
     trust_remote_code: bool = False
 
 

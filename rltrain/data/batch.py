@@ -165,6 +165,17 @@ class Batch:
         kw = {n: (None if getattr(self, n) is None else getattr(self, n).to(device)) for n in self._tensor_fields()}
         return Batch(**kw, non_tensor=self.non_tensor)
 
+    def to_state(self) -> dict:
+        """The batch as a plain dict of its fields (tensors, and the per-row values as they are): what a checkpoint
+        holds of it (utils/plain.py), read back by `from_state`."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Batch":
+        """The batch `to_state` wrote (also an older checkpoint's pickled Batch, which utils/plain.py reads as the
+        dict of its fields); an unknown field is refused by the constructor."""
+        return cls(**state)
+
     def replace(self, **changes) -> "Batch":
         """A shallow copy with some fields replaced (e.g. `batch.replace(advantages=adv)`)."""
         return dataclasses.replace(self, **changes)

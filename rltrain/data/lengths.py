@@ -30,7 +30,9 @@ def data_lengths(cfg, dataset=None) -> DataLengths:
         from rltrain.data.build import prompt_datasets
         from rltrain.data.tokenizer import load_tokenizer
 
-        dataset, _ = prompt_datasets(cfg, load_tokenizer(cfg.model.tokenizer or cfg.model.path), val=False)
+        m = cfg.model
+        tokenizer = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
+        dataset, _ = prompt_datasets(cfg, tokenizer, val=False)
     n = len(dataset)
     # file datasets hold their tokenized prompts (all are read); a synthetic one tokenizes on access (~36 us each):
     # evenly spaced LENGTHS_SAMPLE of a larger one (its prompts share one format)

@@ -21,7 +21,7 @@ import os
 import re
 from pathlib import Path
 
-from rltrain.utils.errors import UserError
+from rltrain.utils.errors import UserError, remote_code_refusal
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 _ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -131,9 +131,11 @@ def is_char_tokenizer_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / _CONFIG_NAME).is_file()
 
 
-def load_tokenizer(name_or_path: str):
+def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     """"char" -> CharTokenizer; a directory saved by CharTokenizer -> CharTokenizer; anything else
-    -> transformers.AutoTokenizer.from_pretrained (a local path that does not exist is an error).
+    -> transformers.AutoTokenizer.from_pretrained (a local path that does not exist is an error). A tokenizer with
+    custom code (auto_map) is refused unless trust_remote_code (`model.trust_remote_code`); transformers is never left
+    to ask on stdin.
 
     Config key: `model.tokenizer`.
     """
@@ -152,8 +154,13 @@ def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(expanded)
-    except (OSError, ValueError) as e:
+        return AutoTokenizer.from_pretrained(expanded, trust_remote_code=bool(trust_remote_code))
+    except ValueError as e:
+        refusal = remote_code_refusal(e, f"tokenizer {name_or_path!r} ({key})")
+        if refusal is not None:
+            raise TokenizerNotFoundError(refusal) from None
+        raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): {_one_line(e)}") from None
+    except OSError as e:
         raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): {_one_line(e)}") from None
     except Exception as e:  # the tokenizers library's parse errors of a corrupt tokenizer.json are bare Exceptions
         raise TokenizerNotFoundError(f"could not load tokenizer {name_or_path!r} ({key}): its files look corrupt "

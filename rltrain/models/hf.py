@@ -20,15 +20,16 @@ def _check_path(path: str | os.PathLike) -> str:
     return path
 
 
-def load_hf_config(path: str | os.PathLike) -> Any:
-    """transformers config of the model directory `path` (the `model.path` key)."""
+def load_hf_config(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
+    """transformers config of the model directory `path` (the `model.path` key); its custom code (auto_map) runs only
+    with trust_remote_code (`model.trust_remote_code`)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(_check_path(path))
+    return AutoConfig.from_pretrained(_check_path(path), trust_remote_code=trust_remote_code)
 
 
 def build_hf_causal_lm(config_or_path: Any, *, dtype: torch.dtype = torch.float32,
-                       load_weights: bool = True) -> torch.nn.Module:
+                       load_weights: bool = True, trust_remote_code: bool = False) -> torch.nn.Module:
     """A transformers *ForCausalLM: from a config object (random init) or from a model directory
     (weights loaded when load_weights, else random init with that directory's config)."""
     from transformers import AutoModelForCausalLM
@@ -36,6 +37,6 @@ def build_hf_causal_lm(config_or_path: Any, *, dtype: torch.dtype = torch.float3
     if isinstance(config_or_path, (str, os.PathLike)):
         path = _check_path(config_or_path)
         if load_weights:
-            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        config_or_path = load_hf_config(path)
+            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        config_or_path = load_hf_config(path, trust_remote_code=trust_remote_code)
     return AutoModelForCausalLM.from_config(config_or_path, dtype=dtype)

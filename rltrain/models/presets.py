@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from rltrain.utils.errors import UserError
+from rltrain.utils.errors import UserError, remote_code_refusal
 
 
 class ModelNotFoundError(UserError, FileNotFoundError):
@@ -114,6 +114,9 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
+        refusal = remote_code_refusal(err, f"model.path={path!r}")
+        if refusal is not None:
+            raise ModelNotFoundError(refusal) from None
         raise ModelNotFoundError(f"model.path={path!r}: could not load its config.json ({err}); fix model.path "
                                 "or download the model first") from err
     for k, v in overrides.items():

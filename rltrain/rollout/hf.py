@@ -361,9 +361,9 @@ def _load_pretrained(path: str, tokenizer, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     except OSError as err:
         raise ValueError(f"HFEngine could not load a causal LM from {path!r} (rollout model path): {err}") from err
     if tokenizer is None and os.path.exists(os.path.join(path, "tokenizer_config.json")):
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     return model, tokenizer

@@ -68,7 +68,7 @@ def _checkpoint_config(model: str):
         return None
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(model))
+    return AutoConfig.from_pretrained(str(model), trust_remote_code=False)
 
 
 def true_on_policy_kwargs(device: str) -> dict[str, Any]:
@@ -165,6 +165,7 @@ def engine_kwargs(model: str, *, device: str, dtype: str, seed: int, tensor_para
     """
     kw: dict[str, Any] = dict(
         model=model, skip_tokenizer_init=True, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+        trust_remote_code=False,  # the engine loads our own export (or model.path, checked by the trainer first)
         max_model_len=max_model_len, logprobs_mode="processed_logprobs",
         # multi-GPU safety (always, whatever the GPU count): plain NCCL all-reduce, no NVLink multicast fusion
         disable_custom_all_reduce=True,

@@ -1,9 +1,20 @@
-"""Removing a call's temp dir: without recursion (any depth), without following links, never raising."""
+"""A call's temp dir: named after the process that made it, removed without recursion (any depth), without following
+links, never raising; and the temp dirs of dead processes (a SIGKILLed trainer leaves its calls' behind) swept.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
+import tempfile
+import threading
+
+WORKDIR_PREFIX = "rltrain-sandbox-"
+# rltrain-sandbox-<pid>.<its start time in clock ticks since boot>-<random>: the pid alone could be reused
+_WORKDIR_NAME = re.compile(r"^rltrain-sandbox-(\d+)\.(\d+)-")
+_swept = threading.Event()
+_sweep_lock = threading.Lock()
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -91,3 +102,60 @@ def _make_writable(dir_fd: int, name: str | None) -> None:
             os.chmod(name, stat.S_IRWXU, dir_fd=dir_fd, follow_symlinks=False)
     except (OSError, NotImplementedError):
         pass
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process `pid` (field 22 of /proc/<pid>/stat), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def workdir_prefix() -> str:
+    """The tempfile prefix of this process's call dirs: rltrain-sandbox-<pid>.<start time>-."""
+    pid = os.getpid()
+    return f"{WORKDIR_PREFIX}{pid}.{_start_time(pid) or 0}-"
+
+
+def sweep_stale_workdirs(parent: str | None = None) -> list[str]:
+    """Remove the call dirs under `parent` (default: the temp dir) that belong to this user and whose process is gone
+    (no process with that pid, or one started at another time); returns them. Others' dirs, live processes' dirs and
+    anything not named by workdir_prefix are left alone. Never raises."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    if not os.path.isdir("/proc/self"):
+        return removed  # cannot tell live processes from dead ones
+    for entry in entries:
+        m = _WORKDIR_NAME.match(entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not m or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        if _start_time(int(m.group(1))) == m.group(2):
+            continue  # its process lives
+        rmtree(entry.path)
+        if not os.path.lexists(entry.path):
+            removed.append(entry.path)
+    return removed
+
+
+def sweep_once() -> list[str]:
+    """sweep_stale_workdirs at this process's first sandbox call (later calls: nothing)."""
+    if _swept.is_set():
+        return []
+    with _sweep_lock:
+        if _swept.is_set():
+            return []
+        try:
+            return sweep_stale_workdirs()
+        finally:
+            _swept.set()

@@ -5,7 +5,7 @@ Layers, outermost first:
 
 1. A fresh `python -I -S -B -u` in a new session with a scrubbed environment (PATH, LANG,
    HOME=TMPDIR=its own temp dir, one-thread BLAS) and that temp dir as cwd; the temp dir is deleted
-   afterwards. A wall-clock deadline kills the whole tree; stdout/stderr are read incrementally and
+   afterwards (a killed trainer's are swept at the next process's first call: _cleanup.py). A wall-clock deadline kills the whole tree; stdout/stderr are read incrementally and
    the tree is killed as soon as either exceeds `max_output_bytes`.
 2. The kernel boundary (`_kernel.py`), inherited by everything the code starts or execs: new user,
    mount, PID, IPC (+ network) namespaces (no network interfaces but a down loopback; the namespace's
@@ -48,6 +48,7 @@ from pathlib import Path
 
 from rltrain.sandbox import _cgroup, _childcode
 from rltrain.sandbox._cleanup import rmtree as _rmtree
+from rltrain.sandbox._cleanup import sweep_once, workdir_prefix
 from rltrain.sandbox._bootstrap import EXIT_MEMORY, EXIT_REFUSED
 
 _MARKER = "RLTRAIN_SANDBOX_ID"
@@ -184,7 +185,8 @@ def _run(code, *, timeout_s, memory_mb, cpu_s, max_output_bytes, max_processes, 
     start = time.monotonic()
     workdir, cgroups = None, []
     try:
-        workdir = tempfile.mkdtemp(prefix="rltrain-sandbox-")
+        sweep_once()  # the call dirs a killed process left behind (this user's, their process gone)
+        workdir = tempfile.mkdtemp(prefix=workdir_prefix())
         os.chmod(workdir, 0o700)
         cgroups, limits = _cgroup.create(sandbox_id, memory_mb, max_processes)
         cfg = {

@@ -174,7 +174,8 @@ class AsyncRollout:
         for r in self.queue:
             self._collect(r)
         src = self.source
-        saved = {"batches": [{k: getattr(r, k) for k in _SAVED} for r in self.queue], "next_step": self.next_step,
+        saved = {"batches": [{k: getattr(r, k) if k != "batch" else r.batch.to_state() for k in _SAVED}
+                             for r in self.queue], "next_step": self.next_step,
                  "weight_version": src.weight_version,
                  "data_now": {"sampler": src.sampler.state_dict(), "next_group_id": src.next_group_id}}
         return {**self.queue[0].data_before, "async_rollout": saved}
@@ -196,7 +197,7 @@ class AsyncRollout:
         src.sampler.load_state_dict(saved["data_now"]["sampler"])
         src.next_group_id = saved["data_now"]["next_group_id"]
         src.weight_version = saved["weight_version"]  # the schedule's: see the module docstring
-        self.queue = deque(_Rollout(**b) for b in saved["batches"])
+        self.queue = deque(_Rollout(**{**b, "batch": Batch.from_state(b["batch"])}) for b in saved["batches"])
         self.next_step = saved["next_step"]
 
     # ------------------------------------------------------------------ internals

@@ -43,7 +43,8 @@ def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     dtype = torch.float32 if device == "cpu" else getattr(torch, cfg.model.dtype)
     tokenizer, _, val_ds, _, reward = build_datasets(cfg)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype,
+                                                     trust_remote_code=cfg.model.trust_remote_code)
     rollout_cfg = dataclasses.replace(r, max_batch_size=batch,
                                       multi_turn=dataclasses.replace(r.multi_turn, tool_max_workers=tool_workers))
     role = RolloutRole(engine="hf", model=model, tokenizer=tokenizer, rollout_cfg=rollout_cfg, device=device,

@@ -27,8 +27,11 @@ from rltrain.trainer.rollout_source import RolloutSource, stats
 from rltrain.trainer.setup import (build_datasets, build_workers, check_config, check_model, config_dict, plan_check,
                                    plan_metrics, run_directory)
 from rltrain.trainer.weight_sync import WeightSync
-from rltrain.utils.checkpoint import find_latest_valid, loading_checkpoint, resume_path, save_checkpoint
+from rltrain.utils.checkpoint import (TRAINER_STATE, find_latest_valid, loading_checkpoint, read_trainer_state,
+                                     resume_path, save_checkpoint)
 from rltrain.utils.memory import memory_metrics
+from rltrain.utils.plain import save_plain
+from rltrain.utils.safefs import make_dirs, write_text
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
 from rltrain.utils.tracking import Tracker
@@ -312,18 +315,18 @@ class PPOTrainer:
             self.train_group.run("save", tmp)
             # the data position (async: and the batch in flight, saved, not lost) and the RNGs
             state = {"step": step, **self.rollout.state_dict(), "rng": rng_state()}
-            torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+            save_plain(state, os.path.join(tmp, TRAINER_STATE))
 
         path = save_checkpoint(self.ckpt_dir, step, write, max_to_keep=self.cfg.trainer.max_ckpt_to_keep)
         print(f"rltrain: saved checkpoint {path}", file=sys.stderr, flush=True)
         return path
 
     def _maybe_resume(self) -> int:
-        path = resume_path(self.cfg.trainer.resume, self.ckpt_dir)
+        path = resume_path(self.cfg.trainer.resume, self.ckpt_dir, upto=self.run_dir)
         if path is None:
             return 0
         with loading_checkpoint(path):  # another model shape, an unreadable file: message + exit 2
-            state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+            state = read_trainer_state(path)  # data only; a field newer than the checkpoint takes its default
             self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)
         if not self.colocated:
             self.weight_sync.push(version=int(state["step"]))
@@ -398,9 +401,8 @@ def run_from_config(cfg, run_dir: str | None = None, *, after_step: Callable[[in
     PPOTrainer."""
     cfg = as_config(cfg)  # the one conversion: typed objects from here on
     run_dir = run_dir or run_directory()
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(config_dict(cfg), f, indent=1)
+    make_dirs(run_dir)
+    write_text(os.path.join(run_dir, "config.json"), json.dumps(config_dict(cfg), indent=1))
     start = time.time()
     trainer = PPOTrainer(cfg, run_dir, after_step=after_step)
     try:

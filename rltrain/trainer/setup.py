@@ -111,7 +111,7 @@ def build_datasets(cfg):
     from rltrain.rewards import get_reward_fn
 
     cfg = as_config(cfg)
-    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     train, val = prompt_datasets(cfg, tokenizer)
     sampler = PromptSampler(train, batch_size=cfg.data.train_batch_size, seed=cfg.trainer.seed,
                             shuffle=cfg.data.shuffle)

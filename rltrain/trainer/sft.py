@@ -38,6 +38,8 @@ from rltrain.data.sft_data import SFTDataset, collate
 from rltrain.models.hf_export import save_hf_checkpoint
 from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
 from rltrain.utils.checkpoint import resume_path, save_checkpoint
+from rltrain.utils.plain import load_plain, save_plain
+from rltrain.utils.safefs import make_dirs, write_text
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
 
@@ -86,7 +88,7 @@ class SFTTrainer:
             torch.set_num_threads(max(1, int(os.environ["RLTRAIN_TORCH_THREADS"])))
         self.device = resolve_device(t.device)
         self.dtype = torch.float32 if self.device == "cpu" else getattr(torch, m.dtype)
-        self.tokenizer = load_tokenizer(m.tokenizer or m.path)
+        self.tokenizer = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
         common = dict(tokenizer=self.tokenizer, max_length=d.max_length, messages_key=d.messages_key,
                       system_prompt=d.system_prompt, tool_output_template=DEFAULT_TOOL_OUTPUT_TEMPLATE)
         self.train_ds = SFTDataset(d.train_files, **common)
@@ -198,10 +200,10 @@ class SFTTrainer:
         engine shard and RNG in rank<r>.pt, the step and the sampler in trainer_state.pt. Every rank must call."""
         def write(tmp: str | None) -> None:
             tmp = _from_rank0(tmp)  # rank 0 fills its temp dir; the other ranks write into it
-            torch.save({"engine": self.engine.state_dict(), "rng": rng_state()}, os.path.join(tmp, f"rank{_rank()}.pt"))
+            save_plain({"engine": self.engine.state_dict(), "rng": rng_state()}, os.path.join(tmp, f"rank{_rank()}.pt"))
             _barrier()
             if self.is_rank0:
-                torch.save({"step": step, "sampler": self.sampler.state_dict()}, os.path.join(tmp, "trainer_state.pt"))
+                save_plain({"step": step, "sampler": self.sampler.state_dict()}, os.path.join(tmp, "trainer_state.pt"))
 
         path = None
         if self.is_rank0:
@@ -215,11 +217,11 @@ class SFTTrainer:
     def _maybe_resume(self) -> int:
         """trainer.resume: auto (the newest intact checkpoint under trainer.ckpt_dir, if any), never, or a PATH.
         Returns the step to continue after (0: from the start)."""
-        path = resume_path(self.cfg.trainer.resume, self.ckpt_dir)
+        path = resume_path(self.cfg.trainer.resume, self.ckpt_dir, upto=self.run_dir)
         if path is None:
             return 0
-        state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
-        shard = torch.load(os.path.join(path, f"rank{_rank()}.pt"), weights_only=False)
+        state = load_plain(os.path.join(path, "trainer_state.pt"))  # data only (utils/plain.py)
+        shard = load_plain(os.path.join(path, f"rank{_rank()}.pt"))
         self.engine.load_state_dict(shard["engine"])
         set_rng_state(shard["rng"])
         self.sampler.load_state_dict(state["sampler"])
@@ -265,10 +267,9 @@ def run_sft_from_config(cfg, run_dir: str | None = None) -> dict:
 
     cfg = as_config(cfg, SFTConfig)  # the one conversion: typed objects from here on
     run_dir = run_dir or run_directory()
-    os.makedirs(run_dir, exist_ok=True)
+    make_dirs(run_dir)
     if os.environ.get("RANK", "0") == "0":  # torchrun: one writer
-        with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(as_dict(cfg), f, indent=1)
+        write_text(os.path.join(run_dir, "config.json"), json.dumps(as_dict(cfg), indent=1))
     start = time.time()
     trainer = SFTTrainer(cfg, run_dir)
     last = trainer.fit()

@@ -3,8 +3,9 @@
 A crash mid-write leaves only a `.tmp_*` dir that is ignored (and removed by `clean_stale_tmp` once the run
 directory's lock says no live run writes there); a sealed checkpoint whose files no longer match their manifest
 (truncated, edited) is reported and skipped. A full disk or an unwritable directory is a `CheckpointError`
-naming the directory. This module never knows what the files contain (except `check_resume_checkpoint`'s
-look at the driver's trainer_state.pt).
+naming the directory. Checkpoints are written writable by their owner only, and a resume refuses one that another
+local user owns or can write (`check_checkpoint_owner`); their files hold data only (utils/plain.py). This module
+never knows what the files contain (except `read_trainer_state`'s look at the driver's trainer_state.pt).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import zlib
 from contextlib import contextmanager
 from typing import Callable
 
 from rltrain.utils.errors import UserError
+from rltrain.utils.safefs import (UnsafePathError, check_private_dir, describe, make_dirs, open_nofollow,
+                                  unwritable_reason)
 
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -32,7 +36,10 @@ _WRITE_FAILED_TEXT = ("No space left on device", "Disk quota exceeded", "File to
 _LOW_FREE_BYTES = 256 << 20  # less than this left: call it a full disk
 _VERIFY_NOTICE_BYTES = 4 << 30  # checksumming more than this says so first
 TRAINER_STATE = "trainer_state.pt"
-_TRAINER_STATE_KEYS = ("step", "next_group_id", "sampler", "rng")
+_TRAINER_STATE_KEYS = ("step", "sampler", "rng")
+# fields newer than the oldest trainer states this version resumes, and the value a state written before them takes:
+# group ids need only be distinct within a step (next_group_id only grows), so 0 is as good as the saved one
+TRAINER_STATE_DEFAULTS = {"next_group_id": 0}
 
 
 class CheckpointError(UserError, OSError):
@@ -66,13 +73,12 @@ def check_writable(root: str, key: str = "trainer.ckpt_dir") -> None:
     if os.path.exists(root) and not os.path.isdir(root):
         raise CheckpointError(f"checkpoint directory {root} is a file, not a directory; remove it or {fix}")
     try:
-        os.makedirs(root, exist_ok=True)
-        probe = os.path.join(root, f".write_probe_{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("rltrain")
-        os.remove(probe)
+        make_dirs(root)
     except OSError as err:
         raise CheckpointError(f"checkpoint directory {root} is not writable ({err.strerror or err}); {fix}") from None
+    why = unwritable_reason(root)
+    if why is not None:
+        raise CheckpointError(f"checkpoint directory {root} is not writable ({why}); {fix}")
 
 
 def _write_failure(err: BaseException) -> str | None:
@@ -183,18 +189,21 @@ def _first_line(err: BaseException) -> str:
 
 
 def _save(root: str, tmp: str, step: int, write: Callable[[str], None], max_to_keep: int) -> str:
-    os.makedirs(root, exist_ok=True)
+    make_dirs(root)
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    os.mkdir(tmp, 0o755)
     write(tmp)
     files = {}
-    for dirpath, _, names in os.walk(tmp):
+    for dirpath, subdirs, names in os.walk(tmp):
+        for name in subdirs:
+            _drop_write_by_others(os.path.join(dirpath, name))
         for name in names:
             full = os.path.join(dirpath, name)
+            _drop_write_by_others(full)  # whatever the writers' umask: a resume refuses files others can write
             with open(full, "rb+") as f:
                 os.fsync(f.fileno())
             files[os.path.relpath(full, tmp)] = {"size": os.path.getsize(full), "crc32": _crc32(full)}
-    with open(os.path.join(tmp, MANIFEST), "w") as f:
+    with open_nofollow(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump({"step": step, "files": files}, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
@@ -206,6 +215,12 @@ def _save(root: str, tmp: str, step: int, write: Callable[[str], None], max_to_k
     _fsync_dir(root)
     _prune(root, max_to_keep)
     return final
+
+
+def _drop_write_by_others(path: str) -> None:
+    mode = os.lstat(path).st_mode
+    if mode & 0o022 and not os.path.islink(path):
+        os.chmod(path, stat.S_IMODE(mode) & ~0o022)
 
 
 def verify_checkpoint(path: str) -> str | None:
@@ -268,20 +283,49 @@ def find_latest_valid(root: str, log=None) -> tuple[int, str] | None:
     return None
 
 
-def resume_path(mode: str, root: str) -> str | None:
+def resume_path(mode: str, root: str, upto: str | None = None) -> str | None:
     """The checkpoint `trainer.resume=mode` continues from: None for `never`, and for `auto` when `root` holds no
     intact checkpoint (broken ones are reported and skipped); a PATH is verified first (CheckpointError naming
-    why it cannot be resumed). One rule for the RL trainer and SFT."""
+    why it cannot be resumed). Either is refused (UnsafePathError) when another local user owns or can write it or a
+    directory above it up to `upto` (the run directory; `check_checkpoint_owner`). One rule for the RL trainer and
+    SFT."""
     if mode == "never":
         return None
     if mode == "auto":
+        if not list_checkpoints(root):
+            return None
+        check_private_dir(root, what="checkpoint directory", key="trainer.ckpt_dir", upto=upto)
         found = find_latest_valid(root)
+        if found is not None:
+            check_checkpoint_owner(found[1], upto=root)
         return None if found is None else found[1]
+    if os.path.isdir(mode):
+        check_checkpoint_owner(mode)
     reason = verify_checkpoint(mode) if os.path.isdir(mode) else "not a directory"
     if reason is not None:
         raise CheckpointError(f"trainer.resume={mode!r} is not a usable checkpoint: {reason}; give a step_N "
                               "directory written by rltrain, or trainer.resume=auto / never")
     return mode
+
+
+def check_checkpoint_owner(path: str, upto: str | None = None) -> None:
+    """UnsafePathError unless the checkpoint `path` (a step_N dir), everything in it and the directories above it up
+    to `upto` (default: the run directory of the <run>/checkpoints/step_N layout, else its parent) are this user's
+    and writable by no one else: another user who could write there could plant or change what a resume reads."""
+    if upto is None:
+        root = os.path.dirname(os.path.abspath(path))
+        upto = os.path.dirname(root) if os.path.basename(root) == "checkpoints" else root
+    real = check_private_dir(path, what="checkpoint", key="trainer.resume", upto=upto)
+    me = os.geteuid()
+    for dirpath, subdirs, names in os.walk(real):
+        for name in subdirs + names:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
+                link = " (a symbolic link)" if stat.S_ISLNK(st.st_mode) else ""
+                raise UnsafePathError(f"the checkpoint {path} holds {full}, {describe(st)}{link}: rltrain resumes "
+                                      "only from files that are yours and that no one else can write; copy the "
+                                      "checkpoint into a directory of your own, or start fresh (trainer.resume=never)")
 
 
 def _prune(root: str, max_to_keep: int) -> None:
@@ -292,7 +336,8 @@ def _prune(root: str, max_to_keep: int) -> None:
 
 def check_resume_checkpoint(path: str) -> int:
     """The step of the checkpoint at `path` (trainer.resume=PATH), or CheckpointError saying why it cannot be
-    resumed: not a directory, broken (manifest, sizes, CRC32), or a trainer_state.pt this version cannot read."""
+    resumed: not a directory, broken (manifest, sizes, CRC32), or a trainer_state.pt this version cannot read;
+    UnsafePathError when another local user owns or can write it (check_checkpoint_owner)."""
     key = f"trainer.resume={path!r}"
     fix = "give a step_N directory written by rltrain, or trainer.resume=auto / never"
     if not os.path.isdir(path):
@@ -301,34 +346,39 @@ def check_resume_checkpoint(path: str) -> int:
         newest = list_checkpoints(path)[-1][1]
         raise CheckpointError(f"{key} is a checkpoint root, not a checkpoint; give one of its step_N directories "
                               f"(e.g. {newest}) or trainer.ckpt_dir={path} with trainer.resume=auto")
+    check_checkpoint_owner(path)
     reason = verify_checkpoint(path)
     if reason is not None:
         raise CheckpointError(f"{key} is not a usable checkpoint: {reason}; {fix}")
+    return int(read_trainer_state(path, key)["step"])
+
+
+def read_trainer_state(path: str, key: str | None = None) -> dict:
+    """The driver's state in checkpoint `path` (read as data only: utils/plain.py), with the value of each field newer
+    than it (TRAINER_STATE_DEFAULTS); CheckpointError, one line, when it is missing, unreadable, holds objects other
+    than data or lacks a field this version needs. `key` names the checkpoint in the message."""
+    from rltrain.utils.plain import load_plain
+
+    key = key or f"the checkpoint {path}"
+    fix = "give a step_N directory written by rltrain, or trainer.resume=auto / never"
     state_file = os.path.join(path, TRAINER_STATE)
     if not os.path.isfile(state_file):
         raise CheckpointError(f"{key} has no {TRAINER_STATE} (not a checkpoint of the RL trainer); {fix}")
-    state = _load_state(state_file, key, fix)
+    try:
+        state = load_plain(state_file)
+    except UserError as err:  # utils/plain.NotPlainData: the message says what it holds
+        raise CheckpointError(f"{key}: {err}") from None
+    except Exception as err:  # truncated zip, garbage
+        raise CheckpointError(f"{key}: {state_file} cannot be read ({_first_line(err)}); {fix}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{key}: {state_file} holds a {type(state).__name__}, not the trainer's state; {fix}")
     missing = [k for k in _TRAINER_STATE_KEYS if k not in state]
     if missing:
         raise CheckpointError(f"{key}: its {TRAINER_STATE} lacks {missing} (written by an older rltrain, a format "
                               f"this version cannot resume); {fix}")
-    try:
-        return int(state["step"])
-    except (TypeError, ValueError):
-        raise CheckpointError(f"{key}: its {TRAINER_STATE} holds step={state['step']!r}, not a number; {fix}") \
-            from None
-
-
-def _load_state(state_file: str, key: str, fix: str) -> dict:
-    import torch
-
-    try:
-        state = torch.load(state_file, weights_only=False, map_location="cpu")
-    except Exception as err:  # truncated zip, pickle garbage, a class this version lacks
-        raise CheckpointError(f"{key}: {state_file} cannot be read ({_first_line(err)}); {fix}") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{key}: {state_file} holds a {type(state).__name__}, not the trainer's state; {fix}")
-    return state
+    if isinstance(state["step"], bool) or not isinstance(state["step"], int):
+        raise CheckpointError(f"{key}: its {TRAINER_STATE} holds step={state['step']!r}, not a number; {fix}")
+    return {**TRAINER_STATE_DEFAULTS, **state}
 
 
 @contextmanager

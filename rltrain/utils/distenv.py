@@ -1,5 +1,6 @@
-"""The environment every process of a run carries: NVLink multicast off, vLLM's all-reduce on plain NCCL; and the
-port a torch.distributed rendezvous binds (`free_port`).
+"""The environment every process of a run carries: NVLink multicast off, vLLM's all-reduce on plain NCCL, no secret
+handed to Ray (`forwarded_env`); and where a torch.distributed group meets (`rendezvous_host`, `free_port`,
+`loopback_sockets`): on one node at 127.0.0.1, where every listener of the run stays.
 One rule in one place: the driver applies it, Ray workers inherit it (workers/group.py), vLLM's own
 workers inherit it from theirs. It must not import torch, Ray or vLLM.
 
@@ -24,9 +25,18 @@ NO_MULTICAST_ENV: dict[str, str] = {
     "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
 }
 
-# Variables a Ray worker must see as the driver does (prefixes): ours, logging, threads, NCCL/torch/vLLM.
-FORWARDED_PREFIXES = ("WANDB_", "RLTRAIN_", "TOKENIZERS_", "OMP_", "NCCL_", "TORCH_", "NVSHMEM_", "VLLM_",
-                      "HF_", "TRANSFORMERS_", "TRITON_")
+# Variables a Ray worker must see as the driver does (prefixes): ours, threads, NCCL/torch/vLLM, Hugging Face's
+# caches. Not wandb's (only the driver logs), and never a secret (SECRET_WORDS): Ray writes runtime_env's variables
+# into its logs and onto worker command lines (setup_worker.py --serialized-runtime-env-context), readable by every
+# local user. A local cluster's workers inherit the driver's own environment, secrets included, from the raylet the
+# driver starts; on a cluster started with `ray start`, set them in that shell (or use `huggingface-cli login`'s
+# 0600 token file).
+FORWARDED_PREFIXES = ("RLTRAIN_", "TOKENIZERS_", "OMP_", "NCCL_", "TORCH_", "NVSHMEM_", "VLLM_", "HF_",
+                      "TRANSFORMERS_", "TRITON_")
+# a variable whose name has one of these words (split at "_") holds a secret: HF_TOKEN, WANDB_API_KEY, ...
+SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH",
+                          "APIKEY", "COOKIE"})
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def apply_no_multicast(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -39,11 +49,34 @@ def apply_no_multicast(env: MutableMapping[str, str] | None = None) -> dict[str,
     return dict(NO_MULTICAST_ENV)
 
 
+def is_secret(name: str) -> bool:
+    """Whether the variable `name` holds a secret (a word of SECRET_WORDS in it)."""
+    return not SECRET_WORDS.isdisjoint(name.upper().split("_"))
+
+
 def forwarded_env(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """The variables to hand to worker processes: the forwarded prefixes of `env`, with multicast off."""
+    """The variables to hand to worker processes through Ray's runtime_env: the forwarded prefixes of `env`, with
+    multicast off, without secrets."""
     env = dict(os.environ if env is None else env)
     apply_no_multicast(env)
-    return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) and not is_secret(k)}
+
+
+def rendezvous_host(single_node: bool, node_ip: str) -> str:
+    """Where a torch.distributed group meets, and so the one address its store listens on (compat/torch.
+    bind_rendezvous_to_host): 127.0.0.1 when all its ranks are on one node, else rank 0's node address as Ray knows
+    it (`ray start --node-ip-address=<address>` sets it; docs/multinode.md)."""
+    return "127.0.0.1" if single_node else node_ip
+
+
+def loopback_sockets(master_addr: str, env: MutableMapping[str, str] | None = None) -> None:
+    """For a group meeting at a loopback `master_addr`: gloo's and NCCL's own listening sockets on the loopback
+    interface too (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo, unless set). Several nodes: their interfaces are the
+    user's to choose with the same variables (each library binds one interface, never all)."""
+    env = os.environ if env is None else env
+    if master_addr in LOOPBACK:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 # A rendezvous port (a torch.distributed store's) is picked free, then bound by another process moments later. Ports

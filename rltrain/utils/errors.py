@@ -58,3 +58,12 @@ def _user_error_in_text(text: str) -> UserError | None:
                 message = "\n".join([m.group(2), *lines[i + 1:]]).strip()
                 return UserError(message)
     return None
+
+
+def remote_code_refusal(err: BaseException, what: str) -> str | None:
+    """One line for transformers' refusal (`err`, under trust_remote_code=False) to run the Python code that `what`
+    (a model or tokenizer, named with its config key) ships; None when `err` is another error."""
+    if "trust_remote_code" not in str(err):
+        return None
+    return (f"{what} ships its own Python code (auto_map), which rltrain runs only with model.trust_remote_code=true: "
+            "set it only for code you have read and trust, or use one without custom code")

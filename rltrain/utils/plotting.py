@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from rltrain.utils.safefs import open_nofollow
 from rltrain.utils.tracking import read_metrics
 
 PLOTS = {
@@ -51,7 +52,8 @@ def plot_run(run_dir: str) -> list[str]:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = os.path.join(run_dir, fname)
-        fig.savefig(path)
+        with open_nofollow(path, "wb") as f:  # a link planted in its place is refused, not written through
+            fig.savefig(f, format="png")
         plt.close(fig)
         written.append(path)
     return written

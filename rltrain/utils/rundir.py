@@ -1,11 +1,15 @@
 """The run directory's life: one live run per directory (an OS lock), and finding the run a resume continues.
 
-Must not train or read model files: it only locks directories, reads run dirs' config.json and asks
+Must not train or read model files: it only checks and locks directories, reads run dirs' config.json and asks
 utils/checkpoint.py which checkpoints are intact.
 
-- `lock_run_dir(dir)`: an exclusive `fcntl.flock` on `<dir>/.rltrain.lock`, held for the process's life (the
-  kernel drops it when the process dies, however it dies). A second run on the same directory gets a
-  `RunDirLocked` (a UserError: exit 2) naming the holder's pid and command.
+- `prepare_run_dir(dir)`: before anything is written there (Hydra's files included), the run directory is made
+  (mode 0755) and refused when another local user owns or can write it, a file rltrain or Hydra writes there is a
+  link, or it is read-only (one line, exit 2; utils/safefs.py has the rule).
+- `lock_run_dir(dir)`: an exclusive `fcntl.flock` on `<real path of dir>/.rltrain.lock`, held for the process's
+  life (the kernel drops it when the process dies, however it dies). A second run on the same directory, or on a
+  link to it, gets a `RunDirLocked` (a UserError: exit 2) naming the holder's pid and command. The checkpoint
+  directory is locked the same way (`claim_checkpoint_dir`).
 - `find_previous_run(...)`: `trainer.resume=auto` in a fresh Hydra run dir (`outputs/<experiment>/<time>`) with
   no checkpoint of its own continues the newest sibling run dir of the same experiment that has an intact
   checkpoint; the new run writes into its own directory.
@@ -20,9 +24,14 @@ import shlex
 import sys
 
 from rltrain.utils.errors import UserError
+from rltrain.utils.safefs import check_private_dir, make_dirs, open_nofollow, unwritable_reason, write_text
 
 LOCK_FILE = ".rltrain.lock"
 FINISHED_FILE = ".rltrain_finished"  # written when a run ends normally: a finished run is not resumed by others
+# what rltrain and Hydra write at the top of a run directory (besides `<job>.log` and the plots, utils/plotting.PLOTS):
+# none may be a link (safefs.check_private_dir)
+RUN_FILES = (LOCK_FILE, FINISHED_FILE, "config.json", "metrics.jsonl", ".hydra", "wandb", "checkpoints", "hf",
+             "profile")
 _held: dict[str, int] = {}  # realpath -> fd of the locks this process holds (kept open: the lock lives with it)
 
 
@@ -30,9 +39,39 @@ class RunDirLocked(UserError, RuntimeError):
     """Another live run holds the directory."""
 
 
+class RunDirError(UserError, OSError):
+    """A run directory that cannot be created or written (read-only, a file in its place)."""
+
+
+def run_dir_names(job: str = "main") -> tuple[str, ...]:
+    """The names at the top of a run directory that must not be links: RUN_FILES, Hydra's `<job>.log`, the plots."""
+    from rltrain.utils.plotting import PLOTS
+
+    return (*RUN_FILES, f"{job}.log", *PLOTS)
+
+
+def prepare_run_dir(path: str, job: str = "main") -> str:
+    """Create the run directory `path` (new directories get mode 0755) and check it before anything is written there
+    (Hydra's .hydra/ and log included): no other local user owns or can write it (UnsafePathError), none of
+    run_dir_names(job) in it is a link, and files can be created in it (RunDirError). Returns its real path."""
+    key = "hydra.run.dir"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirError(f"the run directory {path} is a file, not a directory; remove it or set {key}=<a directory>")
+    try:
+        make_dirs(path)
+    except OSError as err:
+        raise RunDirError(f"cannot create the run directory {path} ({err.strerror or err}); set {key} to a writable "
+                          "directory") from None
+    real = check_private_dir(path, what="run directory", key=key, names=run_dir_names(job))
+    why = unwritable_reason(real)
+    if why is not None:
+        raise RunDirError(f"the run directory {path} is not writable ({why}); set {key} to a writable directory")
+    return real
+
+
 def _holder(lock_path: str) -> str:
     try:
-        with open(lock_path, encoding="utf-8") as f:
+        with open_nofollow(lock_path) as f:
             info = json.loads(f.read() or "{}")
     except (OSError, ValueError):
         return "another process"
@@ -40,18 +79,21 @@ def _holder(lock_path: str) -> str:
     return f"pid {pid}" + (f" ({cmd})" if cmd else "") if pid else "another process"
 
 
-def lock_run_dir(path: str, what: str = "run directory", key: str = "hydra.run.dir") -> str | None:
+def lock_run_dir(path: str, what: str = "run directory", key: str = "hydra.run.dir",
+                 upto: str | None = None) -> str | None:
     """Take the exclusive lock of `path` (created if missing) for this process's life; return the lock file,
-    or None where the file system has no locks (a warning says so). RunDirLocked when a live run holds it."""
+    or None where the file system has no locks (a warning says so). RunDirLocked when a live run holds it. The lock
+    is on the directory's real path, so a link to a live run's directory meets its lock; the directory is checked
+    first (safefs.check_private_dir: this user's, writable by no one else; parents up to `upto`)."""
     import fcntl
 
-    os.makedirs(path, exist_ok=True)
-    real = os.path.realpath(path)
+    make_dirs(path)
+    real = check_private_dir(path, what=what, key=key, upto=upto, names=(LOCK_FILE, FINISHED_FILE))
     if real in _held:
-        return os.path.join(path, LOCK_FILE)
-    lock_path = os.path.join(path, LOCK_FILE)
+        return os.path.join(real, LOCK_FILE)
+    lock_path = os.path.join(real, LOCK_FILE)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as err:
         print(f"rltrain: warning: cannot create the lock file {lock_path} ({err.strerror}); two runs on this "
               f"{what} would not be stopped", file=sys.stderr, flush=True)
@@ -60,8 +102,9 @@ def lock_run_dir(path: str, what: str = "run directory", key: str = "hydra.run.d
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        shown = path if os.path.abspath(path) == real else f"{path} ({real})"
         raise RunDirLocked(
-            f"the {what} {path} is in use by a live run, {_holder(lock_path)}; two runs there would interleave "
+            f"the {what} {shown} is in use by a live run, {_holder(lock_path)}; two runs there would interleave "
             f"their metrics and overwrite each other's checkpoints. Wait for it to end (or stop it), or give this "
             f"run another directory ({key}=...)") from None
     except OSError as err:  # e.g. ENOLCK on a network file system without locks
@@ -74,10 +117,24 @@ def lock_run_dir(path: str, what: str = "run directory", key: str = "hydra.run.d
     os.pwrite(fd, info.encode(), 0)
     _held[real] = fd
     try:
-        os.remove(os.path.join(path, FINISHED_FILE))  # running again: not finished until this run is
+        os.remove(os.path.join(real, FINISHED_FILE))  # running again: not finished until this run is
     except OSError:
         pass
     return lock_path
+
+
+def claim_checkpoint_dir(ckpt_dir: str, run_dir: str, *, save: bool) -> None:
+    """At the start of a run, before the trainer is built: the checkpoint directory is checked writable when the run
+    saves (checkpoint.check_writable), locked by its real path when it exists (lock_run_dir: a second run given a
+    link to a live run's checkpoints is refused; another user's or a shared writable one is refused), and cleared of
+    crashed runs' temp dirs under that lock. One rule for the RL trainer and SFT (rank 0)."""
+    from rltrain.utils.checkpoint import check_writable, clean_stale_tmp
+
+    if save:
+        check_writable(ckpt_dir)
+    if os.path.isdir(ckpt_dir):
+        lock_run_dir(ckpt_dir, what="checkpoint directory", key="trainer.ckpt_dir", upto=run_dir)
+    clean_stale_tmp(ckpt_dir)
 
 
 def is_locked(path: str) -> bool:
@@ -86,11 +143,9 @@ def is_locked(path: str) -> bool:
 
     if os.path.realpath(path) in _held:
         return False
-    lock_path = os.path.join(path, LOCK_FILE)
-    if not os.path.isfile(lock_path):
-        return False
+    lock_path = os.path.join(os.path.realpath(path), LOCK_FILE)
     try:
-        fd = os.open(lock_path, os.O_RDONLY)
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -123,8 +178,7 @@ def resume_command(run_dir: str) -> str:
 
 def mark_finished(run_dir: str) -> None:
     try:
-        with open(os.path.join(run_dir, FINISHED_FILE), "w", encoding="utf-8") as f:
-            f.write(json.dumps({"pid": os.getpid()}) + "\n")
+        write_text(os.path.join(run_dir, FINISHED_FILE), json.dumps({"pid": os.getpid()}) + "\n")
     except OSError:
         pass
 

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any, Iterable, Mapping
 
+from rltrain.utils.safefs import check_not_link, make_dirs, open_nofollow
+
 LOGGERS = ("console", "jsonl", "wandb")
 
 # Keys shown on the compact console line, in this order, when present.
@@ -75,9 +77,9 @@ class ConsoleLogger:
 
 class JsonlLogger:
     def __init__(self, run_dir: str):
-        os.makedirs(run_dir, exist_ok=True)
+        make_dirs(run_dir)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open_nofollow(self.path, "a")  # a link planted in its place is refused, not appended to
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
@@ -97,7 +99,8 @@ class WandbLogger:
                               "pip install wandb, or drop 'wandb' from trainer.logger") from err
         self._wandb = wandb
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-        os.makedirs(run_dir, exist_ok=True)
+        make_dirs(run_dir)
+        check_not_link(os.path.join(run_dir, "wandb"))  # wandb writes under <run_dir>/wandb: never through a link
         self.run = wandb.init(project=project, name=name, config=config, dir=run_dir, mode=mode,
                               id=resume_id, resume="allow" if resume_id else None, reinit="finish_previous")
 

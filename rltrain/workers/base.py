@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import socket
 
+from rltrain.compat.torch import bind_rendezvous_to_host
 from rltrain.utils.distenv import free_port  # noqa: F401 (the workers' rendezvous port; tools import it from here)
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from rltrain.utils.distenv import loopback_sockets, rendezvous_host
 
 
 def node_ip() -> str:
@@ -25,13 +25,14 @@ def publish_dist_env(*, rank: int, world_size: int, master_addr: str, master_por
     """Set the variables torch.distributed (env://) and megatron's setup read in this process.
 
     LOCAL_RANK is the device ordinal this process uses (placement.device_ordinal): torchrun's meaning, which
-    under Ray (each actor sees only its own GPUs) is 0, not the position on the node. A group whose
-    rendezvous is on loopback (all ranks on one node) also keeps gloo's sockets there.
+    under Ray (each actor sees only its own GPUs) is 0, not the position on the node. Rank 0's store listens on
+    `master_addr` only (compat/torch.bind_rendezvous_to_host), and a group whose rendezvous is on loopback (all
+    ranks on one node) keeps gloo's and NCCL's sockets there too (utils/distenv.loopback_sockets).
     """
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-    if master_addr in LOOPBACK:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    loopback_sockets(master_addr)
+    bind_rendezvous_to_host()
 
 
 class Worker:
@@ -45,8 +46,9 @@ class Worker:
                  master_port: int | None = None, local_rank: int = 0):
         self.rank, self.world_size = rank, world_size
         if world_size > 1 or master_addr is not None:
-            publish_dist_env(rank=rank, world_size=world_size, master_addr=master_addr or "127.0.0.1",
-                             master_port=master_port or free_port(), local_rank=local_rank)
+            host = master_addr or rendezvous_host(True, "")  # in process: one node
+            publish_dist_env(rank=rank, world_size=world_size, master_addr=host,
+                             master_port=master_port or free_port(host), local_rank=local_rank)
 
     def ping(self) -> int:
         return self.rank

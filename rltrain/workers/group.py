@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from rltrain.compat.ray import loopback_ray
+from rltrain.compat.ray import keep_auth_token_private, loopback_ray
 from rltrain.data.batch import Batch
+from rltrain.utils.distenv import LOOPBACK, rendezvous_host
 from rltrain.utils.profiling import split_calls, take_calls
-from rltrain.workers.base import LOOPBACK
 from rltrain.workers.placement import (
     Dispatch, GroupPlan, PlacementError, device_ordinal, node_local_ranks, replica_dispatch, train_dispatch,
 )
@@ -46,7 +46,9 @@ DRIVER_TORCH_THREADS = 1
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Connect to an existing cluster (`trainer.ray_address`: "auto" or host:port), or start a new local one
-    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only. The driver's
+    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only, with Ray's
+    token authentication where Ray has it (its token file kept 0600: compat/ray.py). No secret goes into the
+    runtime_env (utils/distenv.forwarded_env): a local cluster's workers inherit the driver's environment. The driver's
     GIL hand-off becomes DRIVER_SWITCH_INTERVAL_S and its torch threads DRIVER_TORCH_THREADS (a shorter interval or
     fewer threads set before are kept)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), DRIVER_SWITCH_INTERVAL_S))
@@ -57,6 +59,8 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
 
     if not address or address.rsplit(":", 1)[0] in LOOPBACK:
         loopback_ray()  # a cluster on this machine (the multi-node test's) is reached over loopback too
+    if not address or address == "local":
+        keep_auth_token_private()  # other local users reach the GCS port: its token must be ours only
     import ray
 
     apply_no_multicast()  # the driver too: it may start NCCL/vLLM in process (use_ray=false)
@@ -234,7 +238,7 @@ class WorkerGroup:
         """Rendezvous at rank 0 (over loopback when the group is on one node), build every rank's roles
         (collectively), then read the mesh."""
         one_node = len({f["node_id"] for f in self.facts}) == 1
-        addr = "127.0.0.1" if one_node else self.facts[0]["ip"]
+        addr = rendezvous_host(one_node, self.facts[0]["ip"])
         port = self._get([self.workers[0].address.remote()], "setup")[0][1]
         ordinals = [device_ordinal(f["env"], accelerator_ids=f["gpu_ids"], device_count=f["device_count"])
                     if self.plan.gpus_per_worker else 0 for f in self.facts]
@@ -378,7 +382,7 @@ class LocalWorkerGroup:
         _, port = w.address()
         cuda = torch.cuda.is_available()
         ordinal = device_ordinal(os.environ, accelerator_ids=None, device_count=torch.cuda.device_count()) if cuda else 0
-        return [w.setup("127.0.0.1", port, ordinal)]
+        return [w.setup(rendezvous_host(True, ""), port, ordinal)]
 
     def run(self, method: str, *args, **kwargs) -> list:
         return [getattr(self.workers[0], method)(*args, **kwargs)]

@@ -15,6 +15,8 @@ import torch
 from rltrain.data.batch import Batch
 from rltrain.models.lora import LoraSpec
 from rltrain.rollout.sync import build_weight_sync, sync_method
+from rltrain.utils.distenv import rendezvous_host
+from rltrain.utils.plain import load_plain, save_plain
 from rltrain.utils.profiling import WorkerProfiler, phase
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.stacks import enable_stack_dumps
@@ -129,7 +131,8 @@ class HybridWorker(Worker):
             vllm_kernels.enable()  # vLLM's batch-invariant mode, before any engine or GEMM of this process
         from rltrain.data.tokenizer import load_tokenizer
 
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+        m = cfg.model
+        self.tokenizer = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
         self.hf_config, hf_model = initial_hf_model(cfg.model, self.tokenizer, seed, train_dtype, self.device)
         hf_config = self.hf_config
         sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
@@ -256,7 +259,7 @@ class HybridWorker(Worker):
     def weight_sync_address(self) -> tuple[str, int, int]:
         """Split mode, train rank 0: where the weight-sync group meets (host, gloo port, NCCL port)."""
         (ip, port), (_, nccl_port) = self.address(), self.address()
-        return ("127.0.0.1" if self.cfg.trainer.nnodes == 1 else ip), port, nccl_port
+        return rendezvous_host(self.cfg.trainer.nnodes == 1, ip), port, nccl_port
 
     def weight_sync_connect(self, host: str, port: int, nccl_port: int, num_rollout_ranks: int) -> None:
         """Split mode: join the weight-sync group (called on both groups at once, group.run_together)."""
@@ -299,11 +302,11 @@ class HybridWorker(Worker):
 
     def save(self, path: str) -> str:
         fname = os.path.join(path, f"worker_rank{self.rank}.pt")
-        torch.save(self.state_dict(), fname)
+        save_plain(self.state_dict(), fname)  # tensors and plain values only (utils/plain.py)
         return fname
 
     def load(self, path: str, bucket_bytes: int) -> None:
-        sd = torch.load(os.path.join(path, f"worker_rank{self.rank}.pt"), weights_only=False)
+        sd = load_plain(os.path.join(path, f"worker_rank{self.rank}.pt"))  # data only: nothing in the file runs
         if self.actor is not None and "actor" in sd:
             self.actor.load_state_dict(sd["actor"])
         if self.critic is not None and "critic" in sd:

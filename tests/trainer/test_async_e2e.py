@@ -113,7 +113,7 @@ def runs(background_runs, ray_session):
     root = k2_dir.parent
     run_from_config(compose_config("grpo_tiny", LEARN), str(root / "sync"))  # while the background runs run
     crashed = _wait(k2_started)
-    checkpoints = sorted(os.listdir(k2_dir / "checkpoints"))
+    checkpoints = sorted(n for n in os.listdir(k2_dir / "checkpoints") if n != ".rltrain.lock")
     if crashed.returncode == -9:
         run_from_config(compose_config("grpo_tiny", K2), str(k2_dir))  # trainer.resume=auto: from step_4
     run_from_config(compose_config("grpo_tiny", [*LEARN, *ASYNC, "trainer.max_staleness=4"]), str(root / "k4"))

@@ -7,7 +7,9 @@ The fake rollout group runs its calls in submission order like a Ray actor: a ge
 holds when it is submitted (a push submitted later runs after it). Each row records those weights in
 non_tensor["held"]: the reference the stamps (Batch.weight_versions, set by the source) are checked against."""
 
+import os
 import random
+import tempfile
 
 import pytest
 import torch
@@ -18,6 +20,13 @@ from rltrain.data.batch import Batch
 from rltrain.data.dataset import PromptSampler
 from rltrain.trainer.async_rollout import AsyncRollout, staleness_metrics
 from rltrain.trainer.rollout_source import RolloutSource
+from rltrain.utils.plain import load_plain, save_plain
+
+
+def _through_a_file(state: dict) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        save_plain(state, os.path.join(d, "trainer_state.pt"))
+        return load_plain(os.path.join(d, "trainer_state.pt"))
 
 
 class FakeGroup:
@@ -126,8 +135,8 @@ class Run:
             self.source.after_update(step, {})  # partial: the push into the batches in flight
             if step in validate_at:
                 self.source.before_validation(step)
-            if step == save_at:
-                state = {"step": step, **self.source.state_dict()}
+            if step == save_at:  # through a checkpoint file, as the trainer writes and reads it (utils/plain.py)
+                state = _through_a_file({"step": step, **self.source.state_dict()})
         return state
 
     def events(self, kinds=("submit", "push", "train")):
@@ -227,7 +236,7 @@ def test_a_batch_staler_than_the_bound_is_dropped_and_its_prompts_regenerated():
     assert [r["dropped"] for r in rows] == [4, 4, 0]  # staleness 3 and 4 > 2: all 2x2 samples of each dropped
     assert [r["staleness"] for r in rows] == [0, 0, 2]  # regenerated with the weights pushed first
     assert [r["held"][0] for r in rows] == [3, 4, 3]
-    saved_ids = [b["batch"].non_tensor["id"] for b in state["async_rollout"]["batches"]]
+    saved_ids = [b["batch"]["non_tensor"]["id"] for b in state["async_rollout"]["batches"]]
     assert [r["ids"] for r in rows[:2]] == saved_ids  # the same prompts, with the same seeds
     assert resumed.events(("submit",)) == [("submit", _seed(4), 3), ("submit", _seed(6), 3),
                                            ("submit", _seed(5), 4), ("submit", _seed(7), 4)]
@@ -296,7 +305,7 @@ def test_partial_resume_from_every_save_point_continues_exactly(k):
         state = first.train(save_at, validate_at=validate_at, save_at=save_at)
         done = len(first.events())
         for b in state.get("async_rollout", {}).get("batches", []):  # saved with their per-token versions
-            assert torch.equal(b["batch"].weight_versions, torch.tensor(b["batch"].non_tensor["versions"]))
+            assert torch.equal(b["batch"]["weight_versions"], torch.tensor(b["batch"]["non_tensor"]["versions"]))
         first.train(steps - save_at, start=save_at + 1, validate_at=validate_at)  # the run that was not killed
         resumed = Run(k=k, total_steps=steps, held=save_at, partial=True)
         resumed.source.load_state_dict(state, save_at)

@@ -3,6 +3,7 @@ import random
 import numpy as np
 import torch
 
+from rltrain.utils.plain import load_plain, save_plain
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 
 
@@ -29,10 +30,10 @@ def test_set_rng_state_replays_the_draws_after_rng_state():
     assert draws() == expected
 
 
-def test_rng_state_survives_torch_save(tmp_path):
+def test_rng_state_survives_a_checkpoint_file(tmp_path):
     seed_all(7)
     saved = rng_state()
     expected = draws()
-    torch.save({"rng": saved}, tmp_path / "s.pt")
-    set_rng_state(torch.load(tmp_path / "s.pt", weights_only=False)["rng"])
+    save_plain({"rng": saved}, str(tmp_path / "s.pt"))  # as checkpoints write it: data only (utils/plain.py)
+    set_rng_state(load_plain(str(tmp_path / "s.pt"))["rng"])
     assert draws() == expected

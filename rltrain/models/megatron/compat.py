@@ -13,7 +13,8 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
 from rltrain.compat.megatron import cuda_enabled, seed_cpu
-from rltrain.utils.distenv import free_port
+from rltrain.compat.torch import bind_rendezvous_to_host
+from rltrain.utils.distenv import loopback_sockets
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -44,7 +45,7 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: i
     """Initialize torch.distributed (if needed) and megatron's model-parallel groups, then seed.
 
     Without an existing process group: uses RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
-    environment when set (torchrun, Ray workers), else a single-process group on a free local port.
+    environment when set (torchrun, Ray workers), else a single-process group with an in-memory store.
     Backend: nccl with CUDA, gloo without. Idempotent for the same (tp_size, pp_size, ep_size).
 
     ep_size: expert parallelism (MoE). Experts are split over ep_size ranks within each pipeline stage, and each
@@ -57,15 +58,13 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: i
     if parallel_state.model_parallel_is_initialized() and not _megatron_groups_alive():
         parallel_state.destroy_model_parallel()  # its world was destroyed (e.g. by a vLLM engine that owned it)
     if not dist.is_initialized():
+        bind_rendezvous_to_host()  # rank 0's store listens on MASTER_ADDR only (torch's listens on every interface)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group("nccl" if cuda_enabled() else "gloo")
-        else:
-            dist.init_process_group(
-                "nccl" if cuda_enabled() else "gloo",
-                init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
-                rank=0,
-                world_size=1,
-            )
+        else:  # one process: an in-memory store, no listener at all; gloo's and NCCL's sockets on loopback
+            loopback_sockets("127.0.0.1")
+            dist.init_process_group("nccl" if cuda_enabled() else "gloo", store=dist.HashStore(), rank=0,
+                                    world_size=1)
     world = dist.get_world_size()
     if world % (tp_size * pp_size) != 0:
         raise ValueError(

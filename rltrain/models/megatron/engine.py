@@ -201,15 +201,17 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         return it if self.pp_size == 1 else pipeline_mod.merge_stages(it, bucket_bytes, self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's model shards (with LoRA: the adapters only; the base is the initial model) + optimizer +
-        scheduler (+ fp32 masters) for checkpoints."""
-        sd: dict[str, Any] = {"model": self.lora.state_dict() if self.lora else dict(self.model.state_dict())}
+        """This rank's model shards (with LoRA: the adapters only; the base is the initial model; no `_extra_state`:
+        weights.checkpoint_state) + optimizer + scheduler (+ fp32 masters) for checkpoints."""
+        model = self.lora.state_dict() if self.lora else weights_mod.checkpoint_state(self.model)
+        sd: dict[str, Any] = {"model": model}
         if self.optim is not None:
             sd.update(self.optim.state_dict())
         return sd
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        (self.lora or self.model).load_state_dict(sd["model"])
+        model = sd["model"] if self.lora else weights_mod.with_own_extra_state(self.model, sd["model"])
+        (self.lora or self.model).load_state_dict(model)
         if self.optim is not None:
             self.optim.load_state_dict(sd)
 

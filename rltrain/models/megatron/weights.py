@@ -256,6 +256,19 @@ def _strip_prefix(name: str) -> str:
     return name if name.startswith(("model.", "lm_head.", "score.")) else "model." + name
 
 
+def checkpoint_state(model) -> dict[str, torch.Tensor]:
+    """`model.state_dict()` for a checkpoint: without the modules' `_extra_state` entries, where Transformer Engine
+    keeps fp8 metadata as a pickle (no fp8 here), so a checkpoint holds tensors only."""
+    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def with_own_extra_state(model, saved: dict) -> dict:
+    """`saved` (a checkpoint's model state) with `model`'s own `_extra_state` entries for load_state_dict: a module
+    never unpickles what a file holds there (Transformer Engine would)."""
+    own = {k: v for k, v in model.state_dict().items() if k.endswith("_extra_state")}
+    return {**{k: v for k, v in saved.items() if not k.endswith("_extra_state")}, **own}
+
+
 def _named_params(model) -> Iterable[tuple[str, torch.nn.Parameter]]:
     """Parameters in table order; the tied output layer (weight None) has no parameter of its own; LoRA adapters
     (ADAPTER_ATTR) are not base weights."""

@@ -10,12 +10,13 @@ bucket.
 
 from __future__ import annotations
 
-import pickle
+import json
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 import torch
 
+from rltrain.compat.torch import bound_store
 from rltrain.compat.vllm import nccl_trainer_init
 
 
@@ -49,7 +50,8 @@ class SyncGroup:
             raise ValueError(f"SyncGroup needs world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}")
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world_size = rank, world_size
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        # rank 0's store listens on `host` only (127.0.0.1 on one node: workers/hybrid.weight_sync_address)
+        self.store = bound_store(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore("rltrain/weight_sync", self.store), rank, world_size,
                                         timeout)
         self.nccl = None  # trainer-side PyNcclCommunicator (rank 0, method "nccl")
@@ -94,9 +96,10 @@ class SyncGroup:
 
     # ------------------------------------------------------------------ plumbing
     def _broadcast_meta(self, meta: list | None) -> list:
-        """Rank 0 sends `meta` (pickled), the others receive it."""
+        """Rank 0 sends `meta` (as JSON: names, dtype names and shapes are data; a receiver unpickles nothing), the
+        others receive it."""
         if self.rank == 0:
-            payload = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
+            payload = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
             length = torch.tensor([payload.numel()], dtype=torch.int64)
         else:
             length = torch.zeros(1, dtype=torch.int64)
@@ -104,7 +107,7 @@ class SyncGroup:
         if self.rank != 0:
             payload = torch.empty(int(length.item()), dtype=torch.uint8)
         self.pg.broadcast(payload, 0).wait()
-        return meta if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
+        return meta if self.rank == 0 else json.loads(payload.numpy().tobytes())
 
     def close(self) -> None:
         self.nccl = None
