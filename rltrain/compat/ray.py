@@ -24,11 +24,12 @@ def loopback_ray() -> None:
 
 
 def keep_auth_token_private() -> str | None:
-    """Ray's token authentication (Ray >= 2.52 turns it on for a cluster `ray.init()` starts) keeps its token in
-    `RAY_AUTH_TOKEN_PATH` or ~/.ray/auth_token, which Ray writes with the umask: readable by every local user under
-    the usual 022, which would defeat it. Before a local cluster starts: the token file is made (Ray's generator)
-    or kept with mode 0600, its directory this user's only. Returns the token file; None where Ray has no token
-    authentication, it is off (RAY_AUTH_MODE=disabled) or the token is given in RAY_AUTH_TOKEN."""
+    """Before this process starts a local cluster: Ray's token file (`RAY_AUTH_TOKEN_PATH` or ~/.ray/auth_token, which
+    Ray writes with the umask: readable by every local user under the usual 022, which would defeat its token
+    authentication) made with Ray's generator or kept at mode 0600, its directory this user's only. Ray decides
+    whether the cluster uses it (RAY_AUTH_MODE; Ray 2.60 turns it on for a cluster `ray.init()` starts; the mode
+    must be set before Ray reads its config, so it is left to the user). Returns the token file; None where Ray has
+    no token authentication, it is disabled, or the token is given in RAY_AUTH_TOKEN."""
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled" or os.environ.get("RAY_AUTH_TOKEN"):
         return None
     try:

@@ -323,9 +323,11 @@ def check_checkpoint_owner(path: str, upto: str | None = None) -> None:
             st = os.lstat(full)
             if stat.S_ISLNK(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
                 link = " (a symbolic link)" if stat.S_ISLNK(st.st_mode) else ""
+                fix = f"run `chmod -R go-w {real}` if only you wrote it, else start fresh" if not link and \
+                    st.st_uid == me else "start fresh"
                 raise UnsafePathError(f"the checkpoint {path} holds {full}, {describe(st)}{link}: rltrain resumes "
-                                      "only from files that are yours and that no one else can write; copy the "
-                                      "checkpoint into a directory of your own, or start fresh (trainer.resume=never)")
+                                      f"only from files that are yours and that no one else can write; {fix} "
+                                      "(trainer.resume=never)")
 
 
 def _prune(root: str, max_to_keep: int) -> None:
