@@ -54,6 +54,7 @@ _LONGEST_FIRST = [  # seconds each took in a `make test` on the 2-core box, besi
     "tests/test_learn_recipe.py",  # 84
     "tests/trainer/test_resume.py",  # 56
     "tests/trainer/test_ppo_e2e.py",  # 52
+    "tests/trainer/test_shared_host.py",  # ~50 estimated (two 2-step runs at once, one through Ray)
     "tests/models/test_megatron_moe_ep.py",  # 50
     "tests/trainer/test_moe_e2e.py",  # 47
     "tests/test_golden_run.py",  # 40

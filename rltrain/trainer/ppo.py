@@ -330,8 +330,9 @@ class PPOTrainer:
             self.train_group.run("load", path, self.cfg.rollout.weight_sync_bucket_mb << 20)
         if not self.colocated:
             self.weight_sync.push(version=int(state["step"]))
-        set_rng_state(state["rng"])
-        self.rollout.load_state_dict(state, int(state["step"]))
+        with loading_checkpoint(path):  # a state of another format (its RNG, data position): message + exit 2
+            set_rng_state(state["rng"])
+            self.rollout.load_state_dict(state, int(state["step"]))
         print(f"rltrain: resumed from {path} (step {state['step']})", file=sys.stderr, flush=True)
         return int(state["step"])
 
