@@ -33,7 +33,7 @@ def test_lora_run_syncs_adapters_serves_the_reference_and_exports_peft(tmp_path,
     assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-4  # step 2 samples with the synced adapters
     assert rows[1]["actor/kl_loss"] > 0.0  # the reference (the base) is not the trained policy
 
-    state = torch.load(os.path.join(run_dir, "checkpoints", "step_2", "worker_rank0.pt"), weights_only=False)
+    state = torch.load(os.path.join(run_dir, "checkpoints", "step_2", "worker_rank0.pt"), weights_only=True)
     assert state["actor"]["model"] and all(".lora." in k for k in state["actor"]["model"])
 
     tool = subprocess.run([sys.executable, "tools/export_hf.py", os.path.join(run_dir, "checkpoints", "step_2"),
