@@ -46,11 +46,10 @@ DRIVER_TORCH_THREADS = 1
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     """Connect to an existing cluster (`trainer.ray_address`: "auto" or host:port), or start a new local one
-    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only, with Ray's
-    token authentication where Ray has it (its token file kept 0600: compat/ray.py). No secret goes into the
-    runtime_env (utils/distenv.forwarded_env): a local cluster's workers inherit the driver's environment. The driver's
-    GIL hand-off becomes DRIVER_SWITCH_INTERVAL_S and its torch threads DRIVER_TORCH_THREADS (a shorter interval or
-    fewer threads set before are kept)."""
+    (never another program's: address="local") whose services listen on and advertise 127.0.0.1 only, its Ray token
+    file kept 0600 (compat/ray.py); no secret in the runtime_env (utils/distenv.forwarded_env: local workers inherit
+    the driver's environment). The driver's GIL hand-off becomes DRIVER_SWITCH_INTERVAL_S and its torch threads
+    DRIVER_TORCH_THREADS (a shorter interval or fewer threads set before are kept)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), DRIVER_SWITCH_INTERVAL_S))
     torch.set_num_threads(min(torch.get_num_threads(), DRIVER_TORCH_THREADS))
     if ray_initialized():
@@ -59,8 +58,6 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
 
     if not address or address.rsplit(":", 1)[0] in LOOPBACK:
         loopback_ray()  # a cluster on this machine (the multi-node test's) is reached over loopback too
-    if not address or address == "local":
-        keep_auth_token_private()  # other local users reach the GCS port: its token must be ours only
     import ray
 
     apply_no_multicast()  # the driver too: it may start NCCL/vLLM in process (use_ray=false)
@@ -70,6 +67,7 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **kw)
     else:
+        keep_auth_token_private()  # other local users reach the GCS port: its token must be ours only
         ray.init(address="local", num_cpus=num_cpus, **kw)
 
 
