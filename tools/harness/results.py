@@ -1,0 +1,121 @@
+"""The results tables: one JSON-lines file per area under tools/results/ (AREAS), one line per run, keyed by
+(tool, shape, device, variant). A benchmark tool upserts its summary rows (a rerun replaces its row, other rows
+stay); the docs' generators and the planner's calibration read them. Must not run a benchmark or know any tool's
+metrics.
+
+A row: {"tool", "shape", "device", "variant"} (the key: the tool's name, the model or kernel shape, the machine kind
+as `h200x2` or `cpu`, the tool's name for what varied), "date", optionally "config" (the trainer overrides that
+reproduce it), "metrics" {name: number} and "note". A tool run on a machine whose checkout does not come back
+writes its rows with `--results $OUT/results`, and they are merged here with
+
+    python tools/harness/results.py merge OUT/results/*.jsonl     # upsert each file's rows into tools/results/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+AREAS = ("kernel", "rollout", "update", "placements", "moe", "offpolicy", "planner")
+KEY = ("tool", "shape", "device", "variant")
+DEFAULT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+
+
+def table_path(area: str, results_dir: str | None = None) -> str:
+    if area not in AREAS:
+        raise ValueError(f"unknown results area {area!r}; one of {', '.join(AREAS)}")
+    return os.path.join(results_dir or DEFAULT_DIR, f"{area}.jsonl")
+
+
+def key_of(row: dict) -> tuple[str, ...]:
+    missing = [k for k in KEY if not row.get(k)]
+    if missing:
+        raise ValueError(f"a results row needs {', '.join(KEY)}; missing {', '.join(missing)}: {row}")
+    return tuple(str(row[k]) for k in KEY)
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of one table file ([] when it does not exist); a malformed line is named with its number."""
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{n}: not a JSON row ({err})") from err
+    return rows
+
+
+def read(area: str, results_dir: str | None = None) -> list[dict]:
+    return read_rows(table_path(area, results_dir))
+
+
+def write_rows(path: str, rows: list[dict]) -> None:
+    """The rows sorted by key, one per line, atomically (a reader never sees half a table)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        for row in sorted(rows, key=key_of):
+            f.write(json.dumps(row, default=str) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def upsert_rows(path: str, new: list[dict]) -> int:
+    """Put `new` into the table file at `path`: a row whose key is already there replaces it, the others are
+    added. Returns how many replaced an older row."""
+    by = {key_of(r): r for r in read_rows(path)}
+    replaced = 0
+    for row in new:
+        k = key_of(row)
+        replaced += k in by
+        by[k] = row
+    write_rows(path, list(by.values()))
+    return replaced
+
+
+def upsert(area: str, rows: list[dict], results_dir: str | None = None) -> int:
+    """upsert_rows into the area's table (under results_dir, default tools/results/)."""
+    return upsert_rows(table_path(area, results_dir), rows)
+
+
+def row(tool: str, shape: str, device: str, variant: str, metrics: dict, *, date: str, config: list[str] | None = None,
+        note: str = "") -> dict:
+    """One row in the tables' layout (keys in this order; config and note only when given)."""
+    out = {"tool": tool, "shape": shape, "device": device, "variant": variant, "date": date}
+    if config is not None:
+        out["config"] = list(config)
+    out["metrics"] = metrics
+    if note:
+        out["note"] = note
+    return out
+
+
+def device_kind(name: str, gpus: int = 1) -> str:
+    """`h200x2` for two `NVIDIA H200` GPUs, `h100` for one H100, `cpu` for a `CPU (...)` name."""
+    if name.upper().startswith("CPU"):
+        return "cpu"
+    kind = next((k for k in ("H200", "H100", "A100", "B200") if k in name.upper()), name.split()[-1]).lower()
+    return kind + (f"x{gpus}" if gpus > 1 else "")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "merge":
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    for path in argv[1:]:
+        area = os.path.basename(path).rsplit(".", 1)[0]
+        try:
+            new = read_rows(path)
+            replaced = upsert(area, new)
+        except (ValueError, OSError) as err:
+            print(f"results merge: {path}: {err}", file=sys.stderr)
+            return 2
+        print(f"{path}: {len(new)} rows into {table_path(area)} ({replaced} replaced)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
