@@ -13,7 +13,10 @@ Paths are under tools/results/ (the raw GPU results).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
+from typing import Iterator
 
 GIB = float(2**30)
 RATE_HIDDEN = 1024  # hidden size of the Qwen3-0.6B shape on which the update rates were measured
@@ -309,3 +312,15 @@ def value(name: str) -> float:
 
 def all_constants() -> dict[str, Const]:
     return {**MEMORY, **TIME}
+
+
+@contextlib.contextmanager
+def override(name: str, new_value: float) -> Iterator[None]:
+    """Plan with constant `name` at `new_value` inside the block (a what-if, or a solve for its value)."""
+    table = MEMORY if name in MEMORY else TIME
+    old = table[name]
+    table[name] = dataclasses.replace(old, value=new_value)
+    try:
+        yield
+    finally:
+        table[name] = old

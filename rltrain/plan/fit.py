@@ -21,7 +21,7 @@ import math
 import statistics
 import sys
 import textwrap
-from typing import Any, Iterator
+from typing import Any
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.fit_cases import (HOST_SPREAD_RUNS, Case, cases, compose, load,  # noqa: F401 (results_dir)
@@ -32,15 +32,7 @@ from rltrain.plan.timing import host_share, phase_seconds, step_range, train_sec
 from rltrain.utils import flops
 
 
-@contextlib.contextmanager
-def constant(name: str, value: float) -> Iterator[None]:
-    table = cal.MEMORY if name in cal.MEMORY else cal.TIME
-    old = table[name]
-    table[name] = dataclasses.replace(old, value=value)
-    try:
-        yield
-    finally:
-        table[name] = old
+constant = cal.override  # planning with one constant at another value
 
 
 def case_inputs(case: Case, cfg: dict | None = None):

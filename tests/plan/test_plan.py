@@ -27,6 +27,14 @@ GIB = 2**30
 TOO_BIG = ["model=qwen3_4b", "actor.max_tokens_per_micro_batch=16384", "actor.recompute_activations=false"]
 
 
+# tools/gpu_smoke.py's GRPO run of the Qwen3-0.6B shape on one GPU (32 x 8 samples, 64-token responses)
+GRPO_06B = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+            "trainer.fused_linear_logprob_backend=triton", "data.train_batch_size=32", "rollout.n=8",
+            "rollout.max_response_length=64", "data.max_prompt_length=64", "actor.ppo_mini_batch_size=16",
+            "actor.use_kl_loss=true", "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
+            "trainer.use_ray=false"]
+
+
 def qwen06b(*extra: str) -> dict:
     return OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1",
                                                          *extra]), resolve=True)
@@ -161,8 +169,8 @@ def test_colocated_counters_add_vllm_share_the_card_peak_does_not():
     # 2026-11-26, one H200, the 0.6B GRPO step at 5 + 64 tokens: max_memory_allocated 93.95 = 69.90 (0.5 x 139.80,
     # vLLM) + 24.05 (the update), max_memory_reserved 95.78; the card never holds both (sleep unmaps vLLM's pool
     # below torch's counters), so the plan's card peak (vLLM awake: generation or weight sync) is below both
-    from rltrain.plan.fit_cases import GRPO_06B, compose as compose_case
-    cfg = compose_case(GRPO_06B + ["rollout=vllm", "trainer.use_ray=true"])
+    cfg = OmegaConf.to_container(compose("grpo_tiny", [*GRPO_06B, "rollout=vllm", "trainer.use_ray=true"]),
+                                 resolve=True)
     g = make_plan(cfg, device="h200", prompt_tokens=5, response_tokens=64, suggest=False).gpus[0]
     slack = cal.value("allocator_slack")
     train = max(ph.torch_bytes - ph.parts.get("vllm (weights + KV cache)", 0) for ph in g.phases)
@@ -478,7 +486,7 @@ def test_the_tp_x_dp_layout_factor_scales_the_host_floors_of_that_layout_only(la
     import contextlib
     import dataclasses as dc
 
-    from rltrain.plan.fit import constant
+    constant = cal.override
     from rltrain.plan.timing import phase_seconds, tp_dp_factor
 
     cfg = compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm", "trainer.device=cuda", *layout])
@@ -516,7 +524,7 @@ def test_a_gpu_bound_tp_x_dp_step_loses_little_to_the_layout_factor():
     bound by its FLOPs, grows by far less than the factor; the short GRPO step of the measured runs by most of it."""
     import dataclasses as dc
 
-    from rltrain.plan.fit import constant
+    constant = cal.override
     from rltrain.plan.timing import phase_seconds
 
     dev = cal.DEVICES["h200"]
