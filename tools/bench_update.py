@@ -150,8 +150,8 @@ def predicted_row_s(row: Row, reps: int, compiled_before: bool) -> float:
 def write_plan_predictions(rows: list[Row], gpu: str, path: str) -> None:
     """rltrain.plan's peak memory, update step time and fit of each row as its config (plan/fit_cases.py's
     bench_overrides: one sequence of `tokens` in one micro-batch) on one `gpu` -> JSON at `path`."""
-    from rltrain.plan.fit import predict
-    from rltrain.plan.fit_cases import Case, bench_overrides
+    from planlab.fit import predict
+    from planlab.cases import Case, bench_overrides
 
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu,
            "command": "python " + " ".join(sys.argv), "rows": {}}

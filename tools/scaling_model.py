@@ -22,8 +22,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (it puts rltrain on sys.path)
 import harness  # noqa: E402,F401
 
-from rltrain.plan.scaling import GB, Recipe, predict  # noqa: E402
-from rltrain.plan.scaling_inputs import InputError, all_inputs  # noqa: E402
+from planlab.scaling import GB, Recipe, predict  # noqa: E402
+from planlab.scaling_inputs import InputError, all_inputs  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"

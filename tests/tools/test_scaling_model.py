@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import scaling_model as sm  # noqa: E402
 
-from rltrain.plan.scaling import Recipe, predict  # noqa: E402
-from rltrain.plan.scaling_inputs import all_inputs  # noqa: E402
+from planlab.scaling import Recipe, predict  # noqa: E402
+from planlab.scaling_inputs import all_inputs  # noqa: E402
 
 
 def _nccl_json(path, busbw_1g=360.0):

@@ -5,8 +5,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from rltrain.plan import scaling
-from rltrain.plan.scaling_inputs import all_inputs
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+
+from planlab import scaling  # noqa: E402
+from planlab.scaling_inputs import all_inputs  # noqa: E402
 from rltrain.utils.flops import matmul_params, num_params, train_flops
 
 # 2 layers, hidden 8, 2 query heads and 1 KV head of 4, MLP 12, vocab 10, untied LM head

@@ -24,7 +24,7 @@ import textwrap
 from typing import Any
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.fit_cases import (HOST_SPREAD_RUNS, Case, cases, compose, load,  # noqa: F401 (results_dir)
+from planlab.cases import (HOST_SPREAD_RUNS, Case, cases, compose, load,  # noqa: F401 (results_dir)
                                     results_dir, steady_means)
 from rltrain.plan.inputs import read
 from rltrain.plan.memory import GIB, full_params, ns, plan_gpus

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.plan import learn
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+
+from planlab import learn  # noqa: E402
 
 
 def _grpo_cfg(multi_turn: bool, test_freq: int = 10) -> dict:

@@ -9,8 +9,8 @@ import json
 import os
 
 from rltrain.plan import calibration as cal
-from rltrain.plan.fit import results_dir
-from rltrain.plan.scaling import Num, fit_decode
+from planlab.fit import results_dir
+from planlab.scaling import Num, fit_decode
 from rltrain.utils.errors import UserError
 from rltrain.utils.flops import peak_flops
 
