@@ -337,7 +337,7 @@ def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None
 
 
 def stage_estimate(stage: str, cfg: dict, scale: Scale, runs: int = 1) -> int:
-    """Seconds of the stage on one H100 (rltrain/plan/learn.py); GRPO stages: at the SFT config's model."""
+    """Seconds of the stage on one H100 (tools/planlab/learn.py); GRPO stages: at the SFT config's model."""
     from planlab.learn import stage_estimate as estimate
 
     sft = stage in ("sft", "retool_sft")

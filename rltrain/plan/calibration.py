@@ -1,14 +1,15 @@
-"""Every measured constant of the planner, in one place, each with the run it comes from (file, date, device).
+"""Every measured constant of the planner, in one place, each with the run it comes from (table row, date, device).
 
 The memory and time models (memory.py, timing.py) are formulas over the model's shape and the config; the numbers
 below are what those formulas cannot know: how many bytes the layers keep per token, how fast the GPU runs each
-phase, what vLLM and CUDA take beside the tensors. Each FITTED constant is solved from ONE measured run (the "fit"
-rows of fit.py; `python -m rltrain.plan.fit` recomputes them from tools/results/ and prints them, and
-tests/plan/test_calibration.py checks these values equal that refit); every other measured run in the repository is
-held out and compared in docs/plan.md ("Predicted vs measured"). ASSUMED constants are datasheet or code values,
-not measurements.
+phase, what vLLM and CUDA take beside the tensors. Each FITTED constant is solved from the measured run (or the few
+runs) its source names: `python tools/plan_lab.py fit` recomputes them from the results tables and `--write` writes
+them here (tests/tools/test_planlab_fit.py checks these values equal that refit); every run no constant comes from is
+held out and scores the planner (docs/benchmarks/planner.md). MEASURED constants are read off one run, ASSUMED ones
+are datasheet or code values.
 
-Paths are under tools/results/ (the raw GPU results).
+A source names a row of a results table (`placements.jsonl 'grpo vllm'`: the table, the row's variant), its date
+and device.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ class Device:
 
 DEVICES: dict[str, Device] = {
     "h100": Device("H100 80GB HBM3", 79.18, 3.35e12,
-                   "total: OOM message in gpu_smoke_h100.json (2026-11-22, H100: 'total capacity of 79.18 GiB'); "
+                   "total: tools/gpu_smoke.py's OOM message (2026-11-22, H100: 'total capacity of 79.18 GiB'); "
                    "HBM: datasheet 3.35 TB/s"),
     "h200": Device("H200", 139.80, 4.8e12,
-                   "total: OOM message in vllm_x2/placements_qwen06b_split_1p1.json (2026-11-23, H200: 'total capacity "
+                   "total: tools/gpu_placements.py's OOM message (2026-11-23, H200: 'total capacity "
                    "of 139.80 GiB'); HBM: datasheet 4.8 TB/s"),
 }
 
@@ -53,40 +54,40 @@ DEVICES: dict[str, Device] = {
 MEMORY: dict[str, Const] = {
     "act_none_fusion_none": Const(
         8.3114, "B/token/layer/W",
-        "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim (0.6B, 8,192 tokens, no recompute, "
+        "update.jsonl, 2026-11-23, H100: row 06b-8k-norms+optim (0.6B, 8,192 tokens, no recompute, "
         "fusion none, engine defaults) peak 21.78 GiB"),
     "act_none_fusion_compile": Const(
         6.4542, "B/token/layer/W",
-        "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all (0.6B, 8,192 tokens, no recompute, "
+        "update.jsonl, 2026-11-23, H100: row 06b-8k-all (0.6B, 8,192 tokens, no recompute, "
         "torch.compile of each layer) peak 18.93 GiB"),
     "act_none_fusion_mcore": Const(
         6.8572, "B/token/layer/W",
-        "update/bench_update_h200_tp2.json, 2026-11-23, H200: row 06b-8k-mcore-tp2 (0.6B, TP=2, 8,192 tokens, "
+        "update.jsonl, 2026-11-23, H200: row 06b-8k-mcore-tp2 (0.6B, TP=2, 8,192 tokens, "
         "megatron's fused SwiGLU) peak 10.73 GiB"),
     "act_selective": Const(
         7.5604, "B/token/layer/W_attn",
-        "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective (0.6B, 32,768 tokens, the MLP "
+        "update.jsonl, 2026-11-23, H100: row 06b-32k-all-rc_selective (0.6B, 32,768 tokens, the MLP "
         "recomputed) peak 35.60 GiB; W_attn = h + (q + kv) / TP"),
     "act_full_working": Const(
         6.3931, "B/token/W",
-        "update/bench_update_h100_64k.json, 2026-11-25, H100: row 06b-64k-all-rc_full (0.6B, 65,536 tokens, full "
+        "update.jsonl, 2026-11-25, H100: row 06b-64k-all-rc_full (0.6B, 65,536 tokens, full "
         "recompute) peak 15.56 GiB; the one layer being recomputed (the kept layer inputs are h x dtype bytes, exact)"),
     "logits_bytes_per_element": Const(
         3.9996, "B/(token x vocab/TP)",
-        "gpu_smoke_h100_steps.json, 2026-11-22, H100: 32,768 tokens with full recompute, unfused head 30.87 GiB vs "
+        "update.jsonl, 2026-11-22, H100: rows smoke-32k-unfused-rc1 / smoke-32k-fused-rc1, 32,768 tokens with full recompute, unfused head 30.87 GiB vs "
         "fused 13.40 GiB (trainer.fused_linear_logprob=false keeps the logits and their gradient)"),
     "fused_head_triton_gib": Const(
-        0.376, "GiB", "kernel/ab_h100_2026-11-25.json, 2026-11-25, H100: peak extra of the fused head v3 at "
+        0.376, "GiB", "kernel.jsonl, 2026-11-25, H100: peak extra of the fused head v3 at "
                       "32,768 x 4,096 x 151,936 (0.31-0.38 GiB over the three shapes)", "measured"),
     "allocator_slack": Const(
         0.0769, "fraction of the peak",
-        "update/bench_update*.json, 2026-11-23/25, H100/H200: mean of reserved_gib / peak_gib - 1 over the fit rows "
+        "update.jsonl, 2026-11-23/25, H100/H200: mean of reserved_gib / peak_gib - 1 over the fit rows "
         "(torch's caching allocator holds this much more than the tensors)"),
     "cuda_context_gib": Const(
-        0.60, "GiB per process", "gpu_smoke_h100.json, 2026-11-22, H100: OOM message 'Process 405 has 618.00 MiB "
+        0.60, "GiB per process", "tools/gpu_smoke.py, 2026-11-22, H100: its OOM message 'Process 405 has 618.00 MiB "
                                  "memory in use' (a CUDA context with cuBLAS/NCCL workspaces)", "measured"),
     "vllm_non_torch_gib": Const(
-        1.4340, "GiB", "vllm_x2/bench_rollout_variants_h200.json, 2026-11-23, H200: sleep(level 1) freed 71.33 GiB "
+        1.4340, "GiB", "rollout.jsonl 'vLLM alone, 256 x (64 + 64)', 2026-11-23, H200: sleep(level 1) freed 71.33 GiB "
                        "at gpu_memory_utilization 0.5 = 69.90 GiB counted by torch + this (CUDA graphs, workspaces)"),
     "vllm_profile_gib": Const(
         1.0, "GiB", "vLLM's peak activation of its profiling run, subtracted from its share before the KV cache "
@@ -98,35 +99,35 @@ TIME: dict[str, Const] = {
     # achieved TFLOP/s of one update micro-batch on its weight matrices' FLOPs (utils/flops.train_flops less
     # attention_flops), by (fusion, recompute): the 8k rows' time less their attention FLOPs at attention_tflops
     "update_tflops_none_none": Const(
-        194.5633, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 29.29 "
+        194.5633, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 29.29 "
                           "TFLOP of weight matrices and 23.09 of attention (0.6B, one 8,192-token sequence)"),
     "update_tflops_compile_none": Const(
-        276.8382, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-8k-all 0.1448 s, the same FLOPs"),
+        276.8382, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-8k-all 0.1448 s, the same FLOPs"),
     # the rates above are the Qwen3-0.6B's (hidden size 1,024); a wider model runs its GEMMs nearer the peak (the
     # GEMM FLOPs grow as h^2, the elementwise work and launches around them as h): x (h / 1024)^this
     "update_rate_width_exponent": Const(
-        0.4872, "exponent", "update/bench_update_h200_4b.json, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
+        0.4872, "exponent", "update.jsonl, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
                             "2,560, one 8,192-token sequence, torch.compile) 0.5574 s for 197.7 TFLOP of weight "
                             "matrices and 59.4 of attention, against the 0.6B's 06b-8k-all"),
     # the same for the unfused layers (actor.elementwise_fusion=none): the elementwise kernels torch.compile would fuse
     # weigh less against the GEMMs at a wider model, so the unfused rate grows faster with the width than the compiled
     "update_rate_width_exponent_none": Const(
-        0.7579, "exponent", "blind_x4_2026-11-27/g4fwd32768_gpu_placements.json, 2026-11-27, H200: update_actor 8.705 s "
+        0.7579, "exponent", "placements.jsonl '4B single, 2,048-token responses, forward micro-batches of 32,768', 2026-11-27, H200: update_actor 8.705 s "
                           "of the Qwen3-4B shape's GRPO step on one GPU (64 sequences of 2,053 tokens, 8,192-token "
                           "micro-batches, 2 optimizer steps; fusion none), against the 0.6B's 06b-8k-norms+optim"),
     # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
     # rate, not the weight matrices' (when one rate took both, until 2026-11-26's night, the 0.6B's 32k and 64k rows,
     # 76-86% attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
     "attention_tflops": Const(
-        591.6964, "TFLOP/s", "update/bench_update.json, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
+        591.6964, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
                           "one 32,768-token sequence, selective recompute: 117.2 TFLOP of weight matrices, 369.4 of "
                           "attention)"),
     # activation recompute: one more forward of the recomputed part, as a factor on the update's time
     "recompute_full_time_factor": Const(
-        1.2602, "x update time", "gpu_smoke_h100_steps.json, 2026-11-22, H100: step8k fused rows, 0.3268 s with full "
+        1.2602, "x update time", "update.jsonl, 2026-11-22, H100: rows smoke-8k-fused-rc1 / -rc0, 0.3268 s with full "
                                  "recompute / 0.2593 s without (same engine, same 8,192 tokens)"),
     "recompute_selective_time_factor": Const(
-        1.0703, "x update time", "update/bench_update_h200_4b.json, 2026-11-23, H200: 4b-32k-all-rc_selective 3.807 s "
+        1.0703, "x update time", "update.jsonl, 2026-11-23, H200: 4b-32k-all-rc_selective 3.807 s "
                                  "/ 4b-32k-all-rc_full 4.483 s x recompute_full_time_factor"),
     # TP with torch.compile's layers (elementwise_fusion compile, and mcore): a fixed cost per all-reduce of a layer's
     # activations in one micro-batch pass (2 a layer forward, 2 more backward; + the recomputed forward's), not a
@@ -134,7 +135,7 @@ TIME: dict[str, Const] = {
     # layer as the 4B's, and the 4B's 32k rows lose no more per pass than its 8k rows; per doubling of TP
     "tp_allreduce_s": Const(
         0.0008297, "s per TP all-reduce x layer x micro-batch pass",
-        "update/bench_update_h200_4b.json + bench_update_h200_tp2.json, 2026-11-23, H200: 4b-8k-all 0.5574 s at "
+        "update.jsonl, 2026-11-23, H200: 4b-8k-all 0.5574 s at "
         "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
         "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
         "loss"),
@@ -147,15 +148,15 @@ TIME: dict[str, Const] = {
     # cost alone (0.00226) planned the DP=2 and TP=2 updates of the 0.6B 11-38% fast
     "update_step_layer_s": Const(
         0.0007535, "s per mini-batch x layer",
-        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
+        "placements.jsonl 'grpo hf', 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
         "mini-batches of one 8,832-token micro-batch, 28 layers), with the two runs below"),
     "update_mb_layer_s": Const(
         0.004192, "s per update micro-batch x layer (the host's floor)",
-        "blind_x2_2026-11-27/vl_qwen06b_colocated_dp2_tp1_metrics.jsonl, 2026-11-27, 2 x H200: update_actor 0.361 s "
+        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU (2026-11-27)', 2 x H200: update_actor 0.361 s "
         "(DP=2, 2 optimizer steps of one 4,416-token micro-batch a rank), with the runs above and below"),
     "update_call_layer_s": Const(
         0.003012, "s per update call x layer",
-        "colocated_dp_h200x2_2026-11-26/dp2_tp1_b64_metrics.jsonl, 2026-11-26, 2 x H200: update_actor 0.638 s (DP=2, "
+        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: update_actor 0.638 s (DP=2, "
         "4 optimizer steps of one 4,416-token micro-batch a rank), with the two runs above"),
     # a forward-only micro-batch costs the larger of its FLOPs' time and the host's floor (they overlap: launches are
     # asynchronous): per layer, a cost and one per row of the micro-batch. The 0.6B's short-sequence passes sit on the
@@ -166,11 +167,11 @@ TIME: dict[str, Const] = {
     # the FLOPs dominate; a floor per micro-batch alone planned one-row micro-batches +85%
     "fwd_mb_layer_s": Const(
         0.001397, "s per forward micro-batch x layer (the host's floor)",
-        "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: ref 5.01 s of the 0.6B's 128 sequences of "
+        "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, H200: ref 5.01 s of the 0.6B's 128 sequences of "
         "2,053 tokens, one a micro-batch (the 4,096-token budget), with the run below"),
     "fwd_row_layer_s": Const(
         1.099e-05, "s per row of a forward micro-batch x layer (the host's floor)",
-        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: ref 0.157 s (17,664 tokens in 2 micro-batches of 128 "
+        "placements.jsonl 'grpo hf', 2026-11-23, H100: ref 0.157 s (17,664 tokens in 2 micro-batches of 128 "
         "rows, forward only, 28 layers; their FLOPs' 0.054 s a micro-batch are under the floor), with the run above"),
     # the old log-probs' pass (the actor's engine, with the entropy) over the reference's (its own engine, without):
     # on the host's floor it took 13% longer in the median of 93 runs, and as long where the FLOPs bound the
@@ -178,20 +179,20 @@ TIME: dict[str, Const] = {
     # 7-9 ms at 5 and 9: a cost per micro-batch, not per token. Which of the two differences costs it: not profiled
     "old_logprob_mb_s": Const(
         0.009129, "s per old-log-prob micro-batch beyond the reference's (the host's floor)",
-        "blind_x2_2026-11-27/fwd4096.json, 2026-11-27, 2 x H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row "
+        "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row "
         "micro-batches of 2,053 tokens (the floors above solved from the reference's pass)"),
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(
         0.000421, "s per local expert x sparse layer x forward pass",
-        "moe_h200x2_2026-11-26/moe_slice_gpu_placements.json, 2026-11-26, 2 x H200: update_actor 1.453 s of the "
+        "moe.jsonl 'MoE slice EP=2, vLLM', 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
         "passes) less its active FLOPs at the update rate and the update's fixed costs"),
     # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
     # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
     "moe_grouped_layer_pass_s": Const(
         0.004167, "s per sparse layer x forward pass",
-        "moe_grouped_gemm_h200x2_2026-11-26/grouped_true_gpu_placements.json, 2026-11-26, 2 x H200: update_actor "
+        "moe.jsonl 'MoE slice EP=2, vLLM, grouped GEMM', 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),
     # vLLM's host work per decode step: a fixed part (the engine's loop, the step's launches) and a part per sequence
@@ -201,68 +202,68 @@ TIME: dict[str, Const] = {
     # sequence from the reference run at that fixed part
     "vllm_step_s": Const(
         0.001754, "s per decode step (the engine's fixed host work)",
-        "dp_x4_2026-11-27/{dp2,dp4}.json, 2026-11-27, 4 x H200, one call: gen 0.359 s (DP=2, 128 sequences an "
+        "placements.jsonl '0.6B colocated DP=2 / DP=4, one vLLM engine per GPU (a second four-H200 host)', 2026-11-27, 4 x H200, one call: gen 0.359 s (DP=2, 128 sequences an "
         "engine) and 0.235 s (DP=4, 64) for 64 decode steps, with vllm_seq_step_s solved at the same time (not kept)"),
     "vllm_seq_step_s": Const(
         3.89e-05, "s per sequence x decode step",
-        "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
+        "placements.jsonl 'placement split 1+1', 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
         "sequences at vllm_step_s (the engine's host work per sequence and step: scheduling, sampling, "
         "detokenizing; 512 sequences took 2.0-2.8x as long as 256 on 2026-11-26)"),
     # a memory-bound decode step (long contexts: the wave's KV cache outweighs the weights) reads its bytes at this
     # share of the datasheet bandwidth (paged attention over the KV cache and the weights' GEMV at a small wave)
     "decode_hbm_fraction": Const(
         0.6218, "x datasheet HBM bandwidth",
-        "lengths_blind_2026-11-26/r8k_qwen06b_single_metrics.jsonl, 2026-11-26, H200: gen 44.59 s for 8,192 decode "
+        "placements.jsonl '0.6B single, 4 x 8 at 8,192-token responses', 2026-11-26, H200: gen 44.59 s for 8,192 decode "
         "steps of 32 sequences (1.2 GB of weights + 15.0 GB of KV cache at the mean context a step)"),
     # the hf engine decodes with transformers in eager mode, one Python call per layer a token: launch-bound (the 0.6B's
     # 1.2 GB of weights read in 0.4 ms of its 39 ms step), so a cost per layer and decode step
     "hf_layer_step_s": Const(
         0.00138, "s per layer x decode step",
-        "vllm/gpu_smoke_grpo_hf.json, 2026-11-23, H100: gen 2.473 s for 64 decode steps of 256 sequences through "
+        "placements.jsonl 'grpo hf', 2026-11-23, H100: gen 2.473 s for 64 decode steps of 256 sequences through "
         "28 layers (rltrain's own decoder, one Python loop per token; the head and the sampler, a few kernels, "
         "are inside the per-layer cost)"),
     "vllm_wake_s": Const(
-        0.127, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_wake (level 2)", "measured"),
+        0.127, "s", "placements.jsonl 'grpo vllm', 2026-11-23, H100: rollout_wake (level 2)", "measured"),
     "vllm_sleep_s": Const(
-        0.041, "s", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
+        0.041, "s", "placements.jsonl 'grpo vllm', 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
     # the level-2 wake grows with the model: the engine maps its weights' memory again, and the update's cached blocks
     # released before it (torch.cuda.empty_cache) are the larger model's (the 4B's wake 0.19-0.24 s on one H200, the
     # 0.6B's 0.12-0.18): per GB of the engine's bf16 weights on a GPU
     "vllm_wake_s_per_gb": Const(
         0.01737, "s per GB of the engine's weights on a GPU",
-        "one_h200_blind_2026-11-26/g4b_metrics.jsonl, 2026-11-26, H200: rollout_sleep + update_weights of the "
+        "placements.jsonl 'grpo vllm, Qwen3-4B shape, one GPU', 2026-11-26, H200: rollout_sleep + update_weights of the "
         "Qwen3-4B shape's one-GPU step (8.0 GB), with the run below"),
     # the GPUs of a host sleep and wake their engines at once and the step waits for the slowest: the CUDA driver's
     # unmapping and mapping of N engines' memory (vLLM's cumem allocator) take longer than one's. The hf engine's
     # pinned copies do not (its DP=2 sleep and wake took what its one-GPU ones did)
     "vllm_rank_sync_factor": Const(
         0.3882, "x (GPUs on the host - 1), on the sleep and wake",
-        "colocated_dp_h200x2_2026-11-26/dp2_tp1_b64_metrics.jsonl, 2026-11-26, 2 x H200: rollout_sleep 0.10 + "
+        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: rollout_sleep 0.10 + "
         "rollout_wake 0.18 s (DP=2, an engine per GPU), with the run above"),
     # the hf engine's level-1 sleep copies its weights into pinned host copies and its wake back: per byte (with the
     # wake's empty_cache); before 2026-11-26 (night) model.to("cpu") took 0.13-0.72 s for the same 1.19 GB by host
     "hf_offload_s_per_gb": Const(
-        0.08459, "s/GB", "hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl, 2026-11-26, H200: "
+        0.08459, "s/GB", "placements.jsonl 'hf engine, pinned sleep, 0.6B single', 2026-11-26, H200: "
                         "rollout_sleep 0.035 + rollout_wake 0.066 s for the 0.6B's 1.19 GB of bf16 weights (level 1: "
                         "to the pinned host copies and back; steps 3..)"),
     "hf_reload_s_per_tensor": Const(
-        8.085e-05, "s per checkpoint tensor", "hf_pinned_sleep_h200x2_2026-11-26/hf_qwen06b_single_metrics.jsonl, "
+        8.085e-05, "s per checkpoint tensor", "placements.jsonl 'hf engine, pinned sleep, 0.6B single', "
                                             "2026-11-26, H200: update_weights 0.091 - wake 0.066 s for the 0.6B's "
                                             "310 tensors (the hf engine's copy_ of each)"),
     "reload_s_per_tensor": Const(
-        0.0005198, "s per checkpoint tensor", "vllm/gpu_smoke_grpo_vllm.json, 2026-11-23, H100: update_weights 0.288 "
+        0.0005198, "s per checkpoint tensor", "placements.jsonl 'grpo vllm', 2026-11-23, H100: update_weights 0.288 "
                                             "- wake 0.127 s for the 0.6B's 310 tensors (colocated in-place reload)"),
     # an MoE checkpoint's expert tensors (3 an expert and layer): vLLM's expert loader copies each into its slice of the
     # layer's stacked weight, cheaper than a dense tensor's load
     "reload_s_per_expert_tensor": Const(
         0.0003371, "s per expert tensor",
-        "moe_h200x2_2026-11-26/moe_slice_metrics.jsonl, 2026-11-26, 2 x H200: rollout_sleep + update_weights of the "
+        "moe.jsonl 'MoE slice EP=2, vLLM', 2026-11-26, 2 x H200: rollout_sleep + update_weights of the "
         "Qwen3-30B-A3B slice (8 layers x 128 experts x 3 tensors + 75 others; EP=2, vLLM TP=2)"),
     # rollout.engines_per_gpu > 1: the engines run in their own processes and take each bucket by CUDA IPC (one RPC
     # and one handle mapping per engine and bucket, the engines loading at once, rollout/sync/ipc.py)
     "ipc_reload_s_per_tensor": Const(
         0.001049, "s per checkpoint tensor",
-        "vllm/pool_h100_2026-11-25/grpo_vllm_k4.json, 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
+        "placements.jsonl 'grpo vllm k4', 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
     # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): the host's floors and fixed costs of
     # every phase (the forward and update floors, per optimizer step and call, vLLM's host cost per decode step, the hf
@@ -276,28 +277,24 @@ TIME: dict[str, Const] = {
     # 2026-11-27 (late) every phase at the first run's alone: 1.7704
     "tp_dp_layout_factor": Const(
         1.5587, "x the host's floors and the weight sync of a TP x DP step",
-        "the value that plans the layout's nine runs (four_gpus_h100x4_2026-11-26/r2.json, "
-        "four_gpus_h200x4_2026-11-26, blind_x4_2026-11-27/r2.json, profile_x4_2026-11-27/{r2,tp2dp2}.json, "
-        "profile_x4_06b_2026-11-27/r2.json, host_spread_2026-11-27/x4_r2.json, split_x4_2026-11-27/k4_tp2dp2.json, "
-        "driver_threads_2026-11-27/f_tp2dp2.json; "
-        "H100 and H200 hosts) at their "
-        "measured steps in the geometric mean"),
+        "the value that plans the layout's nine runs (placements.jsonl, the colocated TP x DP rows of 2026-11-26..27 "
+        "on four H100s and four H200s, eight hosts) at their measured steps in the geometric mean"),
     # the host's speed across machines of one kind, as a multiple of the planned host time (the step's host share:
     # timing.host_share): the lowest and highest over the twenty runs of one config (the 0.6B one-GPU GRPO step, 32
     # x 8, 1.36-2.82 s on H100 and H200 machines, 2026-11-22..27), each 1 + (measured / planned - 1) / its host share.
     # Only the plan's range (timing.step_range) uses them; the planned step is unchanged
     "host_speed_low": Const(
         0.5884, "x the planned host time",
-        "the fastest of the 0.6B one-GPU step's twenty runs (scaling_vllm_h200x2_2026-11-26/b32.json, 1.360 s)"),
+        "the fastest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8', 2026-11-26, H200: 1.360 s)"),
     "host_speed_high": Const(
         1.7216, "x the planned host time",
-        "the slowest of the 0.6B one-GPU step's twenty runs (blind_x4_2026-11-27/single.json, 2.824 s)"),
+        "the slowest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8 (the four-H200 host)', 2026-11-27, H200: 2.824 s)"),
     # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
     # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
     # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)
     "split_sync_s_per_tensor": Const(
         0.0006096, "s per checkpoint tensor",
-        "vllm_x2/placements_qwen06b_split_1p1.json, 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "
+        "placements.jsonl 'placement split 1+1', 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "
         "nccl_broadcast_gb_s, for the 0.6B's 310 tensors"),
     "nccl_broadcast_gb_s": Const(
         368.0, "GB/s", "issue #35's NCCL measurement, 2026-11-25, 2 x H100: broadcast bus bandwidth at 1 GiB",

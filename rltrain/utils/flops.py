@@ -1,6 +1,6 @@
 """Model FLOPs and parameter counts from a transformer's shape (an HF config or any object with its fields).
 Pure arithmetic: must not import torch or build a model (tools/gpu_smoke.py, bench_update.py and
-scaling_model.py use it on machines with and without a GPU).
+the planner's lab use it on machines with and without a GPU).
 
 Counting rule (the one every MFU number in docs/benchmarks.md uses): 2 FLOPs per multiply-add over every
 weight matrix a token goes through (q, k, v, o, gate, up, down, and the LM head), causal attention (QK^T and PV

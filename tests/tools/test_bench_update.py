@@ -1,5 +1,5 @@
 """tools/bench_update.py end to end on CPU: the device probe and one row, each in its own process through the
-harness runner, and the report rewritten after the row."""
+harness runner, the report rewritten after the row, and the row upserted into the update table."""
 
 import json
 import subprocess
@@ -13,7 +13,8 @@ def test_one_cpu_row_in_a_child_process_and_its_report(tmp_path):
     out = tmp_path / "bu"
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_update.py"), "--plan", "cpu", "--rows",
                            "tiny-256-norms+optim", "--reps", "1", "--no-profile", "--no-attention-probe", "--out",
-                           str(out)], capture_output=True, text=True, timeout=600)
+                           str(out), "--results", str(tmp_path / "results")], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "bench_update.json").read_text())
     (row,) = res["rows"]
@@ -23,6 +24,11 @@ def test_one_cpu_row_in_a_child_process_and_its_report(tmp_path):
     assert res["device"].startswith("CPU (") and res["command"].startswith("python tools/bench_update.py --plan cpu")
     md = (out / "bench_update.md").read_text()
     assert "| tiny-256-norms+optim | 256 | norms+optim (bf16 norms, fused AdamW, fusion none) |" in md
+    (table,) = [json.loads(line) for line in (tmp_path / "results" / "update.jsonl").read_text().splitlines()]
+    assert (table["tool"], table["shape"], table["device"], table["variant"]) == (
+        "bench_update", "tiny", "cpu", "tiny-256-norms+optim")
+    assert table["metrics"]["step_s"] == row["step_s"] and table["scope"] == "update"
+    assert "model.builtin=tiny" in table["config"] and "actor.max_tokens_per_micro_batch=256" in table["config"]
 
 
 def test_plan_json_writes_the_planners_prediction_of_each_row_and_runs_nothing(tmp_path):

@@ -1,11 +1,11 @@
-"""rltrain/plan/learn.py: the learning recipe's H100 estimates, worked by hand as examples/learn/README.md works them."""
+"""tools/planlab/learn.py: the learning recipe's H100 estimates, worked by hand as examples/learn/README.md works them."""
 
 from __future__ import annotations
 
-import pytest
-
 import os
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
 

@@ -1,18 +1,17 @@
-"""rltrain/plan/scaling.py and rltrain/utils/flops.py: the model reproduces its calibration points, and the FLOP,
+"""tools/planlab/scaling.py and rltrain/utils/flops.py: the model reproduces its calibration points, and the FLOP,
 parameter and byte counts match a 2-layer toy shape worked by hand."""
-
-from types import SimpleNamespace
-
-import pytest
 
 import os
 import sys
+from types import SimpleNamespace
+
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
 
 from planlab import scaling  # noqa: E402
 from planlab.scaling_inputs import all_inputs  # noqa: E402
-from rltrain.utils.flops import matmul_params, num_params, train_flops
+from rltrain.utils.flops import matmul_params, num_params, train_flops  # noqa: E402
 
 # 2 layers, hidden 8, 2 query heads and 1 KV head of 4, MLP 12, vocab 10, untied LM head
 TOY = SimpleNamespace(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=4,

@@ -1,6 +1,6 @@
 """Scaling model of a GRPO step: per-phase seconds, tokens/s per GPU and memory of the Qwen3-4B and Qwen3-8B shapes
 at 8, 64 and 512 GPUs, colocated and split, from the one- and two-GPU measurements (scaling_inputs.py). Pure
-Python over the inputs it is given (must not read files: scaling_inputs.py does). tools/scaling_model.py prints it.
+Python over the inputs it is given (must not read files: scaling_inputs.py does). scaling_report.py prints it.
 
 How a phase is modelled (docs/scaling.md lists every input with its source):
 - actor update, old_log_prob, ref: model FLOPs (rltrain.utils.flops.train_flops; forward = 1/3) divided by a

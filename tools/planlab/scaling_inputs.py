@@ -1,16 +1,17 @@
-"""The inputs of the scaling model (scaling.py): the measured numbers, read from tools/results/*.json or quoted from
-the issue that holds them, the labelled assumptions, and the measured NCCL / update numbers of --nccl-json and
+"""The inputs of the scaling model (scaling.py): the measured numbers, read from the results tables (tools/results/,
+tools/harness/results.py) or quoted from the issue that holds them, the labelled assumptions, and the measured NCCL / update numbers of --nccl-json and
 --bench-update-json that replace assumptions. Must not compute a prediction: scaling.py does.
 """
 
 from __future__ import annotations
 
 import json
-import os
+
+from harness import results as tables
+from planlab.cases import DEFAULT_RESULTS
+from planlab.scaling import Num, fit_decode
 
 from rltrain.plan import calibration as cal
-from planlab.fit import results_dir
-from planlab.scaling import Num, fit_decode
 from rltrain.utils.errors import UserError
 from rltrain.utils.flops import peak_flops
 
@@ -19,34 +20,35 @@ class InputError(UserError, ValueError):
     """A --*-json file that is missing or does not hold what the tool reads (exit code 2)."""
 
 
-def _load(name: str) -> dict:
-    with open(os.path.join(results_dir(), name)) as f:
-        return json.load(f)
+def _metrics(area: str, tool: str, device: str, variant: str, results_dir: str | None = None) -> dict:
+    """The metrics of one results row (the table under results_dir, default tools/results/)."""
+    for r in tables.read(area, results_dir or DEFAULT_RESULTS):
+        if (r["tool"], r["device"], r["variant"]) == (tool, device, variant):
+            return r["metrics"]
+    raise InputError(f"no {tool} row {variant!r} ({device}) in the {area} table")
 
 
 def measured_inputs() -> dict[str, Num]:
     """The measured numbers, read from tools/results/*.json where they are there, else quoted from the issue
     that holds them (issue 17: the 4B update on one H200; issue 21: vLLM on one H100 and two H200)."""
-    smoke = _load("gpu_smoke_h100.json")
-    steps = _load("gpu_smoke_h100_steps.json")
-    tp2 = _load("gpu_smoke_h200x2_tp2.json")["tp2"]
-    g = smoke["grpo"]["mean"]
-    src = "tools/results/gpu_smoke_h100.json grpo (benchmarks/2026-11-22-gpu-end-to-end.md, H100, Qwen3-0.6B, 256 seqs)"
-    fused8k = next(r for r in steps["step8k"] if r["fused"] and not r["recompute"])
+    g = _metrics("placements", "gpu_smoke", "h100", "grpo hf (issue 17 engine)")
+    src = "placements.jsonl gpu_smoke 'grpo hf (issue 17 engine)' (2026-11-22, H100, Qwen3-0.6B, 256 seqs)"
+    fused8k = _metrics("update", "gpu_smoke", "h100", "smoke-8k-fused-rc0")
+    tp2 = _metrics("update", "gpu_smoke", "h200x2", "tp2: update step TP=2, 8k tokens")
+    tp1 = _metrics("update", "gpu_smoke", "h200x2", "tp2: update step TP=1, 8k tokens")
     m = {f"grpo06b_{p}_s": Num(g[f"timing_s/{p}"], src, True)
          for p in ("gen", "old_log_prob", "ref", "update_actor", "update_weights", "step")}
     m.update({
-        "grpo06b_tokens": Num(smoke["grpo"]["tokens_per_step"], src, True),
+        "grpo06b_tokens": Num(g["tokens_per_step"], src, True),
         "grpo06b_seqs": Num(32 * 8, src + ": data.train_batch_size=32 x rollout.n=8", True),
         "grpo06b_minibatches": Num(2, src + ": 256 samples / actor.ppo_mini_batch_size=16 prompts x 8", True),
-        "gemm_tflops_h100": Num(smoke["gemm_tflops"] * 1e12, "tools/results/gpu_smoke_h100.json gemm_tflops "
-                                "(bf16 8192^3, H100)", True),
-        "mfu_update_06b": Num(fused8k["mfu"], "tools/results/gpu_smoke_h100_steps.json step8k fused, no "
-                              "recompute (benchmarks/2026-11-22-gpu-end-to-end.md: 0.259 s, 8,192 tokens, H100)", True),
+        "gemm_tflops_h100": Num(g["gemm_tflops"] * 1e12, src + " gemm_tflops (bf16 8192^3)", True),
+        "mfu_update_06b": Num(fused8k["mfu"], "update.jsonl gpu_smoke 'smoke-8k-fused-rc0' (2026-11-22, H100: 0.259 s, "
+                              "8,192 tokens, fused head, no recompute)", True),
         "mfu_update_4b": Num(0.335, "issue 17: Qwen3-4B shape, one H200, 8k tokens, fused head, 0.775 s", True),
-        "tp2_step_06b_s": Num(tp2["update_step_tp2"]["step_s"], "tools/results/gpu_smoke_h200x2_tp2.json "
-                              "(benchmarks/2026-11-22-gpu-end-to-end.md TP=2 vs 1, two H200, 0.6B, 8k tokens)", True),
-        "tp1_step_06b_s": Num(tp2["update_step_tp1"]["step_s"], "tools/results/gpu_smoke_h200x2_tp2.json", True),
+        "tp2_step_06b_s": Num(tp2["step_s"], "update.jsonl gpu_smoke 'tp2: update step TP=2, 8k tokens' (2026-11-22, "
+                              "two H200s, 0.6B)", True),
+        "tp1_step_06b_s": Num(tp1["step_s"], "update.jsonl gpu_smoke 'tp2: update step TP=1, 8k tokens'", True),
         # issue 21 ("vLLM on the GPUs"): vLLM 0.26.0, Qwen3-0.6B shape, random weights, token-id prompts
         "vllm_a_s": Num(0.63, "issue 21: one H100, in-process vLLM, 256 x (64 prompt + 64 response), 25,855 tok/s",
                         True),

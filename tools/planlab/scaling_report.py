@@ -1,31 +1,23 @@
-"""Scaling model of a GRPO step: predicts per-phase seconds and tokens/s per GPU at 8, 64 and 512 GPUs for the
-Qwen3-4B and Qwen3-8B shapes, colocated and split, from the one- and two-GPU measurements in the repository.
-Pure Python (no torch, no GPU, no Ray); not a benchmark: every number it prints is computed from the inputs below.
+"""The GRPO scaling model of issue 22 as markdown: per-phase seconds and tokens/s per GPU at 8, 64 and 512 GPUs for
+the Qwen3-4B and Qwen3-8B shapes, colocated and split, from the one- and two-GPU measurements (the model:
+scaling.py, its inputs: scaling_inputs.py). Pure Python; every number it prints is computed from its inputs.
 
-    python tools/scaling_model.py                                  # markdown tables to stdout
-    python tools/scaling_model.py --write docs/scaling.md          # regenerate the doc's generated block
-    python tools/scaling_model.py --nccl-json OUT/gpu_placements.json --bench-update-json OUT/bench_update.json \\
-        --write docs/scaling.md                                    # the same with measured NCCL / TP numbers
-    python tools/scaling_model.py --json model.json                # everything as JSON
-
-The model and its inputs are rltrain/plan/scaling.py and rltrain/plan/scaling_inputs.py (how each phase is
-modelled is there; docs/scaling.md lists every input with its source); this script writes them as markdown.
+    python tools/plan_lab.py scaling                                   # markdown tables to stdout
+    python tools/plan_lab.py scaling --write docs/benchmarks/placements.md   # regenerate the doc's generated block
+    python tools/plan_lab.py scaling --nccl-json OUT/gpu_placements.json --bench-update-json OUT/bench_update.json
+    python tools/plan_lab.py scaling --json model.json                 # everything as JSON
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness (it puts rltrain on sys.path)
-import harness  # noqa: E402,F401
+from planlab.docs import replace_block
+from planlab.scaling import GB, Recipe, predict
+from planlab.scaling_inputs import InputError, all_inputs
 
-from planlab.scaling import GB, Recipe, predict  # noqa: E402
-from planlab.scaling_inputs import InputError, all_inputs  # noqa: E402
-
-BEGIN, END = "<!-- BEGIN tools/scaling_model.py output -->", "<!-- END tools/scaling_model.py output -->"
 NOT_RUN = "not run (nvidia-h200-x4/x8 not lent as of 2026-11-23)"
 # measured points of the weak-scaling rows: (shape, GPUs) -> what ran and where it is reported
 MEASURED = {("qwen3-4b", 4): "run 2026-11-26 at the short qwen06b recipe (32 x 8, 5 + 64 tokens): on four H100s this "
@@ -113,21 +105,6 @@ def _mem(mem: dict) -> str:
     return f"{mem['resident_gb']:.0f} (" + (f"util {lo:.2f}-{hi:.2f})" if mem["fits"] else "does not fit)")
 
 
-def write_block(path: str, block: str) -> None:
-    """Replace the text between the BEGIN/END markers of `path` with `block`."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as err:
-        raise InputError(f"--write {path}: cannot read it ({err.strerror})") from err
-    if BEGIN not in text or END not in text:
-        raise InputError(f"--write {path}: the file lacks the markers {BEGIN} ... {END}")
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    with open(path, "w") as f:
-        f.write(f"{head}{BEGIN}\n{block}{END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nccl-json", help="gpu_placements.json from `tools/gpu_placements.py --only nccl`")
@@ -139,23 +116,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     args = ap.parse_args(argv)
     if min(args.seqs_per_gpu, args.response_len) < 1 or args.prompt_len < 0:
-        print("scaling_model: --seqs-per-gpu and --response-len must be >= 1, --prompt-len >= 0", file=sys.stderr)
+        print("plan_lab scaling: --seqs-per-gpu and --response-len must be >= 1, --prompt-len >= 0", file=sys.stderr)
         return 2
     try:
         inp = all_inputs(args.nccl_json, args.bench_update_json)
         res = predict(inp, Recipe(seqs_per_gpu=args.seqs_per_gpu, prompt_len=args.prompt_len,
                                   response_len=args.response_len))
-        cmd = "python tools/scaling_model.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+        cmd = "python tools/plan_lab.py scaling" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
         md = to_markdown(res, cmd)
         if args.write:
-            write_block(args.write, md)
+            replace_block(args.write, "scaling", md)
         else:
             print(md, end="")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
-    except InputError as err:
-        print(f"scaling_model: {err}", file=sys.stderr)
+    except (InputError, OSError, ValueError) as err:
+        print(f"plan_lab scaling: {err}", file=sys.stderr)
         return 2
     return 0
 
