@@ -1,6 +1,6 @@
 """rltrain.plan for Mixture-of-Experts (Qwen3-MoE): a tiny config with a dense first layer and EP=2 worked by hand
 (parameters per rank, static memory, vLLM's weights, the expert activations), the time terms, and the
-qwen3-30b-a3b preset planned as fitting (or not) where the measured runs of 2026-11-26 say."""
+qwen3-30b-a3b preset planned as fitting (or not) where the measured runs say (moe.jsonl, two H200s)."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def test_qwen3_30b_a3b_slice_plans_as_the_h200_runs_measured():
     assert max(g.allocator_peak_bytes for g in hf.gpus) / GIB == pytest.approx(60.2, rel=0.15)
 
 
-def test_slice_weight_sync_reloads_expert_tensors_at_their_own_cost():
+def test_slice_weight_sync_reloads_expert_tensors_at_their_own_cost_within_15pct_of_its_held_out_runs():
     from rltrain.plan.timing import expert_tensors, sync_seconds, weight_tensors
     x = read(compose(*SLICE, "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2", LOOP))
     # 8 sparse layers x (q, k, v, o, 2 RMSNorms, q/k norms, the router, 128 experts x gate/up/down) + embedding, final
@@ -163,12 +163,15 @@ def test_slice_weight_sync_reloads_expert_tensors_at_their_own_cost():
     by_hand = (sleep_wake * (1 + cal.value("vllm_rank_sync_factor")) + 75 * cal.value("reload_s_per_tensor")
                + 3072 * cal.value("reload_s_per_expert_tensor"))
     assert sync_seconds(x) == pytest.approx(by_hand)
-    # measured 1.15-1.66 s over the slice's five vLLM runs (2026-11-26, two H200s); a dense tensor's cost each 2.0 s
-    assert 1.1 < sync_seconds(x) < 1.7
+    # reload_s_per_expert_tensor is solved from one run of this config (its weight sync, 1.443 s); the slice's four
+    # other runs with the expert loop, none of which fitted a constant (moe.jsonl, 2026-11-26, two H200s: replay off,
+    # replay on twice, the loop beside the grouped GEMM in one call) measured:
+    for held_out in (1.285, 1.395, 1.383, 1.664):
+        assert sync_seconds(x) == pytest.approx(held_out, rel=0.15)
 
 
 def test_slice_without_expert_parallelism_is_refused_and_ep2_suggested():
-    # EP=1 did not fit beside vLLM at 8 layers (docs/benchmarks/2026-11-26-moe-on-two-gpus.md, section 2's "Not run")
+    # EP=1 did not fit beside vLLM at 8 layers (docs/benchmarks/moe.md)
     for grouped in (LOOP, "actor.moe_grouped_gemm=true"):
         p = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8", grouped), gpu_memory_gib=H200,
                       prompt_tokens=5, response_tokens=64)
@@ -194,7 +197,10 @@ def test_cli_prints_the_moe_layout():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["fits"] and out["layout"]["ep"] == 2
-    assert out["phase_seconds"]["update"] == pytest.approx(1.45, rel=0.25)  # measured 1.22-1.45 s
+    plan = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8", "actor.expert_parallel_size=2", LOOP),
+                     gpu_memory_gib=H200, prompt_tokens=5, response_tokens=64)
+    assert out["phase_seconds"]["update"] == pytest.approx(plan.seconds["update"], rel=1e-3)  # the CLI prints the plan
+    assert out["peak_gib"] == pytest.approx(plan.peak_gib, abs=1e-3)
 
 
 def test_grouped_gemm_stacks_the_local_experts_and_skips_the_loop(toy_cfg):

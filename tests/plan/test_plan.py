@@ -250,8 +250,8 @@ def test_generation_host_cost_grows_with_the_wave():
     from rltrain.plan.timing import gen_seconds
     # host-bound decode (short sequences): each of the 64 steps costs a fixed part and a part per sequence of the wave,
     # so twice the sequences take less than twice the time, and an engine of a quarter of them more than a quarter
-    # (measured 2026-11-26 on one H200: 1.27 s for 512 sequences, 0.46 s for 256; 2026-11-27 on four H200s: 0.36 s
-    # for 128 sequences an engine, 0.24 s for 64)
+    # (measured on one H200: 1.27 s for 512 sequences, 0.46 s for 256; on four H200s 0.36 s for 128 sequences an
+    # engine and 0.24 s for 64: the two runs vllm_step_s is solved from)
     a = read(qwen06b("rollout=vllm", "data.max_prompt_length=5", "rollout.max_response_length=64",
                      "data.train_batch_size=32"))
     b = read(qwen06b("rollout=vllm", "data.max_prompt_length=5", "rollout.max_response_length=64",
