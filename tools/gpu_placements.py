@@ -35,9 +35,9 @@ Sections:
 One local Ray cluster (127.0.0.1) is started here and every run joins it (trainer.ray_address).
 --engine vllm: rollout=vllm in every run; vLLM's tensor parallel size is the group's GPU count (colocated, its TP
 group is the trainer's ranks; split, the rollout group's, one engine), except colocated_dp2_tp1 (one engine per
-GPU). On a GPU each run's row carries `host_probe`: tools/host_probe.py's host facts and CPU probes, and a series of
+GPU). On a GPU each run's row carries `host_probe`: harness/probes.py's host facts and CPU probes, and a series of
 16 pure-Python probes 0.3 s apart with the share that read slow, taken just before the run (the host's speed, for
-docs/plan.md's "Host spread, probed"). Every run's log is checked: a line naming
+docs/benchmarks/planner.md). Every run's log is checked: a line naming
 `mnnvl` (NVLink multicast) fails the row; whether vLLM said `Using ['PYNCCL'] all-reduce backends` is recorded.
 A run over --run-timeout is first asked for every process's Python stacks (SIGUSR1 to the driver and the Ray
 workers, rltrain/utils/stacks.py), then killed; a failed run's row keeps each process's last 40 log lines
@@ -466,7 +466,7 @@ def main() -> None:
                     save(res, args.out)
                     continue
                 probe = None
-                if args.device == "cuda":  # the host's speed just before the run (tools/host_probe.py's, ~8 s)
+                if args.device == "cuda":  # the host's speed just before the run (harness/probes.py, ~8 s)
                     from harness.probes import cpu_probes, host_facts, series_probe
 
                     probe = {"host": host_facts(), "cpu": cpu_probes(5), "series": series_probe(16, 0.3)}

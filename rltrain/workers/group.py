@@ -31,8 +31,8 @@ from rltrain.workers.placement import (
 
 # The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python, a call that lets
 # the GIL go (a remote call's argument put, a tensor op) waits up to the interval to get it back: a remote call with a
-# 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at 0.5 ms, 6-10 alone (tools/driver_gil_bench.py,
-# 2 CPUs). On the GPU runs no Python thread of the driver was busy (their frames, sampled every 20 ms, sat in Ray's
+# 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at 0.5 ms, 6-10 alone (2 CPUs,
+# docs/benchmarks/placements.md). On the GPU runs no Python thread of the driver was busy (their frames, sampled every 20 ms, sat in Ray's
 # waits): the driver's slow slicing was its torch threads (DRIVER_TORCH_THREADS).
 DRIVER_SWITCH_INTERVAL_S = 5e-4
 
@@ -40,7 +40,7 @@ DRIVER_SWITCH_INTERVAL_S = 5e-4
 # torch's default (a thread per core), each tensor op of the slicing ran on an OpenMP thread per core, and the ranks'
 # and vLLM's processes keep some of them off their cores; every op waited for the last one: Batch.select took 9.6 ms a
 # call at DP=2 on two H200s (32 vCPUs) and 43 ms at DP=4 on four (64), its CPU time nearly the same, against
-# 0.23-0.25 ms at one thread; the DP=4 step 2.41 -> 1.94 s (docs/benchmarks/2026-11-27-driver-threads.md).
+# 0.23-0.25 ms at one thread; the DP=4 step 2.41 -> 1.94 s (docs/benchmarks/placements.md).
 DRIVER_TORCH_THREADS = 1
 
 

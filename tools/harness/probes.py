@@ -1,13 +1,12 @@
-"""The host probes of tools/host_probe.py, for any tool to take beside a run (tools/gpu_placements.py records the CPU
-ones with every GPU run): the host's facts, best-of-N timings of an empty Python call, a dict/list loop and a torch
-CPU op; on a GPU, a kernel launch, launch + sync and a bf16 GEMM; per vCPU, the call probe pinned to each.
+"""The host probes tools/gpu_placements.py records beside every GPU run: the host's facts, best-of-N timings of an
+empty Python call, a dict/list loop and a torch CPU op, and the loop sampled over seconds (the share of samples at
+half speed: the lent KVM guests' vCPUs run at half speed in spells of about a second, docs/benchmarks/planner.md).
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import time
 
 
@@ -97,7 +96,7 @@ def slow_share(series: list[float], factor: float = 1.5) -> float:
 
 
 def series_probe(samples: int, interval_s: float) -> dict:
-    """mix_series and its slow_share, as tools/host_probe.py --series and tools/gpu_placements.py record them."""
+    """mix_series and its slow_share, as tools/gpu_placements.py records them."""
     series = mix_series(samples, interval_s)
     return {"python_mix_ns": series, "interval_s": interval_s, "slow_share": slow_share(series)}
 
@@ -120,71 +119,3 @@ def cpu_probes(repeats: int) -> dict:
     out["torch_cpu_op_us"] = round(_best(cpu_ops, 20_000, repeats) * 1e6, 3)
     out["torch_threads"] = torch.get_num_threads()
     return out
-
-
-def cuda_probes(repeats: int) -> dict:
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"cuda": "not available"}
-    dev = torch.device("cuda")
-    a = torch.zeros(1, device=dev)
-    torch.cuda.synchronize()
-
-    def launches(n):
-        for _ in range(n):
-            torch.add(a, 1.0)
-        torch.cuda.synchronize()
-
-    def syncs(n):
-        for _ in range(n):
-            torch.add(a, 1.0)
-            torch.cuda.synchronize()
-
-    x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    x @ x
-    torch.cuda.synchronize()
-
-    def gemms(n):
-        for _ in range(n):
-            x @ x
-        torch.cuda.synchronize()
-
-    out = {
-        "gpu": torch.cuda.get_device_name(0),
-        "cuda_launch_us": round(_best(launches, 20_000, repeats) * 1e6, 3),
-        "cuda_sync_us": round(_best(syncs, 2_000, repeats) * 1e6, 3),
-        "gemm_tflops": round(2 * 8192**3 / _best(gemms, 20, repeats) / 1e12, 1),
-    }
-    fields = ("clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,pstate,"
-              "clocks_event_reasons.active")
-    try:
-        smi = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        out["nvidia_smi"] = {"fields": fields, "rows": smi.stdout.strip().splitlines() or smi.stderr.strip()}
-    except (OSError, subprocess.TimeoutExpired) as e:
-        out["nvidia_smi"] = f"unavailable: {e}"
-    return out
-
-
-def per_cpu_probes(passes: int) -> dict:
-    """The Python call probe pinned to each usable CPU in turn, `passes` times over: whether some CPUs of this host
-    (a VM's vCPUs sharing a core with a busy neighbour) are slower than others, and whether that holds from one
-    pass to the next. Restores the affinity it found."""
-    if not hasattr(os, "sched_setaffinity"):
-        return {"per_cpu": "not supported here (no sched_setaffinity)"}
-
-    cpus = sorted(os.sched_getaffinity(0))
-    rows = {c: [] for c in cpus}
-    try:
-        for _ in range(passes):
-            for c in cpus:
-                os.sched_setaffinity(0, {c})
-                rows[c].append(round(_best(_calls, 100_000, 5) * 1e9, 1))
-    finally:
-        os.sched_setaffinity(0, set(cpus))
-    best = {c: min(v) for c, v in rows.items()}
-    fastest = min(best.values())
-    return {"python_call_ns_by_cpu": {str(c): v for c, v in rows.items()},
-            "slow_cpus": [c for c, v in best.items() if v > 1.5 * fastest],
-            "fastest_ns": fastest}

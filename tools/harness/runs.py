@@ -1,6 +1,5 @@
 """Summaries of a trainer run's metrics rows (metrics.jsonl, harness.run_rows) that several tools report: the speed of
-its steady steps, its held-out accuracy curve by step and by loop seconds, and each phase split into the driver's
-slicing, the ranks' work, Ray's dispatch and return. Must not run or report anything.
+its steady steps and its held-out accuracy curve by step and by loop seconds. Must not run or report anything.
 """
 
 from __future__ import annotations
@@ -42,44 +41,3 @@ def learning_curve(rows: list[dict]) -> dict:
 def steps_to(curve: list[tuple], target: float):
     """The first x of a learning curve [(x, accuracy), ...] (step or seconds) whose accuracy reaches target; None."""
     return next((x for x, a in curve if a >= target), None)
-
-
-# ---------------------------------------------------------------------------- each phase split (under Ray)
-# the driver's timer of a phase (trainer/ppo.py) -> the worker phases (utils/profiling.phase) it waits on
-SPLIT_PHASES = {
-    "gen": ("generate",),
-    "rollout_sleep": ("rollout_sleep",),
-    "old_log_prob": ("old_log_prob",),
-    "ref": ("ref",),
-    "values": ("values",),
-    "update_critic": ("update_critic",),
-    "update_actor": ("update_actor",),
-    "update_weights": ("rollout_wake_up", "weight_sync_send", "weight_sync_receive"),
-}
-SPLIT_PARTS = ("slice", "worker", "dispatch", "return")  # slice: runs from 2026-11-27 (sixth session) on; 0 before
-
-
-def split_phases(rows: list[dict], skip: int = 1) -> dict[str, dict[str, float]]:
-    """Per driver phase: the mean over the training steps kept of its driver seconds, each part's (SPLIT_PARTS) and the
-    driver's own rest (driver - slice - worker - dispatch - return). Only steps with the split (a Ray run) and without
-    the profiler; the first `skip` of them left out."""
-    steps = [r for r in rows if "timing_s/step" in r and not r.get("perf/profiled")
-             and any(k.startswith("timing_s/worker/") for k in r)]
-    steps = steps[skip:]
-    out: dict[str, dict[str, float]] = {}
-    for phase, workers in SPLIT_PHASES.items():
-        have = [r for r in steps if f"timing_s/{phase}" in r
-                and any(f"timing_s/worker/{w}" in r for w in workers)]
-        if not have:
-            continue
-        mean = {"steps": float(len(have)),
-                "driver": sum(r[f"timing_s/{phase}"] for r in have) / len(have)}
-        for part in SPLIT_PARTS:
-            mean[part] = sum(r.get(f"timing_s/{part}/{w}", 0.0) for r in have for w in workers) / len(have)
-        mean["rest"] = mean["driver"] - sum(mean[p] for p in SPLIT_PARTS)
-        # the driver thread's CPU inside the slicing (not a part: the slicing's own time, worked or waited); runs
-        # before 2026-11-27's sixth session did not note it
-        if any(f"timing_s/slice_cpu/{w}" in r for r in have for w in workers):
-            mean["slice_cpu"] = sum(r.get(f"timing_s/slice_cpu/{w}", 0.0) for r in have for w in workers) / len(have)
-        out[phase] = mean
-    return out
