@@ -26,7 +26,7 @@ REPO = os.path.dirname(CONFIG_DIR)
 KILL_AFTER_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kill_after_step.py")
 
 STEPS, SAVE_AT, KILL_AFTER = 24, 4, 6
-# grpo_tiny shaped to learn in tens of steps (tools/bench_async.py uses the same); split placement, 1 CPU per group.
+# grpo_tiny shaped to learn in tens of steps (tools/bench_offpolicy.py uses the same); split placement, 1 CPU per group.
 # Held-out accuracy is measured with sampling (4 samples per prompt at temperature 1): the expected success rate
 # is a smooth curve, where greedy accuracy jumps by whole digits learned and makes step counts noisy.
 LEARN = ["trainer.colocate=false", "trainer.num_cpus=2", "data.train_batch_size=32", "rollout.n=16",

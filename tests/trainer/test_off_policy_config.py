@@ -133,7 +133,7 @@ def test_every_mode_is_accepted(cfg_for):
 
 @pytest.mark.parametrize("setting,share", [("actor.off_policy.mode=token_mask", "masked_frac"),
                                            ("actor.off_policy.mode=seq_tis", "clipfrac"),
-                                           ("actor.tis.enable=true", "clipfrac")])  # the legacy keys, as bench_async
+                                           ("actor.tis.enable=true", "clipfrac")])  # the legacy keys
 def test_tiny_in_process_run_with_a_correction_logs_its_stats(tmp_path, cfg_for, setting, share):
     run_dir = str(tmp_path / setting.split("=")[0])
     cfg = cfg_for("trainer.use_ray=false", "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",

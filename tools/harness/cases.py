@@ -1,6 +1,6 @@
 """Benchmark cases more than one tool runs, defined once: the actor update step of a random model (bench_update,
-profile_update, gpu_smoke), the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, bench_async, gpu_placements) and
-the split grpo_tiny learning runs (bench_async, bench_offpolicy).
+profile_step's update, gpu_smoke), the GRPO run of a Qwen3-0.6B-shaped model (gpu_smoke, gpu_placements) and the
+split grpo_tiny learning runs (bench_offpolicy).
 Must not time or report anything: the tools do.
 """
 
@@ -18,7 +18,7 @@ GRPO_06B_OVERRIDES = [
     "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",
 ]
 
-# split placement for the tools' trainer runs (bench_async, bench_offpolicy): train group and rollout group on devices
+# split placement for the tools' trainer runs (bench_offpolicy): train group and rollout group on devices
 # of their own; no checkpoints (a save waits for the batch in flight outside the step timer: none while timing)
 SPLIT = ["trainer.use_ray=true", "trainer.colocate=false", "trainer.progress_bar=false", "trainer.plots=false",
          "trainer.save_freq=-1"]
