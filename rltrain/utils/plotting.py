@@ -2,6 +2,8 @@
 panel-of-curves plotter the tools draw with (plot_lines; CSV where matplotlib is missing).
 
 Reads metrics.jsonl only; for people without a wandb account. Never imports torch or the trainer.
+
+    python -m rltrain.utils.plotting RUN_DIR    # redraw RUN_DIR/*.png from RUN_DIR/metrics.jsonl
 """
 
 from __future__ import annotations
@@ -92,3 +94,23 @@ def plot_lines(path: str, panels: Sequence[dict], *, suptitle: str | None = None
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m rltrain.utils.plotting", description="Redraw the PNG plots of a run.")
+    ap.add_argument("run_dir", help="a run directory of rltrain.main (holding metrics.jsonl)")
+    args = ap.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.run_dir, "metrics.jsonl")):
+        print(f"plotting: {args.run_dir}/metrics.jsonl not found; give a run directory of rltrain.main",
+              file=sys.stderr)
+        return 2
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

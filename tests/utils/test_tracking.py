@@ -52,3 +52,14 @@ def test_plot_run_writes_pngs(tmp_path):
     for p in paths:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plotting_command_redraws_a_run_and_refuses_a_folder_without_metrics(tmp_path, capsys):
+    from rltrain.utils.plotting import main
+
+    with Tracker(["jsonl"], str(tmp_path)) as tr:
+        tr.log({"critic/score/mean": 0.5}, step=1)
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "reward.png")]
+    assert main([str(tmp_path / "nothing")]) == 2
+    assert "metrics.jsonl not found" in capsys.readouterr().err
