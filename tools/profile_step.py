@@ -10,7 +10,17 @@ is bound by its kernels. Not a test; it changes no code.
     python tools/profile_step.py outputs/<run>/profile/step3            # every trace there
     python tools/profile_step.py TRACE.json.gz --phases update_actor old_log_prob --out report.md
 
-How a trace is read: tools/harness/update_profile.py (summarize_trace, over each phase's ranges).
+`update`: the actor update step alone (MegatronEngine.train_step of a random model, tools/bench_update.py's rows,
+harness/cases.py) under torch's profiler, summarized by category (GEMMs, attention, norms, elementwise, copies,
+optimizer, communication, the LM head, idle) as markdown + json (+ the gzipped chrome trace) under --out:
+
+    python tools/profile_step.py update --out $OUT                              # Qwen3-0.6B shape, 8k tokens
+    python tools/profile_step.py update --out $OUT --preset qwen3-4b --tokens 8192 --levers legacy
+    python tools/profile_step.py update --out $OUT --preset tiny --tokens 256   # CPU: op self-times, no idle
+    python tools/profile_step.py update --out $OUT --tokens 8832 --seq-len 69 --levers all   # the GRPO update's shape
+    python tools/profile_step.py update --summarize TRACE.json.gz               # only summarize a chrome trace
+
+How a trace is read: tools/harness/update_profile.py (summarize_trace, over each phase's ranges or the step).
 """
 
 from __future__ import annotations
@@ -21,10 +31,13 @@ import gzip
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import md_table
-from harness.update_profile import CATEGORIES, summarize_trace
+from harness.cases import LEVER_SETS, PRESETS, Row, build_for_row
+from harness.update_profile import CATEGORIES, profile_train_step, summarize_trace
+from harness.update_profile import to_markdown as update_markdown
 
 from rltrain.utils.profiling import PHASE_PREFIX
 
@@ -116,7 +129,44 @@ def trace_paths(args: list[str]) -> list[str]:
     return paths
 
 
+def update_main(argv: list[str]) -> int:
+    """`update`: profile the actor update step of each lever set, or summarize one chrome trace."""
+    ap = argparse.ArgumentParser(prog="tools/profile_step.py update", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "profile_update_out"))
+    ap.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESETS))
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--levers", nargs="*", default=["legacy", "all"], choices=sorted(LEVER_SETS),
+                    help="profile each of these lever sets (bench_update.py LEVER_SETS)")
+    ap.add_argument("--seq-len", type=int, default=None,
+                    help="rows of this many tokens in one micro-batch (the GRPO update: --tokens 8832 --seq-len 69); "
+                         "default: one sequence of --tokens")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--summarize", help="only summarize this chrome trace (.json or .json.gz) and print the table")
+    args = ap.parse_args(argv)
+    if args.summarize:
+        print(update_markdown(summarize_trace(load_trace(args.summarize)), args.summarize))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    md = []
+    for levers in args.levers:
+        name = f"{args.preset}-{args.tokens}" + (f"x{args.seq_len}" if args.seq_len else "") + f"-{levers}"
+        row = Row(name=name, preset=args.preset, tokens=args.tokens, seq_len=args.seq_len, **LEVER_SETS[levers])
+        t0 = time.time()
+        engine, mbs, loss_fn = build_for_row(row)
+        s = profile_train_step(engine, mbs, loss_fn, out_dir=args.out, name=row.name, steps=args.steps)
+        md.append(update_markdown(s, f"Profile: {row.name}"))
+        print(md[-1], f"({time.time() - t0:.0f} s)", flush=True)
+        del engine
+    with open(os.path.join(args.out, "profile_update.md"), "w") as f:
+        f.write("\n".join(md))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["update"]:
+        return update_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="trace files, or directories searched for trace_*.json(.gz)")
     ap.add_argument("--phases", nargs="*", help="only these phases (default: every phase in the trace)")

@@ -1,5 +1,5 @@
-"""tools/profile_update.py: the per-category summary of a profiled update step (synthetic GPU trace worked by
-hand; a real CPU profile of the tiny model)."""
+"""tools/profile_step.py update (harness/update_profile.py): the per-category summary of a profiled update step
+(synthetic GPU trace worked by hand, also through the command's --summarize; a real CPU profile of the tiny model)."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
-from profile_update import CATEGORIES, summarize_trace, to_markdown  # noqa: E402
+from harness.update_profile import CATEGORIES, summarize_trace, to_markdown  # noqa: E402
 
 
 def _x(name, cat, ts, dur, tid=1, pid=1, corr=None):
@@ -26,7 +26,7 @@ def _kernel(name, ts, dur, corr, cat="kernel"):
     return _x(name, cat, ts, dur, pid=0, tid=7, corr=corr)
 
 
-def test_gpu_trace_kernels_are_charged_by_stack_then_name_then_op():
+def test_gpu_trace_kernels_are_charged_by_stack_then_name_then_op(tmp_path, capsys):
     ev = [
         _x("rltrain::step", "user_annotation", 0, 1000),
         # torch's GPU-stream copy of the same range (measured on an H100: counted, it halved every per-step number)
@@ -61,11 +61,20 @@ def test_gpu_trace_kernels_are_charged_by_stack_then_name_then_op():
     assert s["top"][0]["name"] == "nvjet_tst_128x256_64x4" and s["top"][0]["category"] == "GEMM"
     with pytest.raises(ValueError, match="rltrain::step"):
         summarize_trace({"traceEvents": ev[1:]})
+    # the command's --summarize prints the same table from the trace file
+    import json
+
+    import profile_step
+
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    assert profile_step.main(["update", "--summarize", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == to_markdown(s, str(path)).strip()
 
 
 def test_cpu_profile_of_the_tiny_update_gives_a_sane_table(tmp_path):
     from bench_update import Row, build_for_row
-    from profile_update import profile_train_step
+    from harness.update_profile import profile_train_step
 
     row = Row(name="tiny", preset="tiny", tokens=128, norms="fp32", optim="foreach")
     engine, mbs, loss_fn = build_for_row(row)
@@ -84,7 +93,7 @@ def test_cpu_profile_of_the_tiny_update_gives_a_sane_table(tmp_path):
 
 def test_rows_of_short_sequences_build_one_padded_micro_batch_like_the_grpo_update(tmp_path):
     from bench_update import Row, build_for_row
-    from profile_update import profile_train_step
+    from harness.update_profile import profile_train_step
 
     row = Row(name="tiny-rows", preset="tiny", tokens=130, seq_len=16)  # 8 rows of 16 (130 // 16), 2 left over
     assert row.rows_and_len == (8, 16)

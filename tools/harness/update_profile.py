@@ -1,6 +1,6 @@
 """A torch-profiler trace of MegatronEngine.train_step summarized into a per-category table (GEMMs, attention,
 norms, elementwise, copies/casts, optimizer, communication, the LM head, idle). Must not build models or pick
-cases: tools/profile_update.py (its CLI) and tools/bench_update.py (profiled rows) hand it an engine.
+cases: tools/profile_step.py update (its CLI) and tools/bench_update.py (profiled rows) hand it an engine.
 
 How a GPU trace is read (`summarize_trace`): every kernel is charged to a category from (1) the stack of CPU
 ranges open on the launching thread when it was launched (the autograd node of the backward pass, the
