@@ -159,19 +159,19 @@ def _tool(name):
 
 
 def test_prepare_gsm8k_converts_raw_rows_into_the_shipped_sample():
-    tool = _tool("prepare_gsm8k")
+    tool = _tool("prepare_data")
     raw = json.loads((HERE / "gsm8k_raw_sample.json").read_text())
-    converted = [tool.convert_row(r, i, "train") for i, r in enumerate(raw)]
+    converted = [tool.gsm8k_row(r, i, "train") for i, r in enumerate(raw)]
     assert converted == [r for _, r in read_rows(HERE / "gsm8k_sample.jsonl")]
     assert converted[1]["answer"] == "2000"  # "#### 2,000" loses its comma
     with pytest.raises(ValueError, match="####"):
-        tool.convert_row({"question": "q", "answer": "no marker"}, 0, "train")
+        tool.gsm8k_row({"question": "q", "answer": "no marker"}, 0, "train")
 
 
 def test_prepare_dapo_math_dedupes_and_rewrites_the_prompt():
-    tool = _tool("prepare_dapo_math")
+    tool = _tool("prepare_data")
     raw = json.loads((HERE / "dapo_math_raw_sample.json").read_text())
-    converted = tool.convert_rows(raw)
+    converted = tool.dapo_rows(raw)
     assert converted == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
     assert len(converted) == 2 and "Answer:" not in converted[0]["prompt"][0]["content"]
-    assert tool.convert_rows(raw, keep_prompt=True)[0]["prompt"][0]["content"] == raw[0]["prompt"][0]["content"]
+    assert tool.dapo_rows(raw, keep_prompt=True)[0]["prompt"][0]["content"] == raw[0]["prompt"][0]["content"]
