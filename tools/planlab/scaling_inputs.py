@@ -45,7 +45,6 @@ def measured_inputs() -> dict[str, Num]:
         "gemm_tflops_h100": Num(g["gemm_tflops"] * 1e12, src + " gemm_tflops (bf16 8192^3)", True),
         "mfu_update_06b": Num(fused8k["mfu"], "update.jsonl gpu_smoke 'smoke-8k-fused-rc0' (2026-11-22, H100: 0.259 s, "
                               "8,192 tokens, fused head, no recompute)", True),
-        "mfu_update_4b": Num(0.335, "issue 17: Qwen3-4B shape, one H200, 8k tokens, fused head, 0.775 s", True),
         "tp2_step_06b_s": Num(tp2["step_s"], "update.jsonl gpu_smoke 'tp2: update step TP=2, 8k tokens' (2026-11-22, "
                               "two H200s, 0.6B)", True),
         "tp1_step_06b_s": Num(tp1["step_s"], "update.jsonl gpu_smoke 'tp2: update step TP=1, 8k tokens'", True),
@@ -83,12 +82,8 @@ def assumed_inputs() -> dict[str, Num]:
                                "src/graph/tuning.cc hwLat, NET/Tree/LL128); a collective over k nodes adds "
                                "2 log2(k) hops (the same file's tree latency formula)", False),
         "p2p_inter": Num(45e9, "one 400 Gb/s NIC per GPU at ~90% line rate (PP activations across nodes)", False),
-        "tp_eff_big": Num(0.85, "compute efficiency of TP=2 at the 4B/8B shapes (GEMMs still large; norms and "
-                          "elementwise replicated without sequence parallelism). tools/bench_update.py's "
-                          "prediction is 0.6x the TP=1 step (0.83); not measured: `bench_update.py --plan tp2`",
-                          False),
-        "mfu_update_8b": Num(0.335, "Qwen3-8B update MFU taken equal to the 4B's measured 33.5% (larger GEMMs "
-                             "usually run faster: conservative)", False),
+        "mfu_update_8b": Num(0.466, "Qwen3-8B update MFU taken equal to the 4B's measured 46.6% (update.jsonl "
+                             "4b-8k-all; larger GEMMs usually run faster: conservative)", False),
         "static_bytes_per_param": Num(18, "actor memory per parameter: bf16 param + bf16 grad + fp32 master + fp32 "
                                       "grad + 2 fp32 Adam moments (MegatronEngine, no distributed optimizer)", False),
         "gpus_per_node": Num(8, "8-GPU nodes (HGX H100/H200)", False),
@@ -159,8 +154,19 @@ def load_bench_update_json(paths: list[str]) -> dict[str, Num]:
     return out
 
 
+def table_update_inputs() -> dict[str, Num]:
+    """The 4B update's MFU (TP=1) and TP=2 efficiency from the update table's tools/bench_update.py rows (8k tokens,
+    fused head, no recompute; the same lever set at TP=1 and TP=2): the measured values of the two assumptions."""
+    one = _metrics("update", "bench_update", "h200", "4b-8k-all")
+    two = _metrics("update", "bench_update", "h200x2", "4b-8k-all-tp2")
+    src = "update.jsonl bench_update 4b-8k-all (2026-11-23, one H200)"
+    return {"mfu_update_4b": Num(one["mfu"], f"measured: {src}", True),
+            "tp_eff_big": Num(one["step_s"] / (2 * two["step_s"]), f"measured: {src} / 4b-8k-all-tp2 (two H200s): the "
+                              "TP=1 step over twice the TP=2 step, TP communication included", True)}
+
+
 def all_inputs(nccl_json: str | None = None, bench_update_json: list[str] | None = None) -> dict[str, Num]:
-    inp = {**assumed_inputs(), **measured_inputs()}
+    inp = {**assumed_inputs(), **measured_inputs(), **table_update_inputs()}
     # until NCCL is measured: the per-all-reduce time that the vLLM TP=2 point leaves in its decode steps
     inp["lat_intra_s"] = Num(fit_decode(inp).lat_ar_s, "derived: per decode all-reduce time of issue 21's vLLM "
                              "TP=2 point after the one-GPU overheads and the assumed HBM bandwidth (fit_decode)", False)
