@@ -56,6 +56,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import device_name, time_ms
+from harness import results as tables
 from harness import run_child as harness_run_child  # run_child below is the child's own entry
 
 from rltrain.ops import logprobs_from_hidden, logprobs_from_logits
@@ -355,6 +356,27 @@ def _fmt(value, spec=".1f"):
     return "-" if value is None else format(value, spec)
 
 
+def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None) -> list[dict]:
+    """One kernel-table row per provider that ran and rows fraction: ms forward and forward + backward, the peak
+    extra MiB and the same run's GEMM (the floor's unit)."""
+    import datetime
+
+    out = []
+    gpu = device_name() if spec["device"] == "cuda" else "CPU"
+    for s in sweep:
+        for name, r in s["results"].items():
+            if r["status"] != "ok":
+                continue
+            m = {k: round(r[k], 4) for k in ("fwd_ms", "fwdbwd_ms", "peak_extra_mib") if r.get(k) is not None}
+            if floor_fwd:
+                m["gemm_ms"] = round(floor_fwd, 4)
+            variant = name + ("" if spec["dtype"] == "bf16" else f", {spec['dtype']}") + (
+                f", response fraction {s['rows_fraction']}" if s["rows_fraction"] is not None else "")
+            out.append(tables.row("bench_logprob", f"{spec['T']}x{spec['H']}x{spec['V']}", tables.device_kind(gpu),
+                                  variant, m, date=datetime.date.today().isoformat()))
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--T", type=int, default=4096, help="tokens")
@@ -366,6 +388,7 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--providers", default=None, help="comma-separated subset (default: all)")
     parser.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    tables.add_arguments(parser, "a row per provider and rows fraction (kernel)")
     parser.add_argument("--rows-fraction", type=float, nargs="+", default=None,
                         help="keep this fraction of the T rows (response rows), one run per value given; adds the "
                              "naive_rows provider (with --reps 0: the memory sweep of slime #1951)")
@@ -416,6 +439,7 @@ def main(argv=None) -> None:
                   f"{_fmt(fwd and floor_fwd and fwd / floor_fwd, '.2f'):>13}"
                   f"{_fmt(fb and floor_fwd and fb / floor_fwdbwd, '.2f'):>13}{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}",
                   flush=True)
+    tables.upsert("kernel", table_rows(spec, sweep, floor_fwd), args.results)
     if args.json_path:
         payload = {"config": {**spec, "rows_fraction": args.rows_fraction}, "machine": machine_description(args.device),
                    "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd}, "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},

@@ -24,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import Deadline, device_name, log, md_table, report_header, run_children, run_rows, trainer_command
+from harness import results as tables
 from harness import write_report as write_files
 from harness.cases import SPLIT, TINY_LEARN
 from harness.runs import learning_curve, speed_summary, steps_to
@@ -66,6 +67,23 @@ def summarize(rows: list[dict]) -> dict:
     acc = [a for _, a in out["curve"]["by_step"]]
     if acc:
         out.update(best=max(acc), final=acc[-1], final3=sum(acc[-3:]) / len(acc[-3:]))
+    return out
+
+
+def table_rows(res: dict, seed: int, cpu: bool) -> list[dict]:
+    """One offpolicy-table row per finished run: best and last-three held-out accuracy, tokens/s, staleness, samples
+    dropped, the off-policy weights' statistics; keyed by the run's name and seed."""
+    device = "cpu" if cpu else tables.device_kind(device_name(), 2)
+    out = []
+    for name, r in res["runs"].items():
+        if "speed" not in r or "best" not in r:
+            continue
+        m = {"best": r["best"], "final3": round(r["final3"], 4), "tokens_per_s": round(r["speed"]["tokens_per_s"], 1),
+             "staleness_mean": r["staleness_mean"], "staleness_max": r["speed"]["max_staleness_seen"],
+             "dropped_samples": r["dropped_samples"], "wave": r["wave"]}
+        m.update({k: round(r[k], 5) for k in STATS if k in r and k != "actor/grad_norm"})
+        out.append(tables.row("bench_offpolicy", "tiny", device, f"{name}, seed {seed}", m, date=res["date"],
+                              config=r["overrides"]))
     return out
 
 
@@ -126,6 +144,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=8, help="runs at once")
     ap.add_argument("--overrides", nargs="*", default=[], help="extra overrides for every run")
     ap.add_argument("--deadline", type=float, default=560.0, help="seconds from start by which all is written")
+    tables.add_arguments(ap, "a row per run (offpolicy)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0, budget = time.time(), Deadline(args.deadline - 10.0)
@@ -177,6 +196,7 @@ def main() -> None:
     res["total_s"] = time.time() - t0
     md = to_markdown(res)
     write_files(args.out, "bench_offpolicy", res, md)
+    tables.upsert("offpolicy", table_rows(res, args.seed, args.cpu), args.results)
     print(md)
 
 

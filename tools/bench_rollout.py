@@ -27,7 +27,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import md_table, report_header, write_report
+from harness import device_name, md_table, report_header, write_report
+from harness import results as tables
 
 
 def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = None):
@@ -162,6 +163,7 @@ def main() -> None:
     ap.add_argument("--engines-per-gpu", type=int, default=1,
                     help="vllm: this many engines in their own processes share the device (rollout.engines_per_gpu: "
                          "the batch split between them, weights by CUDA IPC)")
+    tables.add_arguments(ap, "a row per engine (rollout)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one generate per engine (cProfile: host time by function and package area; "
                          "profile_<engine>.md)")
@@ -220,7 +222,32 @@ def main() -> None:
             torch.cuda.empty_cache()
     md = to_markdown(res)
     write_report(args.out, "bench_rollout", res, md)
+    tables.upsert("rollout", [table_row(r, res, args) for r in res["results"]], args.results)
     print(md)
+
+
+def table_row(r: dict, res: dict, args) -> dict:
+    """One engine's results row: every number it measured (the variants' generate s and ms per decode step beside
+    them). A vLLM engine in this process with its sleep measured is a run tools/planlab compares the planner with
+    (scope "rollout": its generation time and the memory its sleep freed), with the config that plans it."""
+    m = {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()
+         if isinstance(v, (int, float)) and k != "batch"}
+    for name, v in r.get("variants", {}).items():
+        m.update({f"{name}/{k}": round(v[k], 4) for k in ("gen_s", "ms_per_decode_step")})
+    own = args.engine_process == "own" and r["engine"] == "vllm"
+    variant = (f"{'hf' if r['engine'] == 'hf' else 'vLLM'} alone, {r['batch']} x ({res['prompt_len']} + "
+               f"{res['response_len']})" + (", engine core in its own process" if own else "")
+               + (f", {args.engines_per_gpu} engines" if r["engine"].startswith("vllm-x") else ""))
+    gpu = device_name() if args.device == "cuda" else "CPU"
+    row = tables.row("bench_rollout", res["shape"], tables.device_kind(gpu), variant, m, date=res["date"])
+    if r["engine"] == "vllm" and not own and "sleep_freed_gib" in r and args.shape in ("qwen3-0.6b", "qwen3-4b"):
+        row["config"] = ["model=qwen3_0.6b_random", f"model.builtin={args.shape}", "trainer.device=cuda",
+                         "trainer.n_gpus_per_node=1", "rollout=vllm", f"data.train_batch_size={r['batch']}",
+                         "rollout.n=1", f"data.max_prompt_length={res['prompt_len']}",
+                         f"rollout.max_response_length={res['response_len']}", "actor.ppo_mini_batch_size=1",
+                         "trainer.use_ray=false", f"rollout.gpu_memory_utilization={args.gpu_memory_utilization}"]
+        row["scope"] = "rollout"
+    return row
 
 
 def to_markdown(res: dict) -> str:

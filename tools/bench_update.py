@@ -148,21 +148,6 @@ def predicted_row_s(row: Row, reps: int, compiled_before: bool) -> float:
     return 12.0 + build + compile_s + (1 + reps) * step + prof + (8.0 if row.tp == 2 else 0.0)
 
 
-def row_overrides(row: Row) -> list[str]:
-    """A row (one sequence of `tokens` in one micro-batch, one AdamW step) as the trainer config the planner reads."""
-    T = row.tokens
-    ov = ["model=qwen3_0.6b_random", f"model.builtin={row.preset}", "trainer.device=cuda",
-          f"trainer.n_gpus_per_node={row.tp}", f"actor.tensor_parallel_size={row.tp}", "data.train_batch_size=1",
-          "rollout.n=1", "actor.ppo_mini_batch_size=1", f"data.max_prompt_length={T // 2}",
-          f"rollout.max_response_length={T - T // 2}", f"actor.max_tokens_per_micro_batch={T}",
-          "actor.use_kl_loss=false", f"actor.elementwise_fusion={row.fusion}",
-          f"trainer.fused_linear_logprob={'true' if row.head == 'fused' else 'false'}",
-          "trainer.fused_linear_logprob_backend=triton"]
-    if row.recompute != "none":
-        ov += ["actor.recompute_activations=true", f"actor.recompute_granularity={row.recompute}"]
-    return ov
-
-
 def table_row(out: dict, row: Row, device: str, date: str) -> dict | None:
     """A finished row as a row of the update table (tools/results/update.jsonl): its peak, reserved memory, step and
     MFU, or fits 0 when it ran out of memory; None for a row that did not run."""
@@ -173,7 +158,7 @@ def table_row(out: dict, row: Row, device: str, date: str) -> dict | None:
     else:
         return None
     r = tables.row("bench_update", row.preset, tables.device_kind(device, row.tp), row.name, metrics, date=date,
-                   config=row_overrides(row))
+                   config=row.overrides())
     r["scope"] = "update"
     if row.norms == "fp32":
         r["legacy"] = ["all"]  # the engine before the 2026-11-23 levers: rltrain.plan does not describe it
@@ -181,7 +166,7 @@ def table_row(out: dict, row: Row, device: str, date: str) -> dict | None:
 
 
 def write_plan_predictions(rows: list[Row], gpu: str, path: str) -> None:
-    """rltrain.plan's peak memory, update step time and fit of each row as its config (row_overrides: one sequence of
+    """rltrain.plan's peak memory, update step time and fit of each row as its config (Row.overrides: one sequence of
     `tokens` in one micro-batch) on one `gpu` -> JSON at `path`."""
     from planlab.cases import Case
     from planlab.fit import predict
@@ -189,7 +174,7 @@ def write_plan_predictions(rows: list[Row], gpu: str, path: str) -> None:
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu,
            "command": "python " + " ".join(sys.argv), "rows": {}}
     for r in rows:
-        case = Case(r.name, gpu, r.preset, out["date"][:10], row_overrides(r), "update", {})
+        case = Case(r.name, gpu, r.preset, out["date"][:10], r.overrides(), "update", {})
         p = predict(case)
         out["rows"][r.name] = {k: round(p[k], 4) for k in ("peak_gib", "reserved_gib", "step_s", "fits")}
         print(f"  {r.name:36s} plan: peak {p['peak_gib']:6.2f} GiB, step {p['step_s']:6.3f} s, "
@@ -370,9 +355,7 @@ def main() -> None:
                     help="write rltrain.plan's prediction of each row (peak GiB, step s, fits) for --gpu and exit: "
                          "the prediction a run is compared with, written before it runs")
     ap.add_argument("--gpu", choices=["h100", "h200"], default="h100", help="the device of --plan-json")
-    ap.add_argument("--results", default=tables.DEFAULT_DIR,
-                    help="upsert each finished row into update.jsonl here (default: %(default)s; on a machine whose "
-                         "checkout does not come back: $OUT/results, then `python tools/harness/results.py merge`)")
+    tables.add_arguments(ap, "each finished row (update)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: one row (JSON) in this process
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)  # internal: device + GEMM ceiling
     args = ap.parse_args()

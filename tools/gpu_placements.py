@@ -58,6 +58,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
 from harness import Deadline, device_name, md_table, report_header, run_rows, write_report
+from harness import results as tables
+from harness.runs import step_row
 from harness import run_trainer as run_trainer_child
 from harness.cases import GRPO_06B_OVERRIDES
 
@@ -339,6 +341,31 @@ def step_summary(run: dict) -> dict:
     return out
 
 
+def table_row(sec: str, name: str, run: dict, over: list[str], args: argparse.Namespace) -> tuple[str, dict] | None:
+    """A finished run as (area, results row): a GRPO step of the qwen06b section (scope "step": the steady steps'
+    means and the memory counters, as tools/planlab reads them; an MoE model's in the moe table) or a learning run
+    (held-out accuracy before and after); None for a run that failed or logged no step."""
+    if run["rc"] != 0 or not run["rows"]:
+        return None
+    gpus = int(next((o.split("=", 1)[1] for o in reversed(over) if o.startswith("trainer.n_gpus_per_node=")), 1))
+    device = tables.device_kind(device_name(), gpus) if args.device == "cuda" else "cpu"
+    variant = name + (f" ({args.tag})" if args.tag else "")
+    date = time.strftime("%Y-%m-%d")
+    if sec == "learn":
+        acc = [(r["step"], r["val/accuracy"]) for r in run["rows"] if "val/accuracy" in r]
+        if not acc:
+            return None
+        m = {"acc_before": acc[0][1], "acc_after": acc[-1][1], "gain": acc[-1][1] - acc[0][1], "steps": acc[-1][0],
+             "seconds": run["seconds"]}
+        return "placements", tables.row("gpu_placements", "tiny", device, f"learn {variant}", m, date=date, config=over)
+    timed = [r for r in run["rows"] if r.get("step", 0) >= 1 and not r.get("perf/profiled")]
+    row = tables.row("gpu_placements", args.model, device, variant, step_row(timed, 2 if len(timed) >= 4 else 1),
+                     date=date, config=over)
+    row["scope"] = "step"
+    return ("moe" if any(o.startswith("actor.expert_parallel_size=") and not o.endswith("=1") for o in over)
+            else "placements"), row
+
+
 # --------------------------------------------------------------------------- report
 def to_markdown(res: dict) -> str:
     lines = [f"# Placement matrix ({res['date']}, {res['device']}, torch {res['torch']})", "",
@@ -415,6 +442,7 @@ def main() -> None:
     ap.add_argument("--check", type=float, default=None, metavar="GPU_GIB",
                     help="check every run's config and plan for GPUs of this many GiB (79.18: H100, 139.8: H200) "
                          "without running anything; exit 1 if one would be refused")
+    tables.add_arguments(ap, "each finished run's row (placements, or moe for an MoE model)", tag=True)
     ap.add_argument("--check-json", metavar="PATH", default=None,
                     help="with --check: also write every run's overrides, refusal and full plan (JSON) to PATH (the "
                          "prediction to compare the run with, written before it runs)")
@@ -475,6 +503,9 @@ def main() -> None:
                 run = run_trainer(f"{sec}_{name}", over, args.out, address, min(run_timeout_s(args, sec), left),
                                   args.device)
                 res[sec][name] = learn_summary(run) if sec == "learn" else step_summary(run)
+                done = table_row(sec, name, run, over, args) if sec in ("learn", "qwen06b") else None
+                if done is not None:
+                    tables.upsert(done[0], [done[1]], args.results)
                 if probe:
                     res[sec][name]["host_probe"] = probe
                 log(f"{sec}/{name}: rc={run['rc']} in {run['seconds']:.0f} s "

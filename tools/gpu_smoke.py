@@ -29,7 +29,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import device_name, gemm_tflops, md_table, report_header, run_json_child, time_ms, write_report
-from harness.cases import GRPO_06B_OVERRIDES, actor_engine, hf_config, policy_loss_fn, policy_micro_batch
+from harness import results as tables
+from harness.cases import GRPO_06B_OVERRIDES, Row, actor_engine, hf_config, policy_loss_fn, policy_micro_batch
+from harness.runs import STEP_METRICS
 from harness.host_profile import profile_call
 from harness.host_profile import to_markdown as profile_markdown
 
@@ -86,7 +88,7 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
         steady = steady[:-1]  # the profiled step's times are cProfile's
     keys = ["timing_s/gen", "timing_s/gen_engine", "timing_s/reward", "timing_s/rollout_sleep", "timing_s/old_log_prob",
             "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights", "timing_s/rollout_wake", "timing_s/step",
-            "perf/throughput", "perf/max_memory_allocated_gb", "response_length/mean"]
+            "perf/throughput", "perf/max_memory_allocated_gb", "response_length/mean", "prompt_length/mean"]
     # phases only some configs have (a critic's, the wake-up's parts, the reserved peak): when the log has them
     keys += [k for k in ("timing_s/values", "timing_s/update_critic", "timing_s/rollout_wake_empty_cache",
                          "timing_s/rollout_wake_engine", "perf/max_memory_reserved_gb") if k in steady[-1]]
@@ -107,7 +109,7 @@ def section_grpo(out_dir: str, steps: int, engine: str = "hf", extra: tuple[str,
         with open(os.path.join(out_dir, f"profile_gen_{engine}.md"), "w") as f:
             f.write(profile_markdown(profiled["summary"], f"GRPO step {steps}: generation ({engine} engine, "
                                                           "RolloutRole.generate) under cProfile"))
-    return {"engine": engine, "model": cfg.model.builtin or cfg.model.path, "steps": len(rows),
+    return {"engine": engine, "model": cfg.model.builtin or cfg.model.path, "overrides": overrides, "steps": len(rows),
             "steady_steps": len(steady), "mean": mean, "tokens_per_step": tok,
             "update_mfu": mfu, "all_finite": finite, **({"gen_profile": profiled["summary"]} if profiled else {}),
             "last": {k: rows[-1][k] for k in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
@@ -291,6 +293,45 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def table_rows(name: str, out, res: dict, args) -> list[tuple[str, dict]]:
+    """A finished section as (area, results row)s: the GRPO steps (placements, scope "step": their means, as
+    tools/planlab reads them), each update step (update, scope "update": its peak and step time, or fits 0 when it
+    ran out of memory), the TP=2 section's two steps and its log-prob agreement."""
+    if not out or (isinstance(out, dict) and "error" in out):
+        return []
+    tag = f" ({args.tag})" if args.tag else ""
+    date, gpu = res["date"], device_name()
+    if name == "grpo":
+        m = {k: v for k, v in out["mean"].items() if k in STEP_METRICS or k.startswith("perf/max_memory")}
+        m.update(tokens_per_step=out["tokens_per_step"], gemm_tflops=res.get("gemm_tflops", 0.0))
+        variant = f"grpo {out['engine']}" + (f", {' '.join(args.grpo_set)}" if args.grpo_set else "") + tag
+        row = tables.row("gpu_smoke", out["model"], tables.device_kind(gpu), variant, m, date=date,
+                         config=out["overrides"])
+        row["scope"] = "step"
+        return [("placements", row)]
+    if name == "tp2":
+        rows = [tables.row("gpu_smoke", "qwen3-0.6b", tables.device_kind(gpu, 2), f"tp2: update step TP={tp}, 8k tokens"
+                           + tag, {"step_s": out[f"update_step_tp{tp}"]["step_s"],
+                                   "peak_gib": out[f"update_step_tp{tp}"]["peak_gib"], "tokens": out["update_tokens"]},
+                           date=date) for tp in (2, 1)]
+        rows.append(tables.row("gpu_smoke", "qwen3-0.6b", tables.device_kind(gpu, 2), "tp2: log-probs TP=2 vs TP=1" + tag,
+                               {k: v for k, v in out.items() if k.startswith(("tokens_compared", "logprob_", "entropy_"))},
+                               date=date))
+        return [("update", r) for r in rows]
+    done = []
+    for step in out if isinstance(out, list) else []:
+        variant = f"smoke-{step['tokens'] // 1024}k-{'fused' if step['fused'] else 'unfused'}-rc{int(step['recompute'])}"
+        cfg = Row(name=variant, tokens=step["tokens"], head="fused" if step["fused"] else "unfused",
+                  recompute="full" if step["recompute"] else "none").overrides()
+        m = ({k: step[k] for k in ("peak_gib", "step_s", "mfu", "tokens_per_s")} if step["status"] == "ok"
+             else {"fits": 0.0} if step["status"] == "OOM" else None)
+        if m is not None:
+            row = tables.row("gpu_smoke", "qwen3-0.6b", tables.device_kind(gpu), variant + tag, m, date=date, config=cfg)
+            row["scope"] = "update"
+            done.append(("update", row))
+    return done
+
+
 def run_section(name: str, args) -> object:
     if name == "grpo":
         return section_grpo(args.out, args.grpo_steps, args.grpo_engine, tuple(args.grpo_set), args.profile_gen)
@@ -319,6 +360,7 @@ def main() -> None:
     ap.add_argument("--profile-gen", action="store_true",
                     help="grpo: run the last step's generation under cProfile (host time by function; "
                          "profile_gen_<engine>.md) and leave that step out of the means")
+    tables.add_arguments(ap, "each section's rows (placements, update)", tag=True)
     ap.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section in this process
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -345,6 +387,8 @@ def main() -> None:
         res.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
         print(f"[gpu_smoke] {name}: {time.time() - t0:.0f} s", flush=True)
         write_report(args.out, "gpu_smoke", res, to_markdown(res))
+        for area, row in table_rows(name, res[name], res, args):
+            tables.upsert(area, [row], args.results)
     print(to_markdown(res))
 
 

@@ -13,7 +13,8 @@ import bench_logprob as bl  # noqa: E402
 def test_memory_sweep_over_row_fractions(tmp_path, capsys):
     out = tmp_path / "r.json"
     bl.main(["--T", "512", "--H", "32", "--V", "2000", "--reps", "0", "--device", "cpu", "--providers",
-             "naive,naive_rows,fused_torch", "--rows-fraction", "0.1", "1.0", "--json", str(out)])
+             "naive,naive_rows,fused_torch", "--rows-fraction", "0.1", "1.0", "--json", str(out), "--results",
+             str(tmp_path)])
     res = json.loads(out.read_text())
     assert [s["rows_fraction"] for s in res["sweep"]] == [0.1, 1.0] and res["floor_ms"]["fwd"] is None
     for s in res["sweep"]:
@@ -24,12 +25,17 @@ def test_memory_sweep_over_row_fractions(tmp_path, capsys):
     # gathering 10% of the rows first needs less than the logits of all 512 rows (4 MiB of fp32)
     assert small["naive_rows"]["peak_extra_mib"] < small["naive"]["peak_extra_mib"]
     assert "rows fraction 0.1: 51 rows" in capsys.readouterr().out
+    # the kernel table: a row per provider and fraction, its peak as the report's
+    table = {r["variant"]: r for r in map(json.loads, (tmp_path / "kernel.jsonl").read_text().splitlines())}
+    assert len(table) == 6 and table["fused_torch, fp32, response fraction 1.0"]["metrics"]["peak_extra_mib"] == round(
+        full["fused_torch"]["peak_extra_mib"], 4)
+    assert {(r["shape"], r["device"]) for r in table.values()} == {("512x32x2000", "cpu")}
 
 
 def test_timed_run_and_the_peer_report(tmp_path, capsys):
     out = tmp_path / "t.json"
     bl.main(["--T", "256", "--H", "32", "--V", "500", "--reps", "1", "--device", "cpu", "--providers", "naive,fused_torch",
-             "--json", str(out)])
+             "--json", str(out), "--results", str(tmp_path)])
     res = json.loads(out.read_text())
     assert res["floor_ms"]["fwd"] > 0 and res["floor_ms"]["fwdbwd"] == 3 * res["floor_ms"]["fwd"]
     assert all(r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 for r in res["results"].values())

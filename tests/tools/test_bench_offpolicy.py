@@ -57,3 +57,9 @@ def test_summary_of_rows_worked_by_hand():
                                       "runs": {"sync": {**out, "wave": 1}, "k2": {"wave": 1, "error": "rc=1"}}})
     assert "Target: 90% of the synchronous run's best held-out accuracy = 0.900" in md
     assert "| k2 | 1 | rc=1 |" in md
+    # the offpolicy table: one row per finished run, keyed by its name and seed; a failed run has none
+    rows = bench_offpolicy.table_rows({"date": "2026-11-28", "runs": {"sync": {**out, "wave": 1, "overrides": []},
+                                                                      "k2": {"wave": 1, "error": "rc=1"}}},
+                                      seed=3, cpu=True)
+    assert [(r["variant"], r["device"]) for r in rows] == [("sync, seed 3", "cpu")]
+    assert rows[0]["metrics"]["rollout/is_weight_mean"] == pytest.approx(0.75) and rows[0]["metrics"]["best"] == 1.0

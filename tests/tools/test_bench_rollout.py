@@ -15,7 +15,7 @@ def test_hf_rows_with_sampling_variants_and_the_colocated_cycle(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_rollout.py"), "--out", str(out), "--engines",
                            "hf", "--device", "cpu", "--batch", "8", "--prompt-len", "5", "--response-len", "6",
                            "--reps", "1", "--variants", "--profile", "--overrides", "hidden_size=32",
-                           "tie_word_embeddings=true"],
+                           "tie_word_embeddings=true", "--results", str(tmp_path / "results")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "bench_rollout.json").read_text())
@@ -31,6 +31,10 @@ def test_hf_rows_with_sampling_variants_and_the_colocated_cycle(tmp_path):
     assert "| area | s | share |" in (out / "profile_hf.md").read_text()
     md = (out / "bench_rollout.md").read_text()
     assert "| hf | 8 |" in md and "| hf | unseeded, no log-probs |" in md and "100% (log-prob max diff 0.0e+00)" in md
+    (table,) = [json.loads(line) for line in (tmp_path / "results" / "rollout.jsonl").read_text().splitlines()]
+    assert (table["variant"], table["device"]) == ("hf alone, 8 x (5 + 6)", "cpu") and "scope" not in table
+    assert table["metrics"]["gen_s"] == round(row["gen_s"], 4)
+    assert table["metrics"]["unseeded, no log-probs/gen_s"] == round(row["variants"]["unseeded, no log-probs"]["gen_s"], 4)
 
 
 def test_host_profile_counts_calls_and_charges_areas_by_file():

@@ -4,6 +4,8 @@ run using NVLink multicast (the devices' hosts are shared). The runs themselves 
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
@@ -170,3 +172,34 @@ def test_run_timeout_defaults_by_the_runs_model_and_an_explicit_one_wins():
     assert gp.run_timeout_s(ns(model="qwen3-4b"), "qwen06b") == 480.0
     assert gp.run_timeout_s(ns(model="qwen3-4b"), "learn") == 240.0  # grpo_tiny's own model
     assert gp.run_timeout_s(ns(model="qwen3-4b", run_timeout=90.0), "qwen06b") == 90.0
+
+
+def test_a_finished_run_is_a_results_row_the_planner_reads():
+    """table_row: the qwen06b section's GRPO steps as a "step" row of the placements table (the means of the steps
+    after the two warm-up ones, the memory counters' maxima: training GPUs apart from the rollout's), an MoE run's in
+    the moe table, a learning run's accuracy; tools/planlab reads the step row back as the planner's quantities."""
+    import argparse
+
+    from planlab.cases import case_of
+
+    rows = [{"step": s, "timing_s/gen": 0.5 + s, "timing_s/old_log_prob": 0.2, "timing_s/ref": 0.1,
+             "timing_s/update_actor": 0.3, "timing_s/update_weights": 0.2, "timing_s/rollout_sleep": 0.05,
+             "timing_s/step": 1.5 + s, "prompt_length/mean": 5.0, "response_length/mean": 64.0,
+             "perf/max_memory_allocated_gb/actor0": 20.0 + s, "perf/max_memory_allocated_gb/rollout0": 60.0,
+             "perf/max_memory_reserved_gb/actor0": 25.0} for s in range(1, 6)]
+    run = {"rc": 0, "rows": rows, "seconds": 90.0}
+    over = ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=2", "trainer.colocate=false", "rollout=vllm"]
+    args = argparse.Namespace(device="cpu", tag="probed host", model="qwen3-0.6b")
+    area, row = gp.table_row("qwen06b", "split_1p1", run, over, args)
+    assert area == "placements" and row["variant"] == "split_1p1 (probed host)" and row["scope"] == "step"
+    m = row["metrics"]
+    assert m["timing_s/gen"] == (3.5 + 4.5 + 5.5) / 3  # steps 3..5: the first two warm up
+    assert (m["perf/max_memory_allocated_gb"], m["perf/max_memory_allocated_gb/rollout"]) == (25.0, 60.0)
+    c = case_of(row)
+    assert c.measured["weight_sync_s"] == pytest.approx(0.25) and c.measured["rollout_allocator_peak_gib"] == 60.0
+    assert c.lengths == {"prompt_tokens": 5, "response_tokens": 64} and c.overrides == over
+    assert gp.table_row("qwen06b", "colocated_dp2", run, [*over, "actor.expert_parallel_size=2"], args)[0] == "moe"
+    learn = [{"step": 0, "val/accuracy": 0.1}, {"step": 50, "val/accuracy": 0.6}]
+    area, row = gp.table_row("learn", "split_1p1", {"rc": 0, "rows": learn, "seconds": 30.0}, over, args)
+    assert area == "placements" and row["metrics"]["gain"] == 0.5 and "scope" not in row
+    assert gp.table_row("qwen06b", "split_1p1", {"rc": 1, "rows": rows, "seconds": 1.0}, over, args) is None

@@ -64,6 +64,21 @@ class Row:
             raise ValueError(f"row {self.name}: seq_len={self.seq_len} must be in [1, tokens={self.tokens}]")
         return self.tokens // length, length
 
+    def overrides(self) -> list[str]:
+        """This update step (one sequence of `tokens` in one micro-batch, one AdamW step) as the trainer config
+        rltrain.plan reads: a results row's config (tools/planlab)."""
+        T = self.tokens
+        ov = ["model=qwen3_0.6b_random", f"model.builtin={self.preset}", "trainer.device=cuda",
+              f"trainer.n_gpus_per_node={self.tp}", f"actor.tensor_parallel_size={self.tp}", "data.train_batch_size=1",
+              "rollout.n=1", "actor.ppo_mini_batch_size=1", f"data.max_prompt_length={T // 2}",
+              f"rollout.max_response_length={T - T // 2}", f"actor.max_tokens_per_micro_batch={T}",
+              "actor.use_kl_loss=false", f"actor.elementwise_fusion={self.fusion}",
+              f"trainer.fused_linear_logprob={'true' if self.head == 'fused' else 'false'}",
+              "trainer.fused_linear_logprob_backend=triton"]
+        if self.recompute != "none":
+            ov += ["actor.recompute_activations=true", f"actor.recompute_granularity={self.recompute}"]
+        return ov
+
 
 def hf_config(preset: str):
     from rltrain.models.presets import hf_config_for

@@ -93,6 +93,16 @@ def row(tool: str, shape: str, device: str, variant: str, metrics: dict, *, date
     return out
 
 
+def add_arguments(ap, what: str, tag: bool = False) -> None:
+    """A benchmark tool's --results (where its rows are upserted) and, with tag, --tag (added to each row's variant)."""
+    ap.add_argument("--results", default=DEFAULT_DIR,
+                    help=f"upsert {what} into the table here (default: %(default)s; on a machine whose checkout does "
+                         "not come back: $OUT/results, then `python tools/harness/results.py merge`)")
+    if tag:
+        ap.add_argument("--tag", default="", help="added to each row's variant: rows of another machine or day kept "
+                        "beside this one's; a rerun with the same tag replaces its rows")
+
+
 def device_kind(name: str, gpus: int = 1) -> str:
     """`h200x2` for two `NVIDIA H200` GPUs, `h100` for one H100, `cpu` for a `CPU (...)` name."""
     if name.upper().startswith("CPU"):
