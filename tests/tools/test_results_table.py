@@ -62,3 +62,12 @@ def test_merge_upserts_a_runs_files_into_the_tables(tmp_path):
     bad = subprocess.run([sys.executable, "-c", code, TOOLS, str(repo), "merge", str(tmp_path / "speed.jsonl")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown results area 'speed'" in bad.stderr
+
+
+def test_markdown_lists_the_rows_by_key_with_the_chosen_metrics():
+    rows = [_row("8k", 0.145), _row("32k", 1.121)]
+    rows[1]["metrics"]["mfu"] = 0.439
+    assert results.markdown(rows, ["step_s", "mfu"]).splitlines() == [
+        "| tool | shape | device | variant | date | step_s | mfu |", "|---|---|---|---|---|---|---|",
+        "| bench_update | qwen3-0.6b | h200 | 32k | 2026-11-28 | 1.121 | 0.439 |",
+        "| bench_update | qwen3-0.6b | h200 | 8k | 2026-11-28 | 0.145 |  |"]

@@ -9,6 +9,8 @@ reproduce it), "metrics" {name: number} and "note". A tool run on a machine whos
 writes its rows with `--results $OUT/results`, and they are merged here with
 
     python tools/harness/results.py merge OUT/results/*.jsonl     # upsert each file's rows into tools/results/
+    python tools/harness/results.py show update [--tool bench_update] [--match 4b-] [--metrics step_s,mfu]
+                                                                   # the rows as a markdown table
 """
 
 from __future__ import annotations
@@ -111,9 +113,44 @@ def device_kind(name: str, gpus: int = 1) -> str:
     return kind + (f"x{gpus}" if gpus > 1 else "")
 
 
+def markdown(rows: list[dict], metrics: list[str] | None = None) -> str:
+    """The rows as a markdown table: the key, the date and the metrics (default: every metric any row has)."""
+    names = metrics or sorted({k for r in rows for k in r.get("metrics", {})})
+    lines = ["| " + " | ".join(["tool", "shape", "device", "variant", "date", *names]) + " |",
+             "|" + "---|" * (5 + len(names))]
+    for r in sorted(rows, key=key_of):
+        cells = [*key_of(r), r.get("date", "")] + [_cell(r.get("metrics", {}).get(m)) for m in names]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def show(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="tools/harness/results.py show")
+    ap.add_argument("area", choices=AREAS)
+    ap.add_argument("--tool")
+    ap.add_argument("--match", default="", help="only rows whose variant contains this")
+    ap.add_argument("--device", help="only rows of this machine kind (h200x2, cpu, ...)")
+    ap.add_argument("--metrics", help="comma-separated metric names (default: all)")
+    args = ap.parse_args(argv)
+    rows = [r for r in read(args.area) if (not args.tool or r["tool"] == args.tool) and args.match in r["variant"]
+            and (not args.device or r["device"] == args.device)]
+    print(markdown(rows, args.metrics.split(",") if args.metrics else None))
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["show"]:
+        return show(argv[1:])
     if len(argv) < 2 or argv[0] != "merge":
-        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        print(__doc__.strip().splitlines()[-2].strip(), file=sys.stderr)
         return 2
     for path in argv[1:]:
         area = os.path.basename(path).rsplit(".", 1)[0]
