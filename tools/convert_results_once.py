@@ -69,11 +69,9 @@ def kernel_rows() -> list[dict]:
             for prov, r in d["results"].items():
                 if r.get("status") != "ok":
                     continue
-                variant = prov + (" (224 MiB budget)" if prefix == "p" and prov == "fused_cute" else "")
-                if prefix == "p" and prov == "fused_triton" and T != 65536:
-                    variant = "fused_triton (peers' run)"
-                if prefix == "t" and T == 65536:
-                    continue  # the 65,536 row of the doc is the peers' run
+                variant = prov
+                if prefix == "p" and prov in ("fused_cute", "fused_triton"):  # beside the cute + Triton run
+                    variant += " (224 MiB budget)" if prov == "fused_cute" and T != 65536 else " (peers' run)"
                 m = {k: round(r[k], 3) for k in ("fwd_ms", "fwdbwd_ms", "peak_extra_mib") if r.get(k) is not None}
                 m["gemm_ms"] = round(d["floor_ms"]["fwd"], 3)
                 out.append(results.row("bench_logprob", shape, "h100", variant, m, date="2026-11-26", note=note))

@@ -42,7 +42,7 @@ def test_rows_without_a_key_or_of_an_unknown_area_are_refused(tmp_path):
 
 
 def test_device_kind():
-    assert results.device_kind("NVIDIA H200", 2) == "h200x2"
+    assert results.device_kind("NVIDIA H200", 2) == "h200x2" == results.device_kind("2 x NVIDIA H200")
     assert results.device_kind("NVIDIA H100 80GB HBM3") == "h100"
     assert results.device_kind("CPU (AMD EPYC 9654, 2 cores)") == "cpu"
 

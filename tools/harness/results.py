@@ -106,7 +106,11 @@ def add_arguments(ap, what: str, tag: bool = False) -> None:
 
 
 def device_kind(name: str, gpus: int = 1) -> str:
-    """`h200x2` for two `NVIDIA H200` GPUs, `h100` for one H100, `cpu` for a `CPU (...)` name."""
+    """`h200x2` for two `NVIDIA H200` GPUs (or the name `2 x NVIDIA H200`), `h100` for one H100, `cpu` for a
+    `CPU (...)` name."""
+    count, sep, rest = name.partition(" x ")
+    if sep and count.strip().isdigit():
+        name, gpus = rest, int(count)
     if name.upper().startswith("CPU"):
         return "cpu"
     kind = next((k for k in ("H200", "H100", "A100", "B200") if k in name.upper()), name.split()[-1]).lower()
