@@ -318,7 +318,7 @@ OUTSIDE = [
     (re.compile(r"\]\((?:file:|/)"), "an absolute link"),
 ]
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
-# a path the docs name inside docs/ or the raw results (moved in #32): it must exist; `{md,json}` and `*` expand
+# a path the docs name inside docs/ or the results tables: it must exist; `{md,json}` and `*` expand
 REPO_PATH = re.compile(r"(?<![\w./-])((?:docs|tools/results)/[\w./{},*-]*)")
 
 
@@ -358,8 +358,8 @@ def doc_problems(rel: str, lines: list[str]) -> list[str]:
 
 
 def test_doc_checker_on_hand_made_lines():
-    ok = ["see [the index](benchmarks.md) and `tools/results/kernel/ab_h100_2026-11-25.{md,json}`",
-          "raw: `tools/results/vllm_x2/*h100x2*`; https://example.org/a.md; `--out /tmp/x`; /mnt/shared/ckpt"]
+    ok = ["see [the index](benchmarks.md) and `tools/results/{kernel,update}.jsonl`",
+          "rows: `tools/results/*.jsonl`; https://example.org/a.md; `--out /tmp/x`; /mnt/shared/ckpt"]
     assert doc_problems("docs/x.md", ok) == []
     bad = ["follows `DESIGN.md`", "bash ../shared/tools/gpu_stage.sh", "per /work/.library/device/METHOD.md",
            "[up](../../outside.md)", "[gone](benchmarks/1999-01-01-nothing.md)", "raw: `docs/gpu_results/a.json`"]

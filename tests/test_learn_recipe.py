@@ -3,7 +3,7 @@
 The end-to-end test runs tools/learn_gpu.py's stages data -> sft -> grpo at --scale cpu in this process and
 asserts that held-out accuracy (128 problems no stage trains on) rises through SFT (from random init) and again
 through GRPO, measured against the stage before. It runs the recipe's defaults (data seed 0, SFT and GRPO seed
-1), not a picked seed. Seeds tried, all five passing with these margins (docs/benchmarks/2026-11-23-learning-recipe.md), SFT ->
+1), not a picked seed. Seeds tried, all five passing with these margins (docs/benchmarks/offpolicy.md), SFT ->
 after 15 GRPO steps: data/SFT/GRPO seed 0/1/1 0.531 -> 0.805; 1/1/1 0.547 -> 0.789; 2/2/2 0.555 -> 0.891;
 3/3/3 0.477 -> 0.734; 4/4/4 0.477 -> 0.883. It also checks that the trainer's own validation at GRPO step 0
 equals the driver's separate evaluation of the SFT model (rltrain/trainer/evaluate.py: two rollouts, one scorer,

@@ -90,7 +90,7 @@ def plans() -> dict[str, list[Row]]:
             "cpu": [_row("tiny", 256, "legacy", profile=True), _row("tiny", 256, "norms+optim")]}
 
 
-# ------------------------------------------------------------------ predictions (docs/kernel_notes.md)
+# ------------------------------------------------------------------ predictions (docs/benchmarks/kernel.md)
 # Predicted s/step per (preset, tokens, lever set, recompute, head), written before the GPU run: the 0.6B
 # rows for one H100, the 4B rows for one H200 (issue 17's measurements are the "legacy" values).
 PREDICTED_STEP_S = {

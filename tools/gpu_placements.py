@@ -22,7 +22,7 @@ Other GPU counts (issue 22's scaling points; name them with --placements on a ma
   colocated_dp2_tp1    2 GPUs: colocated_dp2 with --engine vllm at TP=1: one engine per GPU (issue 35)
   colocated_dp4_tp1    4 GPUs: actor DP=4, --engine vllm at TP=1: one engine per GPU
   colocated_tp2dp2     4 GPUs: actor TP=2 x DP=2 (--engine vllm: one vLLM engine at TP=4 over the 4)
-  colocated_tp2dp2_r2  4 GPUs: the same actor, --engine vllm: two vLLM engines at TP=2 (docs/scaling.md's layout)
+  colocated_tp2dp2_r2  4 GPUs: the same actor, --engine vllm: two vLLM engines at TP=2 (docs/benchmarks/placements.md's layout)
   split_2p2            4 GPUs: actor TP=2 on 2, the rollout on the other 2 (--engine vllm: one engine at TP=2)
   colocated_tp2pp2dp2  8 GPUs: actor TP=2 x PP=2 x DP=2
 Sections:
@@ -111,7 +111,7 @@ def engine_overrides(engine: str, placement: str, tiny: bool = False) -> list[st
 
 def run_timeout_s(args: argparse.Namespace, sec: str) -> float:
     """--run-timeout, or by the run's model: 240 s, 480 s for a qwen06b run at a larger shape (a fresh machine took
-    166-244 s before vLLM's first line for the 4B, 2026-11-26: docs/benchmarks/2026-11-26-four-h100s.md)."""
+    166-244 s before vLLM's first line for the 4B, 2026-11-26: docs/benchmarks/placements.md)."""
     if args.run_timeout is not None:
         return args.run_timeout
     return 480.0 if sec == "qwen06b" and args.model != "qwen3-0.6b" else 240.0

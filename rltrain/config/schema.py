@@ -77,7 +77,7 @@ class LayerComputeConfig(Section):
     # full activation recomputation (one layer at a time): long-context updates need it on GPU
     recompute_activations: bool = False
     # full: whole layers; selective: only recompute_modules (mlp, core_attn) of each layer (less memory
-    # saved, much less recomputed; docs/kernel_notes.md "Actor update step")
+    # saved, much less recomputed; docs/benchmarks/update.md)
     recompute_granularity: str = "full"
     recompute_modules: List[str] = field(default_factory=lambda: ["mlp"])
     # none | mcore (megatron's fused SwiGLU + bias-dropout-add) | compile (torch.compile of each layer)
@@ -227,7 +227,7 @@ class OffPolicyConfig:
     # mis (weight ratio inside [low, high], dropped outside). Dropped tokens keep their place in the loss's
     # denominator. actor.tis.enable=true stands for token_tis / seq_tis with actor.tis.cap (`effective`).
     # null: ASYNC_DEFAULT with trainer.async_rollout=true, none otherwise (the choice and its measurements:
-    # docs/benchmarks/2026-11-26-off-policy.md)
+    # docs/benchmarks/offpolicy.md)
     mode: Optional[str] = None
     cap: float = 2.0  # *_tis: upper truncation C >= 1
     low: float = 0.5  # *_mask, *_mis: the kept band [low, high], 0 < low <= 1 <= high (IcePop's 0.5 and 5)

@@ -51,7 +51,7 @@ _ALLOWED_BACKENDS = ("auto", *BACKENDS)
 
 
 #: "auto" on CUDA tries these in order and takes the first available one: the fastest first, as measured on
-#: one H100 (docs/benchmarks/2026-11-26-cute-head.md: CuTe forward 1.2-1.3x faster than Triton's, forward +
+#: one H100 (docs/benchmarks/kernel.md: CuTe forward 1.2-1.3x faster than Triton's, forward +
 #: backward 1-5% faster); "cute" is available on Hopper with the `cute` extra installed.
 AUTO_ORDER: tuple[str, ...] = ("cute", "triton")
 

@@ -45,7 +45,7 @@ are one frozen `TritonTuning` passed to the launchers (`forward_stats(..., tunin
 its defaults are the values tuned on an H100, and a launcher given no `tuning` uses them (`DEFAULT_TUNING`).
 There are no module-global knobs: a sweep passes its own TritonTuning.
 When `grad_ent` is None no entropy-gradient arithmetic is compiled into the kernel.
-Measured split of the time that remains above the floor: docs/kernel_notes.md ("The fused head's last 5%").
+Measured split of the time that remains above the floor: docs/benchmarks/kernel.md.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ Tile = tuple[int, int, int, int, int]  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, 
 
 @dataclasses.dataclass(frozen=True)
 class TritonTuning:
-    """The kernels' tuning knobs; the defaults were tuned on an H100 (docs/kernel_notes.md). No knob changes a
+    """The kernels' tuning knobs; the defaults were tuned on an H100 (docs/benchmarks/kernel.md). No knob changes a
     result beyond floating-point reassociation (tile shapes, split counts and chunk sizes reorder sums)."""
 
     # tile configs; fp32 inputs use exact fp32 dot products (input_precision="ieee"), which need smaller tiles

@@ -270,8 +270,8 @@ TIME: dict[str, Const] = {
     # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's nine runs on
     # eight hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.81x the
     # step planned without it, in every phase, each phase on its host's floor; profiled, one rank of each TP pair waits
-    # in the all-reduce for its peer's host (docs/benchmarks/2026-11-27-profiled-tp2-dp2.md), and the host's vCPUs each
-    # run at half speed for spells of about a second (docs/benchmarks/2026-11-27-host-spread.md). So a step bound by
+    # in the all-reduce for its peer's host (docs/benchmarks/planner.md), and the host's vCPUs each
+    # run at half speed for spells of about a second (docs/benchmarks/planner.md). So a step bound by
     # its FLOPs (long sequences) is planned to lose little to it. A host cost per TP all-reduce, floors grown with the
     # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Until
     # 2026-11-27 (late) every phase at the first run's alone: 1.7704

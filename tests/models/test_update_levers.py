@@ -1,5 +1,4 @@
-"""Speed levers of the actor update change speed and memory, not math (docs/kernel_notes.md, "Actor update
-step"): bf16 norms, selective recompute, compiled layers, the one-sync train step."""
+"""Speed levers of the actor update change speed and memory, not math (docs/benchmarks/update.md): bf16 norms, selective recompute, compiled layers, the one-sync train step."""
 
 import warnings
 

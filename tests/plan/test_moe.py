@@ -31,7 +31,7 @@ TOY = dict(model_type="qwen3_moe", vocab_size=10, hidden_size=8, intermediate_si
            num_attention_heads=2, num_key_value_heads=1, head_dim=4, max_position_embeddings=64,
            tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=6,
            decoder_sparse_step=1, mlp_only_layers=[0])
-# tools/gpu_placements.py's colocated_dp2 run of docs/benchmarks/2026-11-26-moe-on-two-gpus.md (section 1)
+# tools/gpu_placements.py's colocated_dp2 run of docs/benchmarks/moe.md (section 1)
 SLICE = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.use_ray=true", "data.train_batch_size=32",
          "rollout.n=8", "rollout.max_response_length=64", "data.max_prompt_length=64", "actor.ppo_mini_batch_size=16",
          "actor.use_kl_loss=true", "actor.max_tokens_per_micro_batch=16384", "rollout.max_batch_size=256",

@@ -26,7 +26,7 @@ def test_vllm_tp_is_the_colocated_groups_gpus_and_one_when_split():
     assert gp.PLACEMENTS["colocated_dp2_tp1"] == gp.PLACEMENTS["colocated_dp2"]
     assert gp.engine_overrides("vllm", "split_1p1")[-1] == "rollout.tensor_parallel_size=1"
     assert gp.engine_overrides("vllm", "colocated_tp2pp2dp2")[-1] == "rollout.tensor_parallel_size=8"
-    # four GPUs: colocated, one engine over the four, or two TP=2 engines (docs/scaling.md's layout); split, one
+    # four GPUs: colocated, one engine over the four, or two TP=2 engines (docs/benchmarks/placements.md's layout); split, one
     # engine over the rollout group's two GPUs (workers/rollout.py builds one engine per group)
     assert gp.engine_overrides("vllm", "colocated_tp2dp2")[-1] == "rollout.tensor_parallel_size=4"
     assert gp.engine_overrides("vllm", "colocated_tp2dp2_r2") == ["rollout=vllm", "rollout.tensor_parallel_size=2"]
@@ -41,7 +41,7 @@ def _args(*placements: str, model: str = "qwen3-4b", overrides=(), only=("qwen06
 
 
 def test_the_four_gpu_device_call_passes_the_trainers_checks_on_h100_and_h200():
-    """The runs of docs/benchmarks/2026-11-26-four-gpus.md's device call, through check_config and the
+    """The runs of docs/benchmarks/placements.md's device call, through check_config and the
     trainer's plan_check (a refusal on the GPU would waste the call): accepted for 79.18 GiB (H100) and
     139.8 GiB (H200) GPUs. Without the 8k-token micro-batch and with 512-token responses, the split run's training
     GPUs are refused on an H100 (full 16k-token micro-batches of 517-token rows; at the run's own 69-token rows, the

@@ -65,6 +65,6 @@ def test_the_placements_doc_holds_the_current_output():
     with open(os.path.join(ROOT, DOC)) as f:
         block = f.read().split(BEGIN)[1].split(END)[0]
     command = block.split("`")[1]
-    assert command == f"python tools/plan_lab.py scaling --write {DOC}", command
-    expected = sm.to_markdown(predict(all_inputs(), Recipe()), command)
-    assert block == "\n" + expected, f"{DOC} is stale: python tools/plan_lab.py scaling --write {DOC}"
+    assert command == f"python tools/plan_lab.py scaling --brief --write {DOC}", command
+    expected = sm.to_markdown(predict(all_inputs(), Recipe()), command, brief=True)
+    assert block == "\n" + expected, f"{DOC} is stale: {command}"

@@ -1,6 +1,6 @@
 """rltrain/utils/flops.py for Mixture-of-Experts: total parameters (memory, weight sync) hold every expert, the FLOP
 count (and so MFU) goes through the k active ones; a tiny Qwen3-MoE shape worked by hand, the published Qwen3-30B-A3B
-counts, and the MFU docs/benchmarks/2026-11-26-moe-on-two-gpus.md reports."""
+counts, and the MFU docs/benchmarks/moe.md reports."""
 
 from types import SimpleNamespace
 
@@ -61,7 +61,7 @@ def test_qwen3_30b_a3b_counts_match_the_published_ones():
     full = SimpleNamespace(**BUILTINS["qwen3-30b-a3b"])
     assert 30.4e9 < num_params(full) < 30.6e9  # "30.5B in total"
     assert 3.3e9 < active_params(full) < 3.4e9  # "3.3B activated"
-    # the 8-layer slice of docs/benchmarks/2026-11-26-moe-on-two-gpus.md: 5.60B parameters, 766M active with the head
+    # the 8-layer slice of docs/benchmarks/moe.md: 5.60B parameters, 766M active with the head
     s = SimpleNamespace(**{**BUILTINS["qwen3-30b-a3b"], "num_hidden_layers": 8})
     assert num_params(s) == 5_607_297_024
     assert matmul_params(s) == 766_246_912

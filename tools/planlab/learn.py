@@ -10,7 +10,7 @@ from rltrain.plan.inputs import model_shape
 from rltrain.plan.memory import ns
 from rltrain.utils.flops import active_params, peak_flops
 
-# Calibration points from docs/benchmarks/2026-11-22-gpu-end-to-end.md (one H100, tools/gpu_smoke.py): the HF rollout decoded
+# Calibration points from docs/benchmarks/update.md (one H100, tools/gpu_smoke.py): the HF rollout decoded
 # 256 rows x 64 tokens of a 28-layer Qwen3-0.6B in 2.233 s (35 ms per decode step, launch-bound: ~1.1 ms per
 # layer plus the 151,936-column head), and the actor update reached 11.9% MFU on 69-token sequences.
 DECODE_MS_PER_LAYER = 1.1

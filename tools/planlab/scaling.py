@@ -2,7 +2,7 @@
 at 8, 64 and 512 GPUs, colocated and split, from the one- and two-GPU measurements (scaling_inputs.py). Pure
 Python over the inputs it is given (must not read files: scaling_inputs.py does). scaling_report.py prints it.
 
-How a phase is modelled (docs/scaling.md lists every input with its source):
+How a phase is modelled (docs/benchmarks/placements.md lists every input with its source):
 - actor update, old_log_prob, ref: model FLOPs (rltrain.utils.flops.train_flops; forward = 1/3) divided by a
   measured rate (MFU of a measured update step; the forward phases at the measured forward/update rate ratio
   of the GRPO run), split over TP x PP ranks at a TP efficiency, plus a 1F1B pipeline bubble, plus the bytes of

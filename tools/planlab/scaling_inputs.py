@@ -68,9 +68,9 @@ def assumed_inputs() -> dict[str, Num]:
     return {
         "peak_flops": Num(peak_flops("H100"), "H100/H200 SXM dense bf16 datasheet peak (the MFU denominator of "
                           "docs/benchmarks.md)", False),
-        "hbm_bw_h100": Num(2.7e12, "achieved HBM3 bandwidth on H100 (3.35 TB/s peak), docs/kernel_notes.md "
+        "hbm_bw_h100": Num(2.7e12, "achieved HBM3 bandwidth on H100 (3.35 TB/s peak), docs/benchmarks/kernel.md "
                            "'The two numbers'", False),
-        "hbm_bw_h200": Num(4.0e12, "achieved HBM3e bandwidth on H200 (4.8 TB/s peak), docs/kernel_notes.md", False),
+        "hbm_bw_h200": Num(4.0e12, "achieved HBM3e bandwidth on H200 (4.8 TB/s peak), docs/benchmarks/kernel.md", False),
         "hbm_bytes_h200": Num(141e9, "H200 memory (the kinds the issue's x4/x8 runs use)", False),
         "busbw_intra": Num(370e9, "NCCL ring all-reduce bus bandwidth on 8x H100 NVLink 4 with NVLS off: 450 GB/s "
                            "line rate per direction (900 GB/s bidirectional) less ~20% protocol overhead, "

@@ -16,7 +16,7 @@ and metrics are broadcast from it so every rank returns the same; pipeline.py ho
 Precision: params in `params_dtype`; when that is not fp32 (bf16 on GPU) AdamW runs on fp32 master
 copies and the params are refreshed from them after each step. On CPU use fp32.
 
-Speed (docs/kernel_notes.md, "Actor update step"): the train step syncs with the device once, after the
+Speed (docs/benchmarks/update.md): the train step syncs with the device once, after the
 backward (metrics, losses and the grad norm come back in one copy). The optimizer side (masters, grad
 reductions, norm, clip, AdamW) is optim.py's; `elementwise_fusion` (fusion.py) picks how the layers'
 elementwise work runs, `recompute_granularity` what activation recomputation keeps.

@@ -2,7 +2,7 @@
 schedule, the gradient reductions after the backward (data-parallel buckets, TP partial sums, tied embeddings across
 pipeline stages), the global grad norm, clipping and the step. No forward math and no loss here (engine.py).
 
-Speed (docs/kernel_notes.md, "Actor update step"): grad norm, clipping and the master -> param copy are multi-tensor
+Speed (docs/benchmarks/update.md): grad norm, clipping and the master -> param copy are multi-tensor
 (`torch._foreach_*`) ops; AdamW is the fused CUDA kernel on GPU; data-parallel grads are averaged in buckets started
 during the last backward (grad_reduce.py).
 """
