@@ -22,7 +22,7 @@ INSTALL_HINT = ("GPU: pip install 'rltrain[vllm]' (vllm==0.26.0, pins torch 2.11
 # vLLM's worker assertion when another process changed the GPU's free memory while it slept (0.26 .. 0.32)
 SLEEP_RACE = "Memory usage increased after sleeping"
 
-# vLLM 0.26 with tensor parallel > 1 on GPUs never finishes its start at head_dim 16: on two H100s (2026-11-25) the
+# vLLM 0.26 with tensor parallel > 1 on GPUs never finishes its start at head_dim 16: on two H100s the
 # engine alone (two processes of one NCCL world, external launcher, eager, no trainer, no Ray) passed its warm-up and
 # then hung, while the same engine at head_dim 64 started in 54 s and generated; the trainer's colocated TP=2 run of
 # the tiny preset hung likewise (FLEX_ATTENTION or FLASH_ATTN, CUDA graphs or eager) and learned at head_dim 64.

@@ -48,7 +48,7 @@ FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
 #: as in the Triton backend), the Triton backend's 384 MiB: backward at 1.13-1.17x the 3-GEMM floor on one H100.
 #: LOW_MEMORY_BWD_BUDGET_BYTES (224 MiB) keeps the whole working memory under 0.25 GiB at 65,536 x 2,560 x
 #: 151,936 and costs 10-19% of the backward's time (smaller GEMMs, more fp32 accumulator passes; measured
-#: 2026-11-26, docs/benchmarks/kernel.md).
+#: docs/benchmarks/kernel.md).
 BWD_BUDGET_BYTES = 384 * 1024 * 1024
 LOW_MEMORY_BWD_BUDGET_BYTES = 224 * 1024 * 1024
 

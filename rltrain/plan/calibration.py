@@ -116,7 +116,7 @@ TIME: dict[str, Const] = {
                           "of the Qwen3-4B shape's GRPO step on one GPU (64 sequences of 2,053 tokens, 8,192-token "
                           "micro-batches, 2 optimizer steps; fusion none), against the 0.6B's 06b-8k-norms+optim"),
     # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
-    # rate, not the weight matrices' (when one rate took both, until 2026-11-26's night, the 0.6B's 32k and 64k rows,
+    # rate, not the weight matrices' (when one rate took both, the 0.6B's 32k and 64k rows,
     # 76-86% attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
     "attention_tflops": Const(
         591.6964, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
@@ -139,13 +139,13 @@ TIME: dict[str, Const] = {
         "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
         "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
         "loss"),
-    # the update's fixed costs beyond its FLOPs at the rates above, each per layer of a stage (the 8-layer dense twin of
-    # 2026-11-26 took 0.19 s where 28 layers' would be 0.22 s), solved together from three runs: per optimizer step
+    # the update's fixed costs beyond its FLOPs at the rates above, each per layer of a stage (the MoE slice's 8-layer
+    # dense twin took 0.19 s where 28 layers' would be 0.22 s), solved together from three runs: per optimizer step
     # (mini-batch: the step, the grad norm's host sync, zeroing); a floor per micro-batch, the host's launches, which
     # overlap the GPU's work (a micro-batch costs the larger: the 0.6B's update at DP=2 or TP=2 took about as long as at
     # one GPU, its 4,416-token micro-batches under the floor); per update call (its setup, the batch to the ranks, the
-    # metrics back: at DP=2 a call of 4 optimizer steps took 0.64 s, one of 2 0.36 s). Until 2026-11-27 the per-step
-    # cost alone (0.00226) planned the DP=2 and TP=2 updates of the 0.6B 11-38% fast
+    # metrics back: at DP=2 a call of 4 optimizer steps took 0.64 s, one of 2 0.36 s). The per-step cost alone (0.00226)
+    # planned the DP=2 and TP=2 updates of the 0.6B 11-38% fast
     "update_step_layer_s": Const(
         0.0007535, "s per mini-batch x layer",
         "placements.jsonl 'grpo hf', 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
@@ -163,7 +163,7 @@ TIME: dict[str, Const] = {
     # floor: its forward at DP=2 or TP=2 took as long as at one GPU, and a profile of its 8,832-token update
     # micro-batch of 69-token rows (update/profile_qwen3-0.6b-8832x69-all.md) found the GPU idle 40% of the step.
     # One-row micro-batches of 2,053 tokens cost 0.048 s at 28 layers, 0.029 s a stage of 14 (PP=2), 128-row ones 0.09
-    # s. Summed with the FLOPs (until 2026-11-27) the forward was planned 37-62% slow on the long-response runs, where
+    # s. Summed with the FLOPs the forward was planned 37-62% slow on the long-response runs, where
     # the FLOPs dominate; a floor per micro-batch alone planned one-row micro-batches +85%
     "fwd_mb_layer_s": Const(
         0.001397, "s per forward micro-batch x layer (the host's floor)",
@@ -196,7 +196,7 @@ TIME: dict[str, Const] = {
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),
     # vLLM's host work per decode step: a fixed part (the engine's loop, the step's launches) and a part per sequence
-    # of the wave. Per sequence alone (until 2026-11-27, seventh session) planned the 0.6B's data-parallel generation
+    # of the wave. Per sequence alone planned the 0.6B's data-parallel generation
     # 17-53% fast at 64 and 128 sequences an engine, and its 512-sequence runs 2-19% slow: a step of fewer sequences
     # costs more than its share. The fixed part is solved from one host's two wave sizes in one call; the part per
     # sequence from the reference run at that fixed part
@@ -241,7 +241,7 @@ TIME: dict[str, Const] = {
         "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: rollout_sleep 0.10 + "
         "rollout_wake 0.18 s (DP=2, an engine per GPU), with the run above"),
     # the hf engine's level-1 sleep copies its weights into pinned host copies and its wake back: per byte (with the
-    # wake's empty_cache); before 2026-11-26 (night) model.to("cpu") took 0.13-0.72 s for the same 1.19 GB by host
+    # wake's empty_cache); model.to("cpu"), before the pinned copies, took 0.13-0.72 s for the same 1.19 GB by host
     "hf_offload_s_per_gb": Const(
         0.08459, "s/GB", "placements.jsonl 'hf engine, pinned sleep, 0.6B single', 2026-11-26, H200: "
                         "rollout_sleep 0.035 + rollout_wake 0.066 s for the 0.6B's 1.19 GB of bf16 weights (level 1: "
@@ -273,15 +273,15 @@ TIME: dict[str, Const] = {
     # in the all-reduce for its peer's host (docs/benchmarks/planner.md), and the host's vCPUs each
     # run at half speed for spells of about a second (docs/benchmarks/planner.md). So a step bound by
     # its FLOPs (long sequences) is planned to lose little to it. A host cost per TP all-reduce, floors grown with the
-    # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Until
-    # 2026-11-27 (late) every phase at the first run's alone: 1.7704
+    # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Taken on
+    # every phase from the first run alone it was 1.7704
     "tp_dp_layout_factor": Const(
         1.5587, "x the host's floors and the weight sync of a TP x DP step",
         "the value that plans the layout's nine runs (placements.jsonl, the colocated TP x DP rows of 2026-11-26..27 "
         "on four H100s and four H200s, eight hosts) at their measured steps in the geometric mean"),
     # the host's speed across machines of one kind, as a multiple of the planned host time (the step's host share:
     # timing.host_share): the lowest and highest over the twenty runs of one config (the 0.6B one-GPU GRPO step, 32
-    # x 8, 1.36-2.82 s on H100 and H200 machines, 2026-11-22..27), each 1 + (measured / planned - 1) / its host share.
+    # x 8, 1.36-2.82 s on H100 and H200 machines), each 1 + (measured / planned - 1) / its host share.
     # Only the plan's range (timing.step_range) uses them; the planned step is unchanged
     "host_speed_low": Const(
         0.5884, "x the planned host time",
@@ -291,7 +291,7 @@ TIME: dict[str, Const] = {
         "the slowest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8 (the four-H200 host)', 2026-11-27, H200: 2.824 s)"),
     # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
     # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
-    # (per GB, 2026-11-23, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s on 2026-11-26)
+    # (per GB, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s)
     "split_sync_s_per_tensor": Const(
         0.0006096, "s per checkpoint tensor",
         "placements.jsonl 'placement split 1+1', 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "

@@ -72,7 +72,7 @@ def table(plan: Plan) -> str:
     lines.append("seconds per step: " + ", ".join(f"{k} {s[k]:.2f}" for k in PHASES) + f"; step {s['step']:.2f}")
     lines.append(f"across machines of one kind: {lo:.2f}-{hi:.2f} s a step ({100 * plan.host_share:.0f}% of it is the "
                  f"host's time, which ran {cal.value('host_speed_low'):.2f}-{cal.value('host_speed_high'):.2f}x the "
-                 "planned on the machines measured; docs/plan.md, \"Host spread, probed\")")
+                 "planned on the machines measured; docs/benchmarks/planner.md)")
     for w_ in plan.warnings:
         lines.append("warning: " + w_)
     lines.append("fits: " + ("yes" if plan.fits else "NO"))

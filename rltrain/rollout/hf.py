@@ -286,7 +286,7 @@ class HFEngine(Engine):
     def _offload_pinned(self) -> None:
         """Level 1 on a GPU: each weight into its own page-locked host copy, kept between sleeps (allocated at the
         first sleep), then the GPU storage released. `model.to("cpu")` allocated pageable memory at every sleep and
-        copied through it: 0.54 s for the Qwen3-0.6B's 1.19 GB on one host (2026-11-26), 0.13 s on another."""
+        copied through it: 0.54 s for the Qwen3-0.6B's 1.19 GB on one host, 0.13 s on another."""
         tensors = self._tensors()
         if self._host is None:
             self._host = [torch.empty_like(t, device="cpu").pin_memory() for t in tensors]

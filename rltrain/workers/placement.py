@@ -145,7 +145,7 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
         e.append(f"rollout.num_replicas={r.num_replicas} is impossible; use a positive number or null")
     elif r.engine == "vllm" and (r.num_replicas or max(1, world // rtp)) > 1:
         # the rollout group's processes share one torch.distributed world and workers/rollout.py builds one vLLM
-        # engine over it: a second replica stops when the workers start (seen on CPU, 2026-11-26)
+        # engine over it: a second replica stops when the workers start (seen on CPU)
         e.append(f"rollout.engine=vllm on split placement builds one engine over the whole rollout group; "
                  f"{r.num_replicas or max(1, world // rtp)} replicas of rollout.tensor_parallel_size={rtp} are not "
                  "supported yet: set rollout.num_replicas=1 (and rollout.tensor_parallel_size to the rollout GPUs), "
