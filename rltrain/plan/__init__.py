@@ -5,9 +5,7 @@ when a GPU will not fit. Imports no GPU library and starts nothing: `python -m r
     from rltrain.plan import check
     plan = check(cfg, gpu_memory_gib=80)   # raises PlanError (a UserError: exit 2) when a GPU will not fit
 
-docs/plan.md: the model, the constants and their sources, predicted vs measured.
-Beside the planner: scaling.py (a GRPO step at 8-512 GPUs, docs/benchmarks/placements.md) and learn.py (the learning recipe's
-stage estimates).
+docs/plan.md: the model, the constants and their sources; docs/benchmarks/planner.md: predicted vs measured.
 """
 
 from rltrain.plan.planner import Plan, PlanError, Suggestion, check, make_plan

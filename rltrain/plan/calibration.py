@@ -4,12 +4,9 @@ The memory and time models (memory.py, timing.py) are formulas over the model's 
 below are what those formulas cannot know: how many bytes the layers keep per token, how fast the GPU runs each
 phase, what vLLM and CUDA take beside the tensors. Each FITTED constant is solved from the measured run (or the few
 runs) its source names: `python tools/plan_lab.py fit` recomputes them from the results tables and `--write` writes
-them here (tests/tools/test_planlab_fit.py checks these values equal that refit); every run no constant comes from is
-held out and scores the planner (docs/benchmarks/planner.md). MEASURED constants are read off one run, ASSUMED ones
-are datasheet or code values.
-
-A source names a row of a results table (`placements.jsonl 'grpo vllm'`: the table, the row's variant), its date
-and device.
+them here (tests/tools/test_planlab_fit.py checks the refit); every run no constant comes from is held out and
+scores the planner (docs/benchmarks/planner.md). MEASURED constants are read off one run, ASSUMED ones are datasheet
+or code values. A source names a results table's row (`placements.jsonl 'grpo vllm'`: table, variant), date, device.
 """
 
 from __future__ import annotations
@@ -74,8 +71,9 @@ MEMORY: dict[str, Const] = {
         "recompute) peak 15.56 GiB; the one layer being recomputed (the kept layer inputs are h x dtype bytes, exact)"),
     "logits_bytes_per_element": Const(
         3.9996, "B/(token x vocab/TP)",
-        "update.jsonl, 2026-11-22, H100: rows smoke-32k-unfused-rc1 / smoke-32k-fused-rc1, 32,768 tokens with full recompute, unfused head 30.87 GiB vs "
-        "fused 13.40 GiB (trainer.fused_linear_logprob=false keeps the logits and their gradient)"),
+        "update.jsonl, 2026-11-22, H100: rows smoke-32k-unfused-rc1 / smoke-32k-fused-rc1, 32,768 tokens with "
+        "full recompute, unfused head 30.87 GiB vs fused 13.40 GiB (trainer.fused_linear_logprob=false keeps the "
+        "logits and their gradient)"),
     "fused_head_triton_gib": Const(
         0.376, "GiB", "kernel.jsonl, 2026-11-25, H100: peak extra of the fused head v3 at "
                       "32,768 x 4,096 x 151,936 (0.31-0.38 GiB over the three shapes)", "measured"),
@@ -112,9 +110,10 @@ TIME: dict[str, Const] = {
     # the same for the unfused layers (actor.elementwise_fusion=none): the elementwise kernels torch.compile would fuse
     # weigh less against the GEMMs at a wider model, so the unfused rate grows faster with the width than the compiled
     "update_rate_width_exponent_none": Const(
-        0.7579, "exponent", "placements.jsonl '4B single, 2,048-token responses, forward micro-batches of 32,768', 2026-11-27, H200: update_actor 8.705 s "
-                          "of the Qwen3-4B shape's GRPO step on one GPU (64 sequences of 2,053 tokens, 8,192-token "
-                          "micro-batches, 2 optimizer steps; fusion none), against the 0.6B's 06b-8k-norms+optim"),
+        0.7579, "exponent",
+        "placements.jsonl '4B single, 2,048-token responses, forward micro-batches of 32,768', 2026-11-27, H200: "
+        "update_actor 8.705 s of the Qwen3-4B shape's GRPO step on one GPU (64 sequences of 2,053 tokens, 8,192-token "
+        "micro-batches, 2 optimizer steps; fusion none), against the 0.6B's 06b-8k-norms+optim"),
     # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
     # rate, not the weight matrices' (when one rate took both, the 0.6B's 32k and 64k rows,
     # 76-86% attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
@@ -139,13 +138,10 @@ TIME: dict[str, Const] = {
         "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
         "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
         "loss"),
-    # the update's fixed costs beyond its FLOPs at the rates above, each per layer of a stage (the MoE slice's 8-layer
-    # dense twin took 0.19 s where 28 layers' would be 0.22 s), solved together from three runs: per optimizer step
-    # (mini-batch: the step, the grad norm's host sync, zeroing); a floor per micro-batch, the host's launches, which
-    # overlap the GPU's work (a micro-batch costs the larger: the 0.6B's update at DP=2 or TP=2 took about as long as at
-    # one GPU, its 4,416-token micro-batches under the floor); per update call (its setup, the batch to the ranks, the
-    # metrics back: at DP=2 a call of 4 optimizer steps took 0.64 s, one of 2 0.36 s). The per-step cost alone (0.00226)
-    # planned the DP=2 and TP=2 updates of the 0.6B 11-38% fast
+    # the update's fixed costs beyond its FLOPs, each per layer of a stage, solved together from three runs: per
+    # optimizer step (the step, the grad norm's host sync, zeroing); a floor per micro-batch (the host's launches,
+    # overlapping the GPU's work: the 0.6B's update at DP=2 or TP=2 took about as long as at one GPU); per update call
+    # (setup, the batch to the ranks, the metrics back: at DP=2 4 optimizer steps a call took 0.64 s, 2 took 0.36 s)
     "update_step_layer_s": Const(
         0.0007535, "s per mini-batch x layer",
         "placements.jsonl 'grpo hf', 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
@@ -156,31 +152,29 @@ TIME: dict[str, Const] = {
         "(DP=2, 2 optimizer steps of one 4,416-token micro-batch a rank), with the runs above and below"),
     "update_call_layer_s": Const(
         0.003012, "s per update call x layer",
-        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: update_actor 0.638 s (DP=2, "
-        "4 optimizer steps of one 4,416-token micro-batch a rank), with the two runs above"),
-    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's floor (they overlap: launches are
-    # asynchronous): per layer, a cost and one per row of the micro-batch. The 0.6B's short-sequence passes sit on the
-    # floor: its forward at DP=2 or TP=2 took as long as at one GPU, and a profile of its 8,832-token update
-    # micro-batch of 69-token rows (update/profile_qwen3-0.6b-8832x69-all.md) found the GPU idle 40% of the step.
-    # One-row micro-batches of 2,053 tokens cost 0.048 s at 28 layers, 0.029 s a stage of 14 (PP=2), 128-row ones 0.09
-    # s. Summed with the FLOPs the forward was planned 37-62% slow on the long-response runs, where
-    # the FLOPs dominate; a floor per micro-batch alone planned one-row micro-batches +85%
+        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: "
+        "update_actor 0.638 s (DP=2, 4 optimizer steps of one 4,416-token micro-batch a rank), with the two runs "
+        "above"),
+    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's floor (launches are asynchronous):
+    # per layer, a cost and one per row. The 0.6B's short-row passes sit on the floor (the GPU idle 40% of a profiled
+    # update micro-batch of 69-token rows); one-row micro-batches of 2,053 tokens took 0.048 s at 28 layers. Summed
+    # with the FLOPs, the long-response runs' forward was planned 37-62% slow; a floor per micro-batch alone, +85%
     "fwd_mb_layer_s": Const(
         0.001397, "s per forward micro-batch x layer (the host's floor)",
-        "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, H200: ref 5.01 s of the 0.6B's 128 sequences of "
-        "2,053 tokens, one a micro-batch (the 4,096-token budget), with the run below"),
+        "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, "
+        "H200: ref 5.01 s of the 0.6B's 128 sequences of 2,053 tokens, one a micro-batch (the 4,096-token "
+        "budget), with the run below"),
     "fwd_row_layer_s": Const(
         1.099e-05, "s per row of a forward micro-batch x layer (the host's floor)",
         "placements.jsonl 'grpo hf', 2026-11-23, H100: ref 0.157 s (17,664 tokens in 2 micro-batches of 128 "
         "rows, forward only, 28 layers; their FLOPs' 0.054 s a micro-batch are under the floor), with the run above"),
-    # the old log-probs' pass (the actor's engine, with the entropy) over the reference's (its own engine, without):
-    # on the host's floor it took 13% longer in the median of 93 runs, and as long where the FLOPs bound the
-    # micro-batches (the 4B's one-row passes: 0.99); in the 0.6B's one-row passes 9.4 ms a micro-batch at 128 of them,
-    # 7-9 ms at 5 and 9: a cost per micro-batch, not per token. Which of the two differences costs it: not profiled
+    # the old log-probs' pass (the actor's engine, with the entropy) over the reference's: on the host's floor 13%
+    # longer in the median of 93 runs, as long where FLOPs bound it; 7-9.4 ms a micro-batch, not per token
     "old_logprob_mb_s": Const(
         0.009129, "s per old-log-prob micro-batch beyond the reference's (the host's floor)",
-        "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row "
-        "micro-batches of 2,053 tokens (the floors above solved from the reference's pass)"),
+        "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, "
+        "H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row micro-batches of 2,053 tokens (the floors "
+        "above solved from the reference's pass)"),
     # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
     # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(
@@ -188,22 +182,20 @@ TIME: dict[str, Const] = {
         "moe.jsonl 'MoE slice EP=2, vLLM', 2026-11-26, 2 x H200: update_actor 1.453 s of the "
         "Qwen3-30B-A3B slice (8 sparse layers, 64 local experts at EP=2, 2 micro-batches of forward + backward = 3 "
         "passes) less its active FLOPs at the update rate and the update's fixed costs"),
-    # the grouped GEMM (actor.moe_grouped_gemm, models/megatron/moe.py): what a sparse layer's forward pass costs beyond
-    # its active FLOPs at the update rate (token permutation, the EP all-to-all, stacking the local experts' weights)
+    # the grouped GEMM (actor.moe_grouped_gemm): a sparse layer's pass beyond its active FLOPs (permutation, all-to-all)
     "moe_grouped_layer_pass_s": Const(
         0.004167, "s per sparse layer x forward pass",
         "moe.jsonl 'MoE slice EP=2, vLLM, grouped GEMM', 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),
-    # vLLM's host work per decode step: a fixed part (the engine's loop, the step's launches) and a part per sequence
-    # of the wave. Per sequence alone planned the 0.6B's data-parallel generation
-    # 17-53% fast at 64 and 128 sequences an engine, and its 512-sequence runs 2-19% slow: a step of fewer sequences
-    # costs more than its share. The fixed part is solved from one host's two wave sizes in one call; the part per
-    # sequence from the reference run at that fixed part
+    # vLLM's host work per decode step: a fixed part (the engine's loop, launches; from one host's two wave sizes in
+    # one call) and a part per sequence of the wave (the reference run's, at that fixed part); per sequence alone
+    # planned 64-128 sequences an engine 17-53% fast and 512 2-19% slow
     "vllm_step_s": Const(
         0.001754, "s per decode step (the engine's fixed host work)",
-        "placements.jsonl '0.6B colocated DP=2 / DP=4, one vLLM engine per GPU (a second four-H200 host)', 2026-11-27, 4 x H200, one call: gen 0.359 s (DP=2, 128 sequences an "
-        "engine) and 0.235 s (DP=4, 64) for 64 decode steps, with vllm_seq_step_s solved at the same time (not kept)"),
+        "placements.jsonl '0.6B colocated DP=2 / DP=4, one vLLM engine per GPU (a second four-H200 host)', "
+        "2026-11-27, 4 x H200, one call: gen 0.359 s (DP=2, 128 sequences an engine) and 0.235 s (DP=4, 64) for "
+        "64 decode steps, with vllm_seq_step_s solved at the same time (not kept)"),
     "vllm_seq_step_s": Const(
         3.89e-05, "s per sequence x decode step",
         "placements.jsonl 'placement split 1+1', 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
@@ -213,8 +205,8 @@ TIME: dict[str, Const] = {
     # share of the datasheet bandwidth (paged attention over the KV cache and the weights' GEMV at a small wave)
     "decode_hbm_fraction": Const(
         0.6218, "x datasheet HBM bandwidth",
-        "placements.jsonl '0.6B single, 4 x 8 at 8,192-token responses', 2026-11-26, H200: gen 44.59 s for 8,192 decode "
-        "steps of 32 sequences (1.2 GB of weights + 15.0 GB of KV cache at the mean context a step)"),
+        "placements.jsonl '0.6B single, 4 x 8 at 8,192-token responses', 2026-11-26, H200: gen 44.59 s for 8,192 "
+        "decode steps of 32 sequences (1.2 GB of weights + 15.0 GB of KV cache at the mean context a step)"),
     # the hf engine decodes with transformers in eager mode, one Python call per layer a token: launch-bound (the 0.6B's
     # 1.2 GB of weights read in 0.4 ms of its 39 ms step), so a cost per layer and decode step
     "hf_layer_step_s": Const(
@@ -231,17 +223,15 @@ TIME: dict[str, Const] = {
     # 0.6B's 0.12-0.18): per GB of the engine's bf16 weights on a GPU
     "vllm_wake_s_per_gb": Const(
         0.01737, "s per GB of the engine's weights on a GPU",
-        "placements.jsonl 'grpo vllm, Qwen3-4B shape, one GPU', 2026-11-26, H200: rollout_sleep + update_weights of the "
-        "Qwen3-4B shape's one-GPU step (8.0 GB), with the run below"),
-    # the GPUs of a host sleep and wake their engines at once and the step waits for the slowest: the CUDA driver's
-    # unmapping and mapping of N engines' memory (vLLM's cumem allocator) take longer than one's. The hf engine's
-    # pinned copies do not (its DP=2 sleep and wake took what its one-GPU ones did)
+        "placements.jsonl 'grpo vllm, Qwen3-4B shape, one GPU', 2026-11-26, H200: rollout_sleep + update_weights "
+        "of the Qwen3-4B shape's one-GPU step (8.0 GB), with the run below"),
+    # a host's GPUs sleep and wake their engines at once and the step waits for the slowest: unmapping and mapping N
+    # engines' memory takes longer than one's (the hf engine's pinned copies do not)
     "vllm_rank_sync_factor": Const(
         0.3882, "x (GPUs on the host - 1), on the sleep and wake",
-        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: rollout_sleep 0.10 + "
-        "rollout_wake 0.18 s (DP=2, an engine per GPU), with the run above"),
-    # the hf engine's level-1 sleep copies its weights into pinned host copies and its wake back: per byte (with the
-    # wake's empty_cache); model.to("cpu"), before the pinned copies, took 0.13-0.72 s for the same 1.19 GB by host
+        "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: "
+        "rollout_sleep 0.10 + rollout_wake 0.18 s (DP=2, an engine per GPU), with the run above"),
+    # the hf engine's level-1 sleep copies its weights into pinned host copies and its wake back: per byte
     "hf_offload_s_per_gb": Const(
         0.08459, "s/GB", "placements.jsonl 'hf engine, pinned sleep, 0.6B single', 2026-11-26, H200: "
                         "rollout_sleep 0.035 + rollout_wake 0.066 s for the 0.6B's 1.19 GB of bf16 weights (level 1: "
@@ -259,39 +249,30 @@ TIME: dict[str, Const] = {
         0.0003371, "s per expert tensor",
         "moe.jsonl 'MoE slice EP=2, vLLM', 2026-11-26, 2 x H200: rollout_sleep + update_weights of the "
         "Qwen3-30B-A3B slice (8 layers x 128 experts x 3 tensors + 75 others; EP=2, vLLM TP=2)"),
-    # rollout.engines_per_gpu > 1: the engines run in their own processes and take each bucket by CUDA IPC (one RPC
-    # and one handle mapping per engine and bucket, the engines loading at once, rollout/sync/ipc.py)
+    # rollout.engines_per_gpu > 1: engines in their own processes take each bucket by CUDA IPC (rollout/sync/ipc.py)
     "ipc_reload_s_per_tensor": Const(
         0.001049, "s per checkpoint tensor",
         "placements.jsonl 'grpo vllm k4', 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
-    # colocated actor TP > 1 with DP > 1 (TP groups side by side on one host): the host's floors and fixed costs of
-    # every phase (the forward and update floors, per optimizer step and call, vLLM's host cost per decode step, the hf
-    # engine's per-layer decode) and the weight sync at this factor. Measured, not derived: the layout's nine runs on
-    # eight hosts (the 0.6B and the 4B at 64-token responses, two vLLM TP=2 engines or one TP=4) took 1.20-1.81x the
-    # step planned without it, in every phase, each phase on its host's floor; profiled, one rank of each TP pair waits
-    # in the all-reduce for its peer's host (docs/benchmarks/planner.md), and the host's vCPUs each
-    # run at half speed for spells of about a second (docs/benchmarks/planner.md). So a step bound by
-    # its FLOPs (long sequences) is planned to lose little to it. A host cost per TP all-reduce, floors grown with the
-    # host's GPUs and the rank factor solved at four GPUs each missed these or planned the two-GPU runs slow. Taken on
-    # every phase from the first run alone it was 1.7704
+    # colocated actor TP > 1 with DP > 1: every phase's host floors and the weight sync at this factor. Measured, not
+    # derived: the layout's nine runs took 1.20-1.81x the step planned without it; one rank of each TP pair waits in
+    # the all-reduce for its peer's host (docs/benchmarks/planner.md), so a FLOP-bound step loses little to it
     "tp_dp_layout_factor": Const(
         1.5587, "x the host's floors and the weight sync of a TP x DP step",
         "the value that plans the layout's nine runs (placements.jsonl, the colocated TP x DP rows of 2026-11-26..27 "
         "on four H100s and four H200s, eight hosts) at their measured steps in the geometric mean"),
-    # the host's speed across machines of one kind, as a multiple of the planned host time (the step's host share:
-    # timing.host_share): the lowest and highest over the twenty runs of one config (the 0.6B one-GPU GRPO step, 32
-    # x 8, 1.36-2.82 s on H100 and H200 machines), each 1 + (measured / planned - 1) / its host share.
-    # Only the plan's range (timing.step_range) uses them; the planned step is unchanged
+    # the host's speed across machines, x the planned host time (timing.host_share): the extremes of one config's
+    # twenty runs, 1 + (measured / planned - 1) / host share; only the plan's range (timing.step_range) uses them
     "host_speed_low": Const(
         0.5884, "x the planned host time",
-        "the fastest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8', 2026-11-26, H200: 1.360 s)"),
+        "the fastest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8', 2026-11-26, "
+        "H200: 1.360 s)"),
     "host_speed_high": Const(
         1.7216, "x the planned host time",
-        "the slowest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8 (the four-H200 host)', 2026-11-27, H200: 2.824 s)"),
-    # split: the engine receives each checkpoint tensor by NCCL broadcast and loads it as it comes (vLLM's weight-
-    # transfer engine): a cost per tensor, as the colocated reload, + the bytes at NCCL's broadcast bandwidth
-    # (per GB, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s)
+        "the slowest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8 (the "
+        "four-H200 host)', 2026-11-27, H200: 2.824 s)"),
+    # split: each checkpoint tensor by NCCL broadcast, loaded as it comes: a cost per tensor + the bytes at NCCL's
+    # broadcast bandwidth (per GB alone, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s)
     "split_sync_s_per_tensor": Const(
         0.0006096, "s per checkpoint tensor",
         "placements.jsonl 'placement split 1+1', 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "
