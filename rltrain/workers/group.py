@@ -32,8 +32,8 @@ from rltrain.workers.placement import (
 # The driver's GIL hand-off (Python's default: 5 ms). While another thread of the driver runs Python, a call that lets
 # the GIL go (a remote call's argument put, a tensor op) waits up to the interval to get it back: a remote call with a
 # 256-row batch took 31-35 ms beside a busy thread at 5 ms, 11-13 at 0.5 ms, 6-10 alone (2 CPUs,
-# docs/benchmarks/placements.md). On the GPU runs no Python thread of the driver was busy (their frames, sampled every 20 ms, sat in Ray's
-# waits): the driver's slow slicing was its torch threads (DRIVER_TORCH_THREADS).
+# docs/benchmarks/placements.md). On the GPU runs no Python thread of the driver was busy (their frames, sampled
+# every 20 ms, sat in Ray's waits): the driver's slow slicing was its torch threads (DRIVER_TORCH_THREADS).
 DRIVER_SWITCH_INTERVAL_S = 5e-4
 
 # The driver's torch threads. It only slices, pads and gathers batches and sums metrics: the ranks do the work. At
