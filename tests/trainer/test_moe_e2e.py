@@ -1,6 +1,6 @@
 """grpo_tiny with a Mixture-of-Experts actor (model.builtin=tiny-moe: tiny's attention, 4 experts of half its MLP
 width, top-2, so the same active size) trains end to end on CPU: held-out accuracy rises, and the router statistics
-are logged every step. Measured on the 2-core box (docs/benchmarks/moe.md, section 3): held-out
+are logged every step. Measured on the 2-core box (docs/benchmarks/moe.md, "Learning with an MoE model"): held-out
 0.062 -> 0.391 at step 100 and 0.617 at 300 (the dense default: 0.023 -> 0.852 at 300). The run replays the rollout's
 routing (actor.moe_routing_replay=true: the hf engine records it, the actor's forwards route through it), so the
 whole path of rollout routing replay trains here too. 80 steps (validated every 10, 2026-11-26): held-out
