@@ -4,15 +4,19 @@ reads no other), and the planner scores on the held-out runs as issue 58 asks: e
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 from planlab import cases as lab_cases  # noqa: E402
+from harness import results as tables  # noqa: E402
+from planlab import docs as lab_docs  # noqa: E402
 from planlab import fit, report  # noqa: E402
 
 from rltrain.plan import calibration as cal  # noqa: E402
@@ -62,6 +66,16 @@ def test_the_planner_scores_within_issue_58s_limits(rows, cs):
     held = {(r["case"], r["device"]) for r in rows if r["quantity"] == "step_s" and r["scope"] == "step"
             and r["role"] == "held out" and not r["fitted_any"]}
     assert len(held) == s["steps"] and not held & set(lab_cases.FITTED)
+
+
+def test_the_docs_and_the_planner_table_hold_the_current_scores(rows, cs):
+    for (path, name), block in lab_docs.blocks(os.path.join(ROOT, "docs"), rows, cs).items():
+        assert lab_docs.read_block(path, name) == block.strip("\n"), \
+            f"{path} ({name}) is stale: python tools/plan_lab.py docs"
+    on_disk = tables.read_rows(tables.table_path("planner", os.path.join(ROOT, "tools", "results")))
+    as_lines = lambda rs: sorted(json.dumps(r, default=str) for r in rs)  # noqa: E731 (NaN == NaN as text)
+    assert as_lines(on_disk) == as_lines(report.planner_rows(rows, cs)), \
+        "tools/results/planner.jsonl is stale: python tools/plan_lab.py docs"
 
 
 def test_reserved_counter_where_vllm_shares_the_card(rows):
