@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.write:
             fit.write_calibration(values, args.constants)
             print(f"wrote {len(values)} fitted constants into {args.constants}")
+        else:  # the runs held out of that fit, scored at calibration.py's values (after --write: `score`)
+            print("\n" + report.scorecard_text(report.scorecard(report.compare(cs), report.range_rows(cs))))
         return 0
     if args.command == "docs":
         docs.write_all(args.docs_dir, args.results, cs)

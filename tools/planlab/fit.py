@@ -231,7 +231,7 @@ def fit(verbose: bool = True, all_cases: list[Case] | None = None) -> dict[str, 
         _fit_step(by, keep, fitted, cs)
     if verbose:
         for k, val in fitted.items():
-            print(f"{k:32s} {val:.4f}   (calibration.py: {cal.value(k):.4f})")
+            print(f"{k:32s} {val:<10.4g} (calibration.py: {cal.value(k):.4g})")
     return fitted
 
 
