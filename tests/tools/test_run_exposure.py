@@ -32,3 +32,17 @@ def test_a_wide_listener_and_a_secret_on_a_command_line_are_reported():
     assert [p for p in found if "listens on" in p] == [f"wide: {who} listens on {wide}" for who in
                                                        runs["wide"]["listeners"]]
     assert "HF_TOKEN on a command line" in found
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["ray::HybridWorker.generate"], "ray::HybridWorker"),
+    (["/usr/bin/python3", "-u", "-m", "rltrain.main", "--config-name", "x"], "python -m rltrain.main"),
+    (["python", "-X", "dev", "tools/gpu_placements.py", "--out", "o"], "python gpu_placements.py"),
+    (["python", "-c", "print(1)"], "python -c"),
+    (["/opt/ray/core/src/ray/gcs/gcs_server", "--port=1"], "gcs_server"),
+    ([], "?"),
+])
+def test_process_labels(argv, want):  # harness/procs.py, which names the processes in the report
+    from harness import procs
+
+    assert procs.label_of(argv) == want
