@@ -48,7 +48,7 @@ def test_qwen3_06b_parameters_by_hand():
     layer = 1024 * 4096 + 2048 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128
     assert layer == 15_730_944
     total = 28 * layer + 151_936 * 1024 + 1024  # tied head: the embedding once; the final norm
-    assert total == 596_049_920  # tools/results/vllm/bench_rollout_1k.json "params_m": 596.04992
+    assert total == 596_049_920  # bench_rollout reported 596.04992 M parameters for the shape
     assert role_params(s, 1, 1, 0) == total
     # TP=2: the matrices and the embedding split, the norms whole
     assert role_params(s, 2, 1, 0) == 28 * (15_728_640 // 2 + 2304) + 151_936 * 1024 // 2 + 1024 == 298_057_728
