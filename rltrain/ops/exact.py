@@ -18,7 +18,7 @@ log-prob in a batch of another size. Here every sum is made of terms that add EX
 - exp and log as fixed sequences of +, -, *, / (IEEE correctly rounded, the same in every code path) on fp64:
   Cody-Waite reduction and a degree-13 Taylor polynomial for exp, frexp and the atanh series for log; powers of
   two are built from their bits. torch's own exp/sigmoid/silu take other code paths for a tensor's tail elements
-  (silu differed from itself at 2 of 10^5 positions on an AVX2 CPU, 2026-11-29), so they are not used.
+  (silu differed from itself at 2 of 10^5 positions on an AVX2 CPU), so they are not used.
 
 A line's grid depends on the values on it only: zeros (padding, masked keys, future tokens) change nothing, which is
 what makes a padded batch, a prefix cache and a full sequence agree.

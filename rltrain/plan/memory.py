@@ -362,7 +362,7 @@ def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[st
 
 
 # bytes per row and vocabulary entry of the hf engine's decode step, counted from rollout/hf.py sample_next_token (the
-# model's bf16 logits; fp32 copy, scaled, log-softmax, softmax): the hf split run's rollout GPU of 2026-11-26 measured
+# model's bf16 logits; fp32 copy, scaled, log-softmax, softmax): the hf split run's rollout GPU measured
 # 3.80 GiB, 3.65 planned with these, 3.14 with one fp32 [rows, vocab]
 HF_SAMPLER_BYTES = 2 + 4 * 4
 

@@ -94,7 +94,7 @@ def tp_pass_seconds(x: Inputs, all_reduces: int) -> float:
     forward, 4 a forward + backward): tp_allreduce_s per all-reduce and doubling of TP, a fixed cost per pass
     (measured the same at 8k and 32k tokens), so a narrow model loses a larger share of its time. Only with
     torch.compile's layers (elementwise_fusion compile or mcore), where it was measured; 0 at TP=1 and fusion none
-    (the fusion-none 4B TP=2 GRPO steps of 2026-11-26 ran at the TP=1 rates)."""
+    (the fusion-none 4B TP=2 GRPO steps ran at the TP=1 rates)."""
     if x.tp == 1 or x.fusion == "none":
         return 0.0
     layers = x.shape.num_hidden_layers / x.pp
@@ -202,7 +202,7 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     # per micro-batch: the experts' loop forward + backward (2x; one more forward with full recompute) and TP's
     # all-reduces (4 a layer; + 2 for a recomputed layer, + 1 for a recomputed MLP); per mini-batch (one optimizer
     # step: the step, the grad norm's host sync, zeroing): the fixed cost of the stage's layers (the pipeline's bubble
-    # as for the FLOPs). A fixed cost added per micro-batch (until 2026-11-26, late) planned the 8,192-token
+    # as for the FLOPs). A fixed cost added per micro-batch alone (an earlier model) planned the 8,192-token
     # responses' 32 micro-batches +24% and the 2,048's 19 +47%; per step -6% and +21%
     full = x.recompute and x.recompute_granularity == "full"
     selective = x.recompute and not full and "mlp" in x.recompute_modules
@@ -284,9 +284,9 @@ def tp_dp_factor(x: Inputs) -> float:
     step whose actor is tensor- AND data-parallel (actor TP > 1 with DP > 1: TP groups side by side on the host):
     tp_dp_layout_factor, measured, not derived. Nine runs of that layout on eight hosts (the 0.6B and the 4B at
     64-token responses, either rollout layout, every phase on its host's floor) took 1.20-1.81x their step planned
-    without it; the factor centres them (fit.py). Under torch's profiler one rank of each TP pair waits in the
-    all-reduce for its peer's host (docs/plan.md, "Profiled"), so a step bound by its FLOPs (long sequences) is planned
-    to lose little.
+    without it; the factor centres them (tools/planlab/fit.py). Under torch's profiler one rank of each TP pair waits in
+    the all-reduce for its peer's host (docs/benchmarks/placements.md), so a step bound by its FLOPs (long sequences)
+    is planned to lose little.
     1 for any other layout, and for a split placement (no TP x DP split run was measured)."""
     return cal.value("tp_dp_layout_factor") if x.colocated and x.tp > 1 and x.dp > 1 else 1.0
 
@@ -295,8 +295,8 @@ def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
                   factors: dict[str, float] | None = None) -> dict[str, float]:
     """{generation, log-probs, update, weight sync} seconds of one step, and their detail; a TP x DP layout's with its
     host floors and weight sync at tp_dp_factor. factors: {phase: measured / predicted} of another run on the same
-    machine, multiplying each phase and its detail (plan/fit.py's machine table: tried as a per-machine correction, it
-    did not help; the planner does not use it)."""
+    machine, multiplying each phase and its detail (tried as a per-machine correction, it did not help, docs/benchmarks/
+    planner.md; the planner does not use it)."""
     f = {"generation": 1.0, "log-probs": 1.0, "update": 1.0, "weight sync": 1.0, **(factors or {})}
     x = _timed_lengths(x)  # the data's prompts: a typical step's at their mean, not the longest
     t = train_seconds(x)
@@ -336,7 +336,7 @@ def host_share(x: Inputs, hbm: float, total_bytes: float, step_s: float) -> floa
 
 def step_range(step_s: float, share: float, value=cal.value) -> tuple[float, float]:
     """The step time the same config took across machines of one kind: its host share at host_speed_low ..
-    host_speed_high of the planned host time, its GPU share as planned (docs/plan.md, "Host spread, probed": the
+    host_speed_high of the planned host time, its GPU share as planned (docs/benchmarks/planner.md: the
     guests' vCPUs run at half speed in spells, which the config does not predict). value: a constant by name."""
     return (step_s * (1 - share * (1 - value("host_speed_low"))),
             step_s * (1 + share * (value("host_speed_high") - 1)))
