@@ -9,7 +9,8 @@ What is checked where (config/ imports no rollout/, workers/, trainer/ or models
   model shapes the overrides can build, a 'module:function' estimator importable, cross-field rules;
 - by the rooms that own the rule, called from trainer/setup.py `check_config` after these (one report): the rollout
   engine names and tool patterns (rollout/), the vLLM head_dim rules (compat/vllm.py), the placement and
-  rollout.engines_per_gpu rules (workers/placement.py), and whether trainer.device=cuda has a GPU.
+  rollout.engines_per_gpu rules (workers/placement.py, which asks config/parallel.py's ParallelDims for the rules of
+  the degrees of parallelism over the training group), and whether trainer.device=cuda has a GPU.
 """
 
 from __future__ import annotations
@@ -206,10 +207,6 @@ def _actor(e: list, cfg) -> None:
     _positive(e, "actor.tensor_parallel_size", a.tensor_parallel_size)
     _positive(e, "actor.pipeline_parallel_size", a.pipeline_parallel_size)
     _positive(e, "actor.expert_parallel_size", a.expert_parallel_size)
-    if a.expert_parallel_size > 1 and a.pipeline_parallel_size > 1:
-        e.append(f"actor.expert_parallel_size={a.expert_parallel_size} with actor.pipeline_parallel_size="
-                 f"{a.pipeline_parallel_size} is not supported yet (the pipeline schedule does not pair the expert "
-                 "collectives of ranks with different micro-batch counts); use one of the two")
     for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
         if not 0.0 <= getattr(a, key) < math.inf:
             e.append(f"actor.{key}={getattr(a, key)} is impossible; it must be >= 0 and finite (0 = off)")

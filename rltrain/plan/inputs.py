@@ -6,11 +6,11 @@ passed as a dict too. The model's shape comes from `model.builtin` (the presets,
 a local `model.path` directory's config.json (read as JSON: no transformers), the Hugging Face cache, or, for the
 Qwen3 hub names whose shapes the presets copy, the preset. Anything else is a PlanInputError naming the fix.
 
-The placement rule mirrors rltrain/workers/placement.py (plan/ may import only config/, utils/ and compat/):
-colocated, one group of trainer.n_gpus_per_node * trainer.nnodes GPUs holds every role; split, the training group
-has those GPUs and the rollout group rollout.num_replicas (default: as many GPUs as the training group /
-rollout.tensor_parallel_size) replicas of rollout.tensor_parallel_size GPUs. Megatron orders ranks TP fastest,
-then DP, then PP, so GPU r of the training group is pipeline stage r // (TP * DP).
+The placement is rltrain/workers/placement.py's (plan/ may import only config/, data/, utils/ and compat/, so both ask
+config/parallel.py): colocated, one group of trainer.n_gpus_per_node * trainer.nnodes GPUs holds every role; split,
+the training group has those GPUs and the rollout group `rollout_replicas` replicas of rollout.tensor_parallel_size
+GPUs. The actor's degrees are `ParallelDims`'s, whose rank order puts GPU r of the training group in pipeline stage
+r // (TP * DP).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from rltrain.config.parallel import ParallelDims, rollout_replicas
 from rltrain.config.schema import resolve_targets
 from rltrain.data.lengths import DataLengths  # noqa: F401 (the planner's input type, re-exported)
 from rltrain.utils import flops
@@ -199,8 +200,13 @@ class Inputs:
         return self.n_gpus_per_node * self.nnodes
 
     @property
+    def dims(self) -> ParallelDims:
+        """The actor's degrees over the training group (raises ParallelDimsError where they cannot be arranged)."""
+        return ParallelDims(world_size=self.world, tp=self.tp, pp=self.pp, ep=self.ep)
+
+    @property
     def dp(self) -> int:
-        return max(1, self.world // (self.tp * self.pp))
+        return self.dims.dp
 
     @property
     def colocated(self) -> bool:
@@ -209,11 +215,8 @@ class Inputs:
 
     @property
     def rollout_replicas(self) -> int:
-        if self.colocated:
-            return max(1, self.world // self.rollout_tp)
-        if self.num_replicas:
-            return int(self.num_replicas)
-        return max(1, self.world // self.rollout_tp)
+        return rollout_replicas(world_size=self.world, tensor_parallel_size=self.rollout_tp,
+                                num_replicas=None if self.colocated else self.num_replicas)
 
     @property
     def seq_len(self) -> int:

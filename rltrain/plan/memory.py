@@ -435,14 +435,14 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     vllm = x.engine == "vllm" and x.device != "cpu"
     roles = ("actor",) + (("ref",) if x.use_ref else ()) + (("critic",) if x.use_critic else ())
     colocated = x.colocated
-    per_stage = x.tp * x.dp
+    dims = x.dims
     # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
     # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
     rows = step_rows(x)
     T_fwd, T_values = (micro_batch_tokens(x, budget, x.seq_len, rows)
                        for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
     for r in range(x.world):
-        stage = min(r // per_stage, x.pp - 1)
+        stage = dims.coordinates(r)["pp"]
         static = train_static(x, stage)
         last = stage == x.pp - 1
         fwd = forward_bytes(x, T_fwd) + (head_bytes(x, T_fwd, backward=False) if last else 0.0)

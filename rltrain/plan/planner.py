@@ -9,6 +9,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.config.parallel import ParallelDimsError
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, as_dict, read
 from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
@@ -150,29 +151,20 @@ def device_of(device: str | None, gpu_memory_gib: float | None) -> str:
 
 
 def placement_problems(x: Inputs) -> list[str]:
-    """Why a (re-planned) config's placement or model split is impossible (mirrors workers/placement.py and the
-    megatron/vLLM rules the planner knows)."""
-    e = []
+    """Why a (re-planned) config's placement or model split is impossible: the rules of the degrees and of the shapes
+    they split (config/parallel.py's ParallelDims, which placement, megatron's setup and the model builder ask too),
+    a TP group across nodes, a rollout TP that does not divide a node's GPUs."""
     s = x.shape
-    if x.world % (x.tp * x.pp):
-        e.append("TP x PP does not divide the GPUs")
+    try:
+        e = x.dims.model_problems(layers=s.num_hidden_layers, heads=s.num_attention_heads,
+                                  kv_heads=s.num_key_value_heads, experts=s.num_experts if s.moe else 0,
+                                  expert_ffn=s.moe_intermediate_size if s.moe else 0)
+    except ParallelDimsError as err:
+        e = list(err.problems)
     if x.nnodes > 1 and x.n_gpus_per_node % x.tp:
         e.append("TP spans nodes")
-    if s.num_attention_heads % x.tp or (s.num_key_value_heads % x.tp and x.tp % s.num_key_value_heads):
-        e.append("TP does not divide the attention heads")
-    if x.pp > s.num_hidden_layers:
-        e.append("more pipeline stages than layers")
     if x.colocated and x.n_gpus_per_node % x.rollout_tp:
         e.append("rollout TP does not divide the GPUs of a node")
-    if x.ep > 1:
-        if not s.moe:
-            e.append("expert parallelism needs a Mixture-of-Experts model")
-        elif s.num_experts % x.ep:
-            e.append("EP does not divide the experts")
-        if x.world % (x.tp * x.pp) == 0 and x.dp % x.ep:
-            e.append("EP does not divide the data-parallel ranks")
-        if x.pp > 1:
-            e.append("EP with PP is not supported")
     return e
 
 

@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rltrain.config.convert import as_config
+from rltrain.config.parallel import ParallelDims, ParallelDimsError
+from rltrain.config.parallel import rollout_replicas as replicas_of
 from rltrain.utils.errors import UserError
 
 TRAIN_ROLES = ("actor", "ref", "critic")
@@ -96,8 +98,8 @@ def rollout_replicas(cfg) -> int:
     """Split mode: `rollout.num_replicas`, or by default as many devices as the training group has."""
     cfg = as_config(cfg)
     t, r = cfg.trainer, cfg.rollout
-    n = r.num_replicas
-    return int(n) if n else max(1, t.n_gpus_per_node * t.nnodes // r.tensor_parallel_size)
+    return replicas_of(world_size=t.n_gpus_per_node * t.nnodes, tensor_parallel_size=r.tensor_parallel_size,
+                       num_replicas=r.num_replicas)
 
 
 def placement_errors(cfg, *, device: str | None = None) -> list[str]:
@@ -112,22 +114,17 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
         return []  # the range checks of validate_config report these
     world = per_node * nnodes
     where = "trainer.n_gpus_per_node * trainer.nnodes" + (" (on CPU: worker processes)" if device != "cuda" else "")
-    ep = a.expert_parallel_size
     if not t.use_ray:
-        if world != 1 or tp * pp * ep != 1:
+        if world != 1 or tp * pp * a.expert_parallel_size != 1:
             e.append(f"trainer.use_ray=false runs one in-process worker, but the config asks for "
-                     f"{max(world, tp * pp, ep)} (trainer.n_gpus_per_node / actor.tensor_parallel_size / "
-                     "actor.pipeline_parallel_size / actor.expert_parallel_size); enable Ray (trainer.use_ray=true) "
-                     "or use 1")
+                     f"{max(world, tp * pp, a.expert_parallel_size)} (trainer.n_gpus_per_node / "
+                     "actor.tensor_parallel_size / actor.pipeline_parallel_size / actor.expert_parallel_size); enable "
+                     "Ray (trainer.use_ray=true) or use 1")
         return e
-    if world % (tp * pp):
-        e.append(f"{where} = {world} devices cannot hold actor.tensor_parallel_size * actor.pipeline_parallel_size = "
-                 f"{tp} * {pp} model-parallel ranks a whole number of times; set trainer.n_gpus_per_node to a "
-                 f"multiple of {tp * pp}" + (" (on CPU each device is one worker process)" if device != "cuda" else ""))
-    if ep > 1 and world % (tp * pp) == 0 and (world // (tp * pp)) % ep:
-        e.append(f"actor.expert_parallel_size={ep} must divide the data-parallel size {world // (tp * pp)} ({where} "
-                 f"= {world} / actor.tensor_parallel_size {tp} / actor.pipeline_parallel_size {pp}): the experts are "
-                 "split over data-parallel ranks; use an expert-parallel size that divides it")
+    try:  # the degrees' own rules (config/parallel.py), over the training group's devices
+        ParallelDims.of(a, world_size=world)
+    except ParallelDimsError as err:
+        e.extend(f"{why} ({where} = {world} devices)" for why in err.problems)
     if nnodes > 1 and per_node % tp:
         e.append(f"actor.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node={per_node}: a "
                  "tensor-parallel group would span nodes; use a TP size that divides the GPUs of a node")
@@ -143,11 +140,11 @@ def placement_errors(cfg, *, device: str | None = None) -> list[str]:
                      "group of rollout.tensor_parallel_size workers is a replica: leave it null")
     elif r.num_replicas is not None and r.num_replicas < 1:
         e.append(f"rollout.num_replicas={r.num_replicas} is impossible; use a positive number or null")
-    elif r.engine == "vllm" and (r.num_replicas or max(1, world // rtp)) > 1:
+    elif r.engine == "vllm" and rollout_replicas(cfg) > 1:
         # the rollout group's processes share one torch.distributed world and workers/rollout.py builds one vLLM
         # engine over it: a second replica stops when the workers start (seen on CPU)
         e.append(f"rollout.engine=vllm on split placement builds one engine over the whole rollout group; "
-                 f"{r.num_replicas or max(1, world // rtp)} replicas of rollout.tensor_parallel_size={rtp} are not "
+                 f"{rollout_replicas(cfg)} replicas of rollout.tensor_parallel_size={rtp} are not "
                  "supported yet: set rollout.num_replicas=1 (and rollout.tensor_parallel_size to the rollout GPUs), "
                  "or rollout.engine=hf")
     return e

@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen3ForTokenClassification
 
 from rltrain.algorithms import policy_loss, value_loss
-from rltrain.models.megatron import MegatronEngine, padded_vocab_size, tiny_qwen3_config
+from rltrain.config.parallel import ParallelDims
+from rltrain.models.megatron import MegatronEngine, tiny_qwen3_config
 from _megatron_ref import hf_logprobs, hf_loss_inputs, ppo_batch, random_batch, random_hf_model
 
 V = 101  # not a multiple of 128: megatron pads to 128, the padded rows must not count
@@ -112,7 +113,7 @@ def test_fused_loss_never_allocates_a_tokens_by_vocab_tensor():
     batch, lens = _ppo_batch(hf, [40, 33, 25], seed=4)
     n_rows = int(batch["label_mask"][:, 1:].sum())
     chunk = 8
-    vocab_dims = {V, padded_vocab_size(V, 1)}
+    vocab_dims = {V, ParallelDims(world_size=1).padded_vocab(V, 128)}
     for fused in (True, False):
         eng = _engine(hf, fused_linear_logprob=fused, logprobs_chunk_size=chunk)
         mbs = eng.make_micro_batches(batch, lens)
@@ -292,7 +293,7 @@ def test_engine_builds_again_after_its_world_was_destroyed_by_another_owner():
 
     from rltrain.models.megatron.compat import setup_parallel, teardown_parallel
 
-    setup_parallel(1, 1, seed=0)
+    setup_parallel(seed=0)
     dist.destroy_process_group()
     assert parallel_state.model_parallel_is_initialized()  # stale: groups of a world that no longer exists
     hf = random_hf_model(V, seed=5)

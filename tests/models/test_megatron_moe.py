@@ -198,14 +198,15 @@ def test_refusals_name_the_problem():
                                       num_key_value_heads=2), role="ref")
     with pytest.raises(UnsupportedModelError, match="num_experts_per_tok=5"):
         MegatronEngine(tiny_moe_config(V, num_experts_per_tok=5), role="ref")
+    from rltrain.config.parallel import ParallelDims
     from rltrain.models.megatron.build import transformer_config_from_hf
     from rltrain.models.megatron.tiny import tiny_qwen3_config
 
     with pytest.raises(UnsupportedModelError, match="expert_parallel_size=3 must divide num_experts=4"):
-        transformer_config_from_hf(tiny_moe_config(V), ep_size=3)
+        transformer_config_from_hf(tiny_moe_config(V), dims=ParallelDims(world_size=3, ep=3))
     with pytest.raises(UnsupportedModelError, match="needs a Mixture-of-Experts model"):
-        transformer_config_from_hf(tiny_qwen3_config(V), ep_size=2)
-    with pytest.raises(ValueError, match="ep_size=2 must divide the data-parallel size 1"):
+        transformer_config_from_hf(tiny_qwen3_config(V), dims=ParallelDims(world_size=2, ep=2))
+    with pytest.raises(ValueError, match="expert_parallel_size=2 must divide the data-parallel size 1"):
         MegatronEngine(tiny_moe_config(V), role="ref", ep_size=2)
 
 

@@ -130,7 +130,7 @@ def test_time_terms_active_flops_expert_loop_and_decode_reads(toy_cfg):
 
 
 def test_expert_parallel_placement_is_checked():
-    with pytest.raises(PlanInputError, match="EP does not divide the data-parallel ranks"):
+    with pytest.raises(PlanInputError, match="expert_parallel_size=4 must divide the data-parallel size 2"):
         make_plan(compose(*SLICE[:-1], "model.builtin=tiny-moe", "trainer.n_gpus_per_node=2",
                           "actor.expert_parallel_size=4"), gpu_memory_gib=H200)
     with pytest.raises(PlanInputError, match="needs a Mixture-of-Experts model"):

@@ -6,7 +6,7 @@ Import order of the parts: compat (CPU shims) -> build -> weights / head -> engi
 
 # first: importing it runs its CPU-only import shim before any megatron import below
 from rltrain.compat.megatron import import_megatron_without_jit_on_cpu  # noqa: F401
-from rltrain.models.megatron.build import build_gpt_model, padded_vocab_size, transformer_config_from_hf
+from rltrain.models.megatron.build import build_gpt_model, transformer_config_from_hf
 from rltrain.models.megatron.compat import setup_parallel, teardown_parallel
 from rltrain.models.megatron.engine import LR_SCHEDULES, ROLES, MegatronEngine
 from rltrain.models.megatron.tiny import tiny_qwen3_config
@@ -17,7 +17,6 @@ __all__ = [
     "ROLES",
     "LR_SCHEDULES",
     "build_gpt_model",
-    "padded_vocab_size",
     "transformer_config_from_hf",
     "setup_parallel",
     "teardown_parallel",

@@ -18,13 +18,12 @@ Mapping choices:
 - Core attention: `SDPACoreAttention` (torch scaled_dot_product_attention, causal; flash/memory-
   efficient kernels on GPU, never a materialized [s, s] score tensor there) unless Transformer
   Engine is installed, in which case megatron's TE layer spec is used.
-- Vocab: padded to a multiple of `make_vocab_size_divisible_by * tp_size` as megatron does; the
+- Vocab: padded to a multiple of `make_vocab_size_divisible_by * tp_size` as megatron does (ParallelDims); the
   padded rows are zero and the fused head masks them out of log-probs/entropy (head.py).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from megatron.core.utils import divide
 
 from rltrain.compat.megatron import (cuda_enabled, define_te_gemm_when_absent, patch_model_for_cpu,
                                      patch_moe_dispatch_for_cpu)
+from rltrain.config.parallel import ParallelDims
 from rltrain.models.engine_config import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 from rltrain.utils.errors import UserError
 from rltrain.utils.flops import sparse_layers
@@ -140,14 +140,6 @@ def head_dim(hf_config: Any) -> int:
     return int(hd) if hd else divide(hf_config.hidden_size, hf_config.num_attention_heads)
 
 
-def padded_vocab_size(vocab_size: int, tp_size: int, make_vocab_size_divisible_by: int = 128) -> int:
-    """Smallest multiple of `make_vocab_size_divisible_by * tp_size` that is >= vocab_size."""
-    if make_vocab_size_divisible_by < 1:
-        raise ValueError(f"make_vocab_size_divisible_by must be >= 1, got {make_vocab_size_divisible_by}")
-    multiple = make_vocab_size_divisible_by * tp_size
-    return int(math.ceil(vocab_size / multiple) * multiple)
-
-
 def moe_layer_pattern(hf_config: Any) -> list[int]:
     """Per layer, 1 where transformers builds a sparse MoE block and 0 where a dense MLP (Qwen3MoeDecoderLayer's
     rule: not in `mlp_only_layers`, and `(i + 1) % decoder_sparse_step == 0`); all 0 for a dense family."""
@@ -156,38 +148,27 @@ def moe_layer_pattern(hf_config: Any) -> list[int]:
     return sparse_layers(hf_config)
 
 
-def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: float, z_loss_coeff: float) -> dict:
-    """TransformerConfig's MoE keys for a Qwen3-MoE config (empty for a dense model; ep_size must then be 1)."""
-    pattern = moe_layer_pattern(hf_config)
-    if not any(pattern):
-        if ep_size != 1:
-            raise UnsupportedModelError(f"actor.expert_parallel_size={ep_size} needs a Mixture-of-Experts model; "
-                                        f"model_type={_hf_get(hf_config, 'model_type')!r} has no sparse layers")
+def _moe_kwargs(hf_config: Any, *, dims: ParallelDims, aux_loss_coeff: float, z_loss_coeff: float) -> dict:
+    """TransformerConfig's MoE keys for a Qwen3-MoE config (empty for a dense model)."""
+    if not any(moe_layer_pattern(hf_config)):
         return {}
     experts, topk = int(hf_config.num_experts), int(hf_config.num_experts_per_tok)
     ffn = int(hf_config.moe_intermediate_size)
-    problems = []
     if not 1 <= topk <= experts:
-        problems.append(f"num_experts_per_tok={topk} must be between 1 and num_experts={experts}")
-    if experts % ep_size:
-        problems.append(f"actor.expert_parallel_size={ep_size} must divide num_experts={experts}")
-    if ffn % tp_size:
-        problems.append(f"actor.tensor_parallel_size={tp_size} must divide moe_intermediate_size={ffn} (experts are "
-                        "split over the tensor-parallel ranks too)")
-    if problems:
-        raise UnsupportedModelError("MoE model config not supported: " + "; ".join(problems))
+        raise UnsupportedModelError(f"MoE model config not supported: num_experts_per_tok={topk} must be between 1 "
+                                    f"and num_experts={experts}")
     if aux_loss_coeff < 0 or z_loss_coeff < 0:
         raise ValueError(f"moe_aux_loss_coeff={aux_loss_coeff} and moe_z_loss_coeff={z_loss_coeff} must be >= 0")
     return dict(
         num_moe_experts=experts, moe_ffn_hidden_size=ffn, moe_router_topk=topk,
         # norm_topk_prob: softmax over the k chosen logits (= the renormalized top-k of the full softmax)
         moe_router_pre_softmax=not bool(_hf_get(hf_config, "norm_topk_prob", True)),
-        moe_layer_freq=pattern, moe_router_dtype="fp32",
+        moe_layer_freq=moe_layer_pattern(hf_config), moe_router_dtype="fp32",
         moe_router_load_balancing_type="aux_loss" if aux_loss_coeff > 0 else "none",
         moe_aux_loss_coeff=float(aux_loss_coeff), moe_z_loss_coeff=float(z_loss_coeff) or None,
-        expert_model_parallel_size=ep_size,
+        expert_model_parallel_size=dims.ep, expert_tensor_parallel_size=dims.etp,
         # all-to-all exchanges only the routed tokens, and each rank may hold a different number of tokens
-        moe_token_dispatcher_type="alltoall" if ep_size > 1 else "allgather",
+        moe_token_dispatcher_type="alltoall" if dims.ep > 1 else "allgather",
         moe_grouped_gemm=HAVE_TE, moe_permute_fusion=False,
         # a RouterReplay per router (idle unless the engine sets targets: rollout routing replay, moe.RoutingReplay)
         moe_enable_routing_replay=True,
@@ -197,9 +178,7 @@ def _moe_kwargs(hf_config: Any, *, tp_size: int, ep_size: int, aux_loss_coeff: f
 def transformer_config_from_hf(
     hf_config: Any,
     *,
-    tp_size: int = 1,
-    pp_size: int = 1,
-    ep_size: int = 1,
+    dims: ParallelDims | None = None,
     moe_aux_loss_coeff: float = 0.0,
     moe_z_loss_coeff: float = 0.0,
     params_dtype: torch.dtype = torch.float32,
@@ -208,7 +187,8 @@ def transformer_config_from_hf(
     recompute_granularity: str = "full",
     recompute_modules: tuple[str, ...] = ("mlp",),
 ) -> TransformerConfig:
-    """The megatron TransformerConfig equivalent to a HF Qwen3/Qwen2/Llama config.
+    """The megatron TransformerConfig equivalent to a HF Qwen3/Qwen2/Llama config, split by `dims` (None: one rank);
+    a shape the degrees cannot split raises UnsupportedModelError naming both (ParallelDims.model_problems).
 
     recompute_activations: activation recomputation. `recompute_granularity="full"`: whole layers, one at a
     time (keeps only each layer's input `[s, b, H]`); `"selective"`: only megatron's `recompute_modules` of each
@@ -218,16 +198,16 @@ def transformer_config_from_hf(
     check_supported(hf_config)
     if _hf_get(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={hf_config.hidden_act!r} is not supported (only 'silu')")
+    dims = dims or ParallelDims(world_size=1)
     n_kv = _hf_get(hf_config, "num_key_value_heads") or hf_config.num_attention_heads
-    if n_kv % tp_size or hf_config.num_attention_heads % tp_size:
-        raise ValueError(
-            f"tp_size={tp_size} must divide num_attention_heads={hf_config.num_attention_heads} "
-            f"and num_key_value_heads={n_kv}"
-        )
-    if hf_config.num_hidden_layers % pp_size:
-        raise ValueError(f"pp_size={pp_size} must divide num_hidden_layers={hf_config.num_hidden_layers}")
-    moe = _moe_kwargs(hf_config, tp_size=tp_size, ep_size=ep_size, aux_loss_coeff=moe_aux_loss_coeff,
-                      z_loss_coeff=moe_z_loss_coeff)
+    moe = any(moe_layer_pattern(hf_config))
+    problems = dims.model_problems(layers=int(hf_config.num_hidden_layers), heads=int(hf_config.num_attention_heads),
+                                   kv_heads=int(n_kv), experts=int(hf_config.num_experts) if moe else 0,
+                                   expert_ffn=int(hf_config.moe_intermediate_size) if moe else 0)
+    if problems:
+        raise UnsupportedModelError(f"model {_hf_get(hf_config, 'model_type')!r} cannot be split this way: "
+                                    + "; ".join(problems))
+    moe = _moe_kwargs(hf_config, dims=dims, aux_loss_coeff=moe_aux_loss_coeff, z_loss_coeff=moe_z_loss_coeff)
     return TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -245,9 +225,9 @@ def transformer_config_from_hf(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=float(_hf_get(hf_config, "initializer_range", 0.02)),
-        tensor_model_parallel_size=tp_size,
-        pipeline_model_parallel_size=pp_size,
-        sequence_parallel=sequence_parallel and tp_size > 1,
+        tensor_model_parallel_size=dims.tp,
+        pipeline_model_parallel_size=dims.pp,
+        sequence_parallel=sequence_parallel and dims.tp > 1,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -333,6 +313,7 @@ def layer_spec(config: TransformerConfig):
 def build_gpt_model(
     hf_config: Any,
     *,
+    dims: ParallelDims,
     params_dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     make_vocab_size_divisible_by: int = 128,
@@ -343,7 +324,8 @@ def build_gpt_model(
     moe_aux_loss_coeff: float = 0.0,
     moe_z_loss_coeff: float = 0.0,
 ) -> GPTModel:
-    """GPTModel for this pipeline stage, on `device`. Needs compat.setup_parallel() first.
+    """GPTModel for this pipeline stage, on `device`, split by `dims` (what compat.setup_parallel() initialized and
+    returned; it must run first).
 
     Tied embeddings follow `tie_word_embeddings` (pipeline stages > 1 share them via megatron's
     embedding group). The returned model carries `real_vocab_size` (the HF vocab) as an attribute.
@@ -354,11 +336,8 @@ def build_gpt_model(
     unfused fp32 composite (several elementwise kernels and fp32 copies per norm). Cast here as Float16Module
     would; the fp32 master copies in the engine keep the optimizer's precision.
     """
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
-    ep = parallel_state.get_expert_model_parallel_world_size()
     config = transformer_config_from_hf(
-        hf_config, tp_size=tp, pp_size=pp, ep_size=ep, moe_aux_loss_coeff=moe_aux_loss_coeff,
+        hf_config, dims=dims, moe_aux_loss_coeff=moe_aux_loss_coeff,
         moe_z_loss_coeff=moe_z_loss_coeff,
         params_dtype=params_dtype, sequence_parallel=sequence_parallel,
         recompute_activations=recompute_activations, recompute_granularity=recompute_granularity,
@@ -367,7 +346,7 @@ def build_gpt_model(
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(config),
-        vocab_size=padded_vocab_size(hf_config.vocab_size, tp, make_vocab_size_divisible_by),
+        vocab_size=dims.padded_vocab(int(hf_config.vocab_size), make_vocab_size_divisible_by),
         max_sequence_length=int(_hf_get(hf_config, "max_position_embeddings", 4096)),
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),

@@ -14,6 +14,8 @@ from megatron.core.tensor_parallel import random as mcore_random
 
 from rltrain.compat.megatron import cuda_enabled, seed_cpu
 from rltrain.compat.torch import bind_rendezvous_to_host
+from rltrain.config.parallel import ORDER, ParallelDims
+from rltrain.config.schema import ParallelConfig
 from rltrain.utils.distenv import loopback_sockets
 
 
@@ -41,20 +43,16 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: int = 1) -> None:
-    """Initialize torch.distributed (if needed) and megatron's model-parallel groups, then seed.
+def setup_parallel(parallel: ParallelConfig | None = None, *, seed: int = 0) -> ParallelDims:
+    """Initialize torch.distributed (if needed) and megatron's model-parallel groups of the degrees `parallel` asks
+    for (None: one rank of everything), then seed. Returns the ParallelDims over the world (config/parallel.py: every
+    rule of the degrees, EP's included, and the rank layout megatron is given here); an impossible layout raises
+    its ParallelDimsError.
 
     Without an existing process group: uses RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
     environment when set (torchrun, Ray workers), else a single-process group with an in-memory store.
-    Backend: nccl with CUDA, gloo without. Idempotent for the same (tp_size, pp_size, ep_size).
-
-    ep_size: expert parallelism (MoE). Experts are split over ep_size ranks within each pipeline stage, and each
-    expert's matrices over the tensor-parallel ranks (megatron's expert_tensor_parallel_size = tp_size), so
-    tp_size * ep_size must divide the ranks of a stage (world / pp_size): ep_size divides the data-parallel size.
+    Backend: nccl with CUDA, gloo without. Idempotent for the same degrees.
     """
-    if tp_size < 1 or pp_size < 1 or ep_size < 1:
-        raise ValueError(f"tp_size, pp_size and ep_size must be >= 1, got tp_size={tp_size}, pp_size={pp_size}, "
-                         f"ep_size={ep_size}")
     if parallel_state.model_parallel_is_initialized() and not _megatron_groups_alive():
         parallel_state.destroy_model_parallel()  # its world was destroyed (e.g. by a vLLM engine that owned it)
     if not dist.is_initialized():
@@ -65,31 +63,24 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: i
             loopback_sockets("127.0.0.1")
             dist.init_process_group("nccl" if cuda_enabled() else "gloo", store=dist.HashStore(), rank=0,
                                     world_size=1)
-    world = dist.get_world_size()
-    if world % (tp_size * pp_size) != 0:
-        raise ValueError(
-            f"world size {world} is not divisible by tp_size*pp_size = {tp_size}*{pp_size}"
-        )
-    if (world // pp_size) % (tp_size * ep_size):
-        raise ValueError(f"expert parallelism: ep_size={ep_size} must divide the data-parallel size "
-                         f"{world // (tp_size * pp_size)} (world {world} / tp_size {tp_size} / pp_size {pp_size})")
+    dims = ParallelDims.of(parallel or ParallelConfig(), world_size=dist.get_world_size())
     if parallel_state.model_parallel_is_initialized():
         have = (
             parallel_state.get_tensor_model_parallel_world_size(),
             parallel_state.get_pipeline_model_parallel_world_size(),
             parallel_state.get_expert_model_parallel_world_size(),
         )
-        if have != (tp_size, pp_size, ep_size):
+        if have != (dims.tp, dims.pp, dims.ep):
             raise ValueError(
                 f"megatron model parallelism is already initialized with (tp, pp, ep)={have}, "
-                f"cannot switch to {(tp_size, pp_size, ep_size)} in the same process"
+                f"cannot switch to {(dims.tp, dims.pp, dims.ep)} in the same process"
             )
     else:
         if cuda_enabled():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count())))
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp_size, pipeline_model_parallel_size=pp_size,
-            expert_model_parallel_size=ep_size,
+            tensor_model_parallel_size=dims.tp, pipeline_model_parallel_size=dims.pp, context_parallel_size=dims.cp,
+            expert_model_parallel_size=dims.ep, expert_tensor_parallel_size=dims.etp, order=ORDER,
         )
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     if cuda_enabled():
@@ -97,6 +88,7 @@ def setup_parallel(tp_size: int = 1, pp_size: int = 1, seed: int = 0, ep_size: i
         torch.manual_seed(seed)
     else:
         seed_cpu(seed, tp_rank)
+    return dims
 
 
 def _megatron_groups_alive() -> bool:

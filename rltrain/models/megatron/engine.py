@@ -65,7 +65,6 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         tools that build an engine by hand."""
         c = (config or EngineConfig()).with_flat(**flat) if flat else (config or EngineConfig())
         o, par, comp, head = c.optim, c.parallel, c.compute, c.head
-        tp_size, pp_size = par.tensor_parallel_size, par.pipeline_parallel_size
         self.config = c
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -81,7 +80,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                              f"got {comp.elementwise_fusion!r}")
         if not par.grad_reduce_bucket_mb > 0:
             raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {par.grad_reduce_bucket_mb}")
-        setup_parallel(tp_size, pp_size, seed, ep_size=par.expert_parallel_size)
+        self.dims = setup_parallel(par, seed=seed)  # the degrees over this world, validated (config/parallel.py)
+        tp_size, pp_size = self.dims.tp, self.dims.pp
         self.role = role
         self.device = resolve_device(device)
         self.params_dtype = params_dtype
@@ -91,7 +91,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         self.max_tokens_per_micro_batch = c.max_tokens_per_micro_batch
         self.forward_max_tokens_per_micro_batch = c.forward_max_tokens_per_micro_batch or c.max_tokens_per_micro_batch
         self.pp_size = pp_size
-        self.ep_size = par.expert_parallel_size
+        self.ep_size = self.dims.ep
         self.vocab_size = int(hf_config.vocab_size)
         moe = any(moe_layer_pattern(hf_config))
         # megatron's MoE layers train under tensor parallelism only with sequence parallelism, and its norms take
@@ -105,10 +105,10 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                 "and keep actor.tensor_parallel_size=1")
         self.tp_size = tp_size
         # megatron's MoE token dispatch over several ranks allocates on the CUDA device (compat's CPU shim)
-        self._dispatch_collectives = moe and (par.expert_parallel_size > 1 or tp_size > 1)
+        self._dispatch_collectives = moe and (self.dims.ep > 1 or tp_size > 1)
         with pipeline_mod.cpu_schedule_shim() if pp_size > 1 else contextlib.nullcontext():
             self.model = build_gpt_model(
-                hf_config, params_dtype=params_dtype, device=self.device,
+                hf_config, dims=self.dims, params_dtype=params_dtype, device=self.device,
                 make_vocab_size_divisible_by=c.make_vocab_size_divisible_by, sequence_parallel=self.sequence_parallel,
                 recompute_activations=comp.recompute_activations and role != "ref",
                 recompute_granularity=comp.recompute_granularity, recompute_modules=tuple(comp.recompute_modules),
