@@ -2,13 +2,13 @@
 groups (config/schema.py) plus the micro-batch token budget, the lr schedule's length and the vocab padding. Every
 default is the schema's: a group's own defaults, and actor.max_tokens_per_micro_batch's for the budget.
 
-models/builder.py makes one from a run's sections; tests and tools that build an engine by hand may override single
-keys by their flat engine names (`EngineConfig.with_flat(tp_size=2, lr=1e-3)`, FLAT). No torch, no megatron here.
+models/builder.py makes one from a run's sections; tests and tools that build an engine by hand set the typed fields
+(`EngineConfig(optim=OptimizerConfig(lr=1e-3), parallel=ParallelConfig(tensor_parallel_size=2))`). No torch, no
+megatron here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from rltrain.config.schema import (
@@ -57,41 +57,3 @@ class EngineConfig:
     total_steps: int = 1000  # optimizer steps of the lr schedule (the builder passes the run's)
     make_vocab_size_divisible_by: int = VOCAB_PADDING
     true_on_policy: SampledDistribution | None = None  # rollout.true_on_policy (None: the plain forward and head)
-
-    # flat engine keyword -> (group or "", field): the names tests and tools pass to MegatronEngine(...)
-    FLAT = {
-        "tp_size": ("parallel", "tensor_parallel_size"), "pp_size": ("parallel", "pipeline_parallel_size"),
-        "ep_size": ("parallel", "expert_parallel_size"),
-        "moe_aux_loss_coeff": ("moe", "moe_aux_loss_coeff"), "moe_z_loss_coeff": ("moe", "moe_z_loss_coeff"),
-        "moe_grouped_gemm": ("moe", "moe_grouped_gemm"),
-
-        "grad_reduce_bucket_mb": ("parallel", "grad_reduce_bucket_mb"),
-        "overlap_grad_reduce": ("parallel", "overlap_grad_reduce"),
-        "fused_linear_logprob": ("head", "fused_linear_logprob"),
-        "fused_linear_logprob_backend": ("head", "fused_linear_logprob_backend"),
-        "logprobs_chunk_size": ("head", "logprobs_chunk_size"),
-        "lr": ("optim", "lr"), "weight_decay": ("optim", "weight_decay"), "betas": ("optim", "betas"),
-        "eps": ("optim", "eps"), "grad_clip": ("optim", "grad_clip"), "warmup_steps": ("optim", "lr_warmup_steps"),
-        "lr_schedule": ("optim", "lr_schedule"), "min_lr_ratio": ("optim", "min_lr_ratio"),
-        "recompute_activations": ("compute", "recompute_activations"),
-        "recompute_granularity": ("compute", "recompute_granularity"),
-        "recompute_modules": ("compute", "recompute_modules"), "elementwise_fusion": ("compute", "elementwise_fusion"),
-        "max_tokens_per_micro_batch": ("", "max_tokens_per_micro_batch"), "total_steps": ("", "total_steps"),
-        "forward_max_tokens_per_micro_batch": ("", "forward_max_tokens_per_micro_batch"),
-        "make_vocab_size_divisible_by": ("", "make_vocab_size_divisible_by"),
-        "lora_rank": ("lora", "rank"), "lora_alpha": ("lora", "alpha"), "lora_dropout": ("lora", "dropout"),
-        "lora_target_modules": ("lora", "target_modules"),
-        "true_on_policy": ("", "true_on_policy"),
-    }
-
-    def with_flat(self, **flat) -> "EngineConfig":
-        """A copy with single keys replaced by their flat engine names (FLAT)."""
-        unknown = sorted(set(flat) - set(self.FLAT))
-        if unknown:
-            raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(self.FLAT)}")
-        out = dataclasses.replace(self, **{g: dataclasses.replace(getattr(self, g)) for g in
-                                           ("optim", "parallel", "compute", "head", "moe", "lora")})
-        for name, value in flat.items():
-            group, key = self.FLAT[name]
-            setattr(getattr(out, group) if group else out, key, value)
-        return out

@@ -4,6 +4,7 @@ Not a test module."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 
@@ -11,7 +12,31 @@ import torch
 import torch.multiprocessing as mp
 from transformers import Qwen3ForCausalLM
 
+from rltrain.models.engine_config import EngineConfig
 from rltrain.models.megatron.tiny import tiny_qwen3_config
+
+ENGINE_ARGS = ("role", "params_dtype", "device", "seed")  # MegatronEngine's own arguments; the rest is its config
+
+
+def engine_config(**keys) -> EngineConfig:
+    """An EngineConfig with single typed fields set by their schema names (lr, tensor_parallel_size,
+    fused_linear_logprob, max_tokens_per_micro_batch, ...): each on the key group that declares it."""
+    c = EngineConfig()
+    owners = [getattr(c, f.name) for f in dataclasses.fields(c) if dataclasses.is_dataclass(getattr(c, f.name))]
+    for key, value in keys.items():
+        owner = next((g for g in owners if key in {f.name for f in dataclasses.fields(g)}), c)
+        if key not in {f.name for f in dataclasses.fields(owner)}:
+            raise TypeError(f"no engine config field {key!r}")
+        setattr(owner, key, value)
+    return c
+
+
+def make_engine(hf_config, **kw):
+    """MegatronEngine(hf_config, engine_config(...), role=..., seed=...) from one set of keyword arguments."""
+    from rltrain.models.megatron import MegatronEngine
+
+    args = {k: kw.pop(k) for k in ENGINE_ARGS if k in kw}
+    return MegatronEngine(hf_config, engine_config(**kw), **args)
 
 
 def random_hf_model(vocab_size: int = 101, seed: int = 0, **cfg) -> Qwen3ForCausalLM:

@@ -29,16 +29,6 @@ def test_engine_defaults_are_the_schemas():
     assert c.make_vocab_size_divisible_by == 1 and c.optim.weight_decay == 0.01
 
 
-def test_flat_names_override_single_keys_without_touching_the_original():
-    base = EngineConfig()
-    c = base.with_flat(tp_size=2, lr=3e-4, warmup_steps=5, logprobs_chunk_size=64, recompute_activations=True)
-    assert (c.parallel.tensor_parallel_size, c.optim.lr, c.optim.lr_warmup_steps) == (2, 3e-4, 5)
-    assert c.head.logprobs_chunk_size == 64 and c.compute.recompute_activations
-    assert base == EngineConfig()
-    with pytest.raises(TypeError, match="weight_decy"):
-        base.with_flat(weight_decy=0.1)
-
-
 def test_builder_passes_every_section_key_to_the_engine():
     actor = ActorConfig(lr=3e-4, weight_decay=0.05, betas=[0.8, 0.9], eps=1e-6, grad_clip=0.7, lr_warmup_steps=2,
                         lr_schedule="cosine", min_lr_ratio=0.1, max_tokens_per_micro_batch=321)

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch
-from rltrain.models.megatron import MegatronEngine
-from _megatron_ref import random_batch, random_hf_model
+from _megatron_ref import make_engine, random_batch, random_hf_model
 
 V = 101
 
@@ -31,7 +30,7 @@ class _Recorder:
 
 def _setup(lr=0.0):
     hf = random_hf_model(V, seed=5, num_hidden_layers=1)
-    eng = MegatronEngine(hf.config, seed=0, lr=lr, make_vocab_size_divisible_by=1, max_tokens_per_micro_batch=24)
+    eng = make_engine(hf.config, seed=0, lr=lr, make_vocab_size_divisible_by=1, max_tokens_per_micro_batch=24)
     eng.load_hf_weights(hf.state_dict())
     ids, lens, mask = random_batch(V, [8, 6, 5, 3], seed=2)
     return eng, ids, lens, mask

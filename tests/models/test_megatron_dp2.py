@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
+from _megatron_ref import (hf_logprobs, join_gloo_world, make_engine, ppo_loss_with_entropy as _ppo_loss, random_batch,
                            random_hf_model, spawn_gloo_ranks)
 
 V = 211
@@ -60,9 +60,8 @@ def _step_grads(eng, mbs):
 
 
 def _engine(hf, **kw):
-    from rltrain.models.megatron import MegatronEngine
 
-    eng = MegatronEngine(hf.config, seed=0, lr=1e-3, weight_decay=0.0, grad_clip=1e9,
+    eng = make_engine(hf.config, seed=0, lr=1e-3, weight_decay=0.0, grad_clip=1e9,
                          max_tokens_per_micro_batch=16, **kw)
     eng.load_hf_weights(hf.state_dict())
     return eng

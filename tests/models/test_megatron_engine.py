@@ -11,15 +11,15 @@ from transformers import Qwen3ForTokenClassification
 
 from rltrain.algorithms import policy_loss, value_loss
 from rltrain.config.parallel import ParallelDims
-from rltrain.models.megatron import MegatronEngine, tiny_qwen3_config
-from _megatron_ref import hf_logprobs, hf_loss_inputs, ppo_batch, random_batch, random_hf_model
+from rltrain.models.megatron import tiny_qwen3_config
+from _megatron_ref import hf_logprobs, hf_loss_inputs, make_engine, ppo_batch, random_batch, random_hf_model
 
 V = 101  # not a multiple of 128: megatron pads to 128, the padded rows must not count
 
 
 def _engine(hf, **kw):
     kw.setdefault("make_vocab_size_divisible_by", 128)  # the padded rows are what these tests check
-    eng = MegatronEngine(hf.config, seed=0, **kw)
+    eng = make_engine(hf.config, seed=0, **kw)
     eng.load_hf_weights(hf.state_dict())
     return eng
 
@@ -28,7 +28,7 @@ def _engine(hf, **kw):
 def test_hf_to_megatron_to_hf_round_trip_is_exact(tied, tmp_path):
     hf = random_hf_model(V, tie_word_embeddings=tied)
     hf.save_pretrained(tmp_path)  # load from the safetensors directory, as from model.path
-    eng = MegatronEngine(hf.config, role="ref")
+    eng = make_engine(hf.config, role="ref")
     eng.load_hf_weights(str(tmp_path))
     sd = hf.state_dict()
     out = dict(eng.export_hf_weights(bucket_bytes=4096))
@@ -166,7 +166,7 @@ def test_ppo_step_matches_the_same_step_on_transformers(fused):
 def test_critic_values_match_token_classification_and_value_step_moves_toward_returns():
     hf = random_hf_model(V, seed=13)
     ids, lens, mask = random_batch(V, [10, 6, 8], seed=21)
-    eng = MegatronEngine(hf.config, role="critic", lr=1e-2, seed=0)
+    eng = make_engine(hf.config, role="critic", lr=1e-2, seed=0)
     eng.load_hf_weights(hf.model.state_dict())  # AutoModel names ("layers.0..."), no value head
     cls = Qwen3ForTokenClassification(tiny_qwen3_config(V, num_labels=1)).eval()
     missing = cls.load_state_dict(dict(eng.export_hf_weights()), strict=True)
@@ -204,7 +204,7 @@ def test_nan_loss_raises_and_leaves_weights_unchanged():
 
 def test_micro_batches_respect_the_token_budget_and_cover_every_row_once():
     hf = random_hf_model(V, seed=1, num_hidden_layers=1)
-    eng = MegatronEngine(hf.config, role="ref", max_tokens_per_micro_batch=20)
+    eng = make_engine(hf.config, role="ref", max_tokens_per_micro_batch=20)
     g = torch.Generator().manual_seed(int(torch.randint(0, 10**6, ())))
     lens = torch.randint(1, 16, (11,), generator=g)
     ids, lens, mask = random_batch(V, lens.tolist())
@@ -252,7 +252,7 @@ def test_forward_passes_take_their_own_budget_and_give_the_same_log_probs():
 
 def test_cosine_schedule_warms_up_then_decays_to_min_ratio():
     hf = random_hf_model(V, seed=1, num_hidden_layers=1)
-    eng = _engine(hf, lr=1.0, warmup_steps=2, total_steps=6, lr_schedule="cosine", min_lr_ratio=0.1)
+    eng = _engine(hf, lr=1.0, lr_warmup_steps=2, total_steps=6, lr_schedule="cosine", min_lr_ratio=0.1)
     batch, lens = _ppo_batch(hf, [5, 4], seed=2)
     lrs = [eng.train_step(eng.make_micro_batches(batch, lens), _PPOLoss())["lr"] for _ in range(7)]
     expected = [0.5, 1.0] + [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)] + [0.1]
@@ -261,7 +261,7 @@ def test_cosine_schedule_warms_up_then_decays_to_min_ratio():
 
 def test_bf16_params_train_on_fp32_master_weights():
     hf = random_hf_model(V, seed=4, num_hidden_layers=1)
-    eng = MegatronEngine(hf.config, params_dtype=torch.bfloat16, lr=1e-3)
+    eng = make_engine(hf.config, params_dtype=torch.bfloat16, lr=1e-3)
     eng.load_hf_weights(hf.state_dict())
     batch, lens = _ppo_batch(hf, [7, 5], seed=6)
     eng.train_step(eng.make_micro_batches(batch, lens), _PPOLoss())
@@ -279,9 +279,9 @@ def test_bf16_params_train_on_fp32_master_weights():
 def test_unknown_role_and_schedule_are_clear_errors():
     cfg = tiny_qwen3_config(V)
     with pytest.raises(ValueError, match="role must be one of"):
-        MegatronEngine(cfg, role="reward")
+        make_engine(cfg, role="reward")
     with pytest.raises(ValueError, match="lr_schedule must be one of"):
-        MegatronEngine(cfg, lr_schedule="linear")
+        make_engine(cfg, lr_schedule="linear")
 
 
 def test_engine_builds_again_after_its_world_was_destroyed_by_another_owner():

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rltrain.models.hf_experts import CheckpointLayout, checkpoint_names
-from rltrain.models.megatron import MegatronEngine
 from rltrain.models.megatron.build import UnsupportedModelError, moe_layer_pattern
-from _megatron_ref import hf_logprobs, hf_loss_inputs, ppo_batch, random_batch, random_moe_model, tiny_moe_config
+from _megatron_ref import (hf_logprobs, hf_loss_inputs, make_engine, ppo_batch, random_batch, random_moe_model,
+                           tiny_moe_config)
 
 V = 101  # not a multiple of 128: megatron pads to 128, the padded rows must not count
 
@@ -27,7 +27,7 @@ SHAPES = {
 
 def _engine(hf, **kw):
     kw.setdefault("make_vocab_size_divisible_by", 128)
-    eng = MegatronEngine(hf.config, seed=0, **kw)
+    eng = make_engine(hf.config, seed=0, **kw)
     eng.load_hf_weights(hf.state_dict())
     return eng
 
@@ -58,7 +58,7 @@ def test_forward_logprobs_and_entropy_match_transformers(shape, fused):
 @pytest.mark.parametrize("source", ["saved_directory", "state_dict"])
 def test_weights_round_trip_exactly_in_the_checkpoint_layout(source, tmp_path):
     hf = random_moe_model(V, seed=4, **SHAPES["dense_first_tied"])
-    eng = MegatronEngine(hf.config, role="ref")
+    eng = make_engine(hf.config, role="ref")
     if source == "saved_directory":
         hf.save_pretrained(tmp_path)  # transformers 5 writes one tensor per expert
         eng.load_hf_weights(str(tmp_path))
@@ -191,13 +191,13 @@ def test_refusals_name_the_problem():
     from transformers import MixtralConfig, Qwen2MoeConfig
 
     with pytest.raises(UnsupportedModelError, match="Mixtral.*qwen3_moe"):
-        MegatronEngine(MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+        make_engine(MixtralConfig(vocab_size=V, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=4, num_key_value_heads=2), role="ref")
     with pytest.raises(UnsupportedModelError, match="shared experts"):
-        MegatronEngine(Qwen2MoeConfig(vocab_size=V, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+        make_engine(Qwen2MoeConfig(vocab_size=V, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                                       num_key_value_heads=2), role="ref")
     with pytest.raises(UnsupportedModelError, match="num_experts_per_tok=5"):
-        MegatronEngine(tiny_moe_config(V, num_experts_per_tok=5), role="ref")
+        make_engine(tiny_moe_config(V, num_experts_per_tok=5), role="ref")
     from rltrain.config.parallel import ParallelDims
     from rltrain.models.megatron.build import transformer_config_from_hf
     from rltrain.models.megatron.tiny import tiny_qwen3_config
@@ -207,7 +207,7 @@ def test_refusals_name_the_problem():
     with pytest.raises(UnsupportedModelError, match="needs a Mixture-of-Experts model"):
         transformer_config_from_hf(tiny_qwen3_config(V), dims=ParallelDims(world_size=2, ep=2))
     with pytest.raises(ValueError, match="expert_parallel_size=2 must divide the data-parallel size 1"):
-        MegatronEngine(tiny_moe_config(V), role="ref", ep_size=2)
+        make_engine(tiny_moe_config(V), role="ref", expert_parallel_size=2)
 
 
 def test_exported_weights_reach_the_hf_rollout_engine_and_a_fused_state_dict_saves(tmp_path):

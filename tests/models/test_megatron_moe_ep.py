@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rltrain.models.hf_experts import CheckpointLayout
-from _megatron_ref import hf_logprobs, join_gloo_world, random_batch, random_moe_model, spawn_gloo_ranks
+from _megatron_ref import hf_logprobs, join_gloo_world, make_engine, random_batch, random_moe_model, spawn_gloo_ranks
 from test_megatron_moe import _PPOLoss, _ppo_batch
 
 V = 101
@@ -24,9 +24,8 @@ LENS = [[9, 6, 3], [11, 4, 7, 2, 12, 3]]  # per data-parallel rank: 2 vs 3 micro
 
 
 def _engine(hf, **kw):
-    from rltrain.models.megatron import MegatronEngine
 
-    eng = MegatronEngine(hf.config, seed=0, lr=1e-3, weight_decay=0.0, grad_clip=0.7,
+    eng = make_engine(hf.config, seed=0, lr=1e-3, weight_decay=0.0, grad_clip=0.7,
                          max_tokens_per_micro_batch=16, **kw)
     eng.load_hf_weights(hf.state_dict())
     return eng
@@ -49,12 +48,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         from rltrain.models.megatron.build import UnsupportedModelError
 
         try:
-            _engine(hf, tp_size=tp, ep_size=2)
+            _engine(hf, tensor_parallel_size=tp, expert_parallel_size=2)
         except UnsupportedModelError as err:
             res["refusal"] = str(err)
-        eng = _engine(hf, tp_size=tp, ep_size=2, role="ref")
+        eng = _engine(hf, tensor_parallel_size=tp, expert_parallel_size=2, role="ref")
     else:
-        eng = _engine(hf, tp_size=tp, ep_size=2)
+        eng = _engine(hf, tensor_parallel_size=tp, expert_parallel_size=2)
     dp_rank, dp = eng.data_parallel
     ids, lens, mask = random_batch(V, [[12, 5, 1, 8], [7, 3]][dp_rank], seed=40 + dp_rank)  # 1 vs 2 micro-batches
     lp, ent = eng.forward_logprobs(ids, lens, mask)

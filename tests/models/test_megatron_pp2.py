@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
+from _megatron_ref import (hf_logprobs, join_gloo_world, make_engine, ppo_loss_with_entropy as _ppo_loss, random_batch,
                            random_hf_model, spawn_gloo_ranks)
 
 V = 301
@@ -100,9 +100,7 @@ def test_group_micro_batches_hand_worked():
 
 @functools.cache
 def _pp1_reference() -> dict:
-    from rltrain.models.megatron import MegatronEngine
-
-    return _steps(1, lambda cfg, **kw: MegatronEngine(cfg, **kw))
+    return _steps(1, lambda cfg, **kw: make_engine(cfg, **kw))
 
 
 def _spawn(fn, world: int, tmp_path) -> list[dict]:
@@ -134,10 +132,8 @@ def _worker_tp2_pp2(rank: int, world: int, port: int, out_dir: str) -> None:
     join_gloo_world(rank, world, port)
     from megatron.core import parallel_state
 
-    from rltrain.models.megatron import MegatronEngine
-
     def make(cfg, **kw):
-        return MegatronEngine(cfg, tp_size=2, pp_size=2, **kw)
+        return make_engine(cfg, tensor_parallel_size=2, pipeline_parallel_size=2, **kw)
 
     res: dict = {}
     hf = random_hf_model(V, seed=31, num_hidden_layers=LAYERS, tie_word_embeddings=True)
@@ -157,10 +153,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     join_gloo_world(rank, world, port)
     from megatron.core import parallel_state
 
-    from rltrain.models.megatron import MegatronEngine
-
     def make(cfg, **kw):
-        return MegatronEngine(cfg, pp_size=2, **kw)
+        return make_engine(cfg, pipeline_parallel_size=2, **kw)
 
     res: dict = {}
     for tied in (False, True):

@@ -10,7 +10,7 @@ import os
 import torch
 
 from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
-from _megatron_ref import (hf_logprobs, join_gloo_world, ppo_loss_with_entropy as _ppo_loss, random_batch,
+from _megatron_ref import (hf_logprobs, join_gloo_world, make_engine, ppo_loss_with_entropy as _ppo_loss, random_batch,
                            random_hf_model, spawn_gloo_ranks)
 
 V = 301  # padded to 512 at TP=2: rank 0 holds 256 real rows, rank 1 holds 45 real + 211 padded
@@ -38,13 +38,11 @@ def _hf_step(hf, batch, lr, clip):
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     join_gloo_world(rank, world, port)
-    from rltrain.models.megatron import MegatronEngine
-
     res: dict[str, float] = {}
     for tied in (False, True):
         hf = random_hf_model(V, seed=31, tie_word_embeddings=tied)
         sd = hf.state_dict()
-        ref_eng = MegatronEngine(hf.config, role="ref", tp_size=2, logprobs_chunk_size=6)
+        ref_eng = make_engine(hf.config, role="ref", tensor_parallel_size=2, logprobs_chunk_size=6)
         ref_eng.load_hf_weights(sd)
         out = dict(ref_eng.export_hf_weights(bucket_bytes=10_000))
         expected = {k for k in sd if not (tied and k == "lm_head.weight")}
@@ -57,7 +55,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         ids, lens, mask = random_batch(V, [10, 4, 7, 2], seed=5)
         ref_lp, ref_ent = hf_logprobs(hf, ids, mask, temperature=0.8)
         for fused in (True, False):
-            eng = ref_eng if fused else MegatronEngine(hf.config, role="ref", tp_size=2,
+            eng = ref_eng if fused else make_engine(hf.config, role="ref", tensor_parallel_size=2,
                                                        fused_linear_logprob=False)
             if not fused:
                 eng.load_hf_weights(sd)
@@ -75,7 +73,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
              "old_logprobs": (ref_lp.float() + 0.3 * torch.randn(ids.shape, generator=g)) * mask,
              "advantages": torch.randn(ids.shape, generator=g) * mask}
     lr, clip = 1e-3, 0.5
-    eng = MegatronEngine(hf.config, tp_size=2, lr=lr, weight_decay=0.0, grad_clip=clip,
+    eng = make_engine(hf.config, tensor_parallel_size=2, lr=lr, weight_decay=0.0, grad_clip=clip,
                          max_tokens_per_micro_batch=20, logprobs_chunk_size=5)
     eng.load_hf_weights(hf.state_dict())
     mbs = eng.make_micro_batches(batch, lens)
@@ -90,7 +88,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     res["step_max_abs_err"] = max(float((after[k] - p).abs().max()) for k, p in hf.state_dict().items())
 
     # critic: values of the exported weights == megatron's (head on the gathered hidden states)
-    critic = MegatronEngine(hf.config, role="critic", tp_size=2)
+    critic = make_engine(hf.config, role="critic", tensor_parallel_size=2)
     critic.load_hf_weights(hf.state_dict())
     values = critic.forward_values(ids, lens, mask)
     exported = dict(critic.export_hf_weights())

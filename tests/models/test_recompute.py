@@ -2,13 +2,13 @@
 
 import torch
 
-from rltrain.models.megatron.engine import MegatronEngine
 from rltrain.models.megatron.tiny import tiny_qwen3_config
+from _megatron_ref import make_engine
 
 
 def _step(recompute: bool):
     cfg = tiny_qwen3_config(vocab_size=97)
-    eng = MegatronEngine(cfg, role="actor", seed=3, lr=1e-3, recompute_activations=recompute,
+    eng = make_engine(cfg, role="actor", seed=3, lr=1e-3, recompute_activations=recompute,
                          make_vocab_size_divisible_by=1)
     torch.manual_seed(0)
     from transformers import Qwen3ForCausalLM

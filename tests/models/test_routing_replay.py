@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from rltrain.data.batch import Batch
-from rltrain.models.megatron import MegatronEngine
 from rltrain.rollout.base import SamplingParams
 from rltrain.rollout.hf import HFEngine
 from rltrain.workers.rollout import routing_fields
-from _megatron_ref import hf_logprobs, hf_loss_inputs, ppo_batch, ppo_loss_with_entropy, random_batch, random_moe_model
+from _megatron_ref import (hf_logprobs, hf_loss_inputs, make_engine, ppo_batch, ppo_loss_with_entropy, random_batch,
+                           random_moe_model)
 
 V = 101
 SHAPES = {  # top-k renormalized (softmax after top-k in megatron), not renormalized (before), a dense first layer
@@ -27,7 +27,7 @@ SHAPES = {  # top-k renormalized (softmax after top-k in megatron), not renormal
 
 
 def _engine(hf, **kw):
-    eng = MegatronEngine(hf.config, seed=0, make_vocab_size_divisible_by=128, **kw)
+    eng = make_engine(hf.config, seed=0, make_vocab_size_divisible_by=128, **kw)
     eng.load_hf_weights(hf.state_dict())
     return eng
 

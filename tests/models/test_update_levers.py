@@ -7,8 +7,8 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from rltrain.models.megatron import fusion as fusion_mod
-from rltrain.models.megatron.engine import MegatronEngine
 from rltrain.models.megatron.tiny import tiny_qwen3_config
+from _megatron_ref import make_engine
 
 V = 97
 
@@ -44,7 +44,7 @@ _loss_fn.needs_entropy_grad = True
 
 def _step(hf, mb, **kw):
     """One train_step -> (metrics, grads the optimizer stepped with, by parameter name)."""
-    eng = MegatronEngine(hf.config, role="actor", seed=3, lr=1e-3, make_vocab_size_divisible_by=1, **kw)
+    eng = make_engine(hf.config, role="actor", seed=3, lr=1e-3, make_vocab_size_divisible_by=1, **kw)
     eng.load_hf_weights(hf.state_dict())
     names = {id(p): n for n, p in eng.model.named_parameters()}
     grads, step = {}, eng.optimizer.step
@@ -70,9 +70,9 @@ def _same_step(a, b, rtol=1e-5):
 def test_bf16_model_keeps_norms_in_bf16_and_matches_fp32_within_bf16_rounding():
     hf = _hf(seed=int(torch.randint(0, 10**6, ())))
     mb = _batch(seed=int(torch.randint(0, 10**6, ())), lens=(16, 11, 1, 5))
-    ref = MegatronEngine(hf.config, role="ref", make_vocab_size_divisible_by=1)  # fp32 reference
+    ref = make_engine(hf.config, role="ref", make_vocab_size_divisible_by=1)  # fp32 reference
     ref.load_hf_weights(hf.state_dict())
-    eng = MegatronEngine(hf.config, role="actor", params_dtype=torch.bfloat16, make_vocab_size_divisible_by=1)
+    eng = make_engine(hf.config, role="actor", params_dtype=torch.bfloat16, make_vocab_size_divisible_by=1)
     eng.load_hf_weights(hf.state_dict())
     assert {p.dtype for p in eng.model.parameters()} == {torch.bfloat16}
     assert {m.dtype for m in eng._masters} == {torch.float32}
@@ -136,7 +136,7 @@ def test_compiled_layers_give_the_same_step_in_one_graph(monkeypatch):
 
 def test_nan_loss_in_a_later_micro_batch_raises_and_takes_no_step():
     hf = _hf(seed=2)
-    eng = MegatronEngine(hf.config, role="actor", lr=1e-2, make_vocab_size_divisible_by=1)
+    eng = make_engine(hf.config, role="actor", lr=1e-2, make_vocab_size_divisible_by=1)
     eng.load_hf_weights(hf.state_dict())
     before = {k: v.clone() for k, v in eng.export_hf_weights()}
     calls = []

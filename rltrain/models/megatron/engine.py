@@ -58,12 +58,10 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
     when it trains."""
 
     def __init__(self, hf_config: Any, config: EngineConfig | None = None, *, role: str = "actor",
-                 params_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0,
-                 **flat: Any):
+                 params_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0):
         """config: the typed engine config (models/builder.py makes it from a run's config; None: the schema's
-        defaults). flat: single keys by their flat names (tp_size=2, lr=1e-3: EngineConfig.FLAT), for tests and
-        tools that build an engine by hand."""
-        c = (config or EngineConfig()).with_flat(**flat) if flat else (config or EngineConfig())
+        defaults)."""
+        c = config or EngineConfig()
         o, par, comp, head = c.optim, c.parallel, c.compute, c.head
         self.config = c
         if role not in ROLES:
