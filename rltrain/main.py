@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from omegaconf import DictConfig
 
 from rltrain.config import config_main, register_configs, validate_config
+from rltrain.config.convert import as_config, as_dict
+from rltrain.config.schema import RLConfig
 from rltrain.config.entry import CONFIG_DIR
 from rltrain.utils.errors import find_user_error
 from rltrain.utils.rundir import lock_run_dir, mark_finished, prepare_run_dir, resume_command
@@ -30,13 +32,15 @@ from rltrain.utils.stacks import enable_stack_dumps
 register_configs()
 
 
-def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Callable[[DictConfig], object]) -> None:
-    """Validate and run `cfg` for an entry point (this one and rltrain.sft). A user's mistake (a
-    UserError, raised here or in a Ray worker) is printed as `rltrain: <message>` and exits with code 2,
-    never as a traceback; anything else propagates. `kill -USR1 <pid>` prints the process's stacks
-    (utils/stacks.py)."""
+def run_entry(cfg: DictConfig, validate: Callable[[Any], None], run: Callable[[Any], object],
+              schema: type = RLConfig) -> None:
+    """Convert the composed `cfg` to the typed `schema` (the one conversion: typed objects from here on), validate
+    and run it, for an entry point (this one and rltrain.sft). A user's mistake (a UserError, raised here or in a
+    Ray worker) is printed as `rltrain: <message>` and exits with code 2, never as a traceback; anything else
+    propagates. `kill -USR1 <pid>` prints the process's stacks (utils/stacks.py)."""
     enable_stack_dumps()
     try:
+        cfg = as_config(cfg, schema)
         validate(cfg)
         # the command line's run (Hydra's run directory; in-process callers, e.g. tests, lock nothing); under
         # torchrun (SFT) rank 0 holds the lock
@@ -63,7 +67,7 @@ def run_entry(cfg: DictConfig, validate: Callable[[DictConfig], None], run: Call
         sys.exit(2)
 
 
-def prepare_run(cfg: DictConfig, run_dir: str) -> None:
+def prepare_run(cfg: RLConfig, run_dir: str) -> None:
     """The checks of the run's files before the trainer is built (see the module docstring); may set
     cfg.trainer.resume to the checkpoint of the run that `auto` continues."""
     from rltrain.utils.checkpoint import check_resume_checkpoint, list_checkpoints
@@ -85,7 +89,7 @@ def prepare_run(cfg: DictConfig, run_dir: str) -> None:
             if not t.ckpt_dir:
                 _check_same_model(cfg, own[-1][1], f"trainer.resume=auto would continue {own[-1][1]}, which")
         elif _on_command_line("trainer.resume"):  # asked for by the user: say what it finds
-            found = find_previous_run(run_dir, _plain(cfg)) if not t.ckpt_dir and _hydra_chose_run_dir() else None
+            found = find_previous_run(run_dir, as_dict(cfg)) if not t.ckpt_dir and _hydra_chose_run_dir() else None
             if found is not None:
                 prev, step, path = found
                 t.resume = path
@@ -105,17 +109,11 @@ def _check_same_model(cfg, ckpt: str, what: str) -> None:
     from rltrain.utils.rundir import model_differences
 
     saved = _run_config_of(ckpt)
-    diff = model_differences(saved, _plain(cfg)) if saved is not None else []
+    diff = model_differences(saved, as_dict(cfg)) if saved is not None else []
     if diff:
         raise CheckpointError(f"{what} was saved by a run of another model ({', '.join(diff)}); resume with the "
                               "model settings it was saved with, or start fresh (trainer.resume=never, or another "
                               "run directory)")
-
-
-def _plain(cfg) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
 
 
 def _run_config_of(ckpt: str) -> dict | None:
@@ -177,7 +175,7 @@ def _hydra_chose_run_dir() -> bool:
     return not any(str(o).lstrip("+~").startswith("hydra.run.dir=") for o in overrides)
 
 
-def run_rl(cfg: DictConfig) -> None:
+def run_rl(cfg: RLConfig) -> None:
     """Check the run's files (prepare_run), and the tool sandbox first when the rollout runs tool calls (the log
     states its isolation once)."""
     from rltrain.trainer.setup import run_directory

@@ -18,7 +18,7 @@ from rltrain.main import CONFIG_DIR, run_entry
 register_configs()
 
 
-def run_sft(cfg: DictConfig) -> None:
+def run_sft(cfg: SFTConfig) -> None:
     """Refused before training (exit 2): a local model.path with missing or truncated weights, a checkpoint
     directory that cannot be written or that another local user owns or can write, a trainer.resume=PATH that is
     not an intact checkpoint of yours. Rank 0 locks the checkpoint directory and removes crashed runs' temp dirs
@@ -48,7 +48,7 @@ def run_sft(cfg: DictConfig) -> None:
 
 @config_main(CONFIG_DIR, "retool_tiny_sft", SFTConfig)  # a config Hydra or the SFT schema refuses: exit 2
 def main(cfg: DictConfig) -> None:
-    run_entry(cfg, validate_sft_config, run_sft)
+    run_entry(cfg, validate_sft_config, run_sft, SFTConfig)
 
 
 def cli() -> None:

@@ -15,14 +15,15 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rltrain.config import register_configs, validate_config
+from rltrain.config import as_config, register_configs, validate_config
+from rltrain.config.schema import RLConfig, SFTConfig
 from rltrain.config.validate import validate_sft_config
 from rltrain.main import CONFIG_DIR
 
 register_configs()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "examples", "*", "*.sh")))
-ENTRY_POINTS = {"rltrain.main": validate_config, "rltrain.sft": validate_sft_config}
+ENTRY_POINTS = {"rltrain.main": (RLConfig, validate_config), "rltrain.sft": (SFTConfig, validate_sft_config)}
 SHIM = """#!/usr/bin/env python3
 import json, os, sys
 with open(os.environ["RECIPE_LOG"], "a") as f:
@@ -89,7 +90,8 @@ def test_recipe_is_valid_bash_and_its_overrides_compose(script, tmp_path):
     for module, name, overrides in commands:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
             cfg = compose(config_name=name, overrides=overrides)
-        ENTRY_POINTS[module](cfg)
+        schema, validate = ENTRY_POINTS[module]
+        validate(as_config(cfg, schema))  # as run_entry converts and validates it
 
 
 def test_retool_recipe_sets_the_published_knobs(tmp_path):

@@ -36,11 +36,12 @@ def build_model(shape: str, dtype: torch.dtype, seed: int, extra: dict | None = 
     weights N(0, 0.02)); tiny with 64 tokens and the head_dim vLLM's CPU kernels take (>= 32)."""
     from types import SimpleNamespace
 
+    from rltrain.config.schema import ModelConfig
     from rltrain.workers.hybrid import initial_hf_model
 
     overrides = {"head_dim": 32} if shape == "tiny" else {}
     overrides.update(extra or {})
-    _, model = initial_hf_model({"builtin": shape, "overrides": overrides}, SimpleNamespace(vocab_size=64), seed, dtype)
+    _, model = initial_hf_model(ModelConfig(builtin=shape, overrides=overrides), SimpleNamespace(vocab_size=64), seed, dtype)
     return model.eval()
 
 

@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--merged", action="store_true", help="LoRA runs: also write the merged model to OUT_DIR/merged")
     args = ap.parse_args()
 
+    from rltrain.config import as_config
     from rltrain.utils.checkpoint import verify_checkpoint
     from rltrain.workers.hybrid import HybridWorker
 
@@ -38,11 +39,11 @@ def main() -> None:
     if not os.path.isfile(cfg_path):
         sys.exit(f"export_hf: config {cfg_path} not found; pass --config RUN_DIR/config.json")
     with open(cfg_path) as f:
-        cfg = json.load(f)
-    if cfg["actor"]["tensor_parallel_size"] != 1 or cfg["actor"].get("pipeline_parallel_size", 1) != 1:
+        cfg = as_config(json.load(f))  # the run's config.json, typed once
+    if cfg.actor.tensor_parallel_size != 1 or cfg.actor.pipeline_parallel_size != 1:
         sys.exit("export_hf: this checkpoint is tensor- or pipeline-parallel; export it from the run with "
                  "trainer.export_hf_on_end=true")
-    cfg["trainer"]["device"] = "cpu"
+    cfg.trainer.device = "cpu"
     worker = HybridWorker(cfg, ["actor"])
     worker.setup("127.0.0.1", worker.address()[1])
     worker.load(args.checkpoint, bucket_bytes=1 << 28)

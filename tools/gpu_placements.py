@@ -140,7 +140,6 @@ def check_runs(args: argparse.Namespace, gpu_memory_gib: float) -> list[dict]:
     from rltrain.config.entry import compose_config
     from rltrain.plan import make_plan
     from rltrain.plan.report import to_json
-    from rltrain.config.convert import as_config
     from rltrain.data.lengths import data_lengths
     from rltrain.trainer.setup import check_config
     from rltrain.utils.errors import find_user_error
@@ -154,7 +153,7 @@ def check_runs(args: argparse.Namespace, gpu_memory_gib: float) -> list[dict]:
                 cfg = compose_config("grpo_tiny", over)
                 with mock.patch("torch.cuda.is_available", return_value=True):
                     check_config(cfg)
-                plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, prompts=data_lengths(as_config(cfg)))
+                plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, prompts=data_lengths(cfg))
                 row["plan"] = to_json(plan)
                 if not plan.fits and cfg.trainer.plan_check == "error":
                     row["error"] = "trainer.plan_check refuses it: " + plan.refusal()

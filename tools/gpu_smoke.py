@@ -215,11 +215,12 @@ def section_tp2(tokens: int = 8192) -> dict:
     import torch.multiprocessing as mp
 
     assert torch.cuda.device_count() >= 2, "tp2 needs 2 GPUs"
+    from rltrain.config.schema import ModelConfig
     from rltrain.workers.hybrid import initial_hf_model  # the random init every role starts from
 
     path = tempfile.mkdtemp()
     # (qwen3-0.6b keeps its own vocabulary: the tokenizer's size is not read)
-    cfg, hf = initial_hf_model({"builtin": "qwen3-0.6b"}, SimpleNamespace(vocab_size=1), 0, torch.float32)
+    cfg, hf = initial_hf_model(ModelConfig(builtin="qwen3-0.6b"), SimpleNamespace(vocab_size=1), 0, torch.float32)
     sd = {k: v.detach().to(torch.bfloat16) for k, v in hf.state_dict().items()}
     del hf
     torch.save(sd, os.path.join(path, "weights.pt"))

@@ -50,6 +50,7 @@ from harness import log as harness_log
 from harness import REPO, Deadline, device_name, md_table, run_child, run_children, run_rows
 from harness import trainer_command, write_json, write_report
 
+from rltrain.config.convert import as_dict
 from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
 from rltrain.utils.plotting import plot_lines
 
@@ -242,22 +243,24 @@ def stage_overrides(stage: str, lay: Layout, args, run: RunSpec | None = None) -
 
 
 def compose(stage: str, overrides: list[str], scale: Scale):
-    """The composed config a trainer command of `stage` would run with."""
+    """The typed config (SFTConfig or RLConfig) a trainer command of `stage` would run with."""
     from rltrain.config.entry import compose_config
+    from rltrain.config.schema import RLConfig, SFTConfig
 
-    return compose_config(CONFIG_OF[stage] + scale.suffix, overrides)
+    schema = SFTConfig if stage in ("sft", "retool_sft") else RLConfig
+    return compose_config(CONFIG_OF[stage] + scale.suffix, overrides, schema)
 
 
-def validated(stage: str, overrides: list[str], scale: Scale) -> dict:
+def validated(stage: str, overrides: list[str], scale: Scale):
     from rltrain.config import ConfigError
-    from rltrain.config.validate import to_container, validate_config, validate_sft_config
+    from rltrain.config.validate import validate_config, validate_sft_config
 
-    cfg = compose(stage, overrides, scale)
     try:
+        cfg = compose(stage, overrides, scale)
         (validate_sft_config if stage in ("sft", "retool_sft") else validate_config)(cfg)
     except ConfigError as err:
         raise UsageError(f"stage {stage}: {err}") from None
-    return to_container(cfg)
+    return cfg
 
 
 def command(stage: str, overrides: list[str], scale: Scale, run_dir: str) -> list[str]:
@@ -323,26 +326,30 @@ def progress_line(stage: str, run_dir: str, total: int) -> str:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None) -> dict:
+def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None):
     """The RL stage's config used for evaluating a model of `stage`'s task (model_path None: random init)."""
+    import dataclasses
+
     rl = {"sft": "grpo", "retool_sft": "retool_grpo"}.get(stage, stage)
     cfg = validated(rl, stage_overrides(rl, lay, args, RunSpec(True, 1)), scale)
     if model_path is None:  # the SFT stage's random-init model
         sft_cfg = validated(stage, stage_overrides(stage, lay, args), scale)
-        cfg["model"] = {**sft_cfg["model"]}
-        cfg["trainer"]["seed"] = sft_cfg["trainer"]["seed"]
+        cfg.model = dataclasses.replace(sft_cfg.model)
+        cfg.trainer.seed = sft_cfg.trainer.seed
     else:
-        cfg["model"] = {**cfg["model"], "path": model_path, "builtin": None, "tokenizer": None}
+        cfg.model = dataclasses.replace(cfg.model, path=model_path, builtin=None, tokenizer=None)
     return cfg
 
 
-def stage_estimate(stage: str, cfg: dict, scale: Scale, runs: int = 1) -> int:
+def stage_estimate(stage: str, cfg, scale: Scale, runs: int = 1) -> int:
     """Seconds of the stage on one H100 (tools/planlab/learn.py); GRPO stages: at the SFT config's model."""
     from planlab.learn import stage_estimate as estimate
 
+    from rltrain.config.schema import ModelConfig
+
     sft = stage in ("sft", "retool_sft")
-    cpu = {"builtin": "tiny", "overrides": {"hidden_size": 128, "intermediate_size": 384, "head_dim": 32}}
-    model = cfg["model"] if sft else {"builtin": "small"} if scale.suffix == "" else cpu
+    cpu = ModelConfig(builtin="tiny", overrides={"hidden_size": 128, "intermediate_size": 384, "head_dim": 32})
+    model = cfg.model if sft else ModelConfig(builtin="small") if scale.suffix == "" else cpu
     return estimate(sft, cfg, model, scale.seq_tokens[TASK_OF[stage]], runs=runs)
 
 
@@ -453,17 +460,17 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
 
     # before: the random-init model the SFT starts from (same preset, tokenizer, seed and init device)
     tok = load_tokenizer(lay.tokenizer)
-    _, init_model = initial_hf_model(cfg["model"], tok, int(cfg["trainer"]["seed"]), torch.float32,
-                                     resolve_device(cfg["trainer"]["device"]))
+    _, init_model = initial_hf_model(cfg.model, tok, cfg.trainer.seed, torch.float32,
+                                     resolve_device(cfg.trainer.device))
     params = sum(p.numel() for p in init_model.parameters())
     before = evaluate(eval_cfg(stage, lay, args, scale, None), init_model.to(
-        torch.float32 if cfg["trainer"]["device"] == "cpu" else getattr(torch, cfg["model"]["dtype"])),
+        torch.float32 if cfg.trainer.device == "cpu" else getattr(torch, cfg.model.dtype)),
         batch=scale.eval_batch, tool_workers=scale.tool_workers)
     del init_model
     log(f"{stage}: random init ({params / 1e6:.1f}M parameters): held-out {fmt_eval(before)}")
     if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         os.remove(os.path.join(run_dir, "metrics.jsonl"))  # SFT restarts from scratch: a fresh curve
-    total = cfg["trainer"]["total_steps"]
+    total = cfg.trainer.total_steps
     if os.path.exists(lay.sft_model(stage)):
         shutil.rmtree(lay.sft_model(stage))  # a model of an earlier, stopped or forced, run must not pass as this one
     res = run_trainers([(stage, ov, run_dir)], timeout_s=timeout_s, in_process=args.in_process,
@@ -486,7 +493,7 @@ def stage_sft(stage: str, lay: Layout, args, scale: Scale) -> dict:
            "final_loss": rows[-1]["sft/loss"], "step_s_mean": step_s,
            "assistant_tokens_per_s": sum(r["sft/tokens"] for r in steady) / sum(r["timing_s/step"] for r in steady)}
     if seq_tokens:
-        out["tokens_per_s"] = cfg["data"]["batch_size"] * (seq_tokens["prompt_mean"] + seq_tokens["response_mean"]) / step_s
+        out["tokens_per_s"] = cfg.data.batch_size * (seq_tokens["prompt_mean"] + seq_tokens["response_mean"]) / step_s
     plot_sft(lay)
     return out
 
@@ -519,7 +526,7 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
         before = evaluate(eval_cfg(sft, lay, args, scale, lay.sft_model(sft)), batch=scale.eval_batch,
                           tool_workers=scale.tool_workers)
     log(f"{stage}: starting point ({sft} model): held-out {fmt_eval(before)}; runs: {', '.join(cfgs)}")
-    total = next(iter(cfgs.values()))["trainer"]["total_steps"]
+    total = next(iter(cfgs.values())).trainer.total_steps
     if args.force:
         for name, _, run_dir in jobs:
             if os.path.isdir(run_dir):
@@ -539,7 +546,7 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
         wall = results[name]["wall_s"] + prev_wall  # summed over the calls that resumed the run
         info = {**results[name], "wall_s": round(wall, 1), "before": before,
                 "steps_done": rows[-1]["step"] if rows else 0,
-                "total_steps": total, "curve": curve(rows), "timing": phase_timing(rows, cfgs[name]),
+                "total_steps": total, "curve": curve(rows), "timing": phase_timing(rows, samples=cfgs[name].data.train_batch_size * cfgs[name].rollout.n),
                 "trainer_command": command(stage, ov, scale, run_dir)[1:]}
         hf = os.path.join(run_dir, "hf")
         if os.path.exists(os.path.join(hf, "config.json")) and info["steps_done"] == total:
@@ -564,7 +571,7 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
 def stage_eval(lay: Layout, args, scale: Scale) -> dict:
     """Held-out accuracy of every model under --out (random init comes from the sft summaries)."""
     if args.dry_run:  # the evaluation configs are the RL stages'
-        return {st: sorted(validated(st, stage_overrides(st, lay, args, RunSpec(True, 1)), scale))
+        return {st: sorted(as_dict(validated(st, stage_overrides(st, lay, args, RunSpec(True, 1)), scale)))
                 for st in ("grpo", "retool_grpo")}
     models = {}
     for stage in ("sft", "grpo", "retool_sft", "retool_grpo"):

@@ -1,8 +1,9 @@
 """The one conversion from what a caller holds (a composed Hydra DictConfig, a plain dict such as config.json or a
 tool's partial dict, or the typed object itself) to the typed schema objects of schema.py.
 
-Entry points call `as_config` once; every component after that reads attributes of its own sub-config. Objects are
-plain dataclasses (they pickle, so Ray sends them to workers). Unknown keys and wrong types raise here.
+Entry points (rltrain.main, rltrain.sft, python -m rltrain.plan, the tools) call `as_config` once; every component after
+that takes the typed sub-config it needs. Objects are plain dataclasses (they pickle, so Ray sends them to workers).
+Unknown keys and wrong types raise here.
 """
 
 from __future__ import annotations

@@ -24,21 +24,25 @@ from rltrain.utils.errors import UserError
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 
-def compose_config(config_name: str, overrides: Sequence[str] = ()):
-    """The config `python -m rltrain.main --config-name NAME OVERRIDES` runs with, composed with Hydra's compose API
-    from configs/ (the schema registered; `hydra.*` overrides, which only steer Hydra's own run, dropped), for tools
-    and the planner that need it without starting a run. Returns the DictConfig; not validated."""
+def compose_config(config_name: str, overrides: Sequence[str] = (), schema: type = RLConfig) -> Any:
+    """The config `python -m rltrain.main --config-name NAME OVERRIDES` runs with (rltrain.sft's: schema=SFTConfig),
+    composed with Hydra's compose API from configs/ (the schema registered; `hydra.*` overrides, which only steer
+    Hydra's own run, dropped) and converted to the typed `schema` once (config/convert.py: an unknown key raises
+    ConfigError), for tools and the planner that need it without starting a run. Not validated."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
+    from rltrain.config.convert import as_config
 
     register_configs()
     GlobalHydra.instance().clear()  # a caller under Hydra or an earlier compose left it initialized
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-            return compose(config_name=config_name,
-                           overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
+            cfg = compose(config_name=config_name,
+                          overrides=[o for o in overrides if not o.lstrip("+~").startswith("hydra.")])
     finally:
         GlobalHydra.instance().clear()
+    return as_config(cfg, schema)
 
 
 def _single_run_args(argv: list[str]):

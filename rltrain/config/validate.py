@@ -19,9 +19,7 @@ import math
 import os
 from typing import Any, Callable, Iterable
 
-from omegaconf import DictConfig, OmegaConf
-
-from rltrain.config.schema import OffPolicyConfig, resolve_targets
+from rltrain.config.schema import OffPolicyConfig, RLConfig, SFTConfig, resolve_targets
 from rltrain.config.true_on_policy import true_on_policy_errors
 from rltrain.models.presets import BUILTINS
 from rltrain.utils.errors import UserError
@@ -418,21 +416,17 @@ RL_VALIDATORS: dict[str, Callable[[list, Any], None]] = {
 }
 
 
-def config_errors(cfg: Any) -> list[str]:
-    """Every problem the pure rules find in `cfg` (a composed RLConfig, typed or DictConfig)."""
-    from rltrain.config.convert import unknown_keys
-    from rltrain.config.schema import RLConfig
-
-    e = [f"{k}: not a configuration key (unknown key; check its spelling and section)"
-         for k in unknown_keys(cfg, RLConfig)]
+def config_errors(cfg: RLConfig) -> list[str]:
+    """Every problem the pure rules find in the typed RLConfig `cfg` (as_config made it, refusing unknown keys)."""
+    e: list[str] = []
     for check in RL_VALIDATORS.values():
         check(e, cfg)
     return e
 
 
-def validate_config(cfg: Any) -> None:
-    """Raise ConfigError listing every problem the pure rules find in `cfg` (a composed RLConfig). The rooms'
-    own checks follow in trainer/setup.py `check_config`."""
+def validate_config(cfg: RLConfig) -> None:
+    """Raise ConfigError listing every problem the pure rules find in the typed RLConfig `cfg`. The rooms' own
+    checks follow in trainer/setup.py `check_config`."""
     raise_errors(config_errors(cfg))
 
 
@@ -479,17 +473,9 @@ SFT_VALIDATORS: dict[str, Callable[[list, Any], None]] = {
 }
 
 
-def validate_sft_config(cfg: Any) -> None:
-    """Raise ConfigError listing every problem found in `cfg` (a composed SFTConfig, rltrain.sft)."""
-    from rltrain.config.convert import unknown_keys
-    from rltrain.config.schema import SFTConfig
-
-    e = [f"{k}: not a configuration key (unknown key; check its spelling and section)"
-         for k in unknown_keys(cfg, SFTConfig)]
+def validate_sft_config(cfg: SFTConfig) -> None:
+    """Raise ConfigError listing every problem found in the typed SFTConfig `cfg` (rltrain.sft)."""
+    e: list[str] = []
     for check in SFT_VALIDATORS.values():
         check(e, cfg)
     raise_errors(e, "SFT configuration")
-
-
-def to_container(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

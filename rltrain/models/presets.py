@@ -8,9 +8,12 @@ benchmarks. `tiny-moe`, `small-moe` and `qwen3-30b-a3b` are their Mixture-of-Exp
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rltrain.utils.errors import UserError, remote_code_refusal
+
+if TYPE_CHECKING:  # config/validate.py imports this module's BUILTINS: no module-level import back into config/
+    from rltrain.config.schema import ModelConfig
 
 
 class ModelNotFoundError(UserError, FileNotFoundError):
@@ -75,13 +78,8 @@ BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0
                            "qwen3-30b-a3b": QWEN3_30B_A3B}
 
 
-def model_hf_config(model_cfg, tokenizer):
-    """hf_config_for from the `model.*` sub-config (a ModelConfig, or a dict of one); `tiny` and `small` take their
-    vocab size from `tokenizer`."""
-    from rltrain.config.convert import as_config  # lazy: config/ imports this module's BUILTINS
-    from rltrain.config.schema import ModelConfig
-
-    m = as_config(model_cfg, ModelConfig)
+def model_hf_config(m: ModelConfig, tokenizer):
+    """hf_config_for from the `model.*` sub-config; `tiny` and `small` take their vocab size from `tokenizer`."""
     vocab = getattr(tokenizer, "vocab_size", None) or len(tokenizer)
     return hf_config_for(path=m.path, builtin=m.builtin, vocab_size=vocab, overrides=m.overrides,
                          trust_remote_code=m.trust_remote_code)

@@ -25,11 +25,10 @@ def _composition_error(config_name: str, overrides: list[str]) -> str | None:
 
 
 def _data_lengths(cfg):
-    """(the training data's prompt lengths, None) or (None, why not): read as the trainer reads them, with the
-    tokenizer from local files only (the planner downloads nothing)."""
+    """(the training data's prompt lengths, None) or (None, why not) of the typed RLConfig `cfg`: read as the trainer
+    reads them, with the tokenizer from local files only (the planner downloads nothing)."""
     import os
 
-    from rltrain.config.convert import as_config
     from rltrain.data.lengths import data_lengths
     from rltrain.utils.errors import find_user_error
 
@@ -40,7 +39,7 @@ def _data_lengths(cfg):
     if name != "char" and not os.path.isdir(os.path.expanduser(name)) and not _cached(name):
         return None, f"the tokenizer {name!r} is neither a local directory nor in the Hugging Face cache"
     try:
-        return data_lengths(as_config(cfg)), None
+        return data_lengths(cfg), None
     except Exception as err:  # a missing data file or tokenizer: plan at the config's bound, and say so
         user_error = find_user_error(err)
         if user_error is None:
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rltrain: {why}", file=sys.stderr, flush=True)
             return 2
         try:
-            cfg = compose_config(args.config_name, args.overrides)
+            cfg = compose_config(args.config_name, args.overrides)  # typed: the one conversion
         except Exception as err:  # hydra's composition errors: a bad key or value, a missing config
             if find_user_error(err) is not None:
                 raise

@@ -1,8 +1,7 @@
-"""The planner's reading of a config: a small adapter over the resolved config (an OmegaConf DictConfig or the
-plain dict `OmegaConf.to_container(cfg, resolve=True)` gives) and the model's shape, without building anything.
+"""The planner's reading of a config: the typed RLConfig's keys the planner needs, as `Inputs`, and the model's shape,
+without building anything. Every default is the schema's (the entry point converted the config once).
 
-Only the keys the planner needs are read, by name, so the typed-dataclass config that replaces the DictConfig can be
-passed as a dict too. The model's shape comes from `model.builtin` (the presets, reached through rltrain.config),
+The model's shape comes from `model.builtin` (the presets, reached through rltrain.config),
 a local `model.path` directory's config.json (read as JSON: no transformers), the Hugging Face cache, or, for the
 Qwen3 hub names whose shapes the presets copy, the preset. Anything else is a PlanInputError naming the fix.
 
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rltrain.config.parallel import ParallelDims, rollout_replicas
-from rltrain.config.schema import resolve_targets
+from rltrain.config.schema import ModelConfig, RLConfig, resolve_targets
 from rltrain.data.lengths import DataLengths  # noqa: F401 (the planner's input type, re-exported)
 from rltrain.utils import flops
 from rltrain.utils.errors import UserError
@@ -108,17 +107,17 @@ def _hf_cache_config(hub_name: str) -> str | None:
     return hits[-1] if hits else None
 
 
-def model_shape(model: Mapping[str, Any]) -> Shape:
+def model_shape(model: ModelConfig) -> Shape:
     """The shape of `model.*` (builtin preset, local directory, HF cache, or a known Qwen3 hub name), with
     model.overrides applied."""
-    overrides = dict(model.get("overrides") or {})
-    builtin, path = model.get("builtin"), model.get("path")
+    overrides = dict(model.overrides or {})
+    builtin, path = model.builtin, model.path
     if builtin is not None:
         presets = _builtins()
         if builtin not in presets:
             raise PlanInputError(f"model.builtin={builtin!r} is unknown; choose one of {', '.join(presets)}")
         f = dict(presets[builtin])
-        f.setdefault("vocab_size", CHAR_VOCAB if (model.get("tokenizer") in (None, "char")) else 512)
+        f.setdefault("vocab_size", CHAR_VOCAB if model.tokenizer in (None, "char") else 512)
         return shape_from_fields(builtin, {**f, **overrides})
     if not path:
         raise PlanInputError("model.path is not set; give an HF model id or local directory, or set model.builtin")
@@ -184,15 +183,15 @@ class Inputs:
     device: str
     use_ray: bool
     async_rollout: bool
-    ep: int = 1  # actor.expert_parallel_size: the experts split over this many (data-parallel) ranks
-    moe_grouped_gemm: bool = True  # actor.moe_grouped_gemm: torch._grouped_mm over the local experts, not a loop
-    free_cache_engine: bool = True  # rollout.free_cache_engine: a colocated engine sleeps through the training phases
-    recompute_old_logprobs: bool = True  # actor.recompute_old_logprobs: false skips the old-log-prob pass
+    ep: int  # actor.expert_parallel_size: the experts split over this many (data-parallel) ranks
+    moe_grouped_gemm: bool  # actor.moe_grouped_gemm: torch._grouped_mm over the local experts, not a loop
+    free_cache_engine: bool  # rollout.free_cache_engine: a colocated engine sleeps through the training phases
+    recompute_old_logprobs: bool  # actor.recompute_old_logprobs: false skips the old-log-prob pass
+    lora_rank: int  # actor.lora.rank (0: full fine-tuning)
+    lora_targets: tuple[str, ...]  # actor.lora.target_modules as PEFT names
     # the prompt length time is planned at (the data's mean: timing.phase_seconds); None: max_prompt_length
     mean_prompt_length: float | None = None
     lengths_from: str = "config"  # where max_prompt_length came from: config (the bound) | data | given
-    lora_rank: int = 0  # actor.lora.rank (0: full fine-tuning)
-    lora_targets: tuple[str, ...] = ()  # actor.lora.target_modules as PEFT names
     extra: dict = field(default_factory=dict)
 
     @property
@@ -226,62 +225,29 @@ class Inputs:
         return self.max_prompt_length + self.max_response_length
 
 
-def as_dict(cfg: Any) -> dict:
-    """A resolved plain dict of `cfg` (a DictConfig, a dataclass instance, or a dict)."""
-    if isinstance(cfg, dict):
-        return cfg
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(cfg):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-        return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
-    except Exception as err:  # pragma: no cover - an object neither OmegaConf nor a dict
-        raise PlanInputError(f"cannot read the config ({type(cfg).__name__}): {err}") from err
-
-
-def read(cfg: Any) -> Inputs:
-    """Inputs of a resolved config (DictConfig or plain dict)."""
-    c = as_dict(cfg)
-    try:
-        m, a, r, t, d = c["model"], c["actor"], c["rollout"], c["trainer"], c["data"]
-        crit, alg = c.get("critic", {}), c.get("algorithm", {})
-        dtype = str(m.get("dtype", "bfloat16"))
-        mt = r.get("multi_turn") or {}
-        return Inputs(
-            shape=model_shape(m), dtype_bytes=4 if dtype == "float32" else 2,
-            tp=int(a.get("tensor_parallel_size", 1)), pp=int(a.get("pipeline_parallel_size", 1)),
-            recompute=bool(a.get("recompute_activations", False)),
-            recompute_granularity=str(a.get("recompute_granularity", "full")),
-            recompute_modules=tuple(a.get("recompute_modules") or ("mlp",)),
-            fusion=str(a.get("elementwise_fusion", "none")),
-            mb_tokens=int(a["max_tokens_per_micro_batch"]),
-            fwd_mb_tokens=int(a.get("log_prob_max_tokens_per_micro_batch") or a["max_tokens_per_micro_batch"]),
-            critic_mb_tokens=int(crit.get("max_tokens_per_micro_batch", a["max_tokens_per_micro_batch"])),
-            ppo_mini_batch_size=int(a.get("ppo_mini_batch_size", 16)), ppo_epochs=int(a.get("ppo_epochs", 1)),
-            critic_ppo_epochs=int(crit.get("ppo_epochs", 1)),
-            use_ref=bool(a.get("use_kl_loss", False) or alg.get("use_kl_in_reward", False)),
-            use_critic=alg.get("adv_estimator") == "gae",
-            fused_head=bool(t.get("fused_linear_logprob", True)),
-            logprob_backend=str(t.get("fused_linear_logprob_backend", "auto")),
-            chunk_size=t.get("logprobs_chunk_size"),
-            engine=str(r.get("engine", "hf")), n=int(r.get("n", 1)), max_response_length=int(r["max_response_length"]),
-            gpu_memory_utilization=float(r.get("gpu_memory_utilization", 0.5)),
-            kv_cache_memory_gb=r.get("kv_cache_memory_gb"), rollout_tp=int(r.get("tensor_parallel_size", 1)),
-            engines_per_gpu=int(r.get("engines_per_gpu", 1)), enforce_eager=bool(r.get("enforce_eager", False)),
-            max_batch_size=int(r.get("max_batch_size", 256)), num_replicas=r.get("num_replicas"),
-            weight_sync_bucket_mb=int(r.get("weight_sync_bucket_mb", 256)),
-            multi_turn_total=int(mt["max_total_tokens"]) if mt.get("enable") else None,
-            train_batch_size=int(d["train_batch_size"]), max_prompt_length=int(d["max_prompt_length"]),
-            colocate=bool(t.get("colocate", True)), n_gpus_per_node=int(t.get("n_gpus_per_node", 1)),
-            nnodes=int(t.get("nnodes", 1)), device=str(t.get("device", "auto")), use_ray=bool(t.get("use_ray", True)),
-            async_rollout=bool(t.get("async_rollout", False)), ep=int(a.get("expert_parallel_size", 1) or 1),
-            moe_grouped_gemm=bool(a.get("moe_grouped_gemm", True)),
-            free_cache_engine=bool(r.get("free_cache_engine", True)),
-            recompute_old_logprobs=bool(a.get("recompute_old_logprobs", True)),
-            lora_rank=int((a.get("lora") or {}).get("rank", 0) or 0),
-            lora_targets=resolve_targets((a.get("lora") or {}).get("target_modules") or ["all"]),
-        )
-    except KeyError as err:
-        raise PlanInputError(f"the config has no key {err}; rltrain.plan reads a composed RL config "
-                             "(python -m rltrain.plan --config-name NAME)") from err
+def read(cfg: RLConfig) -> Inputs:
+    """Inputs of a typed RLConfig (as_config made it: every key has its schema default)."""
+    m, a, r, t, d = cfg.model, cfg.actor, cfg.rollout, cfg.trainer, cfg.data
+    mt = r.multi_turn
+    return Inputs(
+        shape=model_shape(m), dtype_bytes=4 if m.dtype == "float32" else 2,
+        tp=a.tensor_parallel_size, pp=a.pipeline_parallel_size, ep=a.expert_parallel_size,
+        recompute=a.recompute_activations, recompute_granularity=a.recompute_granularity,
+        recompute_modules=tuple(a.recompute_modules), fusion=a.elementwise_fusion,
+        mb_tokens=a.max_tokens_per_micro_batch,
+        fwd_mb_tokens=a.log_prob_max_tokens_per_micro_batch or a.max_tokens_per_micro_batch,
+        critic_mb_tokens=cfg.critic.max_tokens_per_micro_batch, ppo_mini_batch_size=a.ppo_mini_batch_size,
+        ppo_epochs=a.ppo_epochs, critic_ppo_epochs=cfg.critic.ppo_epochs,
+        use_ref=a.use_kl_loss or cfg.algorithm.use_kl_in_reward, use_critic=cfg.algorithm.adv_estimator == "gae",
+        fused_head=t.fused_linear_logprob, logprob_backend=t.fused_linear_logprob_backend,
+        chunk_size=t.logprobs_chunk_size, engine=r.engine, n=r.n, max_response_length=r.max_response_length,
+        gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_memory_gb=r.kv_cache_memory_gb,
+        rollout_tp=r.tensor_parallel_size, engines_per_gpu=r.engines_per_gpu, enforce_eager=r.enforce_eager,
+        max_batch_size=r.max_batch_size, num_replicas=r.num_replicas, weight_sync_bucket_mb=r.weight_sync_bucket_mb,
+        multi_turn_total=mt.max_total_tokens if mt.enable else None, train_batch_size=d.train_batch_size,
+        max_prompt_length=d.max_prompt_length, colocate=t.colocate, n_gpus_per_node=t.n_gpus_per_node,
+        nnodes=t.nnodes, device=t.device, use_ray=t.use_ray, async_rollout=t.async_rollout,
+        moe_grouped_gemm=a.moe_grouped_gemm, free_cache_engine=r.free_cache_engine,
+        recompute_old_logprobs=a.recompute_old_logprobs, lora_rank=a.lora.rank,
+        lora_targets=resolve_targets(a.lora.target_modules),
+    )

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.config.parallel import ParallelDimsError
+from rltrain.config.schema import RLConfig
 from rltrain.plan import calibration as cal
-from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, as_dict, read
+from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, read
 from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
 from rltrain.plan.timing import host_share, phase_seconds, step_range, tp_dp_factor
 from rltrain.utils.errors import UserError
@@ -130,13 +132,11 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _set(cfg: dict, key: str, value: Any) -> dict:
+def _set(cfg: RLConfig, key: str, value: Any) -> RLConfig:
+    """A copy of `cfg` with the dotted key `key` (actor.tensor_parallel_size) set to `value`."""
     out = copy.deepcopy(cfg)
-    node = out
     *path, last = key.split(".")
-    for p in path:
-        node = node.setdefault(p, {})
-    node[last] = value
+    setattr(functools.reduce(getattr, path, out), last, value)
     return out
 
 
@@ -190,19 +190,18 @@ class Lengths:
         return x
 
 
-def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
+def make_plan(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str | None = None,
               prompt_tokens: int | None = None, response_tokens: int | None = None,
               prompts: DataLengths | None = None, suggest: bool = True) -> Plan:
-    """Plan `cfg` (a resolved DictConfig or a plain dict). gpu_memory_gib: each GPU's memory (default: the device
+    """Plan the typed RLConfig `cfg`. gpu_memory_gib: each GPU's memory (default: the device
     kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
     lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case); prompts:
     the training data's prompt lengths (rltrain.data.lengths.data_lengths), planned at in place of
     data.max_prompt_length when prompt_tokens is not given (memory at the longest, time at the mean)."""
-    c = as_dict(cfg)
     dev = device_of(device, gpu_memory_gib)
     total = (gpu_memory_gib if gpu_memory_gib is not None else cal.DEVICES[dev].total_gib) * GIB
     lengths = Lengths(prompt_tokens, response_tokens, prompts)
-    x = lengths.apply(read(c))
+    x = lengths.apply(read(cfg))
     bad = placement_problems(x)
     if bad:
         raise PlanInputError(f"cannot plan this placement (actor.tensor_parallel_size={x.tp}, "
@@ -212,7 +211,7 @@ def make_plan(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | No
     plan = _plan(x, dev, total)
     plan.prompts = prompts
     if suggest and not plan.fits:
-        plan.suggestions = suggestions(c, plan, dev, total, lengths)
+        plan.suggestions = suggestions(cfg, plan, dev, total, lengths)
     return plan
 
 
@@ -236,7 +235,7 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
     return Plan(x, dev, total / GIB, gpus, secs, warnings, host_share=share)
 
 
-def _candidates(c: dict, x: Inputs) -> list[dict[str, Any]]:
+def _candidates(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if not x.recompute:
         out.append({"actor.recompute_activations": True})
@@ -272,13 +271,13 @@ def _candidates(c: dict, x: Inputs) -> list[dict[str, Any]]:
     return out
 
 
-def _apply(c: dict, ov: dict[str, Any]) -> dict:
+def _apply(c: RLConfig, ov: dict[str, Any]) -> RLConfig:
     for k, v in ov.items():
         c = _set(c, k, v)
     return c
 
 
-def _try(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> tuple[Plan, dict] | None:
+def _try(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> tuple[Plan, RLConfig] | None:
     cc = _apply(c, ov)
     try:
         x = lengths.apply(read(cc))
@@ -289,7 +288,7 @@ def _try(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) 
     return _plan(x, dev, total), cc
 
 
-def _with_best_u(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> dict[str, Any] | None:
+def _with_best_u(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> dict[str, Any] | None:
     """`ov` plus the largest rollout.gpu_memory_utilization (in steps of 0.05 below the current) that fits."""
     x = read(c)
     if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not x.colocated:
@@ -303,7 +302,7 @@ def _with_best_u(c: dict, ov: dict[str, Any], dev: str, total: float, lengths: L
     return None
 
 
-def suggestions(c: dict, plan: Plan, dev: str, total: float, lengths: Lengths | None = None,
+def suggestions(c: RLConfig, plan: Plan, dev: str, total: float, lengths: Lengths | None = None,
                 limit: int = 4) -> list[Suggestion]:
     """The cheapest changes (by predicted step time) that make `c` fit: single keys, then pairs, each with the
     largest rollout.gpu_memory_utilization that fits where vLLM shares the GPUs; each re-planned."""
@@ -353,7 +352,7 @@ def suggestions(c: dict, plan: Plan, dev: str, total: float, lengths: Lengths | 
     return helpful[:limit]
 
 
-def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
+def check(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str | None = None,
           prompts: DataLengths | None = None) -> Plan:
     """Plan `cfg` and raise PlanError (a UserError: the entry points print it and exit 2) when a GPU will not fit,
     with the GPU, the phase, the overflowing parts and the cheapest keys to change. Returns the Plan when it fits.

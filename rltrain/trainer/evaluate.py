@@ -20,7 +20,7 @@ CURVE_KEYS = ("val/accuracy", "critic/score/mean", "response_length/mean", "acto
 def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     """Held-out accuracy of one model: the RL config's val files, prompts, rollout limits and reward, greedy.
 
-    cfg: an RLConfig (or a dict / DictConfig of one, as tools/learn_gpu.py hands it: `as_config`).
+    cfg: a typed RLConfig.
     model: a transformers model (e.g. a random init) or None to load model.path.
     Returns accuracy (share of scores > 0), n, the reward's extra metrics by bare name (e.g. correct_tool_call),
     mean response tokens, seconds and the first response as an example."""
@@ -30,14 +30,12 @@ def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rltrain.config.convert import as_config
     from rltrain.rewards.scoring import response_texts, score_batch
     from rltrain.trainer.setup import build_datasets
     from rltrain.workers.hybrid import resolve_device
     from rltrain.workers.rollout import RolloutRole
 
     t0 = time.time()
-    cfg = as_config(cfg)
     r, seed = cfg.rollout, cfg.trainer.seed
     device = resolve_device(cfg.trainer.device)
     dtype = torch.float32 if device == "cpu" else getattr(torch, cfg.model.dtype)
@@ -79,17 +77,13 @@ def curve(rows: list[dict]) -> dict:
             if any(k in r for r in rows)}
 
 
-def phase_timing(rows: list[dict], cfg) -> dict:
-    """Mean seconds per phase over steps 2.. (step 1 compiles kernels) and tokens/s per phase. cfg: the run's
-    RLConfig (or a dict of one)."""
-    from rltrain.config.convert import as_config
-
-    cfg = as_config(cfg)
+def phase_timing(rows: list[dict], *, samples: int) -> dict:
+    """Mean seconds per phase over steps 2.. (step 1 compiles kernels) and tokens/s per phase. samples: the run's
+    samples per step (data.train_batch_size * rollout.n)."""
     steady = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r] or [r for r in rows if "timing_s/step" in r]
     if not steady:
         return {}
     mean = lambda k: sum(r.get(k, 0.0) for r in steady) / len(steady)  # noqa: E731
-    samples = cfg.data.train_batch_size * cfg.rollout.n
     total_tokens = mean("perf/total_num_tokens")
     response_tokens = mean("response_length/mean") * samples
     out = {f"{k.split('/')[1]}_s": mean(k) for k in steady[-1] if k.startswith("timing_s/")}

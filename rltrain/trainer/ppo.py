@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from rltrain.algorithms import compute_advantages, kl_penalty, off_policy_weights, overlong_penalty, policy_mismatch
-from rltrain.config.convert import as_config
-from rltrain.config.schema import OffPolicyConfig, TrainerConfig
+from rltrain.config.convert import as_dict
+from rltrain.config.schema import OffPolicyConfig, RLConfig, TrainerConfig
 from rltrain.data.batch import Batch
 from rltrain.rewards.scoring import score_batch
 from rltrain.trainer.async_rollout import AsyncRollout
 from rltrain.trainer.rollout_source import RolloutSource, stats
-from rltrain.trainer.setup import (build_datasets, build_workers, check_config, check_model, config_dict, plan_check,
-                                   plan_metrics, run_directory)
+from rltrain.trainer.setup import (build_datasets, build_workers, check_config, check_model, plan_check, plan_metrics,
+                                   run_directory)
 from rltrain.trainer.weight_sync import WeightSync
 from rltrain.utils.checkpoint import (TRAINER_STATE, find_latest_valid, loading_checkpoint, read_trainer_state,
                                      resume_path, save_checkpoint)
@@ -46,8 +46,7 @@ class PPOTrainer:
     """after_step(step): called right after step `step` is logged and saved (tests install their crash hooks here;
     the trainer reads no test switch itself)."""
 
-    def __init__(self, cfg, run_dir: str, *, after_step: Callable[[int], None] | None = None):
-        cfg = as_config(cfg)  # an RLConfig (tests and tools may hand a dict of one)
+    def __init__(self, cfg: RLConfig, run_dir: str, *, after_step: Callable[[int], None] | None = None):
         self.cfg, self.run_dir, self.after_step = cfg, run_dir, after_step
         t = cfg.trainer
         self.seed = t.seed
@@ -57,7 +56,7 @@ class PPOTrainer:
         self.tokenizer, self.train_ds, self.val_ds, sampler, self.reward = build_datasets(cfg)
         # on GPUs (trainer.plan_check), at the data's prompt lengths: a GPU the plan says will not fit stops here
         self.plan = plan_check(cfg, dataset=self.train_ds)
-        check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
+        check_model(cfg.model, self.tokenizer)  # a missing model path fails here, before any worker starts
         if t.use_ray:
             init_ray(t.ray_address, t.num_cpus)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -70,7 +69,7 @@ class PPOTrainer:
         self.weight_sync = WeightSync(self.train_group, self.rollout_group,
                                       bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20, wake_up=self.sleeps)
         self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
-                               config=config_dict(cfg))
+                               config=as_dict(cfg))
         self.global_step = 0
         self.rollout = RolloutSource(self.rollout_group, sampler, seed=self.seed, score=self._score,
                                      want_groups=cfg.data.train_batch_size,
@@ -397,13 +396,13 @@ def _progress(t: TrainerConfig, start: int):
                 dynamic_ncols=True, leave=True, disable=None)  # no bar when stderr is not a terminal
 
 
-def run_from_config(cfg, run_dir: str | None = None, *, after_step: Callable[[int], None] | None = None) -> dict:
-    """Build the trainer from a composed Hydra config and run it; returns the last step's metrics. after_step: see
-    PPOTrainer."""
-    cfg = as_config(cfg)  # the one conversion: typed objects from here on
+def run_from_config(cfg: RLConfig, run_dir: str | None = None, *,
+                    after_step: Callable[[int], None] | None = None) -> dict:
+    """Build the trainer from a typed RLConfig (the entry point converted it) and run it; returns the last step's
+    metrics. after_step: see PPOTrainer."""
     run_dir = run_dir or run_directory()
     make_dirs(run_dir)
-    write_text(os.path.join(run_dir, "config.json"), json.dumps(config_dict(cfg), indent=1))
+    write_text(os.path.join(run_dir, "config.json"), json.dumps(as_dict(cfg), indent=1))
     start = time.time()
     trainer = PPOTrainer(cfg, run_dir, after_step=after_step)
     try:

@@ -18,24 +18,17 @@ import sys
 
 import torch
 
-
-def config_dict(cfg) -> dict:
-    """The config as a plain nested dict (config.json, tools); components take the typed object (as_config)."""
-    from rltrain.config.convert import as_dict
-
-    return as_dict(cfg)
+from rltrain.config.schema import ModelConfig, RLConfig
 
 
-def check_config(cfg) -> None:
-    """Raise ConfigError listing every problem of an RLConfig (typed, DictConfig or dict) before anything starts."""
-    from rltrain.config.convert import as_config
+def check_config(cfg: RLConfig) -> None:
+    """Raise ConfigError listing every problem of the typed RLConfig `cfg` before anything starts."""
     from rltrain.config.validate import config_errors, raise_errors
 
-    errors = config_errors(cfg)
-    raise_errors(errors + room_errors(as_config(cfg)))
+    raise_errors(config_errors(cfg) + room_errors(cfg))
 
 
-def room_errors(cfg) -> list[str]:
+def room_errors(cfg: RLConfig) -> list[str]:
     """The rules the rooms own, asked of them: names and rules config/ cannot import (see the module docstring)."""
     from rltrain.rollout import ENGINES, TOOL_PATTERNS
     from rltrain.workers.placement import engines_per_gpu_error, placement_errors
@@ -101,16 +94,13 @@ def run_directory() -> str:
         return os.getcwd()
 
 
-def build_datasets(cfg):
-    """(tokenizer, train dataset, val dataset or None, prompt sampler, reward fn) of an RLConfig (or a dict /
-    DictConfig of one)."""
-    from rltrain.config.convert import as_config
+def build_datasets(cfg: RLConfig):
+    """(tokenizer, train dataset, val dataset or None, prompt sampler, reward fn) of a typed RLConfig."""
     from rltrain.data.build import prompt_datasets
     from rltrain.data.dataset import PromptSampler
     from rltrain.data.tokenizer import load_tokenizer
     from rltrain.rewards import get_reward_fn
 
-    cfg = as_config(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     train, val = prompt_datasets(cfg, tokenizer)
     sampler = PromptSampler(train, batch_size=cfg.data.train_batch_size, seed=cfg.trainer.seed,
@@ -119,17 +109,16 @@ def build_datasets(cfg):
     return tokenizer, train, val, sampler, reward
 
 
-def check_model(cfg, tokenizer) -> None:
+def check_model(model: ModelConfig, tokenizer) -> None:
     """On the driver before any worker starts, after the datasets (it needs the tokenizer): the model's HF config,
     so a wrong model.path fails now. The config itself was checked before any data or tokenizer work
     (`check_config`, then `plan_check`, at the top of PPOTrainer.__init__)."""
-    from rltrain.config.convert import as_config
     from rltrain.models.presets import model_hf_config
 
-    model_hf_config(as_config(cfg).model, tokenizer)
+    model_hf_config(model, tokenizer)
 
 
-def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None):
+def plan_check(cfg: RLConfig, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None):
     """trainer.plan_check on a GPU run, before Ray, vLLM or any worker starts: rltrain.plan's prediction of every
     GPU's peak (docs/plan.md), printed once; a GPU that will not fit raises PlanError (a UserError: the entry
     point prints it and exits 2) with `error`, is a printed warning with `warn`; `off` plans nothing. Returns the
@@ -138,11 +127,9 @@ def plan_check(cfg, *, device: str | None = None, gpu_memory_gib: float | None =
     device: the resolved trainer.device (default: resolved as build_workers does); gpu_memory_gib: each GPU's
     memory (default: what torch reports for GPU 0, `gpu_memory_gib()`); dataset: the trainer's train dataset, whose
     prompt lengths (rltrain/data/lengths.py) are planned at in place of data.max_prompt_length."""
-    from rltrain.config.convert import as_config
     from rltrain.plan import PlanError, make_plan
     from rltrain.plan.inputs import PlanInputError
 
-    cfg = as_config(cfg)
     mode = cfg.trainer.plan_check
     if mode == "off":
         return None
@@ -218,15 +205,13 @@ def plan_metrics(plan) -> dict[str, float]:
     return out
 
 
-def build_workers(cfg, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):
+def build_workers(cfg: RLConfig, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):
     """(train group, rollout group): the same object in colocated mode. Placement (how many workers, where,
     which device) is workers/placement.py's; under Ray, `ckpt_dir` is checked to be shared by every node."""
-    from rltrain.config.convert import as_config
     from rltrain.workers.group import LocalWorkerGroup, WorkerGroup, check_cluster, check_shared_dir
     from rltrain.workers.hybrid import HybridWorker, resolve_device
     from rltrain.workers.placement import cpus_per_worker, plan_groups
 
-    cfg = as_config(cfg)
     t = cfg.trainer
     device = resolve_device(t.device)
     plans = plan_groups(cfg, device=device, use_ref=use_ref, use_critic=use_critic)

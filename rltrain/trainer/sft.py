@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from rltrain.config.convert import as_config, as_dict
+from rltrain.config.convert import as_dict
 from rltrain.config.schema import LogprobHeadConfig, ParallelConfig, SFTConfig
 from rltrain.data.sft_data import SFTDataset, collate
 from rltrain.models.hf_export import save_hf_checkpoint
@@ -73,13 +73,12 @@ class SFTLoss:
 
 
 class SFTTrainer:
-    def __init__(self, cfg, run_dir: str):
+    def __init__(self, cfg: SFTConfig, run_dir: str):
         from rltrain.data.dataset import PromptSampler
         from rltrain.data.tokenizer import load_tokenizer
         from rltrain.rollout.multiturn import DEFAULT_TOOL_OUTPUT_TEMPLATE
         from rltrain.workers.hybrid import initial_hf_model, resolve_device
 
-        cfg = as_config(cfg, SFTConfig)  # an SFTConfig (tests may hand a dict of one)
         self.cfg, self.run_dir = cfg, run_dir
         m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.trainer
         self.seed = t.seed
@@ -260,12 +259,11 @@ def _from_rank0(value):
     return box[0]
 
 
-def run_sft_from_config(cfg, run_dir: str | None = None) -> dict:
-    """Build the SFT trainer from a composed Hydra config (SFTConfig) and run it; returns the last step's
-    metrics plus "output_dir" (the HF model)."""
+def run_sft_from_config(cfg: SFTConfig, run_dir: str | None = None) -> dict:
+    """Build the SFT trainer from a typed SFTConfig (the entry point converted it) and run it; returns the last
+    step's metrics plus "output_dir" (the HF model)."""
     from rltrain.trainer.setup import run_directory
 
-    cfg = as_config(cfg, SFTConfig)  # the one conversion: typed objects from here on
     run_dir = run_dir or run_directory()
     make_dirs(run_dir)
     if os.environ.get("RANK", "0") == "0":  # torchrun: one writer

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rltrain.config.schema import ModelConfig, RLConfig
 from rltrain.data.batch import Batch
 from rltrain.models.lora import LoraSpec
 from rltrain.rollout.sync import build_weight_sync, sync_method
@@ -47,19 +48,16 @@ def init_device(device: str, num_params: int) -> str:
     return f"cuda:{index}" if 6 * num_params <= total / 2 else "cpu"
 
 
-def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype, device: str = "cpu"):
+def initial_hf_model(model_cfg: ModelConfig, tokenizer, seed: int, dtype: torch.dtype, device: str = "cpu"):
     """The transformers model every role starts from: random init of a built-in preset (seeded, so all
-    ranks and roles agree) or the pretrained weights at model.path. model_cfg: a ModelConfig (or a dict of one).
+    ranks and roles agree) or the pretrained weights at model.path.
     device: the run's training device; a preset's init runs where `init_device` says and the model returned
     is on the CPU either way."""
     from transformers import AutoModelForCausalLM
 
-    from rltrain.config.convert import as_config
-    from rltrain.config.schema import ModelConfig
     from rltrain.models.presets import model_hf_config
     from rltrain.utils.flops import num_params
 
-    model_cfg = as_config(model_cfg, ModelConfig)
     hf_config = model_hf_config(model_cfg, tokenizer)
     if model_cfg.builtin is not None:
         where = init_device(device, num_params(hf_config))
@@ -80,7 +78,7 @@ def initial_hf_model(model_cfg, tokenizer, seed: int, dtype: torch.dtype, device
     return hf_config, model
 
 
-def routing_replay(cfg, hf_config, device: str) -> bool:
+def routing_replay(cfg: RLConfig, hf_config, device: str) -> bool:
     """actor.moe_routing_replay for this run's model, decided once (the rollout role records the routing, the actor
     replays it; both read this): as set, or (null) on for an MoE model served by vLLM on GPU in a placement that
     supports it (docs/moe.md: where it was measured). True for a dense model is a user error."""
@@ -99,14 +97,12 @@ def routing_replay(cfg, hf_config, device: str) -> bool:
 
 
 class HybridWorker(Worker):
-    def __init__(self, cfg, roles: list[str], rank: int = 0, world_size: int = 1):
-        from rltrain.config.convert import as_config
-
+    def __init__(self, cfg: RLConfig, roles: list[str], rank: int = 0, world_size: int = 1):
         unknown = set(roles) - set(ROLES)
         assert not unknown, unknown
         super().__init__(rank=rank, world_size=world_size)
         enable_stack_dumps()  # a Ray worker that hangs prints where on `kill -USR1 <pid>` (utils/stacks.py)
-        self.cfg, self.roles = as_config(cfg), list(roles)  # an RLConfig (a dict of one from tools)
+        self.cfg, self.roles = cfg, list(roles)
         self.actor = self.ref = self.critic = self.rollout = None
         self.profiler = WorkerProfiler()  # trainer.profile_steps: started and stopped by the driver around a step
 

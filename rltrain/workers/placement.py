@@ -34,9 +34,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rltrain.config.convert import as_config
 from rltrain.config.parallel import ParallelDims, ParallelDimsError
 from rltrain.config.parallel import rollout_replicas as replicas_of
+from rltrain.config.schema import RLConfig
 from rltrain.utils.errors import UserError
 
 TRAIN_ROLES = ("actor", "ref", "critic")
@@ -74,10 +74,9 @@ class GroupPlan:
         return any(r in TRAIN_ROLES for r in self.roles)
 
 
-def plan_groups(cfg, *, device: str, use_ref: bool, use_critic: bool) -> list[GroupPlan]:
-    """The worker groups of a run: [hybrid] when colocated, [train, rollout] when split (`cfg`: an RLConfig, or
-    a dict of one; `device` is the resolved "cpu" or "cuda"). Raises PlacementError naming the keys to change."""
-    cfg = as_config(cfg)
+def plan_groups(cfg: RLConfig, *, device: str, use_ref: bool, use_critic: bool) -> list[GroupPlan]:
+    """The worker groups of a run: [hybrid] when colocated, [train, rollout] when split (`device` is the resolved
+    "cpu" or "cuda"). Raises PlacementError naming the keys to change."""
     errors = placement_errors(cfg, device=device)
     if errors:
         raise PlacementError("; ".join(errors))
@@ -94,18 +93,16 @@ def plan_groups(cfg, *, device: str, use_ref: bool, use_critic: bool) -> list[Gr
             GroupPlan("rollout", ("rollout",), (rtp,) * replicas, gpus, "PACK", replica_size=rtp)]
 
 
-def rollout_replicas(cfg) -> int:
+def rollout_replicas(cfg: RLConfig) -> int:
     """Split mode: `rollout.num_replicas`, or by default as many devices as the training group has."""
-    cfg = as_config(cfg)
     t, r = cfg.trainer, cfg.rollout
     return replicas_of(world_size=t.n_gpus_per_node * t.nnodes, tensor_parallel_size=r.tensor_parallel_size,
                        num_replicas=r.num_replicas)
 
 
-def placement_errors(cfg, *, device: str | None = None) -> list[str]:
-    """Every reason the placement `cfg` (an RLConfig, or a dict of one) asks for is impossible (empty when it is
-    fine). `device` None checks what holds on any device."""
-    cfg = as_config(cfg)
+def placement_errors(cfg: RLConfig, *, device: str | None = None) -> list[str]:
+    """Every reason the placement `cfg` asks for is impossible (empty when it is fine). `device` None checks what
+    holds on any device."""
     t, a, r = cfg.trainer, cfg.actor, cfg.rollout
     e: list[str] = []
     per_node, nnodes = t.n_gpus_per_node, t.nnodes

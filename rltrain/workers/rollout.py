@@ -15,6 +15,7 @@ from typing import Iterable
 
 import torch
 
+from rltrain.config.schema import RolloutConfig, SandboxConfig
 from rltrain.data.batch import Batch, pad_left, pad_right
 from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
 
@@ -25,12 +26,9 @@ class RolloutRole:
     carry the MoE routing the engine used (rollout routing replay). lora: the actor's adapter spec (actor.lora): the
     engine serves the base with the actor's adapters, which are all a weight sync brings."""
 
-    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg, device: str, dtype: torch.dtype,
-                 sync: str = "local", seed: int = 0, sandbox_cfg=None, routed_experts: bool = False, lora=None):
-        from rltrain.config.convert import as_config
-        from rltrain.config.schema import RolloutConfig, SandboxConfig
-
-        rollout_cfg = as_config(rollout_cfg, RolloutConfig)  # a RolloutConfig (or a dict of one from tools/tests)
+    def __init__(self, *, engine: str, model, tokenizer, rollout_cfg: RolloutConfig, device: str, dtype: torch.dtype,
+                 sync: str = "local", seed: int = 0, sandbox_cfg: SandboxConfig | None = None,
+                 routed_experts: bool = False, lora=None):
         self.cfg, self.tokenizer, self.sync = rollout_cfg, tokenizer, sync
         # vLLM sleeps at level 2 (weights dropped, no host copy) when every wake is followed by a full update; with
         # LoRA only the adapters come: the base must survive the sleep (level 1: kept in host memory)
@@ -49,7 +47,7 @@ class RolloutRole:
             from rltrain.rollout.multiturn import MultiTurnRollout, SandboxToolExecutor
 
             # config group `sandbox`; refuses here where tool code cannot be isolated
-            sb = as_config(sandbox_cfg if sandbox_cfg is not None else {}, SandboxConfig)
+            sb = sandbox_cfg or SandboxConfig()
             tools = SandboxToolExecutor(max_workers=mt.tool_max_workers, timeout_s=mt.tool_timeout_s,
                                         memory_mb=mt.tool_memory_mb, allow_unisolated=sb.allow_unisolated,
                                         allow_exec=sb.allow_exec)
@@ -59,7 +57,7 @@ class RolloutRole:
         # rollout.partial: generation in chunks in a thread of its own (rollout/partial.py), paused between two
         # chunks while new weights load (weight_sync_receive); it holds the version of the weights loaded
         self.partial = None
-        if getattr(rollout_cfg, "partial", False):
+        if rollout_cfg.partial:
             from rltrain.rollout.partial import PartialRunner
 
             self.partial = PartialRunner()
@@ -183,17 +181,14 @@ def routing_fields(responses, prompt_lens: list[int], p: int, r: int) -> dict[st
     return {"prompt_routed_experts": prompt, "routed_experts": response}
 
 
-def _build_vllm(model, tokenizer, c, *, device: str, dtype: torch.dtype, sync: str, seed: int,
+def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch.dtype, sync: str, seed: int,
                 routed_experts: bool = False, lora=None):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
     the initial weights written as config + safetensors to a temporary directory, removed once loaded."""
-    from rltrain.config.convert import as_config
-    from rltrain.config.schema import RolloutConfig
     from rltrain.rollout.sync import transfer_backend
     from rltrain.rollout.vllm import VLLMEngine
     from rltrain.workers.placement import engines_per_gpu_error, replica_size_error
 
-    c = as_config(c, RolloutConfig)  # a RolloutConfig, or a dict of one (tests start engines with dicts)
     tp = c.tensor_parallel_size
     # this process's group is world / tp engines of tp consecutive ranks (vLLM's TP groups under its external
     # launcher); each engine serves the prompts its replica is given (RolloutSource.submit_generate)

@@ -16,9 +16,14 @@ REPO = os.path.dirname(CONFIG_DIR)
 register_configs()
 
 
-def _compose(name, overrides=()):
+def _compose_raw(name, overrides=()):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         return compose(config_name=name, overrides=list(overrides))
+
+
+def _compose(name, overrides=()):
+    """The typed RLConfig rltrain.main converts the composed config to (an unknown key raises here)."""
+    return as_config(_compose_raw(name, overrides))
 
 
 @pytest.mark.parametrize("name", ["grpo_tiny", "grpo_qwen3", "ppo_qwen3"])
@@ -28,7 +33,7 @@ def test_shipped_recipes_compose_and_validate(name):
 
 
 def test_required_keys_exist_with_their_defaults():
-    cfg = _compose("grpo_qwen3")
+    cfg = _compose_raw("grpo_qwen3")
     t = cfg.trainer
     assert t.fused_linear_logprob is True
     assert t.fused_linear_logprob_backend == "auto"
@@ -118,10 +123,10 @@ def test_error_lists_allowed_values():
 
 def test_unknown_key_and_wrong_type_fail_at_composition():
     with pytest.raises((ConfigCompositionException, ConfigKeyError)) as info:
-        _compose("grpo_tiny", ["rollout.temprature=0.5"])
+        _compose_raw("grpo_tiny", ["rollout.temprature=0.5"])
     assert "temprature" in str(info.value) + str(info.value.__cause__)
     with pytest.raises((ConfigCompositionException, ValidationError)):
-        _compose("grpo_tiny", ["rollout.n=many"])
+        _compose_raw("grpo_tiny", ["rollout.n=many"])
 
 
 def test_dotted_path_estimator_is_imported_at_validation(tmp_path):
@@ -156,7 +161,7 @@ def test_cli_cfg_job_prints_the_keys():
 def test_engines_per_gpu_is_accepted_for_colocated_vllm_on_cuda_only():
     def engines_rule(overrides):  # the rule is workers/placement.py's, asked by trainer/setup.py
         cfg = _compose("grpo_tiny", ["rollout=vllm", "rollout.engines_per_gpu=2", "trainer.device=cuda", *overrides])
-        return [m for m in room_errors(as_config(cfg)) if "rollout.engines_per_gpu=2" in m]
+        return [m for m in room_errors(cfg) if "rollout.engines_per_gpu=2" in m]
 
     assert engines_rule([]) == []
     for bad in (["trainer.colocate=false"], ["rollout.tensor_parallel_size=2"], ["trainer.device=cpu"]):
@@ -169,7 +174,7 @@ def test_vllm_tensor_parallel_on_gpus_refuses_the_head_dim_it_hangs_on():
     tp2 = ["rollout=vllm", "rollout.tensor_parallel_size=2", "actor.tensor_parallel_size=2", "trainer.n_gpus_per_node=2",
            "trainer.use_ray=true"]
     def head_dim_rule(overrides):  # rollout/vllm.py's rule, asked by trainer/setup.py
-        return [m for m in room_errors(as_config(_compose("grpo_tiny", overrides))) if "has head_dim" in m]
+        return [m for m in room_errors(_compose("grpo_tiny", overrides)) if "has head_dim" in m]
 
     [why] = head_dim_rule([*tp2, "trainer.device=cuda"])
     assert re.search(r"model.builtin=tiny has head_dim 16: .*\+model.overrides.head_dim=64", why)
@@ -207,11 +212,9 @@ def test_seed_bounds_are_numpys():
 
 
 def test_a_key_the_schema_lacks_is_refused_even_when_hydra_adds_it():
-    cfg = _compose("grpo_tiny", ["+actor.foo=1"])  # Hydra's `+` adds it; the run would never read it
+    cfg = _compose_raw("grpo_tiny", ["+actor.foo=1"])  # Hydra's `+` adds it; the run would never read it
     with pytest.raises(ConfigError, match="actor.foo: not a configuration key"):
-        validate_config(cfg)
-    with pytest.raises(ConfigError, match="actor.foo"):
-        as_config(cfg)
+        as_config(cfg)  # the entry points' one conversion
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -224,8 +227,8 @@ def test_vllm_on_cpu_refuses_the_tiny_head_dim_naming_the_override():
     pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match=r"head_dim 16.*\+model.overrides.head_dim=32"):
         check_config(_compose("grpo_tiny", ["rollout.engine=vllm", "trainer.device=cpu"]))
-    assert not [m for m in room_errors(as_config(_compose(
-        "grpo_tiny", ["rollout.engine=vllm", "trainer.device=cpu", "+model.overrides.head_dim=32"]))) if "head_dim" in m]
+    assert not [m for m in room_errors(_compose(
+        "grpo_tiny", ["rollout.engine=vllm", "trainer.device=cpu", "+model.overrides.head_dim=32"])) if "head_dim" in m]
 
 
 @pytest.mark.parametrize("override,key", [("actor.lr=abc", "actor.lr"), ("+actor.foo=1", "actor.foo"),

@@ -9,18 +9,11 @@ import random
 
 import pytest
 
-from rltrain.config.convert import as_config
 from rltrain.config.entry import compose_config as compose
-from rltrain.data.lengths import DataLengths
-from rltrain.data.lengths import data_lengths as _data_lengths
+from rltrain.data.lengths import DataLengths, data_lengths
 from rltrain.plan import make_plan
 from rltrain.plan.__main__ import main
 from rltrain.trainer.setup import plan_check
-
-
-def data_lengths(cfg):
-    """rltrain.data.lengths.data_lengths of a composed (DictConfig) config, as the CLI calls it."""
-    return _data_lengths(as_config(cfg))
 
 
 GPU = ["model=qwen3_0.6b_random", "trainer.device=cuda", "rollout=vllm", "data.train_batch_size=32", "rollout.n=8",

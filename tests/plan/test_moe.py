@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
 
 from rltrain.config.entry import compose_config
 from rltrain.plan import make_plan
@@ -41,16 +40,16 @@ LOOP = "actor.moe_grouped_gemm=false"  # the engine of those runs looped over th
 H200 = 139.80
 
 
-def compose(*overrides: str) -> dict:
-    return OmegaConf.to_container(compose_config("grpo_tiny", list(overrides)), resolve=True)  # type: ignore
+def compose(*overrides: str):
+    return compose_config("grpo_tiny", list(overrides))
 
 
 @pytest.fixture(scope="module")
-def toy_cfg() -> dict:
+def toy_cfg():
     """Two GPUs, actor DP=2 with EP=2, bf16, the KL loss (a reference), colocated hf rollout; the model is TOY."""
     c = compose("trainer.device=cuda", "trainer.use_ray=true", "trainer.n_gpus_per_node=2", "model.dtype=bfloat16",
                 "actor.use_kl_loss=true", "model.builtin=tiny-moe", "actor.expert_parallel_size=2", LOOP)
-    c["model"]["overrides"] = dict(TOY)
+    c.model.overrides = dict(TOY)
     return c
 
 
@@ -75,7 +74,7 @@ def test_toy_static_memory_and_vllm_weights_by_hand(toy_cfg):
                                   "actor optimizer (AdamW)": 8 * P, "reference weights": 2 * P}
     # vLLM holds the whole checkpoint, experts included, split over its TP (a fixed KV cache here: the toy is small)
     c = copy.deepcopy(toy_cfg)
-    c["rollout"].update(engine="vllm", tensor_parallel_size=2, kv_cache_memory_gb=1.0)
+    c.rollout.engine, c.rollout.tensor_parallel_size, c.rollout.kv_cache_memory_gb = "vllm", 2, 1.0
     xv = read(c)
     parts, _, _, kv = vllm_parts(xv, 80 * GIB)
     assert kv == 1.0 * GIB
@@ -93,7 +92,8 @@ def test_toy_expert_activations_by_hand(toy_cfg):
     assert act == pytest.approx(cal.value("act_none_fusion_none") * (32 + 56) * 100)
     # selective recompute of "mlp": megatron recomputes the dense layer's MLP only; the sparse layer keeps it all
     sel = copy.deepcopy(toy_cfg)
-    sel["actor"].update(recompute_activations=True, recompute_granularity="selective", recompute_modules=["mlp"])
+    sel.actor.recompute_activations, sel.actor.recompute_granularity = True, "selective"
+    sel.actor.recompute_modules = ["mlp"]
     act, how = activation_bytes(read(sel), 100, 0)
     assert act == pytest.approx((cal.value("act_selective") * 20 + cal.value("act_none_fusion_none") * 56) * 100)
     assert "MoE layers not recomputed" in how
@@ -104,8 +104,8 @@ def test_time_terms_active_flops_expert_loop_and_decode_reads(toy_cfg):
     # the experts' loop: 1 sparse layer x 8 / EP 2 = 4 local experts per forward pass
     assert moe_pass_seconds(x) == pytest.approx(4 * cal.value("moe_expert_pass_s"))
     dense = copy.deepcopy(toy_cfg)
-    dense["model"]["overrides"] = {**TOY, "num_experts": 0, "model_type": "qwen3"}
-    dense["actor"]["expert_parallel_size"] = 1
+    dense.model.overrides = {**TOY, "num_experts": 0, "model_type": "qwen3"}
+    dense.actor.expert_parallel_size = 1
     xd = read(dense)
     assert moe_pass_seconds(xd) == 0.0
     # the update: FLOPs on the ACTIVE weights (1,104 matrices, tests/utils/test_flops.py: 6 a weight and token) at the
@@ -123,7 +123,7 @@ def test_time_terms_active_flops_expert_loop_and_decode_reads(toy_cfg):
         6 * dense_matrices * tokens / update_rate(xd) + flops.attention_flops(ns(xd.shape), tokens, seq) / attn_rate)
     # decode: one sequence reads its k = 2 experts' of 8 on average; a wave of many reads all of them
     r = copy.deepcopy(toy_cfg)
-    r["rollout"]["tensor_parallel_size"] = 1
+    r.rollout.tensor_parallel_size = 1
     xr = read(r)
     assert decode_weight_bytes(xr, 1) == pytest.approx(2 * (2104 - 8 * 144 * (1 - 2 / 8)))
     assert decode_weight_bytes(xr, 10**4) == pytest.approx(2 * 2104)
@@ -207,9 +207,9 @@ def test_grouped_gemm_stacks_the_local_experts_and_skips_the_loop(toy_cfg):
     x = read(toy_cfg)
     assert not grouped_gemm(x)  # actor.moe_grouped_gemm=false: megatron's loop
     c = copy.deepcopy(toy_cfg)
-    c["actor"]["moe_grouped_gemm"] = True
+    c.actor.moe_grouped_gemm = True
     assert not grouped_gemm(read(c))  # expert width 6: 2 x 6 x 2 bytes is no multiple of 16, the loop stays
-    c["model"]["overrides"]["moe_intermediate_size"] = 8
+    c.model.overrides["moe_intermediate_size"] = 8
     xg = read(c)
     assert grouped_gemm(xg) and moe_pass_seconds(xg) == pytest.approx(cal.value("moe_grouped_layer_pass_s"))  # 1 layer
     # one sparse layer's 8 / EP 2 = 4 local experts of 3 x 8 x 8 = 192 params, bf16: 1,536 bytes stacked per run;

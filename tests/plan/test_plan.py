@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
 
+from rltrain.config import as_config
+from rltrain.config.convert import as_dict
+from rltrain.config.entry import compose_config as compose
+from rltrain.config.schema import ModelConfig
 from rltrain.plan import PlanError, check, make_plan
 from rltrain.plan import calibration as cal
-from rltrain.config.entry import compose_config as compose
 from rltrain.plan.__main__ import main
 from rltrain.plan.inputs import PlanInputError, model_shape, read
 from rltrain.plan.memory import (activation_bytes, kv_bytes_per_token, micro_batch_tokens, n_micro_batches,
@@ -35,15 +37,14 @@ GRPO_06B = ["model=qwen3_0.6b_random", "trainer.device=cuda", "trainer.n_gpus_pe
             "trainer.use_ray=false"]
 
 
-def qwen06b(*extra: str) -> dict:
-    return OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1",
-                                                         *extra]), resolve=True)
+def qwen06b(*extra: str):
+    return compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1", *extra])
 
 
 # ------------------------------------------------------------------ arithmetic, worked by hand
 
 def test_qwen3_06b_parameters_by_hand():
-    s = model_shape({"builtin": "qwen3-0.6b"})
+    s = model_shape(ModelConfig(builtin="qwen3-0.6b"))
     # one layer: q/k/v/o 1024 x (2048 + 2 x 1024) + 2048 x 1024, MLP 3 x 1024 x 3072, norms 2 x 1024 + 2 x 128
     layer = 1024 * 4096 + 2048 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128
     assert layer == 15_730_944
@@ -121,7 +122,7 @@ def test_micro_batch_tokens_rule():
 
 
 def test_kv_cache_bytes_match_the_engine_rule():
-    s = model_shape({"builtin": "qwen3-0.6b"})
+    s = model_shape(ModelConfig(builtin="qwen3-0.6b"))
     assert kv_bytes_per_token(s, 1, 2) == 2 * 28 * 8 * 128 * 2 == 114_688
     assert kv_bytes_per_token(s, 16, 2) == 2 * 28 * 1 * 128 * 2  # at least one KV head per rank
     vllm = pytest.importorskip("rltrain.rollout.vllm")
@@ -130,29 +131,29 @@ def test_kv_cache_bytes_match_the_engine_rule():
     from rltrain.models.presets import BUILTINS
 
     hf = SimpleNamespace(**BUILTINS["qwen3-4b"])
-    s4 = model_shape({"builtin": "qwen3-4b"})
+    s4 = model_shape(ModelConfig(builtin="qwen3-4b"))
     for tp in (1, 2, 16):
         assert vllm.kv_cache_need_bytes(hf, tensor_parallel_size=tp, dtype_bytes=2, max_num_seqs=1) == (
             kv_bytes_per_token(s4, tp, 2) * s4.max_position_embeddings)
 
 
 def test_shape_from_hub_name_local_dir_and_unknown(tmp_path):
-    assert model_shape({"path": "Qwen/Qwen3-4B"}).hidden_size == 2560  # the preset copies its config.json
+    assert model_shape(ModelConfig(path="Qwen/Qwen3-4B")).hidden_size == 2560  # the preset copies its config.json
     d = tmp_path / "m"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({
         "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048}))
-    s = model_shape({"path": str(d), "overrides": {"num_hidden_layers": 5}})
+    s = model_shape(ModelConfig(path=str(d), overrides={"num_hidden_layers": 5}))
     assert (s.hidden_size, s.head_dim, s.num_hidden_layers) == (256, 64, 5)
     with pytest.raises(PlanInputError, match="model.path"):
-        model_shape({"path": str(tmp_path / "nothing")})
+        model_shape(ModelConfig(path=str(tmp_path / "nothing")))
 
 
-def test_plain_dict_and_dictconfig_plan_the_same():
+def test_a_config_read_back_from_its_config_json_plans_the_same():
     cfg = compose("grpo_qwen3", [])
     a = make_plan(cfg, suggest=False)
-    b = make_plan(OmegaConf.to_container(cfg, resolve=True), suggest=False)
+    b = make_plan(as_config(json.loads(json.dumps(as_dict(cfg)))), suggest=False)
     assert a.peak_gib == b.peak_gib and a.seconds == b.seconds
 
 
@@ -169,8 +170,7 @@ def test_colocated_counters_add_vllm_share_the_card_peak_does_not():
     # 2026-11-26, one H200, the 0.6B GRPO step at 5 + 64 tokens: max_memory_allocated 93.95 = 69.90 (0.5 x 139.80,
     # vLLM) + 24.05 (the update), max_memory_reserved 95.78; the card never holds both (sleep unmaps vLLM's pool
     # below torch's counters), so the plan's card peak (vLLM awake: generation or weight sync) is below both
-    cfg = OmegaConf.to_container(compose("grpo_tiny", [*GRPO_06B, "rollout=vllm", "trainer.use_ray=true"]),
-                                 resolve=True)
+    cfg = compose("grpo_tiny", [*GRPO_06B, "rollout=vllm", "trainer.use_ray=true"])
     g = make_plan(cfg, device="h200", prompt_tokens=5, response_tokens=64, suggest=False).gpus[0]
     slack = cal.value("allocator_slack")
     train = max(ph.torch_bytes - ph.parts.get("vllm (weights + KV cache)", 0) for ph in g.phases)
@@ -490,7 +490,7 @@ def test_the_tp_x_dp_layout_factor_scales_the_host_floors_of_that_layout_only(la
     from rltrain.plan.timing import phase_seconds, tp_dp_factor
 
     cfg = compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm", "trainer.device=cuda", *layout])
-    x = read(OmegaConf.to_container(cfg, resolve=True))
+    x = read(cfg)
     x = dc.replace(x, mean_prompt_length=None)
     dev = cal.DEVICES["h200"]
     with constant("tp_dp_layout_factor", 1.0):
@@ -538,7 +538,7 @@ def test_a_gpu_bound_tp_x_dp_step_loses_little_to_the_layout_factor():
         cfg = compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm", "trainer.device=cuda",
                                      "trainer.n_gpus_per_node=4", "actor.tensor_parallel_size=2",
                                      "rollout.tensor_parallel_size=2", "data.max_prompt_length=64", *extra])
-        x = dc.replace(read(OmegaConf.to_container(cfg, resolve=True)), mean_prompt_length=None)
+        x = dc.replace(read(cfg), mean_prompt_length=None)
         with constant("tp_dp_layout_factor", 1.0):
             base = phase_seconds(x, dev.hbm_bytes_per_s, dev.total_gib * GIB)["step"]
         growth[name] = phase_seconds(x, dev.hbm_bytes_per_s, dev.total_gib * GIB)["step"] / base

@@ -6,7 +6,6 @@ constants are calibration.py's; the counts are worked out here."""
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
 from rltrain.config.entry import compose_config as compose
 from rltrain.plan import calibration as cal
@@ -17,8 +16,7 @@ GIB = 2**30
 
 
 def qwen(*extra: str):
-    return read(OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1",
-                                                             *extra]), resolve=True))
+    return read(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1", *extra]))
 
 
 def test_a_forward_micro_batch_costs_the_larger_of_its_flops_and_the_hosts_floor():

@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from rltrain.config.schema import RolloutConfig
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams, build_engine
 from rltrain.rollout.hf import HFEngine
@@ -709,14 +710,14 @@ def test_gpu_engine_fixes_a_small_models_kv_cache_and_leaves_a_large_ones_to_the
             seen.update(kw)
 
     monkeypatch.setattr(vllm_mod, "VLLMEngine", FakeEngine)
-    cfg = {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_gb": None}
+    cfg = RolloutConfig(gpu_memory_utilization=0.5)
     model = SimpleNamespace(config=hf_config_for(path=None, builtin="tiny", vocab_size=64))
     (tmp_path / "model.safetensors").write_bytes(b"")  # an existing checkpoint: none is written
     model.config._name_or_path = str(tmp_path)
     rollout_mod._build_vllm(model, TOK, cfg, device="cuda", dtype=torch.float32, sync="nccl", seed=0)
     assert seen["gpu_kv_cache_bytes"] is None
-    rollout_mod._build_vllm(model, TOK, {**cfg, "kv_cache_memory_gb": 3.0}, device="cuda", dtype=torch.float32,
-                            sync="nccl", seed=0)
+    rollout_mod._build_vllm(model, TOK, dataclasses.replace(cfg, kv_cache_memory_gb=3.0), device="cuda",
+                            dtype=torch.float32, sync="nccl", seed=0)
     assert seen["gpu_kv_cache_bytes"] == 3 << 30
 
 
@@ -735,8 +736,7 @@ def test_rollout_worker_builds_a_pool_of_ipc_engines_for_engines_per_gpu(monkeyp
             built.append(kw)
 
     monkeypatch.setattr(vllm_mod, "VLLMEngine", FakeEngine)
-    cfg = {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.6, "enforce_eager": False, "kv_cache_memory_gb": 3.0,
-           "engines_per_gpu": 2, "weight_sync_bucket_mb": 64}
+    cfg = RolloutConfig(gpu_memory_utilization=0.6, kv_cache_memory_gb=3.0, engines_per_gpu=2, weight_sync_bucket_mb=64)
     model = SimpleNamespace(config=hf_config_for(path=None, builtin="tiny", vocab_size=64))
     (tmp_path / "model.safetensors").write_bytes(b"")
     model.config._name_or_path = str(tmp_path)

@@ -7,20 +7,27 @@ import sys
 
 import pytest
 
+from rltrain.config.schema import (DataConfig, ModelConfig, MultiTurnConfig, RLConfig, RolloutConfig, SFTConfig,  # noqa: E402
+                                   SFTDataConfig, SFTTrainerConfig, TrainerConfig)
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
 
 from planlab import learn  # noqa: E402
 
 
-def _grpo_cfg(multi_turn: bool, test_freq: int = 10) -> dict:
-    return {"trainer": {"total_steps": 100, "test_freq": test_freq},
-            "data": {"train_batch_size": 64},
-            "rollout": {"n": 8, "max_response_length": 72,
-                        "multi_turn": {"enable": multi_turn, "tool_max_workers": 8}}}
+def _grpo_cfg(multi_turn: bool, test_freq: int = 10) -> RLConfig:
+    return RLConfig(trainer=TrainerConfig(total_steps=100, test_freq=test_freq),
+                    data=DataConfig(train_batch_size=64),
+                    rollout=RolloutConfig(n=8, max_response_length=72,
+                                          multi_turn=MultiTurnConfig(enable=multi_turn, tool_max_workers=8)))
+
+
+def _sft_cfg(total_steps: int, batch_size: int) -> SFTConfig:
+    return SFTConfig(trainer=SFTTrainerConfig(total_steps=total_steps), data=SFTDataConfig(batch_size=batch_size))
 
 
 def test_sft_is_overhead_bound_at_the_recipe_size():
-    cfg = {"trainer": {"total_steps": 1500}, "data": {"batch_size": 64}}
+    cfg = _sft_cfg(1500, 64)
     # 6 N T / (10% x peak) is ~0.3 ms: each step costs the 40 ms overhead; + 40 s start-up + 20 s evaluation
     assert learn.estimate_seconds(True, cfg, params=55_400_000, layers=14, seq_tokens=71) == pytest.approx(
         40 + 1500 * 0.04 + 20)
@@ -43,10 +50,10 @@ def test_grpo_step_is_decode_plus_flops_plus_overhead():
 
 
 def test_stage_estimate_counts_the_preset_at_the_recipe_vocabulary():
-    cfg = {"trainer": {"total_steps": 10}, "data": {"batch_size": 1}}
-    small = learn.stage_estimate(True, cfg, {"builtin": "small"}, seq_tokens=71)
+    small = learn.stage_estimate(True, _sft_cfg(10, 1), ModelConfig(builtin="small"), seq_tokens=71)
     assert small == round(40 + 10 * 0.04 + 20)  # overhead-bound
-    big = {"trainer": {"total_steps": 10}, "data": {"batch_size": 4096}}
-    a = learn.stage_estimate(True, big, {"builtin": "small"}, seq_tokens=1000)
-    b = learn.stage_estimate(True, big, {"builtin": "small", "overrides": {"num_hidden_layers": 28}}, seq_tokens=1000)
+    big = _sft_cfg(10, 4096)
+    a = learn.stage_estimate(True, big, ModelConfig(builtin="small"), seq_tokens=1000)
+    b = learn.stage_estimate(True, big, ModelConfig(builtin="small", overrides={"num_hidden_layers": 28}),
+                             seq_tokens=1000)
     assert b > a > 60  # FLOP-bound: more layers, more seconds

@@ -3,7 +3,7 @@ import os
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rltrain.config import register_configs, validate_config
+from rltrain.config import as_config, register_configs, validate_config
 from rltrain.main import CONFIG_DIR
 
 register_configs()
@@ -17,8 +17,9 @@ FAST = [
 
 
 def compose_cfg(*overrides, name="grpo_tiny"):
+    """The typed RLConfig of recipe `name` with FAST and `overrides`, validated (as rltrain.main converts it)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name=name, overrides=[*FAST, *overrides])
+        cfg = as_config(compose(config_name=name, overrides=[*FAST, *overrides]))
     validate_config(cfg)
     return cfg
 

@@ -76,8 +76,7 @@ def test_nan_loss_stops_without_overwriting_last_good_checkpoint(tmp_path, ray_s
     with pytest.raises(TrainingDiverged, match="step 2"):
         from rltrain.trainer.ppo import PPOTrainer
 
-        from rltrain.trainer.setup import config_dict
-        PPOTrainer(config_dict(cfg), run_dir).fit()
+        PPOTrainer(cfg, run_dir).fit()
     ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
     assert ckpts == ["step_1"]
     assert [r["step"] for r in read_metrics(run_dir)] == [1]
@@ -185,6 +184,7 @@ def test_user_error_from_a_ray_worker_is_one_line_and_other_errors_keep_their_tr
     propagates unchanged."""
     from ray.exceptions import RayTaskError
 
+    from rltrain.config.schema import RLConfig
     from rltrain.data.dataset import DataError
 
     cause = DataError("/data/x.jsonl:3: not valid JSON (Expecting value)")
@@ -195,7 +195,7 @@ def test_user_error_from_a_ray_worker_is_one_line_and_other_errors_keep_their_tr
         raise wrapped
 
     with pytest.raises(SystemExit) as info:
-        run_entry(None, lambda cfg: None, run)
+        run_entry(RLConfig(), lambda cfg: None, run)
     assert info.value.code == 2
     assert capsys.readouterr().err == "rltrain: /data/x.jsonl:3: not valid JSON (Expecting value)\n"
 
@@ -203,4 +203,4 @@ def test_user_error_from_a_ray_worker_is_one_line_and_other_errors_keep_their_tr
         raise RuntimeError("a bug, not the user's mistake") from cause
 
     with pytest.raises(RuntimeError, match="a bug"):
-        run_entry(None, lambda cfg: None, bug)
+        run_entry(RLConfig(), lambda cfg: None, bug)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rltrain.config import validate_config
+from rltrain.config.schema import RLConfig, SFTConfig
 from rltrain.main import CONFIG_DIR, prepare_run, run_entry, run_rl
 from rltrain.utils.checkpoint import save_checkpoint
 from rltrain.utils.tracking import read_metrics
@@ -216,7 +217,7 @@ def test_worker_lost_stop_prints_the_exact_resume_command(tmp_path, capsys, monk
         raise SystemExit(4)
 
     with pytest.raises(SystemExit) as info:
-        run_entry(None, lambda cfg: None, lost)
+        run_entry(RLConfig(), lambda cfg: None, lost)
     assert info.value.code == 4
     assert capsys.readouterr().err == (f"rltrain: to continue in this run directory, run exactly: {sys.executable} -m "
                                        f"rltrain.main --config-name grpo_tiny trainer.save_freq=1 "
@@ -285,7 +286,7 @@ def test_sft_from_a_truncated_model_dir_is_one_line(tmp_path, capsys, monkeypatc
                                                                  "model.tokenizer=char", "trainer.progress_bar=false"])
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as info:
-        run_entry(cfg, validate_sft_config, run_sft)
+        run_entry(cfg, validate_sft_config, run_sft, SFTConfig)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rltrain:")]
     assert info.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"rltrain: model.path='{model}': model.safetensors is truncated")
@@ -309,7 +310,7 @@ def test_sft_checkpoint_dir_that_is_a_file_or_a_broken_resume_is_one_line(tmp_pa
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
             cfg = compose(config_name="retool_tiny_sft", overrides=[*override, "trainer.progress_bar=false"])
         with pytest.raises(SystemExit) as info:
-            run_entry(cfg, validate_sft_config, run_sft)
+            run_entry(cfg, validate_sft_config, run_sft, SFTConfig)
         lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rltrain:")]
         assert info.value.code == 2 and len(lines) == 1 and lines[0].startswith(want), lines
 

@@ -12,7 +12,6 @@ import os
 import pytest
 
 from rltrain.trainer.ppo import PPOTrainer
-from rltrain.trainer.setup import config_dict
 from rltrain.utils.tracking import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -28,7 +27,7 @@ def test_tp2_pp2_dp2_with_two_rollout_replicas_runs_saves_and_resumes(tmp_path, 
             "trainer.colocate=false", "rollout.num_replicas=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
             "trainer.plots=false", "trainer.save_freq=2", f"reward.fn={tmp_path / 'varied.py'}:reward",
             "actor.use_kl_loss=true"]  # the reference role on the same 8-rank mesh
-    trainer = PPOTrainer(config_dict(cfg_for(*mesh, "trainer.total_steps=2")), run_dir)
+    trainer = PPOTrainer(cfg_for(*mesh, "trainer.total_steps=2"), run_dir)
     # data-parallel ranks as megatron's parallel_state numbers them (tp fastest, then dp, then pp)
     assert trainer.train_group.train.members == ((0, 1, 4, 5), (2, 3, 6, 7))
     assert trainer.rollout_group.num_replicas == 2
@@ -36,7 +35,7 @@ def test_tp2_pp2_dp2_with_two_rollout_replicas_runs_saves_and_resumes(tmp_path, 
     ckpt = os.path.join(run_dir, "checkpoints", "step_2")
     assert sorted(f for f in os.listdir(ckpt) if f.startswith("worker_rank")) == [f"worker_rank{r}.pt" for r in range(8)]
 
-    trainer = PPOTrainer(config_dict(cfg_for(*mesh, "trainer.total_steps=3")), run_dir)
+    trainer = PPOTrainer(cfg_for(*mesh, "trainer.total_steps=3"), run_dir)
     trainer.fit()  # trainer.resume=auto: every rank restores its shard of its stage, then step 3
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -25,12 +25,12 @@ def sft_model(retool_sft_model):
 def _rollout_role(model_dir):
     from transformers import AutoModelForCausalLM
 
+    from rltrain.config.schema import MultiTurnConfig, RolloutConfig
     from rltrain.workers.rollout import RolloutRole
 
-    cfg = {"max_batch_size": 64, "n": 4, "val_n": 1, "temperature": 1.0, "val_temperature": 0.0, "top_p": 1.0,
-           "top_k": -1, "max_response_length": 48, "stop": [],
-           "multi_turn": {"enable": True, "tool_pattern": "code_tag", "max_turns": 3, "max_total_tokens": 96,
-                          "tool_timeout_s": 5.0, "tool_memory_mb": 256, "tool_max_workers": 2}}
+    cfg = RolloutConfig(max_batch_size=64, n=4, max_response_length=48,
+                        multi_turn=MultiTurnConfig(enable=True, tool_pattern="code_tag", max_turns=3, max_total_tokens=96,
+                                                   tool_timeout_s=5.0, tool_memory_mb=256, tool_max_workers=2))
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     return RolloutRole(engine="hf", model=model, tokenizer=CharTokenizer(), rollout_cfg=cfg, device="cpu",
                        dtype=torch.float32)

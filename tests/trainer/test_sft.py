@@ -9,7 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from rltrain.config import ConfigError, register_configs
+from rltrain.config import ConfigError, as_config, register_configs
+from rltrain.config.schema import SFTConfig
 from rltrain.config.validate import validate_sft_config
 from rltrain.data.dataset import write_rows
 from rltrain.data.retool_synthetic import make_splits, sft_conversation
@@ -23,9 +24,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def sft_cfg(*overrides):
+    """The typed SFTConfig of retool_tiny_sft with `overrides`, validated (as rltrain.sft converts it)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="retool_tiny_sft", overrides=["trainer.progress_bar=false",
-                                                                "trainer.logger=[jsonl]", *overrides])
+        cfg = as_config(compose(config_name="retool_tiny_sft", overrides=["trainer.progress_bar=false",
+                                                                          "trainer.logger=[jsonl]", *overrides]),
+                        SFTConfig)
     validate_sft_config(cfg)
     return cfg
 
@@ -141,12 +144,10 @@ def test_sft_step_loss_and_grad_norm_match_fp64_hf_reference(tmp_path, sft_files
     # a tiny token budget forces several micro-batches of different widths: weighting must be exact
     cfg = sft_cfg(f"data.train_files=[{sft_files[0]}]", "trainer.max_tokens_per_micro_batch=120",
                   "data.batch_size=7", "trainer.seed=5")
-    from rltrain.trainer.setup import config_dict
-
-    trainer = SFTTrainer(config_dict(cfg), str(tmp_path))
+    trainer = SFTTrainer(cfg, str(tmp_path))
     rows = [trainer.train_ds[i] for i in random.Random(0).sample(range(len(trainer.train_ds)), 7)]
     batch = collate(rows, 0)
-    _, hf = initial_hf_model(config_dict(cfg)["model"], trainer.tokenizer, 5, torch.float32)  # the trainer's start weights
+    _, hf = initial_hf_model(cfg.model, trainer.tokenizer, 5, torch.float32)  # the trainer's start weights
     ref_loss, ref_gn = _hf_reference(hf, batch)
     m = trainer.train_step(batch)
     assert m["sft/loss"] == pytest.approx(ref_loss, rel=1e-5)
@@ -238,7 +239,8 @@ def _dp2_rank(rank: int, world: int, port: int, out_dir: str) -> None:
 
     with open(os.path.join(out_dir, "cfg.json")) as f:
         cfg = json.load(f)
-    SFTTrainer(cfg, cfg.pop("_run_dir")).fit()
+    run_dir = cfg.pop("_run_dir")
+    SFTTrainer(as_config(cfg, SFTConfig), run_dir).fit()
 
 
 def test_data_parallel_sft_checkpoints_every_rank_and_resumes_exactly(tmp_path, sft_files):
@@ -248,14 +250,11 @@ def test_data_parallel_sft_checkpoints_every_rank_and_resumes_exactly(tmp_path, 
 
     import torch.multiprocessing as mp
 
-    from rltrain.config import as_config
     from rltrain.config.convert import as_dict
-    from rltrain.config.schema import SFTConfig
 
     def run(name, *extra):
-        cfg = as_dict(as_config(sft_cfg(f"data.train_files=[{sft_files[0]}]", "trainer.total_steps=4",
-                                        "data.batch_size=8", "trainer.save_freq=2", "optim.lr=1e-3",
-                                        f"trainer.ckpt_dir={tmp_path / 'ckpt'}", *extra), SFTConfig))
+        cfg = as_dict(sft_cfg(f"data.train_files=[{sft_files[0]}]", "trainer.total_steps=4", "data.batch_size=8",
+                              "trainer.save_freq=2", "optim.lr=1e-3", f"trainer.ckpt_dir={tmp_path / 'ckpt'}", *extra))
         cfg["_run_dir"] = str(tmp_path / name)
         cfg["trainer"]["output_dir"] = str(tmp_path / name / "hf")
         with open(tmp_path / "cfg.json", "w") as f:

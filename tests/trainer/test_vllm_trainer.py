@@ -74,6 +74,7 @@ def test_retool_multi_turn_on_vllm_matches_hf_tokens_and_loss_masks(sft_model_hd
     loss masks (tool output masked out), turn by turn."""
     from transformers import AutoModelForCausalLM
 
+    from rltrain.config.schema import MultiTurnConfig, RolloutConfig
     from rltrain.data.tokenizer import CharTokenizer
     from rltrain.workers.rollout import RolloutRole
 
@@ -84,11 +85,9 @@ def test_retool_multi_turn_on_vllm_matches_hf_tokens_and_loss_masks(sft_model_hd
         row = json.loads(line)
         prompts.append({"prompt_ids": tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True),
                         "ground_truth": row["answer"], "data_source": row["data_source"]})
-    cfg = {"max_batch_size": 64, "n": 4, "val_n": 1, "temperature": 1.0, "val_temperature": 0.0, "top_p": 1.0,
-           "top_k": -1, "max_response_length": 48, "stop": [], "gpu_memory_utilization": 0.5,
-           "tensor_parallel_size": 1, "enforce_eager": True,
-           "multi_turn": {"enable": True, "tool_pattern": "code_tag", "max_turns": 3, "max_total_tokens": 96,
-                          "tool_timeout_s": 5.0, "tool_memory_mb": 256, "tool_max_workers": 2}}
+    cfg = RolloutConfig(max_batch_size=64, n=4, max_response_length=48, enforce_eager=True,
+                        multi_turn=MultiTurnConfig(enable=True, tool_pattern="code_tag", max_turns=3, max_total_tokens=96,
+                                                   tool_timeout_s=5.0, tool_memory_mb=256, tool_max_workers=2))
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     batches = {}
     for engine in ("hf", "vllm"):

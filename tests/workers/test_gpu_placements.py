@@ -30,12 +30,11 @@ def two_gpus():
 @pytest.mark.parametrize("name", list(PLACEMENTS))
 def test_placement_runs_every_role_on_its_own_gpu(name, two_gpus, tmp_path, ray_session, cfg_for):
     from rltrain.trainer.ppo import PPOTrainer
-    from rltrain.trainer.setup import config_dict
     from rltrain.utils.tracking import read_metrics
 
-    cfg = config_dict(cfg_for(*PLACEMENTS[name], "trainer.device=cuda", "algorithm=gae", "actor.use_kl_loss=true",
-                              "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]",
-                              "rollout.n=2", "critic.lr=1e-3", "trainer.fused_linear_logprob_backend=auto"))
+    cfg = cfg_for(*PLACEMENTS[name], "trainer.device=cuda", "algorithm=gae", "actor.use_kl_loss=true",
+                  "trainer.total_steps=2", "trainer.test_freq=-1", "trainer.logger=[jsonl]", "rollout.n=2",
+                  "critic.lr=1e-3", "trainer.fused_linear_logprob_backend=auto")
     trainer = PPOTrainer(cfg, str(tmp_path))
     groups = {id(g): g for g in (trainer.train_group, trainer.rollout_group)}.values()
     table = [row for g in groups for row in g.placement_table()]

@@ -5,9 +5,10 @@ from unittest import mock
 import pytest
 import torch
 
+from rltrain.config.schema import ModelConfig
 from rltrain.workers.hybrid import init_device, initial_hf_model
 
-TINY = {"builtin": "tiny"}
+TINY = ModelConfig(builtin="tiny")
 
 
 class _Tok:

@@ -4,27 +4,20 @@ megatron's own parallel_state: tests/trainer/test_multinode.py, test_mesh.py).""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
+from rltrain.config.schema import RLConfig
 from rltrain.workers.placement import (
     PlacementError, cpus_per_worker, device_ordinal, node_local_ranks, placement_errors, plan_groups,
     replica_dispatch, train_dispatch,
 )
 
-BASE = {
-    "trainer": {"n_gpus_per_node": 1, "nnodes": 1, "colocate": True, "use_ray": True},
-    "actor": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1},
-    "rollout": {"tensor_parallel_size": 1, "engine": "hf", "num_replicas": None},
-}
-
-
 def cfg(**kw):
-    out = copy.deepcopy(BASE)
+    """An RLConfig of the schema's defaults (one device, colocated, Ray, the hf engine) with `section__key=value`."""
+    out = RLConfig()
     for key, value in kw.items():
         section, name = key.split("__")
-        out[section][name] = value
+        setattr(getattr(out, section), name, value)
     return out
 
 

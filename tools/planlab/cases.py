@@ -179,15 +179,13 @@ def by_key(all_cases: list[Case]) -> dict[tuple[str, str], Case]:
     return {c.key: c for c in all_cases}
 
 
-def compose(overrides: list[str]) -> dict:
-    """grpo_tiny with `overrides`, resolved to a plain dict (a fresh copy each call)."""
+def compose(overrides: list[str]):
+    """grpo_tiny with `overrides`, as the typed RLConfig the planner reads (a fresh copy each call)."""
     return copy.deepcopy(_compose(tuple(overrides)))
 
 
 @functools.lru_cache(maxsize=None)
-def _compose(overrides: tuple[str, ...]) -> dict:
-    from omegaconf import OmegaConf
-
+def _compose(overrides: tuple[str, ...]):
     from rltrain.config.entry import compose_config
 
-    return OmegaConf.to_container(compose_config("grpo_tiny", list(overrides)), resolve=True)  # type: ignore
+    return compose_config("grpo_tiny", list(overrides))

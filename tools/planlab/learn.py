@@ -4,8 +4,7 @@ from FLOP counts and a few calibration points. Must not run anything: it reads a
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
+from rltrain.config.schema import ModelConfig, RLConfig, SFTConfig
 from rltrain.plan.inputs import model_shape
 from rltrain.plan.memory import ns
 from rltrain.utils.flops import active_params, peak_flops
@@ -23,7 +22,7 @@ TOOL_CALL_S = 0.06  # one sandboxed interpreter (CPU seconds), run tool_max_work
 VOCAB = 300  # the recipe's byte-level BPE tokenizer, about
 
 
-def estimate_seconds(sft: bool, cfg: Mapping[str, Any], *, params: int, layers: int, seq_tokens: float,
+def estimate_seconds(sft: bool, cfg: RLConfig | SFTConfig, *, params: int, layers: int, seq_tokens: float,
                      runs: int = 1) -> float:
     """Predicted wall seconds of one stage on one H100 from FLOP counts and the calibration above.
 
@@ -31,30 +30,29 @@ def estimate_seconds(sft: bool, cfg: Mapping[str, Any], *, params: int, layers: 
     max_response_length steps per model turn x (layers x 1.1 ms + 2 ms) (the batch waits for its longest row),
     8 N T FLOPs of log-probs + update, sandbox calls, and a fixed overhead; validation every test_freq steps;
     concurrent runs share the GPU, counted as 1 + 0.25 per extra run (decoding leaves the GPU mostly idle)."""
-    t = cfg["trainer"]
+    t = cfg.trainer
     if sft:
-        tokens = cfg["data"]["batch_size"] * seq_tokens
+        tokens = cfg.data.batch_size * seq_tokens
         step = max(6 * params * tokens / (MFU * PEAK_FLOPS), STEP_OVERHEAD_S["sft"])
-        return STARTUP_S["sft"] + t["total_steps"] * step + 20
-    r = cfg["rollout"]
-    mt = r["multi_turn"]
-    turns = 2 if mt["enable"] else 1
-    decode = turns * r["max_response_length"] * (layers * DECODE_MS_PER_LAYER + DECODE_MS_FIXED) / 1e3
-    rows = cfg["data"]["train_batch_size"] * r["n"]
+        return STARTUP_S["sft"] + t.total_steps * step + 20
+    r = cfg.rollout
+    mt = r.multi_turn
+    turns = 2 if mt.enable else 1
+    decode = turns * r.max_response_length * (layers * DECODE_MS_PER_LAYER + DECODE_MS_FIXED) / 1e3
+    rows = cfg.data.train_batch_size * r.n
     flops = 8 * params * rows * seq_tokens
-    tools = rows * TOOL_CALL_S / mt["tool_max_workers"] if mt["enable"] else 0.0
+    tools = rows * TOOL_CALL_S / mt.tool_max_workers if mt.enable else 0.0
     step = decode + flops / (MFU * PEAK_FLOPS) + tools + STEP_OVERHEAD_S["grpo"]
-    n_val = (t["total_steps"] // max(t["test_freq"], 1) + 1) if t["test_freq"] > 0 else 0
-    val = n_val * (decode + (256 * TOOL_CALL_S / mt["tool_max_workers"] if mt["enable"] else 0.0))
-    return (STARTUP_S["grpo"] + t["total_steps"] * step + val + 15) * (1 + 0.25 * (runs - 1))
+    n_val = (t.total_steps // max(t.test_freq, 1) + 1) if t.test_freq > 0 else 0
+    val = n_val * (decode + (256 * TOOL_CALL_S / mt.tool_max_workers if mt.enable else 0.0))
+    return (STARTUP_S["grpo"] + t.total_steps * step + val + 15) * (1 + 0.25 * (runs - 1))
 
 
-def stage_estimate(sft: bool, cfg: Mapping[str, Any], model: Mapping[str, Any], seq_tokens: float,
+def stage_estimate(sft: bool, cfg: RLConfig | SFTConfig, model: ModelConfig, seq_tokens: float,
                    runs: int = 1) -> int:
-    """estimate_seconds of a stage whose model is `model` (a `model.*` dict with a builtin preset: a GRPO stage's
-    SFT model does not exist before its run), its parameters counted at the recipe's vocabulary (a Mixture-of-Experts
-    model's active ones: the FLOPs go through k experts), rounded."""
-    overrides = {**(model.get("overrides") or {}), "vocab_size": VOCAB}
-    shape = model_shape({"builtin": model["builtin"], "overrides": overrides})
+    """estimate_seconds of a stage whose model is `model` (a builtin preset: a GRPO stage's SFT model does not exist
+    before its run), its parameters counted at the recipe's vocabulary (a Mixture-of-Experts model's active ones: the
+    FLOPs go through k experts), rounded."""
+    shape = model_shape(ModelConfig(builtin=model.builtin, overrides={**model.overrides, "vocab_size": VOCAB}))
     return round(estimate_seconds(sft, cfg, params=active_params(ns(shape)), layers=shape.num_hidden_layers,
                                   seq_tokens=seq_tokens, runs=runs))

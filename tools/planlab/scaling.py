@@ -26,7 +26,7 @@ import dataclasses
 import math
 from types import SimpleNamespace
 
-from rltrain.config.schema import ActorConfig
+from rltrain.config.schema import ActorConfig, ModelConfig
 from rltrain.plan.inputs import model_shape
 from rltrain.plan.memory import kv_bytes_per_token, ns
 from rltrain.plan.timing import inplace_reload_seconds, vllm_sleep_wake_seconds, weight_tensors
@@ -46,7 +46,7 @@ class Num:
 
 def shape(name: str) -> SimpleNamespace:
     """A Qwen3 preset's shape (qwen3-0.6b, qwen3-4b, qwen3-8b) as utils/flops.py reads it."""
-    return ns(model_shape({"builtin": name}))
+    return ns(model_shape(ModelConfig(builtin=name)))
 
 
 # --------------------------------------------------------------------------- calibration
