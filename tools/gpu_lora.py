@@ -52,20 +52,16 @@ def _compose(overrides):
 def _plan(overrides) -> dict:
     """The plan's peak on the device, its allocated-counter prediction and whether it fits (GPU 0), at the synthetic
     task's longest prompt (5 tokens: what the trainer's own plan reads from the data)."""
-    from omegaconf import OmegaConf
-
     from rltrain.plan import make_plan
 
     cfg = _compose([*overrides, "data.max_prompt_length=5"])
-    plan = make_plan(OmegaConf.to_container(cfg, resolve=True), device="h200")
+    plan = make_plan(cfg, device="h200")
     g = plan.gpus[0]
     return {"peak_gib": g.peak_bytes / GIB, "allocated_gib": g.allocator_peak_bytes / GIB, "fits": plan.fits,
             "peak_phase": g.peak().name, "seconds": plan.seconds}
 
 
 def section_grpo(out_dir: str, steps: int) -> dict:
-    from omegaconf import OmegaConf
-
     from rltrain.plan.inputs import read
     from rltrain.plan.lora import lora_params
     from rltrain.trainer.ppo import run_from_config
@@ -79,7 +75,7 @@ def section_grpo(out_dir: str, steps: int) -> dict:
     rows = [r for r in read_metrics(run_dir) if r["step"] >= 1]
     with open(os.path.join(out_dir, "grpo_metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
-    x = read(OmegaConf.to_container(cfg, resolve=True))
+    x = read(cfg)
     adapter_params = lora_params(x, x.shape.sparse)  # TP=1: the whole adapter, what each sync sends
     table = [{"step": r["step"], **{p: r.get(f"timing_s/{p}") for p in PHASES},
               "max_allocated_gib": r.get("perf/max_memory_allocated_gb"),
@@ -96,7 +92,6 @@ def section_grpo(out_dir: str, steps: int) -> dict:
 def section_actor() -> dict:
     """The actor update alone: LoRA, then full fine-tuning, each built fresh (random init on the GPU)."""
     import torch
-    from omegaconf import OmegaConf
 
     from rltrain.config.schema import LogprobHeadConfig, LoraConfig, OptimizerConfig
     from rltrain.models.builder import build_engine
@@ -111,7 +106,7 @@ def section_actor() -> dict:
              "data.max_prompt_length=5", f"actor.max_tokens_per_micro_batch={ACTOR_ROWS * ACTOR_LEN}"]
     out = {}
     for name, lora in (("lora", LoraConfig(rank=RANK, alpha=64.0)), ("full", LoraConfig())):
-        x = read(OmegaConf.to_container(_compose(shape + (LORA if lora.rank else [])), resolve=True))
+        x = read(_compose(shape + (LORA if lora.rank else [])))
         planned = update_phase(x, 0, train_static(x, 0), critic=False).torch_bytes / GIB
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -153,6 +148,8 @@ def section_peft(out_dir: str) -> dict:
     from peft import PeftModel, get_peft_model
     from transformers import Qwen3ForCausalLM
 
+    from rltrain.config.schema import LogprobHeadConfig, LoraConfig
+    from rltrain.models.engine_config import EngineConfig
     from rltrain.models.hf_export import save_peft_adapter
     from rltrain.models.loss_protocol import MicroBatch
     from rltrain.models.megatron import MegatronEngine, tiny_qwen3_config
@@ -168,7 +165,9 @@ def section_peft(out_dir: str) -> dict:
         return m.cuda().eval()
 
     hf = base()
-    eng = MegatronEngine(hf.config, device="cuda", lora_rank=r, lora_alpha=alpha, fused_linear_logprob_backend="torch")
+    eng = MegatronEngine(hf.config, EngineConfig(lora=LoraConfig(rank=r, alpha=alpha),
+                                                 head=LogprobHeadConfig(fused_linear_logprob_backend="torch")),
+                         device="cuda")
     eng.load_hf_weights({k: v.cpu() for k, v in hf.state_dict().items()})
     g = torch.Generator().manual_seed(5)
     ad = {n: torch.randn(t.shape, generator=g) * 0.2 for n, t in eng.lora.export()}

@@ -14,10 +14,9 @@ import torch
 from safetensors.torch import load_file
 from torch.func import functional_call
 
-from _megatron_ref import hf_logprobs, ppo_batch, ppo_loss_with_entropy, random_batch, random_hf_model
+from _megatron_ref import hf_logprobs, make_engine, ppo_batch, ppo_loss_with_entropy, random_batch, random_hf_model
 from rltrain.models.hf_export import save_peft_adapter
 from rltrain.models.lora import LORA_TARGETS, merged_weights, resolve_targets
-from rltrain.models.megatron import MegatronEngine
 from rltrain.models.megatron.build import UnsupportedModelError
 from rltrain.models.loss_protocol import MicroBatch
 
@@ -26,8 +25,8 @@ HAVE_PEFT = importlib.util.find_spec("peft") is not None
 
 
 def _engine(hf, **kw):
-    kw = {"lora_rank": 4, "lora_alpha": 6.0, "logprobs_chunk_size": 7, **kw}
-    eng = MegatronEngine(hf.config, seed=0, **kw)
+    kw = {"rank": 4, "alpha": 6.0, "logprobs_chunk_size": 7, **kw}
+    eng = make_engine(hf.config, seed=0, **kw)
     eng.load_hf_weights(hf.state_dict())
     return eng
 
@@ -67,7 +66,7 @@ def test_forward_and_adapter_grads_match_the_explicitly_adapted_hf_model(targets
     """Log-probs, entropy and every adapter's gradient (under full activation recompute) equal those of the HF model
     whose weights are W + (alpha / r) B A, with A and B the autograd leaves."""
     hf = random_hf_model(V, seed=3)
-    eng = _engine(hf, lora_target_modules=targets, recompute_activations=True)
+    eng = _engine(hf, target_modules=targets, recompute_activations=True)
     ad = _random_adapters(eng, seed=int(torch.randint(0, 10**6, ())))
     assert {n.split(".")[-3] for n in ad} == set(resolve_targets(targets))
     ids, lens, mask = random_batch(V, [9, 5, 2, 12], seed=int(torch.randint(0, 10**6, ())))  # a one-token response
@@ -150,27 +149,27 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly():
         batch, lens = batches[i]
         return eng.train_step(eng.make_micro_batches(batch, lens), ppo_loss_with_entropy)
 
-    a = _engine(hf, lr=1e-2, lr_schedule="cosine", warmup_steps=1, total_steps=5)
+    a = _engine(hf, lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=5)
     step(a, 0), step(a, 1)
     buf = io.BytesIO()
     torch.save(a.state_dict(), buf)  # as a checkpoint: no tensor shared with the running engine
     sd = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)  # a checkpoint holds data only (utils/plain.py)
     assert set(sd["model"]) == {n for n, p in a.model.named_parameters() if p.requires_grad}
     assert all(".lora." in k for k in sd["model"])
-    b = _engine(hf, lr=1e-2, lr_schedule="cosine", warmup_steps=1, total_steps=5)
+    b = _engine(hf, lr=1e-2, lr_schedule="cosine", lr_warmup_steps=1, total_steps=5)
     b.load_state_dict(sd)
     ma, mb = step(a, 2), step(b, 2)
     assert ma == mb
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.lora.export(), b.lora.export()))
     with pytest.raises(ValueError, match="actor.lora"):
-        _engine(hf, lora_rank=8).load_state_dict(sd)
+        _engine(hf, rank=8).load_state_dict(sd)
 
 
 def test_peft_export_loads_back_with_identical_logprobs(tmp_path):
     """The PEFT adapter directory, read back (with peft where installed, else by the adapter math on the HF model
     written out here), gives the engine's log-probs; the merged export too."""
     hf = random_hf_model(V, seed=8)
-    eng = _engine(hf, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"])
+    eng = _engine(hf, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"])
     ad = _random_adapters(eng, seed=5)
     spec = eng.lora.spec
     save_peft_adapter(str(tmp_path), spec, dict(eng.lora.export()), base_model="base-path")
@@ -205,8 +204,8 @@ def test_moe_mlp_targets_are_refused_and_attention_targets_build():
 
     moe = random_moe_model(V, seed=1)
     with pytest.raises(UnsupportedModelError, match="Mixture-of-Experts.*q_proj,k_proj,v_proj,o_proj"):
-        MegatronEngine(moe.config, lora_rank=4)
-    eng = _engine(moe, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        make_engine(moe.config, rank=4)
+    eng = _engine(moe, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     ad = _random_adapters(eng, seed=2)
     ids, lens, mask = random_batch(V, [6, 3], seed=3)
     weights = {k: v.detach() for k, v in moe.named_parameters()} | _explicit(moe, ad, 6.0 / 4)

@@ -9,7 +9,7 @@ import os
 import torch
 from torch.func import functional_call
 
-from _megatron_ref import join_gloo_world, random_batch, random_hf_model, spawn_gloo_ranks
+from _megatron_ref import join_gloo_world, make_engine, random_batch, random_hf_model, spawn_gloo_ranks
 
 V = 301  # padded at TP=2
 ALPHA, RANK = 6.0, 4
@@ -99,25 +99,21 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     join_gloo_world(rank, world, port)
     from megatron.core import parallel_state
 
-    from rltrain.models.megatron import MegatronEngine
-
     hf = random_hf_model(V, seed=31)
-    kw = dict(lora_rank=RANK, lora_alpha=ALPHA, lr=1e-3, logprobs_chunk_size=6, seed=0)
+    kw = dict(rank=RANK, alpha=ALPHA, lr=1e-3, logprobs_chunk_size=6, seed=0)
     res: dict = {}
     ref: dict = {}
-    _phase(lambda: MegatronEngine(hf.config, tp_size=2, **kw), hf, res, "tp2", ref)
+    _phase(lambda: make_engine(hf.config, tensor_parallel_size=2, **kw), hf, res, "tp2", ref)
     parallel_state.destroy_model_parallel()  # the same two processes, now two pipeline stages
-    _phase(lambda: MegatronEngine(hf.config, pp_size=2, **kw), hf, res, "pp2", ref)
+    _phase(lambda: make_engine(hf.config, pipeline_parallel_size=2, **kw), hf, res, "pp2", ref)
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def test_lora_tp2_and_pp2_equal_tp1_and_the_adapted_hf_model(tmp_path):
-    from rltrain.models.megatron import MegatronEngine
-
     spawn_gloo_ranks(_worker, 2, tmp_path)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     hf = random_hf_model(V, seed=31)
-    tp1 = MegatronEngine(hf.config, lora_rank=RANK, lora_alpha=ALPHA, seed=0)
+    tp1 = make_engine(hf.config, rank=RANK, alpha=ALPHA, seed=0)
     init = dict(tp1.export_lora_weights())
     for res in results:
         for tag in ("tp2", "pp2"):

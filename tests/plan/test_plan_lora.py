@@ -4,8 +4,6 @@ one vLLM adapter slot."""
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
 from rltrain.config.entry import compose_config as compose
 from rltrain.plan import make_plan
 from rltrain.plan.inputs import read
@@ -18,8 +16,8 @@ PER_RANK_LAYER = (1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 2 * (1024 +
 
 
 def qwen06b(*extra: str):
-    return read(OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1",
-                                                              "actor.use_kl_loss=true", *extra]), resolve=True))
+    return read(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "trainer.n_gpus_per_node=1", "actor.use_kl_loss=true",
+                                       *extra]))
 
 
 def test_lora_static_memory_by_hand():
@@ -51,12 +49,10 @@ def test_lora_update_holds_adapter_grads_and_no_head_weight_grad():
 
 
 def test_lora_plan_is_smaller_and_vllm_holds_one_adapter_slot():
-    full = make_plan(OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm",
-                                                                   "actor.use_kl_loss=true"]), resolve=True),
+    full = make_plan(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm", "actor.use_kl_loss=true"]),
                      device="h100")
-    lora = make_plan(OmegaConf.to_container(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm",
-                                                                   "actor.use_kl_loss=true", "actor.lora.rank=20"]),
-                                            resolve=True), device="h100")
+    lora = make_plan(compose("grpo_qwen3", ["model=qwen3_0.6b_random", "rollout=vllm", "actor.use_kl_loss=true",
+                                            "actor.lora.rank=20"]), device="h100")
     assert lora.peak_gib < full.peak_gib - 14 * P / 2**30  # master + AdamW + reference of the base, less adapters
     x = qwen06b("rollout=vllm", "actor.lora.rank=20", "rollout.kv_cache_memory_gb=4")
     base = qwen06b("rollout=vllm", "rollout.kv_cache_memory_gb=4")
