@@ -7,7 +7,7 @@ from __future__ import annotations
 
 def true_on_policy_errors(cfg) -> list[str]:
     """Where rollout.true_on_policy cannot make the engine's and the actor's log-probs the same bits (a composed
-    RLConfig, typed or DictConfig): one message naming every reason and its fix, or none."""
+    RLConfig, typed): one message naming every reason and its fix, or none."""
     r, a, t = cfg.rollout, cfg.actor, cfg.trainer
     if not r.true_on_policy:
         return []

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from rltrain.models.engine_config import SampledDistribution
-from rltrain.models.megatron import MegatronEngine
 from rltrain.rollout.base import SamplingParams
 from rltrain.rollout.hf import HFEngine
 from rltrain.rollout.partial import generate_in_chunks
-from _megatron_ref import hf_logprobs, random_hf_model, random_moe_model
+from _megatron_ref import hf_logprobs, make_engine, random_hf_model, random_moe_model
 
 V = 53
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16], [3] * 9]
@@ -25,8 +24,8 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [12], [13, 14, 15, 16], [3] * 
 def _pair(hf, top_k=-1, top_p=1.0, routed=False, budget=30):
     """(the hf engine, the actor) on the same weights, both in true on-policy mode."""
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
-    actor = MegatronEngine(hf.config, seed=0, true_on_policy=SampledDistribution(top_k, top_p),
-                           max_tokens_per_micro_batch=budget, lr=1e-2)
+    actor = make_engine(hf.config, seed=0, true_on_policy=SampledDistribution(top_k, top_p),
+                        max_tokens_per_micro_batch=budget, lr=1e-2)
     actor.load_hf_weights(sd)
     engine = HFEngine(hf, eos_token_id=[0], max_batch_size=4, true_on_policy=True, return_routed_experts=routed)
     return engine, actor
@@ -101,4 +100,4 @@ def test_engine_refuses_what_cannot_be_exact():
                       (dict(fused_linear_logprob_backend="triton"), "torch backend"),
                       (dict(fused_linear_logprob=False), "fused head")]:
         with pytest.raises(ValueError, match=match):
-            MegatronEngine(hf.config, true_on_policy=SampledDistribution(), **kw)
+            make_engine(hf.config, true_on_policy=SampledDistribution(), **kw)

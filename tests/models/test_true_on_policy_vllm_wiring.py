@@ -16,9 +16,8 @@ import torch.nn.functional as F
 
 from rltrain.compat import vllm_kernels as vk
 from rltrain.models.engine_config import SampledDistribution
-from rltrain.models.megatron import MegatronEngine
 from rltrain.ops import invariant as inv
-from _megatron_ref import random_batch, random_hf_model
+from _megatron_ref import make_engine, random_batch, random_hf_model
 
 
 def _norm(x, w, eps):
@@ -117,7 +116,8 @@ def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm):
     ids, lens, mask = random_batch(61, [9, 17, 3], seed=5)
     engines = {}
     for name, top in (("plain", None), ("vllm", SampledDistribution(engine="vllm"))):
-        engines[name] = MegatronEngine(hf.config, seed=0, lr=1e-2, true_on_policy=top, fused_linear_logprob_backend="torch")
+        engines[name] = make_engine(hf.config, seed=0, lr=1e-2, true_on_policy=top,
+                                    fused_linear_logprob_backend="torch")
         engines[name].load_hf_weights(hf.state_dict())
     lp, ent = engines["vllm"].forward_logprobs(ids, lens, mask, temperature=0.8)
     ref_lp, ref_ent = engines["plain"].forward_logprobs(ids, lens, mask, temperature=0.8)
