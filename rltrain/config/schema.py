@@ -70,6 +70,13 @@ class MoEConfig(Section):
     moe_grouped_gemm: bool = True
 
 
+# The allowed values of LayerComputeConfig's keys, named once here (validate.py checks them; models/megatron implements
+# each: build.py the recompute options, fusion.py one function per fusion).
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" too where Transformer Engine is installed
+ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
+
+
 @dataclass
 class LayerComputeConfig(Section):
     """How a trained engine's layers run forward/backward (actor.*; the critic and SFT keep these defaults)."""

@@ -2,10 +2,10 @@
 
 Runs before anything starts (no Ray, no model); every error names the key, the value and what is allowed.
 
-What is checked where (config/ imports no rollout/, workers/, trainer/ or models/megatron/: docs/architecture.md):
+What is checked where (config/ imports no rollout/, workers/, trainer/, models/ or plan/: docs/architecture.md):
 - here, pure rules on the keys: ranges (finite numbers), seeds in numpy's range, allowed names whose owner config/
-  may import (algorithms/ registries, rewards/, ops.logprob.BACKENDS, models/presets.py, models/lr_schedule.py,
-  models/engine_config.py's recompute and fusion names, utils/tracking.LOGGERS),
+  may import (algorithms/ registries, rewards/, ops.logprob.BACKENDS, config/presets.py, utils/lr_schedule.py,
+  config/schema.py's recompute and fusion names, utils/tracking.LOGGERS),
   model shapes the overrides can build, a 'module:function' estimator importable, cross-field rules;
 - by the rooms that own the rule, called from trainer/setup.py `check_config` after these (one report): the rollout
   engine names and tool patterns (rollout/), the vLLM head_dim rules (compat/vllm.py), the placement and
@@ -19,9 +19,10 @@ import math
 import os
 from typing import Any, Callable, Iterable
 
-from rltrain.config.schema import OffPolicyConfig, RLConfig, SFTConfig, resolve_targets
+from rltrain.config.presets import BUILTINS, shape_errors
+from rltrain.config.schema import (ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, OffPolicyConfig,
+                                   RLConfig, SFTConfig, resolve_targets)
 from rltrain.config.true_on_policy import true_on_policy_errors
-from rltrain.models.presets import BUILTINS
 from rltrain.utils.errors import UserError
 
 
@@ -38,7 +39,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PLAN_CHECKS = ("error", "warn", "off")
 DATA_SOURCES = ("file", "synthetic")
 MODEL_DTYPES = ("bfloat16", "float32")
-BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/models/presets.py
+BUILTIN_MODELS = tuple(BUILTINS)  # the presets of rltrain/config/presets.py
 SEED_MAX = 2**32 - 1  # numpy's seeds are in [0, 2**32 - 1]
 
 
@@ -90,7 +91,7 @@ def _seed(errors: list, key: str, value: int) -> None:
 
 def _optimizer(e: list, prefix: str, o) -> None:
     """An OptimizerConfig's keys under `prefix` (actor, critic, optim)."""
-    from rltrain.models.lr_schedule import LR_SCHEDULES
+    from rltrain.utils.lr_schedule import LR_SCHEDULES
 
     _positive(e, f"{prefix}.lr", o.lr)
     _positive(e, f"{prefix}.weight_decay", o.weight_decay, allow_zero=True)
@@ -119,8 +120,6 @@ def _model(e: list, m) -> None:
     if m.builtin is not None:
         _choice(e, "model.builtin", m.builtin, BUILTIN_MODELS)
         if m.builtin in BUILTINS:
-            from rltrain.models.presets import shape_errors
-
             e.extend(shape_errors({**BUILTINS[m.builtin], **(m.overrides or {})}, key="model.overrides"))
     _choice(e, "model.dtype", m.dtype, MODEL_DTYPES)
 
@@ -179,7 +178,6 @@ def _actor(e: list, cfg) -> None:
         TIS_MODES,
         check_off_policy_args,
     )
-    from rltrain.models.engine_config import ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 
     a, d = cfg.actor, cfg.data
     _optimizer(e, "actor", a)

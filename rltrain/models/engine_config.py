@@ -21,12 +21,6 @@ from rltrain.config.schema import (
     ParallelConfig,
 )
 
-# The allowed values of LayerComputeConfig's keys, named once here (config validation reads them; models/megatron
-# implements each: build.py the recompute options, fusion.py one function per fusion).
-RECOMPUTE_GRANULARITIES = ("full", "selective")
-RECOMPUTE_MODULES = ("mlp", "core_attn")  # megatron's "layernorm" too where Transformer Engine is installed
-ELEMENTWISE_FUSIONS = ("none", "mcore", "compile")
-
 # The vocab is padded only to a multiple of the TP size: Qwen3's 151,936 needs none, and padded rows cost the fused
 # head a masked copy of the weight shard.
 VOCAB_PADDING = 1

@@ -1,7 +1,7 @@
 """The planner's reading of a config: the typed RLConfig's keys the planner needs, as `Inputs`, and the model's shape,
 without building anything. Every default is the schema's (the entry point converted the config once).
 
-The model's shape comes from `model.builtin` (the presets, reached through rltrain.config),
+The model's shape comes from `model.builtin` (the presets of rltrain/config/presets.py),
 a local `model.path` directory's config.json (read as JSON: no transformers), the Hugging Face cache, or, for the
 Qwen3 hub names whose shapes the presets copy, the preset. Anything else is a PlanInputError naming the fix.
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rltrain.config.parallel import ParallelDims, rollout_replicas
+from rltrain.config.presets import BUILTINS
 from rltrain.config.schema import ModelConfig, RLConfig, resolve_targets
 from rltrain.data.lengths import DataLengths  # noqa: F401 (the planner's input type, re-exported)
 from rltrain.utils import flops
@@ -33,7 +34,7 @@ class PlanInputError(UserError, ValueError):
 
 # Vocabulary of the built-in character tokenizer (rltrain/data/tokenizer.py: 64 ids); tiny and small take theirs.
 CHAR_VOCAB = 64
-# Qwen3 hub names whose public config.json the presets copy (rltrain/models/presets.py).
+# Qwen3 hub names whose public config.json the presets copy (rltrain/config/presets.py).
 HUB_PRESETS = {"qwen/qwen3-0.6b": "qwen3-0.6b", "qwen/qwen3-4b": "qwen3-4b", "qwen/qwen3-8b": "qwen3-8b"}
 
 
@@ -77,13 +78,6 @@ class Shape:
         return self.num_key_value_heads * self.head_dim
 
 
-def _builtins() -> dict[str, dict]:
-    # the presets, as rltrain.config.validate imports them (plan/ may not import models/ itself)
-    from rltrain.config.validate import BUILTINS
-
-    return BUILTINS
-
-
 def shape_from_fields(name: str, f: Mapping[str, Any]) -> Shape:
     heads = int(f["num_attention_heads"])
     hd = f.get("head_dim") or int(f["hidden_size"]) // heads
@@ -113,10 +107,9 @@ def model_shape(model: ModelConfig) -> Shape:
     overrides = dict(model.overrides or {})
     builtin, path = model.builtin, model.path
     if builtin is not None:
-        presets = _builtins()
-        if builtin not in presets:
-            raise PlanInputError(f"model.builtin={builtin!r} is unknown; choose one of {', '.join(presets)}")
-        f = dict(presets[builtin])
+        if builtin not in BUILTINS:
+            raise PlanInputError(f"model.builtin={builtin!r} is unknown; choose one of {', '.join(BUILTINS)}")
+        f = dict(BUILTINS[builtin])
         f.setdefault("vocab_size", CHAR_VOCAB if model.tokenizer in (None, "char") else 512)
         return shape_from_fields(builtin, {**f, **overrides})
     if not path:
@@ -130,7 +123,7 @@ def model_shape(model: ModelConfig) -> Shape:
         return shape_from_fields(str(path), {**f, **overrides})
     preset = HUB_PRESETS.get(str(path).lower())
     if preset is not None:
-        return shape_from_fields(str(path), {**_builtins()[preset], **overrides})
+        return shape_from_fields(str(path), {**BUILTINS[preset], **overrides})
     raise PlanInputError(f"model.path={path!r}: no config.json there or in the Hugging Face cache, and not a known "
                          "preset; download the model (huggingface-cli download), point model.path at a local "
                          "directory with config.json, or, to plan before that checkpoint exists, add the preset of "

@@ -58,7 +58,7 @@ def _vllm_head_dim_errors(m, r, t) -> list[str]:
     tensor parallel > 1 (rollout/vllm.py tp_head_dim_error), on CPU its attention kernels' head sizes."""
     from types import SimpleNamespace
 
-    from rltrain.models.presets import BUILTINS
+    from rltrain.config.presets import BUILTINS
     from rltrain.utils import flops
 
     if m.builtin not in BUILTINS:

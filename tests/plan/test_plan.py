@@ -128,7 +128,7 @@ def test_kv_cache_bytes_match_the_engine_rule():
     vllm = pytest.importorskip("rltrain.rollout.vllm")
     from types import SimpleNamespace
 
-    from rltrain.models.presets import BUILTINS
+    from rltrain.config.presets import BUILTINS
 
     hf = SimpleNamespace(**BUILTINS["qwen3-4b"])
     s4 = model_shape(ModelConfig(builtin="qwen3-4b"))

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rltrain.models.presets import BUILTINS
+from rltrain.config.presets import BUILTINS
 from rltrain.utils.flops import (
     active_params,
     attention_flops,

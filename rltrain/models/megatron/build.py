@@ -38,7 +38,7 @@ from megatron.core.utils import divide
 from rltrain.compat.megatron import (cuda_enabled, define_te_gemm_when_absent, patch_model_for_cpu,
                                      patch_moe_dispatch_for_cpu)
 from rltrain.config.parallel import ParallelDims
-from rltrain.models.engine_config import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
+from rltrain.config.schema import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 from rltrain.utils.errors import UserError
 from rltrain.utils.flops import sparse_layers
 

@@ -36,14 +36,14 @@ from megatron.core import parallel_state
 from rltrain.models.engine_config import EngineConfig
 from rltrain.models.lora import LoraSpec
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch
-from rltrain.models.lr_schedule import LR_SCHEDULES
+from rltrain.utils.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import invariant as invariant_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_gpt_model, moe_layer_pattern
 from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
-from rltrain.models.megatron.fusion import ELEMENTWISE_FUSIONS
+from rltrain.models.megatron.fusion import FUSIONS
 from rltrain.models.megatron.micro_batch import make_micro_batches
 from rltrain.models.megatron.lora import LoraAdapters
 from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingReplay, expert_collectives_on_cpu,
@@ -73,8 +73,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         if c.forward_max_tokens_per_micro_batch is not None and c.forward_max_tokens_per_micro_batch < 1:
             raise ValueError("forward_max_tokens_per_micro_batch must be >= 1 (or None: the update's budget), got "
                              f"{c.forward_max_tokens_per_micro_batch}")
-        if comp.elementwise_fusion not in ELEMENTWISE_FUSIONS:
-            raise ValueError(f"elementwise_fusion must be one of {tuple(ELEMENTWISE_FUSIONS)}, "
+        if comp.elementwise_fusion not in FUSIONS:
+            raise ValueError(f"elementwise_fusion must be one of {tuple(FUSIONS)}, "
                              f"got {comp.elementwise_fusion!r}")
         if not par.grad_reduce_bucket_mb > 0:
             raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {par.grad_reduce_bucket_mb}")
@@ -112,7 +112,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
                 recompute_granularity=comp.recompute_granularity, recompute_modules=tuple(comp.recompute_modules),
                 moe_aux_loss_coeff=c.moe.moe_aux_loss_coeff, moe_z_loss_coeff=c.moe.moe_z_loss_coeff,
             )
-        ELEMENTWISE_FUSIONS[comp.elementwise_fusion](self.model)
+        FUSIONS[comp.elementwise_fusion](self.model)
         self.sampled = invariant_mod.setup(self.model, hf_config, c)  # rollout.true_on_policy: (top_k, top_p)
         if c.moe.moe_grouped_gemm:
             use_grouped_expert_gemm(self.model)

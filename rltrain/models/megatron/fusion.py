@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rltrain.compat.megatron import quiet_tp_group_default
-from rltrain.models.engine_config import ELEMENTWISE_FUSIONS as FUSION_NAMES
+from rltrain.config.schema import ELEMENTWISE_FUSIONS
 
 # torch.compile backend of elementwise_fusion="compile" (tests on CPU use "aot_eager": inductor's CPU codegen
 # takes ~30 s for a tiny layer)
@@ -38,8 +38,6 @@ def _compile_fusion(model) -> None:
         layer.compile(backend=COMPILE_BACKEND)
 
 
-# elementwise_fusion -> function(model) applied once after build; its names are engine_config.ELEMENTWISE_FUSIONS
-ELEMENTWISE_FUSIONS: dict[str, Callable[[Any], None]] = {
-    "none": _no_fusion, "mcore": _mcore_fusion, "compile": _compile_fusion,
-}
-assert tuple(ELEMENTWISE_FUSIONS) == FUSION_NAMES, (tuple(ELEMENTWISE_FUSIONS), FUSION_NAMES)
+# elementwise_fusion -> function(model) applied once after build; its names are config/schema.py's ELEMENTWISE_FUSIONS
+FUSIONS: dict[str, Callable[[Any], None]] = {"none": _no_fusion, "mcore": _mcore_fusion, "compile": _compile_fusion}
+assert tuple(FUSIONS) == ELEMENTWISE_FUSIONS, (tuple(FUSIONS), ELEMENTWISE_FUSIONS)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from rltrain.models.lr_schedule import LR_SCHEDULES
+from rltrain.utils.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron.grad_reduce import DataParallelGradReducer
 

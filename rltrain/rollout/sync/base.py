@@ -1,5 +1,6 @@
-"""The one shape of a weight-sync transport (`WeightSync`) and the rule that picks one per placement
-(`sync_method`, `build_weight_sync`). It must not move bytes itself (local.py, gloo.py, nccl.py do).
+"""The one shape of a weight-sync transport (`WeightTransport`) and the rule that picks one per placement
+(`sync_method`; the package's `build_weight_sync` builds it). It must not move bytes itself (local.py, gloo.py,
+nccl.py do) nor import them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def transfer_backend(method: str) -> str | None:
     return "nccl" if method == "nccl" else None
 
 
-class WeightSync:
+class WeightTransport:
     """One worker's end of the weight path. `method`: "local" | "gloo" | "nccl". A train-side end exports and sends;
     a rollout-side end receives into its engine; a colocated end does both in one call (send)."""
 
@@ -44,21 +45,3 @@ class WeightSync:
     def receive(self) -> int:
         """Rollout side of a split sync: load what the train side sends into the engine; returns tensors loaded."""
         raise NotImplementedError
-
-
-def build_weight_sync(method: str, *, engine=None, engine_tp: int = 1) -> WeightSync:
-    """The transport of `method` for one worker. engine: this worker's rollout engine (None on a train-only
-    worker); engine_tp: ranks per rollout engine (NCCL init)."""
-    if method == "local":
-        from rltrain.rollout.sync.local import LocalSync
-
-        return LocalSync(engine)
-    if method == "gloo":
-        from rltrain.rollout.sync.gloo import GlooSync
-
-        return GlooSync(engine)
-    if method == "nccl":
-        from rltrain.rollout.sync.nccl import NcclSync
-
-        return NcclSync(engine, engine_tp=engine_tp)
-    raise ValueError(f"unknown weight-sync method {method!r}; expected local, gloo or nccl")

@@ -9,11 +9,11 @@ from collections.abc import Iterable
 
 import torch
 
-from rltrain.rollout.sync.base import WeightSync
+from rltrain.rollout.sync.base import WeightTransport
 from rltrain.rollout.sync.group import SyncGroup
 
 
-class GlooSync(WeightSync):
+class GlooSync(WeightTransport):
     method = "gloo"
 
     def __init__(self, engine) -> None:

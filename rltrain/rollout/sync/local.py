@@ -9,10 +9,10 @@ from collections.abc import Iterable
 
 import torch
 
-from rltrain.rollout.sync.base import WeightSync
+from rltrain.rollout.sync.base import WeightTransport
 
 
-class LocalSync(WeightSync):
+class LocalSync(WeightTransport):
     method = "local"
 
     def __init__(self, engine) -> None:
