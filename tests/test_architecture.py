@@ -296,6 +296,48 @@ def test_no_import_cycles():
     assert not cycles, "import cycles among rltrain modules:\n" + "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------------ the names
+# Public top-level names several modules define on purpose, one meaning each: what every plug-in of a registry
+# defines by contract (a log-prob backend's functions, a reward's compute_score, a data task's generators, an entry
+# point's main/cli, a true on-policy kernel set's ops: ops/invariant.py and compat/vllm_kernels.py, and each model
+# backend's make_invariant) and module loggers.
+PROTOCOL_NAMES = {"backward", "forward_stats", "is_available", "compute_score", "main", "cli", "log", "logger",
+                  "make_splits", "write_splits", "rl_row", "attention", "linear", "rms_norm", "make_invariant"}
+# Duplicates a refactor is removing: name -> why (the issue); an entry that matches no duplicate fails the test.
+KNOWN_DUPLICATES = {  # the calibration lab (plan/fit.py, fit_cases.py, scaling.py) leaves rltrain/ (issue 58)
+    "gen_seconds": "plan/scaling.py's second generation-time model", "predict": "plan/fit.py and plan/scaling.py",
+    "WEAK": "plan/fit_cases.py and plan/scaling.py"}
+
+
+def public_names() -> dict[str, list[str]]:
+    """Each public top-level name of rltrain (function, class, assigned name) -> the files that define it."""
+    out: dict[str, list[str]] = {}
+    for rel in python_files():
+        with open(os.path.join(ROOT, rel)) as fh:
+            tree = ast.parse(fh.read(), rel)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                continue
+            for name in names:
+                if not name.startswith("_"):
+                    out.setdefault(name, []).append(rel)
+    return out
+
+
+def test_each_public_name_is_defined_once():
+    dups = {n: files for n, files in public_names().items() if len(files) > 1 and n not in PROTOCOL_NAMES}
+    bad = [f"{n}: {', '.join(files)}" for n, files in sorted(dups.items()) if n not in KNOWN_DUPLICATES]
+    assert not bad, "public names defined in more than one module (give each meaning its own name):\n" + "\n".join(bad)
+    stale = [n for n in KNOWN_DUPLICATES if n not in dups]
+    assert not stale, f"KNOWN_DUPLICATES entries that are no longer duplicated; remove them: {stale}"
+
+
 # ------------------------------------------------------------------------------------------------ the docs
 def rules_markdown() -> str:
     """The table docs/architecture.md carries, generated from RULES."""

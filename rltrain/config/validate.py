@@ -31,11 +31,11 @@ class ConfigError(UserError, ValueError):
 
 
 # Names whose owner config/ may not import, so they are stated here; tests/config/test_copied_names.py checks each
-# against its owner. trainer.device: workers/hybrid.resolve_device (workers/) and models/megatron/compat.py;
+# against its owner. trainer.device: workers/hybrid.resolve_device (workers/) and models/megatron/compat.torch_device;
 # trainer.plan_check: trainer/setup.plan_check; data.source: trainer/setup.build_datasets (trainer/); model.dtype:
 # a torch dtype by name, read by workers/hybrid.py and trainer/sft.py, which models/megatron/build.py and the
 # planner (plan/inputs.py: 2 or 4 bytes) support. No room below config/ holds a table of any of them.
-DEVICES = ("auto", "cpu", "cuda")
+TRAINER_DEVICES = ("auto", "cpu", "cuda")
 PLAN_CHECKS = ("error", "warn", "off")
 DATA_SOURCES = ("file", "synthetic")
 MODEL_DTYPES = ("bfloat16", "float32")
@@ -331,7 +331,7 @@ def _trainer(e: list, cfg) -> None:
     _positive(e, "trainer.save_freq", t.save_freq, allow_minus_one=True)
     _positive(e, "trainer.test_freq", t.test_freq, allow_minus_one=True)
     _logprob_head(e, "trainer", t)
-    _choice(e, "trainer.device", t.device, DEVICES)
+    _choice(e, "trainer.device", t.device, TRAINER_DEVICES)
     _choice(e, "trainer.plan_check", t.plan_check, PLAN_CHECKS)
     for lg in t.logger:
         _choice(e, "trainer.logger", lg, LOGGERS)
@@ -457,7 +457,7 @@ def _sft_trainer(e: list, cfg) -> None:
     if t.resume not in ("auto", "never") and not os.path.exists(t.resume):
         e.append(f"trainer.resume={t.resume!r}: use auto, never, or an existing checkpoint directory")
     _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
-    _choice(e, "trainer.device", t.device, DEVICES)
+    _choice(e, "trainer.device", t.device, TRAINER_DEVICES)
     _logprob_head(e, "trainer", t)
     _positive(e, "trainer.tensor_parallel_size", t.tensor_parallel_size)
     _positive(e, "trainer.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch)

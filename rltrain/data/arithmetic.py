@@ -40,20 +40,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import zlib
 
 import numpy as np
 
+from rltrain.data.synthetic import SPLITS, prompt_split  # the synthetic tasks' split rule and seed streams
+
 TASK_IDS = {"add": 0, "mul_tool": 1}
-SPLITS = {"train": 0, "val": 1}
 _NOISE = 2  # seed slot of the demonstrations' noise
-_VAL_MODULUS = 5
-DATA_SOURCES = {"add": "arith_add", "mul_tool": "arith_mul_tool"}
-
-
-def prompt_split(prompt: str) -> str:
-    """"val" for the held-out fifth of all prompts (by crc32), else "train"."""
-    return "val" if zlib.crc32(prompt.encode()) % _VAL_MODULUS == 0 else "train"
+TASK_DATA_SOURCES = {"add": "arith_add", "mul_tool": "arith_mul_tool"}
 
 
 def _number(rng: np.random.Generator, digits: int) -> int:
@@ -147,7 +141,7 @@ def mul_demo(a: int, b: int, *, seed: int, i: int, use_tool: bool | None = None,
 # ---------------------------------------------------------------------------- files
 def rl_row(task: str, a: int, b: int) -> dict:
     prompt, answer = (add_prompt(a, b), a + b) if task == "add" else (mul_prompt(a, b), a * b)
-    return {"prompt": [{"role": "user", "content": prompt}], "answer": str(answer), "data_source": DATA_SOURCES[task]}
+    return {"prompt": [{"role": "user", "content": prompt}], "answer": str(answer), "data_source": TASK_DATA_SOURCES[task]}
 
 
 def make_splits(task: str, *, sft_size: int, train_size: int, val_size: int, seed: int = 0, digits: int = 5,

@@ -11,7 +11,7 @@ model sees in RL what it saw in SFT:
   response = the following messages concatenated as token ids:
              assistant content                                                        -> loss 1
              tool content rendered with `tool_output_template` ("\\n<output>\\n{output}\\n</output>\\n",
-             the rollout's DEFAULT_TOOL_OUTPUT_TEMPLATE)                              -> loss 0
+             DEFAULT_TOOL_OUTPUT_TEMPLATE, which the rollout appends too)           -> loss 0
              then the tokenizer's EOS (the rollout stops on it)                       -> loss 1
 
 An assistant message that calls the tool holds the call's text itself, e.g. "<code>print(2+3)</code>"
@@ -32,7 +32,7 @@ from rltrain.data.dataset import DataError, read_rows
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant", "tool")
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_TOOL_OUTPUT_TEMPLATE = "\n<output>\n{output}\n</output>\n"
 
 
@@ -51,8 +51,8 @@ def encode_conversation(tokenizer, messages: list[dict], *, system_prompt: str |
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: must be a non-empty list of messages")
     for j, m in enumerate(messages):
-        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
-            raise DataError(f"{where}: message {j} must be an object with 'role' in {ROLES} and a string "
+        if not (isinstance(m, dict) and m.get("role") in MESSAGE_ROLES and isinstance(m.get("content"), str)):
+            raise DataError(f"{where}: message {j} must be an object with 'role' in {MESSAGE_ROLES} and a string "
                              f"'content', got {m!r}"[:300])
     first = next((j for j, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None:

@@ -55,11 +55,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from rltrain.plan import calibration as cal
+from rltrain.plan.calibration import GIB
 from rltrain.plan.inputs import Inputs, Shape
 from rltrain.plan.lora import lora_params, vllm_adapter_slot_params
 from rltrain.utils import flops
 
-GIB = cal.GIB
 # rollout/vllm.py MAX_NUM_SEQS (vLLM's default max_num_seqs on a large GPU) and its auto KV-cache rule
 VLLM_MAX_NUM_SEQS = 1024
 # ops/chunking.py CUDA_CHUNK_BUDGET_BYTES: the torch head's scratch per chunk on CUDA

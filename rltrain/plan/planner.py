@@ -13,12 +13,12 @@ from typing import Any
 from rltrain.config.parallel import ParallelDimsError
 from rltrain.config.schema import RLConfig
 from rltrain.plan import calibration as cal
+from rltrain.plan.calibration import GIB
 from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, read
 from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
 from rltrain.plan.timing import host_share, phase_seconds, step_range, tp_dp_factor
 from rltrain.utils.errors import UserError
 
-GIB = cal.GIB
 
 
 class PlanError(UserError, ValueError):

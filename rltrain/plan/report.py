@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rltrain.plan import calibration as cal
+from rltrain.plan.calibration import GIB
 from rltrain.plan.memory import GPU
 from rltrain.plan.planner import Plan
 
-GIB = cal.GIB
 PHASES = ("generation", "log-probs", "update", "weight sync")
 
 

@@ -8,7 +8,7 @@ as integers, so 15-digit sums are exact), else 0.0. Nothing else in the response
 `reward/<key>/mean`, and by the recipe's evaluation over held-out prompts):
   tool_call          1 when the response holds an EXECUTED tool call: `<code>...</code>` immediately followed
                      by the output block the multi-turn rollout appends ("\\n<output>\\n{out}\\n</output>\\n",
-                     DEFAULT_TOOL_OUTPUT_TEMPLATE of rltrain/rollout/multiturn.py). The rollout stops
+                     DEFAULT_TOOL_OUTPUT_TEMPLATE of rltrain/data/sft_data.py). The rollout stops
                      generation at `</code>`, so the model cannot write that block itself.
   correct_tool_call  1 when the LAST executed call's code ran (its output has no "Error:" line: the sandbox
                      reports exceptions, timeouts and kills that way), the output's last non-empty line is an

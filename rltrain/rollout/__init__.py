@@ -1,5 +1,5 @@
 """Rollout: generation engines (hf, vllm), sampling params, the multi-turn tool loop.
-Importing this package imports no engine backend; engines are built by registry key via build_engine.
+Importing this package imports no engine backend; engines are built by registry key via build_rollout_engine.
 """
 
 from rltrain.rollout.base import (
@@ -8,7 +8,7 @@ from rltrain.rollout.base import (
     RolloutOutput,
     RolloutResponse,
     SamplingParams,
-    build_engine,
+    build_rollout_engine,
     engine_class,
 )
 from rltrain.rollout.multiturn import TOOL_PATTERNS, MultiTurnRollout, SandboxToolExecutor, ToolExecutor
@@ -23,6 +23,6 @@ __all__ = [
     "SandboxToolExecutor",
     "TOOL_PATTERNS",
     "ToolExecutor",
-    "build_engine",
+    "build_rollout_engine",
     "engine_class",
 ]

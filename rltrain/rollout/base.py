@@ -240,6 +240,6 @@ def engine_class(name: str) -> type[Engine]:
     return cls
 
 
-def build_engine(name: str, **kwargs) -> Engine:
+def build_rollout_engine(name: str, **kwargs) -> Engine:
     """Construct the engine registered as `name` with its own keyword arguments."""
     return engine_class(name)(**kwargs)

@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from rltrain.data.sft_data import DEFAULT_TOOL_OUTPUT_TEMPLATE  # the SFT data's encoding of a tool's output
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 from rltrain.utils.errors import UserError
 
@@ -52,8 +53,6 @@ TOOL_PATTERNS: dict[str, ToolPattern] = {
     # <code>...</code>
     "code_tag": ToolPattern(re.compile(r"<code>(.*?)</code>", re.DOTALL), ("</code>",)),
 }
-
-DEFAULT_TOOL_OUTPUT_TEMPLATE = "\n<output>\n{output}\n</output>\n"
 
 
 class SandboxUnavailableError(UserError, RuntimeError):

@@ -40,7 +40,7 @@ WORK_INODES = 8192  # files + directories the code may create in its temp dir
 
 LIBRARY_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")  # what extension modules link
 PROGRAM_DIRS = ("/bin", "/usr/bin", "/usr/local/bin")  # only with allow_exec
-DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+DEV_NODES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 IOCTL_FILE_ATTRS = (0x40086602, 0x401C5820)  # FS_IOC_SETFLAGS (chattr), FS_IOC_FSSETXATTR
 
 # Syscalls the user process never needs: reaching into other processes, new namespaces and mounts,
@@ -127,7 +127,7 @@ def visible_paths(cfg):
     ro = [p for p in sys.path if p] + list(LIBRARY_DIRS) + ["/etc/ld.so.cache"]
     if cfg["allow_exec"]:
         ro += list(PROGRAM_DIRS) + [os.path.dirname(os.path.realpath(sys.executable))]
-    return [(p, False) for p in ro] + [(d, True) for d in DEVICES]
+    return [(p, False) for p in ro] + [(d, True) for d in DEV_NODES]
 
 
 def _bind_ro(lib, src, root, device):

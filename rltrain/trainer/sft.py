@@ -76,7 +76,6 @@ class SFTTrainer:
     def __init__(self, cfg: SFTConfig, run_dir: str):
         from rltrain.data.dataset import PromptSampler
         from rltrain.data.tokenizer import load_tokenizer
-        from rltrain.rollout.multiturn import DEFAULT_TOOL_OUTPUT_TEMPLATE
         from rltrain.workers.hybrid import initial_hf_model, resolve_device
 
         self.cfg, self.run_dir = cfg, run_dir
@@ -89,7 +88,7 @@ class SFTTrainer:
         self.dtype = torch.float32 if self.device == "cpu" else getattr(torch, m.dtype)
         self.tokenizer = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
         common = dict(tokenizer=self.tokenizer, max_length=d.max_length, messages_key=d.messages_key,
-                      system_prompt=d.system_prompt, tool_output_template=DEFAULT_TOOL_OUTPUT_TEMPLATE)
+                      system_prompt=d.system_prompt)
         self.train_ds = SFTDataset(d.train_files, **common)
         self.val_ds = SFTDataset(d.val_files, **common) if d.val_files else None
         if d.batch_size > len(self.train_ds):

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rltrain.config.parallel import ParallelDims, ParallelDimsError
-from rltrain.config.parallel import rollout_replicas as replicas_of
+from rltrain.config.parallel import rollout_replicas
 from rltrain.config.schema import RLConfig
 from rltrain.utils.errors import UserError
 
@@ -88,16 +88,16 @@ def plan_groups(cfg: RLConfig, *, device: str, use_ref: bool, use_critic: bool) 
     if t.colocate or not t.use_ray:
         return [GroupPlan("hybrid", train_roles + ("rollout",), (per_node,) * nnodes, gpus, "STRICT_SPREAD",
                           replica_size=rtp)]
-    replicas = rollout_replicas(cfg)
+    replicas = _replicas(cfg)
     return [GroupPlan("train", train_roles, (per_node,) * nnodes, gpus, "STRICT_SPREAD"),
             GroupPlan("rollout", ("rollout",), (rtp,) * replicas, gpus, "PACK", replica_size=rtp)]
 
 
-def rollout_replicas(cfg: RLConfig) -> int:
+def _replicas(cfg: RLConfig) -> int:
     """Split mode: `rollout.num_replicas`, or by default as many devices as the training group has."""
     t, r = cfg.trainer, cfg.rollout
-    return replicas_of(world_size=t.n_gpus_per_node * t.nnodes, tensor_parallel_size=r.tensor_parallel_size,
-                       num_replicas=r.num_replicas)
+    return rollout_replicas(world_size=t.n_gpus_per_node * t.nnodes, tensor_parallel_size=r.tensor_parallel_size,
+                            num_replicas=r.num_replicas)
 
 
 def placement_errors(cfg: RLConfig, *, device: str | None = None) -> list[str]:
@@ -137,11 +137,11 @@ def placement_errors(cfg: RLConfig, *, device: str | None = None) -> list[str]:
                      "group of rollout.tensor_parallel_size workers is a replica: leave it null")
     elif r.num_replicas is not None and r.num_replicas < 1:
         e.append(f"rollout.num_replicas={r.num_replicas} is impossible; use a positive number or null")
-    elif r.engine == "vllm" and rollout_replicas(cfg) > 1:
+    elif r.engine == "vllm" and _replicas(cfg) > 1:
         # the rollout group's processes share one torch.distributed world and workers/rollout.py builds one vLLM
         # engine over it: a second replica stops when the workers start (seen on CPU)
         e.append(f"rollout.engine=vllm on split placement builds one engine over the whole rollout group; "
-                 f"{rollout_replicas(cfg)} replicas of rollout.tensor_parallel_size={rtp} are not "
+                 f"{_replicas(cfg)} replicas of rollout.tensor_parallel_size={rtp} are not "
                  "supported yet: set rollout.num_replicas=1 (and rollout.tensor_parallel_size to the rollout GPUs), "
                  "or rollout.engine=hf")
     return e

@@ -17,7 +17,7 @@ import torch
 
 from rltrain.config.schema import RolloutConfig, SandboxConfig
 from rltrain.data.batch import Batch, pad_left, pad_right
-from rltrain.rollout.base import RolloutOutput, SamplingParams, build_engine
+from rltrain.rollout.base import RolloutOutput, SamplingParams, build_rollout_engine
 
 
 class RolloutRole:
@@ -34,9 +34,10 @@ class RolloutRole:
         # LoRA only the adapters come: the base must survive the sleep (level 1: kept in host memory)
         self.sleep_level = 2 if engine == "vllm" and sync == "local" and lora is None else 1
         if engine == "hf":
-            self.engine = build_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
-                                       max_batch_size=rollout_cfg.max_batch_size, return_routed_experts=routed_experts,
-                                       lora=lora, true_on_policy=rollout_cfg.true_on_policy)
+            self.engine = build_rollout_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
+                                               max_batch_size=rollout_cfg.max_batch_size,
+                                               return_routed_experts=routed_experts, lora=lora,
+                                               true_on_policy=rollout_cfg.true_on_policy)
         else:
             assert engine == "vllm", engine  # config validation allows hf | vllm
             self.engine = _build_vllm(model, tokenizer, rollout_cfg, device=device, dtype=dtype, sync=sync, seed=seed,

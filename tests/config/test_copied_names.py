@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-from rltrain.config.validate import DATA_SOURCES, DEVICES, MODEL_DTYPES, PLAN_CHECKS
+from rltrain.config.validate import DATA_SOURCES, TRAINER_DEVICES, MODEL_DTYPES, PLAN_CHECKS
 from rltrain.config.entry import compose_config as compose
 
 
 def test_devices_are_what_the_trainer_resolves():
     from rltrain.workers.hybrid import resolve_device
 
-    for name in DEVICES:
+    for name in TRAINER_DEVICES:
         if name == "cuda" and not torch.cuda.is_available():
             with pytest.raises(RuntimeError, match="trainer.device=cuda"):
                 resolve_device(name)

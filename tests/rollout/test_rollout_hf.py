@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from rltrain.rollout import MultiTurnRollout, RolloutOutput, RolloutResponse, SamplingParams, build_engine, engine_class
+from rltrain.rollout import (MultiTurnRollout, RolloutOutput, RolloutResponse, SamplingParams, build_rollout_engine,
+                             engine_class)
 from rltrain.rollout.hf import HFEngine, filter_top_k_top_p, sample_next_token
 from _tiny_models import VOCAB, UnicodeTokenizer, tiny_qwen3
 
@@ -238,7 +239,7 @@ def test_level2_wake_keeps_tied_embeddings_tied(prompts):
 
 def test_engine_registry_builds_hf_and_rejects_unknown(model, prompts):
     assert engine_class("hf") is HFEngine
-    engine = build_engine("hf", model=model, eos_token_id=[])
+    engine = build_rollout_engine("hf", model=model, eos_token_id=[])
     assert len(engine.generate(prompts[:1], SamplingParams(max_tokens=2, seed=0))) == 1
     with pytest.raises(ValueError, match="hf"):
         engine_class("sglang")

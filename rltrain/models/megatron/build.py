@@ -33,14 +33,13 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
-from megatron.core.utils import divide
 
 from rltrain.compat.megatron import (cuda_enabled, define_te_gemm_when_absent, patch_model_for_cpu,
                                      patch_moe_dispatch_for_cpu)
 from rltrain.config.parallel import ParallelDims
 from rltrain.config.schema import RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES
 from rltrain.utils.errors import UserError
-from rltrain.utils.flops import sparse_layers
+from rltrain.utils.flops import head_dim, sparse_layers
 
 try:  # Transformer Engine is optional (GPU images); the local spec is used without it.
     import transformer_engine  # noqa: F401
@@ -133,11 +132,6 @@ def rope_theta(hf_config: Any) -> float:
     if theta is None:
         raise ValueError("HF config has no rope_theta (neither rope_parameters['rope_theta'] nor rope_theta)")
     return float(theta)
-
-
-def head_dim(hf_config: Any) -> int:
-    hd = _hf_get(hf_config, "head_dim")
-    return int(hd) if hd else divide(hf_config.hidden_size, hf_config.num_attention_heads)
 
 
 def moe_layer_pattern(hf_config: Any) -> list[int]:

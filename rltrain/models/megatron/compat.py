@@ -28,8 +28,10 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """"auto"/None -> cuda:<local rank> when CUDA is available else cpu; raises for cuda without CUDA."""
+def torch_device(device: str | torch.device | None) -> torch.device:
+    """The engine's torch.device: "auto"/None -> cuda:<current device> when CUDA is available else cpu; "cuda" gets
+    the current device's index; raises for cuda without CUDA. (workers/hybrid.resolve_device resolves
+    trainer.device to the name "cpu" | "cuda" the workers are placed by.)"""
     if device in (None, "auto"):
         device = "cuda" if cuda_enabled() else "cpu"
     device = torch.device(device)

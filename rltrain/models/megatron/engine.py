@@ -42,7 +42,7 @@ from rltrain.models.megatron import invariant as invariant_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
 from rltrain.models.megatron import weights as weights_mod
 from rltrain.models.megatron.build import HAVE_TE, UnsupportedModelError, build_gpt_model, moe_layer_pattern
-from rltrain.models.megatron.compat import host_to_device, resolve_device, setup_parallel
+from rltrain.models.megatron.compat import host_to_device, setup_parallel, torch_device
 from rltrain.models.megatron.fusion import FUSIONS
 from rltrain.models.megatron.micro_batch import make_micro_batches
 from rltrain.models.megatron.lora import LoraAdapters
@@ -50,7 +50,7 @@ from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingRepla
                                         set_aux_loss_scale, use_grouped_expert_gemm)
 from rltrain.models.megatron.optim import EngineOptimizer
 
-ROLES = ("actor", "ref", "critic")
+ENGINE_ROLES = ("actor", "ref", "critic")
 
 
 class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
@@ -64,8 +64,8 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         c = config or EngineConfig()
         o, par, comp, head = c.optim, c.parallel, c.compute, c.head
         self.config = c
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if role not in ENGINE_ROLES:
+            raise ValueError(f"role must be one of {ENGINE_ROLES}, got {role!r}")
         if o.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {o.lr_schedule!r}")
         if c.max_tokens_per_micro_batch < 1:
@@ -81,7 +81,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         self.dims = setup_parallel(par, seed=seed)  # the degrees over this world, validated (config/parallel.py)
         tp_size, pp_size = self.dims.tp, self.dims.pp
         self.role = role
-        self.device = resolve_device(device)
+        self.device = torch_device(device)
         self.params_dtype = params_dtype
         self.fused = head.fused_linear_logprob
         self.backend = head.fused_linear_logprob_backend
