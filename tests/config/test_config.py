@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import subprocess
@@ -9,6 +10,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from rltrain.config import ConfigError, as_config, register_configs, validate_config
+from rltrain.config.convert import as_dict
+from rltrain.config.validate import config_errors
 from rltrain.main import CONFIG_DIR
 from rltrain.trainer.setup import check_config, room_errors
 
@@ -29,7 +32,9 @@ def _compose(name, overrides=()):
 @pytest.mark.parametrize("name", ["grpo_tiny", "grpo_qwen3", "ppo_qwen3"])
 def test_shipped_recipes_compose_and_validate(name):
     cfg = _compose(name)
+    assert config_errors(cfg) == []  # what validate_config raises on: nothing
     validate_config(cfg)
+    assert as_config(json.loads(json.dumps(as_dict(cfg)))) == cfg  # the config.json a run writes reads back whole
 
 
 def test_required_keys_exist_with_their_defaults():
@@ -207,8 +212,12 @@ def test_infinite_tool_timeout_is_refused():
 
 
 def test_seed_bounds_are_numpys():
-    validate_config(_compose("grpo_tiny", ["trainer.seed=0"]))
-    validate_config(_compose("grpo_tiny", ["trainer.seed=4294967295"]))
+    for seed in (0, 2**32 - 1):  # numpy's range, both ends included
+        cfg = _compose("grpo_tiny", [f"trainer.seed={seed}"])
+        assert cfg.trainer.seed == seed and config_errors(cfg) == []
+    for seed in (-1, 2**32):
+        [why] = config_errors(_compose("grpo_tiny", [f"trainer.seed={seed}"]))
+        assert why.startswith(f"trainer.seed={seed} is out of range")
 
 
 def test_a_key_the_schema_lacks_is_refused_even_when_hydra_adds_it():

@@ -125,15 +125,15 @@ def test_kv_cache_bytes_match_the_engine_rule():
     s = model_shape(ModelConfig(builtin="qwen3-0.6b"))
     assert kv_bytes_per_token(s, 1, 2) == 2 * 28 * 8 * 128 * 2 == 114_688
     assert kv_bytes_per_token(s, 16, 2) == 2 * 28 * 1 * 128 * 2  # at least one KV head per rank
-    vllm = pytest.importorskip("rltrain.rollout.vllm")
     from types import SimpleNamespace
 
     from rltrain.config.presets import BUILTINS
+    from rltrain.rollout.vllm_args import kv_cache_need_bytes
 
     hf = SimpleNamespace(**BUILTINS["qwen3-4b"])
     s4 = model_shape(ModelConfig(builtin="qwen3-4b"))
     for tp in (1, 2, 16):
-        assert vllm.kv_cache_need_bytes(hf, tensor_parallel_size=tp, dtype_bytes=2, max_num_seqs=1) == (
+        assert kv_cache_need_bytes(hf, tensor_parallel_size=tp, dtype_bytes=2, max_num_seqs=1) == (
             kv_bytes_per_token(s4, tp, 2) * s4.max_position_embeddings)
 
 

@@ -122,8 +122,14 @@ def test_bad_off_policy_settings_are_reported_with_their_key(cfg_for, overrides,
 
 
 def test_arguments_a_mode_does_not_use_are_not_checked(cfg_for):
-    cfg_for("actor.off_policy.mode=token_mask", "actor.off_policy.cap=0.5")  # cap is the *_tis modes' only
-    cfg_for("actor.off_policy.mode=seq_tis", "actor.off_policy.low=0")
+    # cfg_for validates: a cap below 1 under a *_mask mode (cap is the *_tis modes' only) and a low of 0 under a
+    # *_tis mode (low is the mask and mis modes') pass, and are carried as given, unused
+    op = _effective(cfg_for, "actor.off_policy.mode=token_mask", "actor.off_policy.cap=0.5")
+    assert (op.mode, op.cap) == ("token_mask", 0.5)
+    op = _effective(cfg_for, "actor.off_policy.mode=seq_tis", "actor.off_policy.low=0")
+    assert (op.mode, op.low) == ("seq_tis", 0.0)
+    with pytest.raises(ConfigError, match="actor.off_policy.cap"):  # the argument the mode uses is checked
+        cfg_for("actor.off_policy.mode=token_tis", "actor.off_policy.cap=0.5")
 
 
 def test_every_mode_is_accepted(cfg_for):

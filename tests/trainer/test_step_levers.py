@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rltrain.config import ConfigError
+from rltrain.config.validate import config_errors
 from rltrain.trainer.ppo import PPOTrainer
 
 ON_POLICY = ("data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "trainer.use_ray=false",
@@ -108,7 +109,11 @@ def test_recompute_old_logprobs_false_is_refused_where_not_exact(cfg_for, overri
 
 
 def test_recompute_old_logprobs_false_is_accepted_on_policy(cfg_for):
-    cfg_for("data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.recompute_old_logprobs=false")
+    # one epoch of one mini-batch of the whole step: cfg_for's validation passes and keeps the lever off
+    cfg = cfg_for("data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "actor.recompute_old_logprobs=false")
+    assert cfg.actor.recompute_old_logprobs is False
+    assert (cfg.actor.ppo_epochs, cfg.actor.ppo_mini_batch_size, cfg.data.train_batch_size) == (1, 4, 4)
+    assert config_errors(cfg) == []
 
 
 def test_free_cache_engine_false_is_refused_on_a_split_placement(cfg_for):
