@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rltrain.config.schema import (
+    ELEMENTWISE_FUSIONS,
     ActorConfig,
     LayerComputeConfig,
     LogprobHeadConfig,
@@ -20,6 +21,9 @@ from rltrain.config.schema import (
     OptimizerConfig,
     ParallelConfig,
 )
+from rltrain.utils.lr_schedule import LR_SCHEDULES
+
+ENGINE_ROLES = ("actor", "ref", "critic")  # a critic has a value head and no LM head; a ref has no optimizer
 
 # The vocab is padded only to a multiple of the TP size: Qwen3's 151,936 needs none, and padded rows cost the fused
 # head a masked copy of the weight shard.
@@ -51,3 +55,21 @@ class EngineConfig:
     total_steps: int = 1000  # optimizer steps of the lr schedule (the builder passes the run's)
     make_vocab_size_divisible_by: int = VOCAB_PADDING
     true_on_policy: SampledDistribution | None = None  # rollout.true_on_policy (None: the plain forward and head)
+
+    def check(self, role: str) -> None:
+        """ValueError for a config or role an engine cannot run (config validation refuses them earlier for a run;
+        tests and tools build engines by hand)."""
+        if role not in ENGINE_ROLES:
+            raise ValueError(f"role must be one of {ENGINE_ROLES}, got {role!r}")
+        if self.optim.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {self.optim.lr_schedule!r}")
+        if self.max_tokens_per_micro_batch < 1:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {self.max_tokens_per_micro_batch}")
+        if self.forward_max_tokens_per_micro_batch is not None and self.forward_max_tokens_per_micro_batch < 1:
+            raise ValueError("forward_max_tokens_per_micro_batch must be >= 1 (or None: the update's budget), got "
+                             f"{self.forward_max_tokens_per_micro_batch}")
+        if self.compute.elementwise_fusion not in ELEMENTWISE_FUSIONS:
+            raise ValueError(f"elementwise_fusion must be one of {ELEMENTWISE_FUSIONS}, got "
+                             f"{self.compute.elementwise_fusion!r}")
+        if not self.parallel.grad_reduce_bucket_mb > 0:
+            raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {self.parallel.grad_reduce_bucket_mb}")

@@ -8,14 +8,12 @@ Import order of the parts: compat (CPU shims) -> build -> weights / head -> engi
 from rltrain.compat.megatron import import_megatron_without_jit_on_cpu  # noqa: F401
 from rltrain.models.megatron.build import build_gpt_model, transformer_config_from_hf
 from rltrain.models.megatron.compat import setup_parallel, teardown_parallel
-from rltrain.models.megatron.engine import LR_SCHEDULES, ENGINE_ROLES, MegatronEngine
+from rltrain.models.megatron.engine import MegatronEngine
 from rltrain.models.megatron.tiny import tiny_qwen3_config
 from rltrain.models.megatron.weights import WEIGHT_RULES, export_hf_weights, load_hf_weights
 
 __all__ = [
     "MegatronEngine",
-    "ENGINE_ROLES",
-    "LR_SCHEDULES",
     "build_gpt_model",
     "transformer_config_from_hf",
     "setup_parallel",

@@ -36,7 +36,6 @@ from megatron.core import parallel_state
 from rltrain.models.engine_config import EngineConfig
 from rltrain.models.lora import LoraSpec
 from rltrain.models.loss_protocol import LossFn, MicroBatch, ModelOutputs, as_micro_batch
-from rltrain.utils.lr_schedule import LR_SCHEDULES
 from rltrain.models.megatron import head as head_mod
 from rltrain.models.megatron import invariant as invariant_mod
 from rltrain.models.megatron import pipeline as pipeline_mod
@@ -50,8 +49,6 @@ from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingRepla
                                         set_aux_loss_scale, use_grouped_expert_gemm)
 from rltrain.models.megatron.optim import EngineOptimizer
 
-ENGINE_ROLES = ("actor", "ref", "critic")
-
 
 class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
     """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
@@ -64,20 +61,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         c = config or EngineConfig()
         o, par, comp, head = c.optim, c.parallel, c.compute, c.head
         self.config = c
-        if role not in ENGINE_ROLES:
-            raise ValueError(f"role must be one of {ENGINE_ROLES}, got {role!r}")
-        if o.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {tuple(LR_SCHEDULES)}, got {o.lr_schedule!r}")
-        if c.max_tokens_per_micro_batch < 1:
-            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {c.max_tokens_per_micro_batch}")
-        if c.forward_max_tokens_per_micro_batch is not None and c.forward_max_tokens_per_micro_batch < 1:
-            raise ValueError("forward_max_tokens_per_micro_batch must be >= 1 (or None: the update's budget), got "
-                             f"{c.forward_max_tokens_per_micro_batch}")
-        if comp.elementwise_fusion not in FUSIONS:
-            raise ValueError(f"elementwise_fusion must be one of {tuple(FUSIONS)}, "
-                             f"got {comp.elementwise_fusion!r}")
-        if not par.grad_reduce_bucket_mb > 0:
-            raise ValueError(f"grad_reduce_bucket_mb must be > 0, got {par.grad_reduce_bucket_mb}")
+        c.check(role)
         self.dims = setup_parallel(par, seed=seed)  # the degrees over this world, validated (config/parallel.py)
         tp_size, pp_size = self.dims.tp, self.dims.pp
         self.role = role
