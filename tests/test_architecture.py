@@ -278,16 +278,39 @@ def test_cycle_finder_on_a_hand_made_graph():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycles():
-    """No cycle among rltrain modules, counting every import: module-level ones and the ones inside functions (a
-    function-level import that closes a circle is the same knot, only tied later)."""
+def import_graph(imports: list[Import]) -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """(module -> the rltrain modules it imports, (a, b) -> where a imports b). Importing `rltrain.x.y` runs the
+    package `rltrain.x`'s __init__ first, so the edge goes to every enclosing package too (not to the importer's own,
+    which is already running)."""
+    packages = {module_name(f) for f in python_files() if f.endswith("__init__.py")}
     graph: dict[str, set[str]] = {}
     where: dict[tuple[str, str], str] = {}
-    for imp in scan():
-        if inside(imp.target, ("rltrain",)) and imp.target != imp.source:
-            graph.setdefault(imp.source, set()).add(imp.target)
-            where.setdefault((imp.source, imp.target),
+    for imp in imports:
+        if not inside(imp.target, ("rltrain",)):
+            continue
+        parts = imp.target.split(".")
+        enclosing = [p for p in (".".join(parts[:i]) for i in range(2, len(parts)))
+                     if p in packages and not inside(imp.source, (p,))]
+        for target in [imp.target] * (imp.target != imp.source) + enclosing:
+            graph.setdefault(imp.source, set()).add(target)
+            where.setdefault((imp.source, target),
                              f"{imp.file}:{imp.line} `{imp.text}`" + ("" if imp.module_level else " (in a function)"))
+    return graph, where
+
+
+def test_import_graph_runs_the_enclosing_packages():
+    imps = [Import("x.py", 1, "rltrain.models.presets", "rltrain.config.schema", "", True),
+            Import("y.py", 1, "rltrain.config.validate", "rltrain.config.schema", "", True)]
+    graph, _ = import_graph(imps)
+    assert graph == {"rltrain.models.presets": {"rltrain.config.schema", "rltrain.config"},
+                     "rltrain.config.validate": {"rltrain.config.schema"}}
+
+
+def test_no_import_cycles():
+    """No cycle among rltrain modules, counting every import: module-level ones, the ones inside functions (a
+    function-level import that closes a circle is the same knot, only tied later) and the package __init__s an
+    import runs."""
+    graph, where = import_graph(scan())
     cycles = _cycles(graph)
     lines = []
     for comp in cycles:
