@@ -327,9 +327,7 @@ def test_no_import_cycles():
 PROTOCOL_NAMES = {"backward", "forward_stats", "is_available", "compute_score", "main", "cli", "log", "logger",
                   "make_splits", "write_splits", "rl_row", "attention", "linear", "rms_norm", "make_invariant"}
 # Duplicates a refactor is removing: name -> why (the issue); an entry that matches no duplicate fails the test.
-KNOWN_DUPLICATES = {  # the calibration lab (plan/fit.py, fit_cases.py, scaling.py) leaves rltrain/ (issue 58)
-    "gen_seconds": "plan/scaling.py's second generation-time model", "predict": "plan/fit.py and plan/scaling.py",
-    "WEAK": "plan/fit_cases.py and plan/scaling.py"}
+KNOWN_DUPLICATES: dict[str, str] = {}
 
 
 def public_names() -> dict[str, list[str]]:

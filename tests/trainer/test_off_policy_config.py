@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rltrain.algorithms import OFF_POLICY_MODES, TIS_MODES, off_policy_weights, truncated_is_weights
-from rltrain.config import ConfigError, as_config
+from rltrain.config import ConfigError
 from rltrain.config.schema import OffPolicyConfig
 from rltrain.trainer.ppo import run_from_config
 from rltrain.utils.tracking import read_metrics
@@ -16,7 +16,7 @@ from rltrain.workers.actor import PolicyLoss
 
 
 def _effective(cfg_for, *overrides):
-    cfg = as_config(cfg_for(*overrides))
+    cfg = cfg_for(*overrides)
     return OffPolicyConfig.effective(cfg.actor, async_rollout=cfg.trainer.async_rollout)
 
 
@@ -36,7 +36,7 @@ def test_the_null_mode_is_geo_tis_only_for_an_asynchronous_rollout(cfg_for):
     """actor.off_policy.mode=null (the default): none when synchronous, geo_tis with its cap when asynchronous; a
     named mode or actor.tis.enable wins either way, and a null mode's arguments are checked as geo_tis's."""
     split = ["trainer.colocate=false", "trainer.use_ray=true"]
-    assert as_config(cfg_for()).actor.off_policy.mode is None
+    assert cfg_for().actor.off_policy.mode is None
     op = _effective(cfg_for, *split, "trainer.async_rollout=true", "actor.off_policy.cap=3")
     assert (op.mode, op.cap) == ("geo_tis", 3.0)
     assert _effective(cfg_for, *split, "trainer.async_rollout=true", "actor.off_policy.mode=none").mode == "none"
@@ -71,7 +71,7 @@ def test_actor_tis_and_off_policy_token_tis_give_the_same_loss(cfg_for):
     for name, ov in {"tis": ["actor.tis.enable=true", "actor.tis.cap=1.2"],
                      "off_policy": ["actor.off_policy.mode=token_tis", "actor.off_policy.cap=1.2"],
                      "none": []}.items():
-        loss = PolicyLoss.from_config(as_config(cfg_for(*ov)).actor)
+        loss = PolicyLoss.from_config(cfg_for(*ov).actor)
         losses[name], _ = loss({"logprobs": lp}, mb)
         assert loss.needs_sampler_logprobs == (name != "none")
     assert torch.equal(losses["tis"], losses["off_policy"])
@@ -86,8 +86,7 @@ def test_mask_modes_keep_dropped_tokens_in_the_denominator(cfg_for):
     smp = torch.tensor([[0.0, 0.0, 0.0, -5.0]])  # the last token's ratio e^5 > high=2: dropped
     mb = {"loss_mask_full": mask, "old_logprobs_full": old, "advantages_full": torch.ones(b, s),
           "sampler_logprobs_full": smp}
-    loss = PolicyLoss.from_config(as_config(cfg_for("actor.off_policy.mode=token_mask",
-                                                    "actor.off_policy.high=2.0")).actor)
+    loss = PolicyLoss.from_config(cfg_for("actor.off_policy.mode=token_mask", "actor.off_policy.high=2.0").actor)
     got, _ = loss({"logprobs": torch.zeros(b, s)}, mb)  # ratio 1: per-token loss -A = -1 on kept tokens
     assert float(got) == pytest.approx(-2.0 / 3.0)
 
