@@ -11,12 +11,16 @@ by the refactor of issue #32; each entry says why. An entry that no longer match
 dotted path from the config: reward functions, advantage estimators, rollout engines, the log-prob backends) are
 not seen by `ast` and not checked.
 
+Each public name is defined once; no file of rltrain/ is over 500 lines nor a function over 90; the config is
+converted to the typed schema only at the entry points (CONVERTING_FILES). Every file is read and parsed once.
+
 The last test keeps the documentation inside the repository: no tracked file under docs/ (nor README.md) names a
 path outside it, and every relative Markdown link there resolves to a file of the repository.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import os
 import re
@@ -120,12 +124,23 @@ def _walk(node, in_function=False):
         yield from _walk(child, func)
 
 
-def parse_imports(rel: str, text: str, modules: set[str]) -> list[Import]:
-    """Every import of one file (`rel`, repository-relative), relative imports made absolute."""
+@functools.lru_cache(maxsize=None)
+def parsed() -> dict[str, tuple[str, ast.Module]]:
+    """Each rltrain file (repository-relative) -> its text and its `ast`, read and parsed once for all the tests."""
+    out = {}
+    for rel in python_files():
+        with open(os.path.join(ROOT, rel)) as fh:
+            text = fh.read()
+        out[rel] = (text, ast.parse(text, rel))
+    return out
+
+
+def parse_imports(rel: str, text: str, modules: set[str], tree: ast.Module | None = None) -> list[Import]:
+    """Every import of one file (`rel`, repository-relative; `tree`: `text` parsed), relative imports made absolute."""
     src = module_name(rel)
     package = src if rel.endswith("__init__.py") else src.rpartition(".")[0]
     out = []
-    for node, in_func in _walk(ast.parse(text, rel)):
+    for node, in_func in _walk(tree or ast.parse(text, rel)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 out.append(Import(rel, node.lineno, src, alias.name, ast.unparse(node), not in_func))
@@ -143,14 +158,14 @@ def parse_imports(rel: str, text: str, modules: set[str]) -> list[Import]:
     return out
 
 
-def scan() -> list[Import]:
-    files = python_files()
+@functools.lru_cache(maxsize=None)
+def scan() -> tuple[Import, ...]:
+    files = parsed()
     modules = {module_name(f) for f in files}
     out = []
-    for rel in files:
-        with open(os.path.join(ROOT, rel)) as fh:
-            out += parse_imports(rel, fh.read(), modules)
-    return out
+    for rel, (text, tree) in files.items():
+        out += parse_imports(rel, text, modules, tree)
+    return tuple(out)
 
 
 def inside(name: str, prefixes) -> bool:
@@ -333,9 +348,7 @@ KNOWN_DUPLICATES: dict[str, str] = {}
 def public_names() -> dict[str, list[str]]:
     """Each public top-level name of rltrain (function, class, assigned name) -> the files that define it."""
     out: dict[str, list[str]] = {}
-    for rel in python_files():
-        with open(os.path.join(ROOT, rel)) as fh:
-            tree = ast.parse(fh.read(), rel)
+    for rel, (_, tree) in parsed().items():
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names = [node.name]
@@ -357,6 +370,69 @@ def test_each_public_name_is_defined_once():
     assert not bad, "public names defined in more than one module (give each meaning its own name):\n" + "\n".join(bad)
     stale = [n for n in KNOWN_DUPLICATES if n not in dups]
     assert not stale, f"KNOWN_DUPLICATES entries that are no longer duplicated; remove them: {stale}"
+
+
+# ------------------------------------------------------------------------------------------------ sizes
+MAX_FILE_LINES = 500      # docs/architecture.md and HELPER_RULES: no file of rltrain/ over 500 lines
+MAX_FUNCTION_LINES = 90   # nor a function (or method) over 90, decorators and docstring included
+
+
+def oversized(files: dict[str, tuple[str, ast.Module]]) -> list[str]:
+    """`file: N lines` for each file over MAX_FILE_LINES, `file:line name: N lines` for each function over
+    MAX_FUNCTION_LINES (a nested function counts in its own right and inside its parent)."""
+    out = []
+    for rel, (text, tree) in files.items():
+        n = len(text.splitlines())
+        if n > MAX_FILE_LINES:
+            out.append(f"{rel}: {n} lines (at most {MAX_FILE_LINES})")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                n = node.end_lineno - first + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append(f"{rel}:{node.lineno} {node.name}: {n} lines (at most {MAX_FUNCTION_LINES})")
+    return out
+
+
+def test_size_checker_on_hand_made_files():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 2))
+    ok = f"@dec\ndef f():\n{body}"  # the decorator, the def and the body: exactly MAX_FUNCTION_LINES
+    long = f"@dec\ndef g():\n{body}    return 0\n"
+    files = {"ok.py": (ok, ast.parse(ok)), "long.py": (long, ast.parse(long)),
+             "big.py": ("\n" * (MAX_FILE_LINES + 1), ast.parse(""))}
+    assert oversized(files) == [f"long.py:2 g: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})",
+                                f"big.py: {MAX_FILE_LINES + 1} lines (at most {MAX_FILE_LINES})"]
+
+
+def test_no_file_or_function_over_the_size_limits():
+    bad = oversized(parsed())
+    assert not bad, "split these (one concern per function, per file):\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------------------------------------ the config read once
+# The composed config becomes the typed schema once, at an entry point (config/convert.py's as_config): rltrain.main's
+# run_entry (rltrain.main, rltrain.sft) and config/entry.py (compose_config for python -m rltrain.plan and the tools,
+# the gate that refuses a bad command line). Everything after takes typed objects.
+CONVERTERS = ("as_config", "OmegaConf.structured", "OmegaConf.to_object")
+CONVERTING_FILES = ("rltrain/config/convert.py", "rltrain/config/entry.py", "rltrain/main.py")
+
+
+def conversions(files: dict[str, tuple[str, ast.Module]]) -> list[str]:
+    """`file:line call` for each call of a CONVERTERS function outside CONVERTING_FILES."""
+    out = []
+    for rel, (_, tree) in files.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in CONVERTERS and rel not in CONVERTING_FILES:
+                out.append(f"{rel}:{node.lineno} {ast.unparse(node.func)}(...)")
+    return out
+
+
+def test_the_config_is_converted_only_at_the_entry_points():
+    assert conversions({"rltrain/x.py": ("", ast.parse("from a import as_config\ndef f(c):\n    return as_config(c)"
+                                                        ))}) == ["rltrain/x.py:3 as_config(...)"]
+    bad = conversions(parsed())
+    assert not bad, ("the config is converted to the typed schema only at the entry points (" +
+                     ", ".join(CONVERTING_FILES) + "); pass the typed config down instead:\n" + "\n".join(bad))
 
 
 # ------------------------------------------------------------------------------------------------ the docs
