@@ -104,7 +104,7 @@ for invariant in (True, False):
     full = stats(hid, w, lab, 1 / 1.3, True, None)
     # row sets starting on a token block: the interpreter's dot is numpy's BLAS, whose result for a row may depend on
     # the row's place in the block (a GPU's MMA does not; tests below under `gpu` take any rows)
-    for rows in ((slice(0, 1), slice(64, 70)) if invariant else (slice(0, 1),)):
+    for rows in (slice(0, 1), slice(64, 70)):
         part = stats(hid[rows], w, lab[rows], 1 / 1.3, True, None)
         out["same" if invariant else "plain_same"].append(all(bool(torch.equal(a, b[rows])) for a, b in zip(part, full)))
     if invariant:
@@ -124,7 +124,10 @@ def test_triton_mode_rows_are_the_same_bits_for_any_number_of_rows_under_the_int
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
     assert got["same"] == [True, True], got
-    assert not all(got["plain_same"]), got  # the default split count follows the token blocks: rows change
+    # the control: the default split count follows the number of token blocks (41 vocab tiles: 7 splits for one
+    # block, 6 for two), so a row's merge order, and with it its bits, can change with the rows beside it; the two
+    # row sets' 7 rows all agreeing to the last bit in both orders would need every sum to round alike
+    assert not all(got["plain_same"]), got
     assert got["lp"] < 1e-4, got
 
 

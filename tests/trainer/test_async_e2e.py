@@ -122,6 +122,7 @@ def runs(background_runs, ray_session):
             "checkpoints": checkpoints}
 
 
+@pytest.mark.heavy
 def test_k2_sigkilled_with_two_batches_in_flight_resumes_exactly(runs):
     crashed = runs["crashed"]
     assert crashed.returncode == -9, crashed.stderr[-3000:]  # killed after step 6 with batches 7, 8 in flight
@@ -139,6 +140,7 @@ def test_k2_sigkilled_with_two_batches_in_flight_resumes_exactly(runs):
     assert [r["step"] for r in _steps(runs[2])] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("k", [2, 4])
 def test_staleness_never_exceeds_k_and_nothing_is_dropped(runs, k):
     steps = _steps(runs[k])
@@ -155,6 +157,7 @@ def test_staleness_never_exceeds_k_and_nothing_is_dropped(runs, k):
         assert shares[int(r["rollout/staleness_max"])] == 1.0
 
 
+@pytest.mark.heavy
 def test_the_mismatch_is_zero_in_sync_and_corrected_in_async(runs):
     # exact weight sync gives ~0 in the synchronous run; the stale sampler differs in async
     assert max(r["rollout/mismatch_abs_mean"] for r in _steps(runs["sync"])) < 1e-3
@@ -166,6 +169,7 @@ def test_the_mismatch_is_zero_in_sync_and_corrected_in_async(runs):
         assert r["rollout/is_ratio_max"] >= r["rollout/is_weight_mean"] and r["rollout/mismatch_kl"] >= 0
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("k", [2, 4])
 def test_async_reaches_the_sync_accuracy_within_30_percent_more_steps(runs, k):
     # Checked locally with 36-step runs, validated every 3 steps: the first step at held-out accuracy 0.2 for seeds
@@ -191,6 +195,7 @@ def partial_run(background_runs, ray_session):
     return {"rows": read_metrics(str(run_dir)), "raw": _raw_rows(str(run_dir)), "crashed": crashed}
 
 
+@pytest.mark.heavy
 def test_partial_rollouts_sigkilled_resume_exactly(partial_run):
     crashed = partial_run["crashed"]
     assert crashed.returncode == -9, crashed.stderr[-3000:]
@@ -204,6 +209,7 @@ def test_partial_rollouts_sigkilled_resume_exactly(partial_run):
             assert math.isclose(before[key], after[key], rel_tol=1e-4, abs_tol=1e-6), (key, before[key], after[key])
 
 
+@pytest.mark.heavy
 def test_partial_rollouts_learn_to_the_sync_accuracy_within_30_percent_more_steps(runs, partial_run):
     """Where a push meets a generation in flight depends on timing, so the per-token versions are checked for what
     always holds: staleness within k, shares of tokens per staleness summing to 1, the token mean under the sample

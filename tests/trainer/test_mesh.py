@@ -14,7 +14,7 @@ import pytest
 from rltrain.trainer.ppo import PPOTrainer
 from rltrain.utils.tracking import read_metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.timeout(900)]
 VARIED_REWARD = ("import zlib\n"
                  "def reward(response, ground_truth, **kw):\n"
                  "    return float(zlib.crc32(response.encode()) % 3)\n")

@@ -47,6 +47,7 @@ VARIED_REWARD = ("import zlib\n"
                  "    return float(zlib.crc32(response.encode()) % 3)\n")
 
 
+@pytest.mark.heavy
 def test_two_node_pp2_run_survives_a_killed_worker_by_resuming(tmp_path, fast_overrides):
     from rltrain.workers.group import loopback_ray
 

@@ -119,6 +119,7 @@ def test_retool_grpo_steps_on_vllm(tmp_path, sft_model_hd32, cfg_for):
         assert row["rollout/logprob_diff_max"] < 1e-3 and math.isfinite(row["actor/pg_loss"])
 
 
+@pytest.mark.heavy
 def test_colocated_two_workers_run_one_vllm_engine_each(tmp_path, ray_session, cfg_for):
     """Issue #35's layout on the CPU build: trainer.n_gpus_per_node=2 colocated with rollout.tensor_parallel_size=1 is
     two vLLM engines (one per worker, vLLM's external data-parallel ranks), each generating its share of the prompts
