@@ -106,9 +106,9 @@ def prepare_run(cfg: RLConfig, run_dir: str) -> None:
 def _check_same_model(cfg, ckpt: str, what: str) -> None:
     """CheckpointError when the run that wrote checkpoint `ckpt` (its config.json) had another model."""
     from rltrain.utils.checkpoint import CheckpointError
-    from rltrain.utils.rundir import model_differences
+    from rltrain.utils.rundir import checkpoint_run_config, model_differences
 
-    saved = _run_config_of(ckpt)
+    saved = checkpoint_run_config(ckpt)
     diff = model_differences(saved, as_dict(cfg)) if saved is not None else []
     if diff:
         raise CheckpointError(f"{what} was saved by a run of another model ({', '.join(diff)}); resume with the "
@@ -116,20 +116,6 @@ def _check_same_model(cfg, ckpt: str, what: str) -> None:
                               "run directory)")
 
 
-def _run_config_of(ckpt: str) -> dict | None:
-    """The config.json of the run that wrote checkpoint `ckpt` (<run>/checkpoints/step_N), if it is there."""
-    import json
-
-    root = os.path.dirname(os.path.abspath(ckpt))
-    if os.path.basename(root) != "checkpoints":  # not the default layout: no run config to compare with
-        return None
-    path = os.path.join(os.path.dirname(root), "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return None
-    return saved if isinstance(saved, dict) else None
 
 
 def _on_command_line(key: str) -> bool:

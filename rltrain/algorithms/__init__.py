@@ -1,7 +1,7 @@
 """RL algorithms as pure tensor math: advantages, policy and value losses, KL estimators, loss
-aggregation, DAPO's batch shaping and off-policy correction (the corrections registry: truncated IS,
-masking and masked IS per token, sequence or geometric mean; the training/inference mismatch). Imports
-nothing else from rltrain; takes tensors and floats only.
+aggregation, DAPO's batch shaping, on-policy distillation's reverse-KL advantage and off-policy correction (the
+corrections registry: truncated IS, masking and masked IS per token, sequence or geometric mean; the
+training/inference mismatch). Imports nothing else from rltrain; takes tensors and floats only.
 
 Each pluggable choice is a registry keyed by its config string; the allowed names are exported as
 tuples (`ADV_ESTIMATORS`, `POLICY_LOSS_MODES`, `KL_KINDS`, `AGG_MODES`, `OFF_POLICY_MODES`, `TIS_MODES`) for
@@ -18,6 +18,7 @@ from rltrain.algorithms.advantages import (
 )
 from rltrain.algorithms.aggregation import AGG_MODES, aggregate_loss, masked_mean
 from rltrain.algorithms.dapo import filter_informative_groups, overlong_penalty, truncated_response_mask
+from rltrain.algorithms.distill import distill_advantages
 from rltrain.algorithms.kl import KL_KINDS, kl_penalty
 from rltrain.algorithms.off_policy import (
     OFF_POLICY_MODES,
@@ -40,6 +41,7 @@ __all__ = [
     "aggregate_loss",
     "masked_mean",
     "value_loss",
+    "distill_advantages",
     "filter_informative_groups",
     "overlong_penalty",
     "truncated_response_mask",

@@ -17,6 +17,8 @@ advantage is its score: there is nothing to compare it with, and it must not sil
                 tokens; returns = advantages.
 - `gae`         delta_t = r_t + gamma V_{t+1} - V_t (V after the last response token is 0),
                 A_t = delta_t + gamma lam A_{t+1}; returns = A + V; advantages then whitened.
+- `distill`     pure on-policy distillation: no reward in the advantage (zeros, returns zeros); the trainer
+                adds the teacher's reverse-KL advantage (algorithms/distill.py), then the whole signal.
 
 Whitening is (x - mean) / (std + eps) with the mean and unbiased std of the masked tokens (fewer than
 two tokens: std 0). The reverse recursions of `reinforce_plus_plus` and `gae` skip positions outside
@@ -274,6 +276,12 @@ def _gae(token_rewards: Tensor, response_mask: Tensor, *, values: Optional[Tenso
     adv = torch.where(mask, adv, zero)
     returns = torch.where(mask, adv + vals, zero)
     return _whiten(adv, mask, eps), returns
+
+
+@register_advantage_estimator("distill")
+def _distill(token_rewards: Tensor, response_mask: Tensor, **_: object) -> tuple[Tensor, Tensor]:
+    zeros = torch.zeros_like(token_rewards, dtype=_float_dtype(token_rewards))
+    return zeros, zeros.clone()
 
 
 ADV_ESTIMATORS: tuple[str, ...] = tuple(_ESTIMATORS)

@@ -64,6 +64,11 @@ def _schema_types() -> dict[str, type]:
 _SCHEMA_TYPES = _schema_types()  # field types are strings (from __future__ import annotations in schema.py)
 
 
+def saved_run_config(saved: dict) -> RLConfig:
+    """A run's config.json (as rltrain.main wrote it) as the typed RLConfig: the run of a checkpoint a teacher reads."""
+    return as_config(saved)
+
+
 def as_dict(cfg: Any) -> dict:
     """A typed config (or DictConfig / dict) as a plain nested dict: config.json, the loggers' run config."""
     if dataclasses.is_dataclass(cfg):

@@ -147,6 +147,28 @@ class ModelConfig:
 
 
 @dataclass
+class TeacherConfig(ModelConfig):
+    """On-policy distillation's frozen teacher (workers/teacher.py), served like the reference (forward-only, fused
+    head). On when `path` or `builtin` is set. path: an HF model directory or id, or an rltrain checkpoint
+    (<run>/checkpoints/step_N, built from its run's config.json); builtin + overrides: a preset (random init: for
+    timing). tokenizer: null is path's (a checkpoint's run's, a preset's the student's); the teacher must have the
+    student's vocabulary (checked before any worker starts). dtype, trust_remote_code: as model.*."""
+
+    # true: a role of the training workers (the actor's TP/PP: one megatron mesh per process); false: a worker
+    # group of its own on n_gpus_per_node devices per node (Ray), with its own TP/PP
+    colocate: bool = True
+    n_gpus_per_node: int = 1
+    tensor_parallel_size: Optional[int] = None  # null: the actor's
+    pipeline_parallel_size: Optional[int] = None  # null: the actor's
+    log_prob_max_tokens_per_micro_batch: Optional[int] = None  # null: the actor's forward budget
+
+    @staticmethod
+    def enabled(teacher: TeacherConfig) -> bool:
+        """Whether distillation is on (teacher.path or teacher.builtin set); takes a DictConfig too (validation)."""
+        return teacher.path is not None or teacher.builtin is not None
+
+
+@dataclass
 class MultiTurnConfig:
     enable: bool = False
     max_turns: int = 4
@@ -329,6 +351,10 @@ class AlgorithmConfig:
     mask_truncated_responses: bool = False
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    # on-policy distillation (a teacher.* model set): advantage += distill_coef * (log pi_teacher - log pi_old) per
+    # trained token (algorithms/distill.py); adv_estimator=distill is pure distillation (no reward in the advantage)
+    distill_coef: float = 1.0
+    distill_baseline: bool = True  # subtract that term's mean over the batch's trained tokens (variance reduction)
 
 
 @dataclass
@@ -417,6 +443,7 @@ class RLConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
 
 # ---------------------------------------------------------------------------- SFT (rltrain.sft)

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 # Optional per-token fields in the response layout, and the optional per-row ones.
-_TOKEN_FIELDS = ("sampler_logprobs", "old_logprobs", "ref_logprobs", "values", "token_rewards", "advantages", "returns",
-                 "weight_versions")
+_TOKEN_FIELDS = ("sampler_logprobs", "old_logprobs", "ref_logprobs", "teacher_logprobs", "values", "token_rewards",
+                 "advantages", "returns", "weight_versions")
 _ROW_FIELDS = ("scores", "group_ids", "dummy_mask")
 # MoE routing of each token ([B, width, L, k] expert ids): the prompt's in the prompt layout, the response's in the
 # response layout.
@@ -41,6 +41,7 @@ class Batch:
     sampler_logprobs: Tensor | None = None  # [B, R] log pi_sampler(a_t | s_t) reported by the rollout engine
     old_logprobs: Tensor | None = None  # [B, R] log pi_old(a_t | s_t) recomputed by the actor before the update
     ref_logprobs: Tensor | None = None  # [B, R] log pi_ref(a_t | s_t) from the frozen reference model
+    teacher_logprobs: Tensor | None = None  # [B, R] log pi_teacher(a_t | s_t) from the distillation teacher (teacher.*)
     values: Tensor | None = None  # [B, R] critic V(s_t) (PPO)
     token_rewards: Tensor | None = None  # [B, R] per-token reward (score on the last token, minus KL-in-reward)
     advantages: Tensor | None = None  # [B, R] A_t from the advantage estimator

@@ -81,6 +81,10 @@ class CharTokenizer:
     def batch_decode(self, sequences, skip_special_tokens: bool = True) -> list[str]:
         return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in sequences]
 
+    def get_vocab(self) -> dict[str, int]:
+        """token -> id, as transformers' tokenizers give it."""
+        return dict(self.token_to_id)
+
     def convert_tokens_to_ids(self, token: str) -> int:
         return self.token_to_id.get(token, self.unk_token_id)
 

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rltrain.algorithms import compute_advantages, kl_penalty, off_policy_weights, overlong_penalty, policy_mismatch
+from rltrain.algorithms import (compute_advantages, distill_advantages, kl_penalty, off_policy_weights, overlong_penalty,
+                                policy_mismatch)
 from rltrain.config.convert import as_dict
 from rltrain.config.schema import OffPolicyConfig, RLConfig, TrainerConfig
 from rltrain.data.batch import Batch
@@ -56,13 +57,14 @@ class PPOTrainer:
         self.tokenizer, self.train_ds, self.val_ds, sampler, self.reward = build_datasets(cfg)
         # on GPUs (trainer.plan_check), at the data's prompt lengths: a GPU the plan says will not fit stops here
         self.plan = plan_check(cfg, dataset=self.train_ds)
-        check_model(cfg.model, self.tokenizer)  # a missing model path fails here, before any worker starts
+        check_model(cfg, self.tokenizer)  # a missing model path fails here, before any worker starts
         if t.use_ray:
             init_ray(t.ray_address, t.num_cpus)
         self.use_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
-        self.train_group, self.rollout_group = build_workers(cfg, use_ref=self.use_ref, use_critic=self.use_critic,
-                                                             ckpt_dir=self.ckpt_dir if t.use_ray else None)
+        # teacher_group: the group whose workers hold the distillation teacher (teacher.*), or None
+        self.train_group, self.rollout_group, self.teacher_group = build_workers(
+            cfg, use_ref=self.use_ref, use_critic=self.use_critic, ckpt_dir=self.ckpt_dir if t.use_ray else None)
         self.colocated = self.rollout_group is self.train_group
         # rollout.free_cache_engine=false: a colocated engine stays awake through the step (no sleep, no wake-up)
         self.sleeps = self.colocated and cfg.rollout.free_cache_engine
@@ -152,6 +154,9 @@ class PPOTrainer:
         m["timing_s/reward"] = m.get("timing_s/reward", 0.0)
         m.update(memory_metrics())
         m.update(self.train_group.memory_metrics())  # per GPU under Ray
+        if self.teacher_group not in (None, self.train_group):  # a teacher on its own devices
+            m.update(self.teacher_group.memory_metrics())
+            m.update(self.teacher_group.call_metrics(started))
         m.update(self.train_group.call_metrics(started))  # each phase: the ranks' work, Ray's dispatch and return
         if self.rollout_group is not self.train_group:  # async: read before its last submit, never while it generates
             pipe = self.rollout.pipeline
@@ -193,7 +198,9 @@ class PPOTrainer:
     # ------------------------------------------------------------------ phases
     def _logprobs(self, batch: Batch, m: dict, temperature: float) -> Batch:
         """The actor's recomputed (old) log-probs and the mismatch to the sampler's (actor.recompute_old_logprobs=
-        false: none here, the update gives them); the reference's and the critic's values when used."""
+        false: none here, the update gives them); the reference's, the distillation teacher's and the critic's
+        values when used. The teacher scores the batch's tokens as trained (each sampled with the version it
+        carries; at the sampler's temperature, as the old and reference log-probs)."""
         if self.cfg.actor.recompute_old_logprobs:
             with timer("old_log_prob", m):
                 old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
@@ -202,6 +209,11 @@ class PPOTrainer:
             with timer("ref", m):
                 ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)
             batch = batch.replace(ref_logprobs=ref)
+        if self.teacher_group is not None:
+            with timer("teacher", m):
+                teacher = gather_rows(self.teacher_group.run_split("compute_teacher_logprobs", batch, temperature),
+                                      batch)
+            batch = batch.replace(teacher_logprobs=teacher)
         if self.use_critic:
             with timer("values", m):
                 values = gather_rows(self.train_group.run_split("compute_values", batch), batch)
@@ -272,6 +284,10 @@ class PPOTrainer:
         adv, ret = compute_advantages(al.adv_estimator, token_rewards, batch.response_mask,
                                       group_ids=batch.group_ids, values=batch.values, gamma=al.gamma,
                                       lam=al.lam, norm_by_std=al.norm_adv_by_std_in_grpo)
+        if batch.teacher_logprobs is not None:  # on-policy distillation, on the trained tokens (tool output masked)
+            adv = adv + al.distill_coef * distill_advantages(batch.teacher_logprobs, batch.old_logprobs, loss_mask,
+                                                             baseline=al.distill_baseline)
+            m.update(_distill_metrics(batch))
         batch = batch.replace(token_rewards=token_rewards, advantages=adv * mask, returns=ret * mask,
                               loss_mask=loss_mask)
         m.update(stats("critic/rewards", token_rewards.sum(-1)))
@@ -342,7 +358,8 @@ class PPOTrainer:
             self.train_group.run("export_hf", out)
             print(f"rltrain: exported the actor in transformers format to {out}", file=sys.stderr, flush=True)
         self.tracker.finish()
-        for group in {id(self.train_group): self.train_group, id(self.rollout_group): self.rollout_group}.values():
+        groups = (self.train_group, self.rollout_group, self.teacher_group)
+        for group in {id(g): g for g in groups if g is not None}.values():
             group.shutdown()
         if t.plots and os.path.exists(os.path.join(self.run_dir, "metrics.jsonl")):
             from rltrain.utils.plotting import plot_run
@@ -378,6 +395,13 @@ def _mismatch_metrics(batch: Batch, op: OffPolicyConfig) -> dict[str, float]:
                                   cap=op.cap, low=op.low, high=op.high)
         out.update({f"rollout/is_{k}": float(v) for k, v in corr.stats.items()})
     return out
+
+
+def _distill_metrics(batch: Batch) -> dict[str, float]:
+    """The sampled per-token reverse KL to the teacher, log pi_old - log pi_teacher, over the sampled tokens
+    (loss_mask): distill/reverse_kl/{mean,max,min} per token, distill/reverse_kl_seq/mean summed over a response."""
+    kl = -distill_advantages(batch.teacher_logprobs, batch.old_logprobs, batch.loss_mask, baseline=False)
+    return {**stats("distill/reverse_kl", kl, batch.loss_mask), "distill/reverse_kl_seq/mean": float(kl.sum(-1).mean())}
 
 
 def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from rltrain.config.schema import ModelConfig, RLConfig
+from rltrain.config.schema import RLConfig
 
 
 def check_config(cfg: RLConfig) -> None:
@@ -109,13 +109,19 @@ def build_datasets(cfg: RLConfig):
     return tokenizer, train, val, sampler, reward
 
 
-def check_model(model: ModelConfig, tokenizer) -> None:
+def check_model(cfg: RLConfig, tokenizer) -> None:
     """On the driver before any worker starts, after the datasets (it needs the tokenizer): the model's HF config,
-    so a wrong model.path fails now. The config itself was checked before any data or tokenizer work
-    (`check_config`, then `plan_check`, at the top of PPOTrainer.__init__)."""
+    so a wrong model.path fails now, and the distillation teacher's files and vocabulary (workers/teacher.py). The
+    config itself was checked before any data or tokenizer work (`check_config`, then `plan_check`, at the top of
+    PPOTrainer.__init__)."""
+    from rltrain.config.schema import TeacherConfig
     from rltrain.models.presets import model_hf_config
 
-    model_hf_config(model, tokenizer)
+    model_hf_config(cfg.model, tokenizer)
+    if TeacherConfig.enabled(cfg.teacher):
+        from rltrain.workers.teacher import check_teacher
+
+        check_teacher(cfg.teacher, student=cfg.model, student_tokenizer=tokenizer, actor=cfg.actor)
 
 
 def plan_check(cfg: RLConfig, *, device: str | None = None, gpu_memory_gib: float | None = None, dataset=None):
@@ -206,8 +212,11 @@ def plan_metrics(plan) -> dict[str, float]:
 
 
 def build_workers(cfg: RLConfig, *, use_ref: bool, use_critic: bool, ckpt_dir: str | None = None):
-    """(train group, rollout group): the same object in colocated mode. Placement (how many workers, where,
-    which device) is workers/placement.py's; under Ray, `ckpt_dir` is checked to be shared by every node."""
+    """(train group, rollout group, teacher group): the first two the same object in colocated mode; the teacher's
+    is the train group when the teacher is colocated (teacher.colocate), its own group otherwise, None without a
+    teacher. Placement (how many workers, where, which device) is workers/placement.py's; under Ray, `ckpt_dir` is
+    checked to be shared by every node."""
+    from rltrain.config.schema import TeacherConfig
     from rltrain.workers.group import LocalWorkerGroup, WorkerGroup, check_cluster, check_shared_dir
     from rltrain.workers.hybrid import HybridWorker, resolve_device
     from rltrain.workers.placement import cpus_per_worker, plan_groups
@@ -218,7 +227,7 @@ def build_workers(cfg: RLConfig, *, use_ref: bool, use_critic: bool, ckpt_dir: s
     if not t.use_ray:
         group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": list(plans[0].roles)})
         group.setup()
-        return group, group
+        return group, group, group if TeacherConfig.enabled(cfg.teacher) else None
     node_cpus = check_cluster(nnodes=t.nnodes, gpus_per_node=t.n_gpus_per_node if device == "cuda" else 0)
     cpus = cpus_per_worker(plans, device=device, node_cpus=node_cpus, nnodes=t.nnodes)
     groups: list = []
@@ -234,4 +243,5 @@ def build_workers(cfg: RLConfig, *, use_ref: bool, use_critic: bool, ckpt_dir: s
         for group in groups:  # no actor or placement group outlives a failed start
             group.shutdown()
         raise
-    return groups[0], groups[-1]
+    rollout = next(g for g in groups if "rollout" in g.plan.roles)
+    return groups[0], rollout, next((g for g in groups if "teacher" in g.plan.roles), None)

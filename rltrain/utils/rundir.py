@@ -192,6 +192,15 @@ def _read_config(run_dir: str) -> dict | None:
     return cfg if isinstance(cfg, dict) else None
 
 
+def checkpoint_run_config(ckpt: str) -> dict | None:
+    """The config.json of the run that wrote checkpoint `ckpt` (<run>/checkpoints/step_N), if it is there (None for
+    a checkpoint outside that layout: trainer.ckpt_dir elsewhere)."""
+    root = os.path.dirname(os.path.abspath(ckpt))
+    if os.path.basename(root) != "checkpoints":
+        return None
+    return _read_config(os.path.dirname(root))
+
+
 _SAME_MODEL_KEYS = ("path", "builtin", "tokenizer", "overrides")
 
 

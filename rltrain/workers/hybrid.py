@@ -1,4 +1,4 @@
-"""One worker process hosting any subset of roles (actor, ref, critic, rollout) on the same devices.
+"""One worker process hosting any subset of roles (actor, ref, critic, rollout, teacher) on the same devices.
 
 Colocated mode puts all roles in one group (the rollout engine sleeps while training unless
 rollout.free_cache_engine=false, weights sync in process); split mode makes one group for training roles and one
@@ -23,7 +23,7 @@ from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.stacks import enable_stack_dumps
 from rltrain.workers.base import Worker, publish_dist_env
 
-ROLES = ("actor", "ref", "critic", "rollout")
+ROLES = ("actor", "ref", "critic", "rollout", "teacher")
 
 
 def resolve_device(device: str) -> str:
@@ -103,7 +103,7 @@ class HybridWorker(Worker):
         super().__init__(rank=rank, world_size=world_size)
         enable_stack_dumps()  # a Ray worker that hangs prints where on `kill -USR1 <pid>` (utils/stacks.py)
         self.cfg, self.roles = cfg, list(roles)
-        self.actor = self.ref = self.critic = self.rollout = None
+        self.actor = self.ref = self.critic = self.rollout = self.teacher = None
         self.profiler = WorkerProfiler()  # trainer.profile_steps: started and stopped by the driver around a step
 
     def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
@@ -129,6 +129,23 @@ class HybridWorker(Worker):
 
         m = cfg.model
         self.tokenizer = load_tokenizer(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
+        if self.roles != ["teacher"]:  # a teacher of its own group builds no student
+            self._build_student(seed, train_dtype)
+        if "teacher" in self.roles:  # after the student's roles: they are built as in a run without it
+            from rltrain.workers.teacher import build_teacher
+
+            self.teacher = build_teacher(cfg.teacher, student=cfg.model, actor=cfg.actor, trainer=t,
+                                         device=self.device, seed=seed)
+        mesh = None
+        if any(role is not None for role in (self.actor, self.ref, self.critic, self.teacher)):
+            from rltrain.models.megatron.compat import parallel_coordinates
+
+            mesh = parallel_coordinates()
+        return {"rank": self.rank, "device": self.device, "roles": self.roles, "mesh": mesh}
+
+    def _build_student(self, seed: int, train_dtype: torch.dtype) -> None:
+        """The student's roles of this rank (actor, ref, critic, rollout) from model.*, and the weight path."""
+        cfg, t = self.cfg, self.cfg.trainer
         self.hf_config, hf_model = initial_hf_model(cfg.model, self.tokenizer, seed, train_dtype, self.device)
         hf_config = self.hf_config
         sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
@@ -172,18 +189,12 @@ class HybridWorker(Worker):
             del hf_model
         self.weight_sync = build_weight_sync(method, engine=None if self.rollout is None else self.rollout.engine,
                                              engine_tp=cfg.rollout.tensor_parallel_size)
-        mesh = None
-        if any(role is not None for role in (self.actor, self.ref, self.critic)):
-            from rltrain.models.megatron.compat import parallel_coordinates
-
-            mesh = parallel_coordinates()
-        return {"rank": self.rank, "device": self.device, "roles": self.roles, "mesh": mesh}
 
     def close(self) -> None:
         """Drop the roles and tear down torch.distributed / Megatron groups (in-process use)."""
         if self.rollout is not None:
             self.rollout.close()
-        self.actor = self.ref = self.critic = self.rollout = None
+        self.actor = self.ref = self.critic = self.rollout = self.teacher = None
         from rltrain.models.megatron.compat import teardown_parallel
 
         teardown_parallel()
@@ -222,6 +233,11 @@ class HybridWorker(Worker):
     @phase("ref")
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         return self.ref.compute_logprobs(batch, temperature=temperature, with_entropy=False)[0]
+
+    @phase("teacher")
+    def compute_teacher_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """The distillation teacher's log-probs [B, R] of the response tokens (workers/teacher.py)."""
+        return self.teacher.compute_logprobs(batch, temperature=temperature, with_entropy=False)[0]
 
     @phase("values")
     def compute_values(self, batch: Batch) -> torch.Tensor:

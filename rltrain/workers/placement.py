@@ -36,10 +36,10 @@ from dataclasses import dataclass
 
 from rltrain.config.parallel import ParallelDims, ParallelDimsError
 from rltrain.config.parallel import rollout_replicas
-from rltrain.config.schema import RLConfig
+from rltrain.config.schema import RLConfig, TeacherConfig
 from rltrain.utils.errors import UserError
 
-TRAIN_ROLES = ("actor", "ref", "critic")
+TRAIN_ROLES = ("actor", "ref", "critic", "teacher")  # the roles with a megatron mesh (data-parallel dispatch)
 
 
 class PlacementError(UserError, ValueError):
@@ -75,22 +75,26 @@ class GroupPlan:
 
 
 def plan_groups(cfg: RLConfig, *, device: str, use_ref: bool, use_critic: bool) -> list[GroupPlan]:
-    """The worker groups of a run: [hybrid] when colocated, [train, rollout] when split (`device` is the resolved
-    "cpu" or "cuda"). Raises PlacementError naming the keys to change."""
+    """The worker groups of a run: [hybrid] when colocated, [train, rollout] when split, then a [teacher] group
+    with teacher.colocate=false (`device` is the resolved "cpu" or "cuda"). A colocated teacher is a role of the
+    training workers. Raises PlacementError naming the keys to change."""
     errors = placement_errors(cfg, device=device)
     if errors:
         raise PlacementError("; ".join(errors))
-    t, r = cfg.trainer, cfg.rollout
+    t, r, teacher = cfg.trainer, cfg.rollout, cfg.teacher
     gpus = 1 if device == "cuda" else 0
     per_node, nnodes = t.n_gpus_per_node, t.nnodes
-    train_roles = ("actor",) + (("ref",) if use_ref else ()) + (("critic",) if use_critic else ())
+    train_roles = ("actor",) + (("ref",) if use_ref else ()) + (("critic",) if use_critic else ()) \
+        + (("teacher",) if TeacherConfig.enabled(teacher) and teacher.colocate else ())
+    own_teacher = [GroupPlan("teacher", ("teacher",), (teacher.n_gpus_per_node,) * nnodes, gpus, "STRICT_SPREAD")] \
+        if TeacherConfig.enabled(teacher) and not teacher.colocate else []
     rtp = r.tensor_parallel_size
     if t.colocate or not t.use_ray:
         return [GroupPlan("hybrid", train_roles + ("rollout",), (per_node,) * nnodes, gpus, "STRICT_SPREAD",
-                          replica_size=rtp)]
+                          replica_size=rtp)] + own_teacher
     replicas = _replicas(cfg)
     return [GroupPlan("train", train_roles, (per_node,) * nnodes, gpus, "STRICT_SPREAD"),
-            GroupPlan("rollout", ("rollout",), (rtp,) * replicas, gpus, "PACK", replica_size=rtp)]
+            GroupPlan("rollout", ("rollout",), (rtp,) * replicas, gpus, "PACK", replica_size=rtp)] + own_teacher
 
 
 def _replicas(cfg: RLConfig) -> int:
@@ -111,6 +115,7 @@ def placement_errors(cfg: RLConfig, *, device: str | None = None) -> list[str]:
         return []  # the range checks of validate_config report these
     world = per_node * nnodes
     where = "trainer.n_gpus_per_node * trainer.nnodes" + (" (on CPU: worker processes)" if device != "cuda" else "")
+    e.extend(teacher_placement_errors(cfg))
     if not t.use_ray:
         if world != 1 or tp * pp * a.expert_parallel_size != 1:
             e.append(f"trainer.use_ray=false runs one in-process worker, but the config asks for "
@@ -145,6 +150,33 @@ def placement_errors(cfg: RLConfig, *, device: str | None = None) -> list[str]:
                  "supported yet: set rollout.num_replicas=1 (and rollout.tensor_parallel_size to the rollout GPUs), "
                  "or rollout.engine=hf")
     return e
+
+
+def teacher_placement_errors(cfg) -> list[str]:
+    """Why the teacher (teacher.*, on) cannot be placed as asked: colocated, it shares the training workers'
+    megatron mesh (one per process), so its TP/PP are the actor's; a group of its own needs Ray and TP * PP
+    dividing its teacher.n_gpus_per_node * trainer.nnodes devices."""
+    t, a, teacher = cfg.trainer, cfg.actor, cfg.teacher
+    if not TeacherConfig.enabled(teacher):
+        return []
+    tp = teacher.tensor_parallel_size or a.tensor_parallel_size
+    pp = teacher.pipeline_parallel_size or a.pipeline_parallel_size
+    if teacher.colocate:
+        if (tp, pp) != (a.tensor_parallel_size, a.pipeline_parallel_size):
+            return [f"teacher.tensor_parallel_size / pipeline_parallel_size = {tp} / {pp} differ from the actor's "
+                    f"({a.tensor_parallel_size} / {a.pipeline_parallel_size}); a colocated teacher shares the "
+                    "training workers' mesh: leave them null, or give the teacher its own devices "
+                    "(teacher.colocate=false, teacher.n_gpus_per_node)"]
+        return []
+    if not t.use_ray:
+        return ["teacher.colocate=false gives the teacher worker processes of its own, which needs Ray "
+                "(trainer.use_ray=true); or set teacher.colocate=true"]
+    world = teacher.n_gpus_per_node * t.nnodes
+    if world % (tp * pp) or (t.nnodes > 1 and teacher.n_gpus_per_node % tp):
+        return [f"teacher.n_gpus_per_node * trainer.nnodes = {world} devices cannot hold the teacher's tensor * "
+                f"pipeline parallel = {tp} * {pp} ranks a whole number of times within a node; set "
+                f"teacher.n_gpus_per_node to a multiple of {tp * pp}"]
+    return []
 
 
 def replica_size_error(world: int, tensor_parallel_size: int, *, per_node: int | None = None) -> str | None:
