@@ -4,6 +4,8 @@ panel-of-curves plotter the tools draw with (plot_lines; CSV where matplotlib is
 Reads metrics.jsonl only; for people without a wandb account. Never imports torch or the trainer.
 
     python -m rltrain.utils.plotting RUN_DIR    # redraw RUN_DIR/*.png from RUN_DIR/metrics.jsonl
+    python -m rltrain.utils.plotting GRPO_DIR DISTILL_DIR --labels grpo distill --out curves.png [--key val/accuracy]
+                                                # runs side by side, by step and by wall clock (plot_runs)
 """
 
 from __future__ import annotations
@@ -61,6 +63,21 @@ def plot_run(run_dir: str) -> list[str]:
     return written
 
 
+def plot_runs(runs: dict[str, str], path: str, *, key: str = "val/accuracy") -> str:
+    """`key` of each run ({label: run dir}) side by side, by step and by wall clock (seconds of the training steps
+    before it, summed `timing_s/step`: start-up and validation left out); plot_lines writes the PNG (or CSV)."""
+    by_step, by_time = {}, {}
+    for label, run_dir in runs.items():
+        rows, seconds, clock = read_metrics(run_dir), 0.0, {}
+        for r in rows:
+            seconds += r.get("timing_s/step", 0.0)
+            clock[r["step"]] = seconds
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        by_step[label], by_time[label] = pts, [(clock[s], v) for s, v in pts]
+    return plot_lines(path, [{"title": f"{key} by step", "xlabel": "step", "series": by_step},
+                             {"title": f"{key} by wall clock", "xlabel": "training seconds", "series": by_time}])
+
+
 def plot_lines(path: str, panels: Sequence[dict], *, suptitle: str | None = None) -> str:
     """Side-by-side panels of curves as a PNG at `path`; where matplotlib is missing, the points as CSV
     (series,x,y with series "<panel title>:<label>") at `path` with .csv for .png. Returns the file written.
@@ -100,14 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m rltrain.utils.plotting", description="Redraw the PNG plots of a run.")
-    ap.add_argument("run_dir", help="a run directory of rltrain.main (holding metrics.jsonl)")
+    ap = argparse.ArgumentParser(prog="python -m rltrain.utils.plotting",
+                                 description="Redraw the PNG plots of a run, or draw runs side by side (--out).")
+    ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of rltrain.main (metrics.jsonl)")
+    ap.add_argument("--out", help="draw the runs' --key side by side into this PNG (by step and by wall clock)")
+    ap.add_argument("--labels", nargs="+", help="one label per run with --out (default: the directory names)")
+    ap.add_argument("--key", default="val/accuracy", help="the metric drawn with --out (default: val/accuracy)")
     args = ap.parse_args(argv)
-    if not os.path.isfile(os.path.join(args.run_dir, "metrics.jsonl")):
-        print(f"plotting: {args.run_dir}/metrics.jsonl not found; give a run directory of rltrain.main",
-              file=sys.stderr)
+    missing = [d for d in args.run_dirs if not os.path.isfile(os.path.join(d, "metrics.jsonl"))]
+    if missing or (len(args.run_dirs) > 1 and not args.out) or (args.labels and len(args.labels) != len(args.run_dirs)):
+        why = (f"{missing[0]}/metrics.jsonl not found; give a run directory of rltrain.main" if missing else
+               "several runs are drawn side by side with --out PNG, one --labels entry per run")
+        print(f"plotting: {why}", file=sys.stderr)
         return 2
-    for path in plot_run(args.run_dir):
+    if args.out:
+        labels = args.labels or [os.path.basename(os.path.normpath(d)) for d in args.run_dirs]
+        print(plot_runs(dict(zip(labels, args.run_dirs)), args.out, key=args.key))
+        return 0
+    for path in plot_run(args.run_dirs[0]):
         print(path)
     return 0
 
