@@ -19,9 +19,10 @@ import math
 import os
 from typing import Any, Callable, Iterable
 
+from rltrain.config.distill import distill_errors
 from rltrain.config.presets import BUILTINS, shape_errors
 from rltrain.config.schema import (ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, OffPolicyConfig,
-                                   RLConfig, SFTConfig, TeacherConfig, resolve_targets)
+                                   RLConfig, SFTConfig, resolve_targets)
 from rltrain.config.true_on_policy import true_on_policy_errors
 from rltrain.utils.errors import UserError
 
@@ -113,8 +114,7 @@ def _logprob_head(e: list, prefix: str, t) -> None:
         _positive(e, f"{prefix}.logprobs_chunk_size", t.logprobs_chunk_size)
 
 
-def _model(e: list, m, key: str = "model") -> None:
-    """A ModelConfig's keys under `key` (model, teacher)."""
+def _model(e: list, m, key: str = "model") -> None:  # a ModelConfig's keys under `key` (model, teacher)
     if m.builtin is None and not m.path:
         e.append(f"{key}.path is not set; give an HF model id or local directory, or set {key}.builtin="
                  f"{'|'.join(BUILTIN_MODELS)}")
@@ -408,33 +408,11 @@ def _partial(e: list, cfg) -> None:
                  "or rollout.partial=false")
 
 
-def _teacher(e: list, cfg) -> None:
-    """teacher.* (on-policy distillation) and the algorithm keys that need it; placement: workers/placement.py."""
-    te, al = cfg.teacher, cfg.algorithm
-    if not TeacherConfig.enabled(te):
-        if al.adv_estimator == "distill":
-            e.append("algorithm.adv_estimator=distill (pure on-policy distillation) needs a teacher: set teacher.path "
-                     "(an HF directory or an rltrain checkpoint of a model with the student's vocabulary)")
-        return
-    if te.path is not None and te.builtin is not None:
-        e.append("teacher.path and teacher.builtin are both set; the teacher is one model: set one of them")
-    _model(e, te, "teacher")
-    _positive(e, "teacher.n_gpus_per_node", te.n_gpus_per_node)
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "log_prob_max_tokens_per_micro_batch"):
-        if getattr(te, key) is not None:
-            _positive(e, f"teacher.{key}", getattr(te, key))
-    if _finite(e, "algorithm.distill_coef", al.distill_coef) and not al.distill_coef > 0:
-        e.append(f"algorithm.distill_coef={al.distill_coef}: with a teacher set it must be > 0 (its weight on the "
-                 "reverse-KL advantage); to train without distillation leave teacher.path null")
-    if not cfg.actor.recompute_old_logprobs:
-        e.append("a teacher (on-policy distillation) needs the old log-probs before the update (its advantage is "
-                 "log pi_teacher - log pi_old): set actor.recompute_old_logprobs=true")
-
-
 # one validator per section of RLConfig, in report order
 RL_VALIDATORS: dict[str, Callable[[list, Any], None]] = {
     "model": lambda e, cfg: _model(e, cfg.model), "rollout": _rollout, "actor": _actor, "critic": _critic,
-    "algorithm": _algorithm, "reward": _reward, "data": _data, "trainer": _trainer, "teacher": _teacher,
+    "algorithm": _algorithm, "reward": _reward, "data": _data, "trainer": _trainer,
+    "teacher": lambda e, cfg: e.extend(distill_errors(cfg, _model)),  # its placement: workers/placement.py
 }
 
 
