@@ -9,7 +9,9 @@
 #   bash examples/learn/distill.sh cpu     # two CPU cores: the CPU learning recipe's sizes, a few minutes
 #
 #   RUN_DIR   where the data, the models and the runs go (default outputs/distill_<scale>)
-#   EXPORT    the small results (default $OUT, else $RUN_DIR/export): at most 8 flat files
+#   EXPORT    the small results (default $OUT, else $RUN_DIR/export): 4 flat files, distill_curves.png,
+#             summary.json (the teacher's held-out accuracy, the student's by step with its training seconds, the
+#             stages' end times), student_metrics.jsonl, log_tail.txt
 #   DEVICE_T0 / DEVICE_LIMIT_S   `date +%s` at the start and the seconds allowed (default now / 470): the
 #             distillation run is stopped in time to draw and export what it logged
 set -euo pipefail
@@ -22,12 +24,12 @@ EXPORT=${EXPORT:-${OUT:-$RUN_DIR/export}}
 DEVICE_T0=${DEVICE_T0:-$(date +%s)}
 DEVICE_LIMIT_S=${DEVICE_LIMIT_S:-470}
 case "$SCALE" in
-  gpu) DATA=(--digits 5 --sft-size 50000 --train-size 20000 --val-size 256)
+  gpu) DATA=(--digits 3 --sft-size 50000 --train-size 20000 --val-size 256)   # 3 digits: the teacher learns in ~3 min
        SFT=learn_add_sft; DISTILL=learn_add_distill
        # the teacher: ~2.5x the student (hidden 768, 16 layers, MLP 3072, 12 query / 4 key-value heads of 64)
        TEACHER=(+model.overrides.hidden_size=768 +model.overrides.num_hidden_layers=16
                 +model.overrides.intermediate_size=3072 +model.overrides.num_attention_heads=12
-                trainer.total_steps=800) ;;
+                trainer.total_steps=600) ;;
   cpu) DATA=(--digits 2 --sft-size 4000 --train-size 4000 --val-size 128)
        SFT=learn_add_sft_cpu; DISTILL=learn_add_distill_cpu
        export RLTRAIN_TORCH_THREADS=${RLTRAIN_TORCH_THREADS:-2}
@@ -68,21 +70,38 @@ EOF
 stamp teacher_eval
 
 # 3. the student from random init, distilled; stopped in time to draw and export what it logged
-LEFT=$(( DEVICE_LIMIT_S - ($(date +%s) - DEVICE_T0) - 25 ))
+LEFT=$(( DEVICE_LIMIT_S - ($(date +%s) - DEVICE_T0) - 35 ))
 status=0
 timeout --signal=INT --kill-after=15 "$LEFT" $PYTHON -m rltrain.main --config-name "$DISTILL" "${DISTILL_ARGS[@]}" \
   trainer.logger=[console,jsonl] trainer.progress_bar=false hydra.run.dir="$RUN_DIR/student" \
   > "$RUN_DIR/student.log" 2>&1 || status=$?
 stamp "student(exit=$status)"
 
-# 4. curves by step and by wall clock, and the results
+# 4. four files: the student's curves (by step and by wall clock), the summary, its metrics, the logs' tails
 $PYTHON -m rltrain.utils.plotting "$RUN_DIR/student" --labels "student (distilled)" --out "$EXPORT/distill_curves.png" \
   || true
 cp "$RUN_DIR/student/metrics.jsonl" "$EXPORT/student_metrics.jsonl" || true
-cp "$RUN_DIR/teacher_sft/metrics.jsonl" "$EXPORT/teacher_sft_metrics.jsonl" || true
-cp "$RUN_DIR/teacher_eval.json" "$RUN_DIR/timing.txt" "$EXPORT/" || true
-tail -c 20000 "$RUN_DIR/student.log" > "$EXPORT/student_log_tail.txt" || true
-tail -c 8000 "$RUN_DIR/teacher_sft.log" > "$EXPORT/teacher_sft_log_tail.txt" || true
-grep -o '"step": [0-9]*\|"val/accuracy": [0-9.]*' "$RUN_DIR/student/metrics.jsonl" | paste -sd' ' | \
-  sed 's/"step": /\nstep /g' | grep accuracy >&2 || true
+{ tail -c 5000 "$RUN_DIR/teacher_sft.log"; echo; echo "=== student ==="; tail -c 15000 "$RUN_DIR/student.log"; } \
+  > "$EXPORT/log_tail.txt" 2>/dev/null || true
+$PYTHON - "$RUN_DIR" "$EXPORT/summary.json" <<'EOF' || true
+import json, os, sys
+run, out = sys.argv[1], sys.argv[2]
+from rltrain.utils.tracking import read_metrics
+teacher = json.load(open(os.path.join(run, "teacher_eval.json")))
+stamps = [line.split() for line in open(os.path.join(run, "timing.txt")) if line.strip()]
+curve, seconds = [], 0.0
+for r in read_metrics(os.path.join(run, "student")):
+    seconds += r.get("timing_s/step", 0.0)
+    if "val/accuracy" in r:
+        curve.append({"step": r["step"], "accuracy": r["val/accuracy"], "train_s": round(seconds, 1),
+                      "reverse_kl_mean": r.get("distill/reverse_kl/mean"), "teacher_s": r.get("timing_s/teacher")})
+target = 0.9 * teacher["accuracy"]
+first = next((c for c in curve if c["accuracy"] >= target), None)
+res = {"teacher_accuracy": teacher["accuracy"], "target_0.9": target, "student_first_at_target": first,
+       "student_curve": curve, "stamps_s": {k: int(v) for k, v in stamps}}
+json.dump(res, open(out, "w"), indent=1)
+print(f"distill.sh: teacher {teacher['accuracy']:.3f}; student "
+      + " ".join(f"{c['step']}:{c['accuracy']:.3f}@{c['train_s']:.0f}s" for c in curve)
+      + f"; 90% of the teacher first at {first}", file=sys.stderr)
+EOF
 exit "$status"

@@ -112,3 +112,27 @@ def test_a_refused_teacher_stops_the_run_before_any_worker_starts(tmp_path):
     with pytest.raises(TeacherError, match="does not exist|not a usable"):  # a path that names nothing
         check_teacher(TeacherConfig(path=str(tmp_path / "missing")), student=STUDENT,
                       student_tokenizer=CharTokenizer(), actor=ActorConfig())
+
+
+
+def test_the_entry_point_refuses_a_teacher_of_another_vocabulary_with_exit_2(tmp_path, capsys):
+    """rltrain.main's entry (run_entry: what `python -m rltrain.main --config-name distill_tiny teacher.path=DIR`
+    runs) with DIR's tokenizer not the student's: exit code 2, one line naming teacher.path, no traceback, no step."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from rltrain.config import validate_config
+    from rltrain.config.entry import compose_config
+    from rltrain.main import run_entry
+    from rltrain.trainer.ppo import run_from_config
+
+    words = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0, "x": 1}, "<unk>")))
+    _write_model(tmp_path / "teacher", seed=5, tokenizer=words)
+    cfg = compose_config("distill_tiny", [f"teacher.path={tmp_path / 'teacher'}", "trainer.use_ray=false"])
+    with pytest.raises(SystemExit) as stop:
+        run_entry(cfg, validate_config, lambda c: run_from_config(c, str(tmp_path / "run")))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rltrain: teacher.path={str(tmp_path / 'teacher')!r}"), err
+    assert "2 tokens) is not the student's (char, 64 tokens" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
