@@ -12,7 +12,7 @@ from rltrain.config.schema import TeacherConfig
 
 
 def distill_errors(cfg, model_rule: Callable[[list, Any, str], None]) -> list[str]:
-    """Every problem of the distillation keys of a composed RLConfig (typed or DictConfig); model_rule(errors, the
+    """Every problem of the distillation keys of the typed RLConfig `cfg`; model_rule(errors, the
     teacher's ModelConfig, "teacher") appends those of its model keys."""
     te, al = cfg.teacher, cfg.algorithm
     if not TeacherConfig.enabled(te):

@@ -148,15 +148,11 @@ class ModelConfig:
 
 @dataclass
 class TeacherConfig(ModelConfig):
-    """On-policy distillation's frozen teacher (workers/teacher.py), served like the reference (forward-only, fused
-    head). On when `path` or `builtin` is set. path: an HF model directory or id, or an rltrain checkpoint
-    (<run>/checkpoints/step_N, built from its run's config.json); builtin + overrides: a preset (random init: for
-    timing). tokenizer: null is path's (a checkpoint's run's, a preset's the student's); the teacher must have the
-    student's vocabulary (checked before any worker starts). dtype, trust_remote_code: as model.*."""
+    """On-policy distillation's frozen teacher (workers/teacher.py), served like the reference; on when `path` or
+    `builtin` is set. path: an HF model directory or id, or an rltrain checkpoint (<run>/checkpoints/step_N, built from
+    its run's config.json); builtin + overrides: a preset (random init, for timing); the student's vocabulary."""
 
-    # true: a role of the training workers (the actor's TP/PP: one megatron mesh per process); false: a worker
-    # group of its own on n_gpus_per_node devices per node (Ray), with its own TP/PP
-    colocate: bool = True
+    colocate: bool = True  # a role of the training workers (the actor's TP/PP); false: a Ray group of its own
     n_gpus_per_node: int = 1
     tensor_parallel_size: Optional[int] = None  # null: the actor's
     pipeline_parallel_size: Optional[int] = None  # null: the actor's
@@ -164,7 +160,7 @@ class TeacherConfig(ModelConfig):
 
     @staticmethod
     def enabled(teacher: TeacherConfig) -> bool:
-        """Whether distillation is on (teacher.path or teacher.builtin set); takes a DictConfig too (validation)."""
+        """Whether distillation is on (teacher.path or teacher.builtin set)."""
         return teacher.path is not None or teacher.builtin is not None
 
 
@@ -351,8 +347,7 @@ class AlgorithmConfig:
     mask_truncated_responses: bool = False
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
-    # on-policy distillation (a teacher.* model set): advantage += distill_coef * (log pi_teacher - log pi_old) per
-    # trained token (algorithms/distill.py); adv_estimator=distill is pure distillation (no reward in the advantage)
+    # with teacher.*: advantage += distill_coef * (log pi_teacher - log pi_old), trained tokens (algorithms/distill.py)
     distill_coef: float = 1.0
     distill_baseline: bool = True  # subtract that term's mean over the batch's trained tokens (variance reduction)
 

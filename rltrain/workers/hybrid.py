@@ -7,12 +7,13 @@ for rollout. No Ray here (see group.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import torch
 
-from rltrain.config.schema import ModelConfig, RLConfig
+from rltrain.config.schema import ActorConfig, ModelConfig, RLConfig, TeacherConfig, TrainerConfig
 from rltrain.data.batch import Batch
 from rltrain.models.lora import LoraSpec
 from rltrain.rollout.sync import build_weight_sync, sync_method
@@ -78,6 +79,36 @@ def initial_hf_model(model_cfg: ModelConfig, tokenizer, seed: int, dtype: torch.
     return hf_config, model
 
 
+def build_teacher(teacher: TeacherConfig, *, student: ModelConfig, actor: ActorConfig, trainer: TrainerConfig,
+                  device: str, seed: int):
+    """This rank's distillation teacher (workers/teacher.py): an ActorRole of role "ref" (forward-only;
+    `compute_logprobs`) over the teacher's weights, at teacher_parallel's sizes and
+    teacher.log_prob_max_tokens_per_micro_batch (null: the actor's forward budget)."""
+    from rltrain.data.tokenizer import load_tokenizer
+    from rltrain.models.presets import model_hf_config
+    from rltrain.workers.actor import ActorRole
+    from rltrain.workers.teacher import load_checkpoint_shard, teacher_parallel, teacher_source
+
+    src = teacher_source(teacher, student)
+    dtype = torch.float32 if device == "cpu" else getattr(torch, teacher.dtype)
+    tokenizer = load_tokenizer(src.tokenizer)
+    if src.checkpoint is not None:  # the shape only: the weights are the checkpoint's shards
+        hf_config, sd = model_hf_config(src.model, tokenizer), None
+    else:  # seed + 1: a preset teacher's random init is not the student's (same seed, same shape)
+        hf_config, hf_model = initial_hf_model(src.model, tokenizer, seed + 1, dtype, device)
+        sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+        del hf_model
+    tp, pp, ep = teacher_parallel(teacher, actor)
+    budget = teacher.log_prob_max_tokens_per_micro_batch or actor.log_prob_max_tokens_per_micro_batch
+    role_cfg = dataclasses.replace(actor, tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel_size=ep,
+                                   log_prob_max_tokens_per_micro_batch=budget)
+    role = ActorRole(hf_config, sd, role="ref", actor_cfg=role_cfg, trainer_cfg=trainer, device=device, dtype=dtype,
+                     seed=seed, total_steps=1)
+    if src.checkpoint is not None:
+        load_checkpoint_shard(role.engine, src)
+    return role
+
+
 def routing_replay(cfg: RLConfig, hf_config, device: str) -> bool:
     """actor.moe_routing_replay for this run's model, decided once (the rollout role records the routing, the actor
     replays it; both read this): as set, or (null) on for an MoE model served by vLLM on GPU in a placement that
@@ -132,8 +163,6 @@ class HybridWorker(Worker):
         if self.roles != ["teacher"]:  # a teacher of its own group builds no student
             self._build_student(seed, train_dtype)
         if "teacher" in self.roles:  # after the student's roles: they are built as in a run without it
-            from rltrain.workers.teacher import build_teacher
-
             self.teacher = build_teacher(cfg.teacher, student=cfg.model, actor=cfg.actor, trainer=t,
                                          device=self.device, seed=seed)
         mesh = None

@@ -1,5 +1,6 @@
 """The teacher role of on-policy distillation: a frozen model that scores the student's sampled tokens, built and
-served as the reference is (an ActorRole of role "ref": Megatron forward-only, fused head, response rows only).
+served as the reference is (an ActorRole of role "ref": Megatron forward-only, fused head, response rows only;
+built by workers/hybrid.py's build_teacher from what this module reads).
 
 What `teacher.*` names (`teacher_source`): an HF model directory or id (`teacher.path`), a built-in preset
 (`teacher.builtin`, random init), or an rltrain checkpoint (`teacher.path=<run>/checkpoints/step_N`: the model its
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rltrain.config.schema import ActorConfig, ModelConfig, TeacherConfig, TrainerConfig
+from rltrain.config.schema import ActorConfig, ModelConfig, TeacherConfig
 from rltrain.utils.errors import UserError
 
 
@@ -118,36 +119,7 @@ def vocabulary(tokenizer) -> dict[str, int]:
     return dict(tokenizer.get_vocab())
 
 
-def build_teacher(teacher: TeacherConfig, *, student: ModelConfig, actor: ActorConfig, trainer: TrainerConfig,
-                  device: str, seed: int):
-    """This rank's teacher: an ActorRole of role "ref" (forward-only; `compute_logprobs`) over the teacher's weights,
-    at teacher_parallel's sizes and teacher.log_prob_max_tokens_per_micro_batch (null: the actor's forward budget)."""
-    from rltrain.data.tokenizer import load_tokenizer
-    from rltrain.models.presets import model_hf_config
-    from rltrain.workers.actor import ActorRole
-    from rltrain.workers.hybrid import initial_hf_model
-
-    src = teacher_source(teacher, student)
-    dtype = torch.float32 if device == "cpu" else getattr(torch, teacher.dtype)
-    tokenizer = load_tokenizer(src.tokenizer)
-    if src.checkpoint is not None:  # the shape only: the weights are the checkpoint's shards
-        hf_config, sd = model_hf_config(src.model, tokenizer), None
-    else:  # seed + 1: a preset teacher's random init is not the student's (same seed, same shape)
-        hf_config, hf_model = initial_hf_model(src.model, tokenizer, seed + 1, dtype, device)
-        sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
-        del hf_model
-    tp, pp, ep = teacher_parallel(teacher, actor)
-    budget = teacher.log_prob_max_tokens_per_micro_batch or actor.log_prob_max_tokens_per_micro_batch
-    role_cfg = dataclasses.replace(actor, tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel_size=ep,
-                                   log_prob_max_tokens_per_micro_batch=budget)
-    role = ActorRole(hf_config, sd, role="ref", actor_cfg=role_cfg, trainer_cfg=trainer, device=device, dtype=dtype,
-                     seed=seed, total_steps=1)
-    if src.checkpoint is not None:
-        _load_checkpoint_shard(role.engine, src)
-    return role
-
-
-def _load_checkpoint_shard(engine, src: TeacherSource) -> None:
+def load_checkpoint_shard(engine, src: TeacherSource) -> None:
     """Load the actor shard of the checkpoint rank with this rank's (tp, pp) coordinates (data-parallel rank 0;
     megatron orders ranks tp fastest, then dp, then pp) into the teacher's engine: weights only."""
     from rltrain.models.megatron.compat import parallel_coordinates

@@ -60,9 +60,9 @@ def test_a_checkpoint_teacher_scores_as_its_hf_export(runs):
     export give the same log-probs of a batch the student sampled."""
     from rltrain.data.tokenizer import CharTokenizer
     from rltrain.models.megatron.compat import teardown_parallel
-    from rltrain.workers.hybrid import initial_hf_model
+    from rltrain.workers.hybrid import build_teacher, initial_hf_model
     from rltrain.workers.rollout import RolloutRole
-    from rltrain.workers.teacher import build_teacher, check_teacher
+    from rltrain.workers.teacher import check_teacher
 
     grpo = runs[0] / "grpo"
     student = ModelConfig(builtin="tiny", tokenizer="char", dtype="float32")

@@ -11,7 +11,8 @@ from rltrain.data.batch import Batch
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.models.hf_export import save_hf_checkpoint
 from rltrain.workers.hybrid import initial_hf_model
-from rltrain.workers.teacher import TeacherError, build_teacher, check_teacher
+from rltrain.workers.hybrid import build_teacher
+from rltrain.workers.teacher import TeacherError, check_teacher
 
 STUDENT = ModelConfig(builtin="tiny", tokenizer="char", dtype="float32")
 
