@@ -6,7 +6,7 @@
 # val split no stage trains on) every `trainer.test_freq` steps, against the teacher's own.
 #
 #   bash examples/learn/distill.sh gpu     # one GPU: ~7 minutes on an H200 (DEVICE_LIMIT_S bounds it)
-#   bash examples/learn/distill.sh cpu     # two CPU cores: the CPU learning recipe's sizes, a few minutes
+#   bash examples/learn/distill.sh cpu     # two CPU cores: the CPU learning recipe's sizes (~11 s a student step)
 #
 #   RUN_DIR   where the data, the models and the runs go (default outputs/distill_<scale>)
 #   EXPORT    the small results (default $OUT, else $RUN_DIR/export): 4 flat files, distill_curves.png,
@@ -24,7 +24,7 @@ EXPORT=${EXPORT:-${OUT:-$RUN_DIR/export}}
 DEVICE_T0=${DEVICE_T0:-$(date +%s)}
 DEVICE_LIMIT_S=${DEVICE_LIMIT_S:-470}
 case "$SCALE" in
-  gpu) DATA=(--digits 3 --sft-size 50000 --train-size 20000 --val-size 256)   # 3 digits: the teacher learns in ~3 min
+  gpu) DATA=(--digits 3 --sft-size 50000 --train-size 20000 --val-size 256)  # 3 digits: the teacher fits the slot
        SFT=learn_add_sft; DISTILL=learn_add_distill
        # the teacher: ~2.5x the student (hidden 768, 16 layers, MLP 3072, 12 query / 4 key-value heads of 64)
        TEACHER=(+model.overrides.hidden_size=768 +model.overrides.num_hidden_layers=16

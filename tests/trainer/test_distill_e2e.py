@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rltrain.config.entry import compose_config
-from rltrain.config.schema import ActorConfig, ModelConfig, TeacherConfig, TrainerConfig
+from rltrain.config.schema import ActorConfig, ModelConfig, RolloutConfig, TeacherConfig, TrainerConfig
 from rltrain.trainer.ppo import run_from_config
 from rltrain.utils.tracking import read_metrics
 
@@ -68,7 +68,7 @@ def test_a_checkpoint_teacher_scores_as_its_hf_export(runs):
     student = ModelConfig(builtin="tiny", tokenizer="char", dtype="float32")
     _, model = initial_hf_model(student, CharTokenizer(), 1, torch.float32)
     rollout = RolloutRole(engine="hf", model=model, tokenizer=CharTokenizer(), device="cpu", dtype=torch.float32,
-                          rollout_cfg={"n": 2, "max_response_length": 4, "temperature": 1.0})
+                          rollout_cfg=RolloutConfig(n=2, max_response_length=4, temperature=1.0))
     prompts = [{"prompt_ids": CharTokenizer().encode(p), "ground_truth": p[-2], "data_source": "x"}
                for p in ("482=", "7=", "90311=")]
     batch, _ = rollout.generate(prompts, group_offset=0, seed=3)
