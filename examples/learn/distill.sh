@@ -29,7 +29,7 @@ case "$SCALE" in
        # the teacher: ~2.5x the student (hidden 768, 16 layers, MLP 3072, 12 query / 4 key-value heads of 64)
        TEACHER=(+model.overrides.hidden_size=768 +model.overrides.num_hidden_layers=16
                 +model.overrides.intermediate_size=3072 +model.overrides.num_attention_heads=12
-                trainer.total_steps=600) ;;
+                trainer.total_steps=500) ;;
   cpu) DATA=(--digits 2 --sft-size 4000 --train-size 4000 --val-size 128)
        SFT=learn_add_sft_cpu; DISTILL=learn_add_distill_cpu
        export RLTRAIN_TORCH_THREADS=${RLTRAIN_TORCH_THREADS:-2}
@@ -50,7 +50,9 @@ $PYTHON tools/train_tokenizer.py --files "$RUN_DIR/data/sft.jsonl" "$RUN_DIR/dat
 stamp data
 
 # 2. the teacher: SFT from random init on the clean traces
-$PYTHON -m rltrain.sft --config-name "$SFT" model.tokenizer="$RUN_DIR/tokenizer" \
+# (bounded: the student needs the last ~2 minutes; the SFT writes its model at its end only)
+timeout --kill-after=10 $(( DEVICE_LIMIT_S - ($(date +%s) - DEVICE_T0) - 120 )) \
+  $PYTHON -m rltrain.sft --config-name "$SFT" model.tokenizer="$RUN_DIR/tokenizer" \
   "data.train_files=[$RUN_DIR/data/sft.jsonl]" trainer.output_dir="$RUN_DIR/teacher" trainer.progress_bar=false \
   trainer.logger=[jsonl] "${TEACHER[@]}" hydra.run.dir="$RUN_DIR/teacher_sft" > "$RUN_DIR/teacher_sft.log" 2>&1
 stamp teacher_sft
@@ -71,6 +73,7 @@ stamp teacher_eval
 
 # 3. the student from random init, distilled; stopped in time to draw and export what it logged
 LEFT=$(( DEVICE_LIMIT_S - ($(date +%s) - DEVICE_T0) - 35 ))
+[ "$LEFT" -ge 30 ] || { echo "distill.sh: only ${LEFT} s left for the student; raise DEVICE_LIMIT_S" >&2; exit 3; }
 status=0
 timeout --signal=INT --kill-after=15 "$LEFT" $PYTHON -m rltrain.main --config-name "$DISTILL" "${DISTILL_ARGS[@]}" \
   trainer.logger=[console,jsonl] trainer.progress_bar=false hydra.run.dir="$RUN_DIR/student" \
