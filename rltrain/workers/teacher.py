@@ -16,8 +16,6 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-import torch
-
 from rltrain.config.schema import ActorConfig, ModelConfig, TeacherConfig
 from rltrain.utils.errors import UserError
 
@@ -123,10 +121,10 @@ def load_checkpoint_shard(engine, src: TeacherSource) -> None:
     """Load the actor shard of the checkpoint rank with this rank's (tp, pp) coordinates (data-parallel rank 0;
     megatron orders ranks tp fastest, then dp, then pp) into the teacher's engine: weights only."""
     from rltrain.models.megatron.compat import parallel_coordinates
+    from rltrain.utils.plain import load_plain
 
     c = parallel_coordinates()
     dp = src.ckpt_world // (src.ckpt_tp * src.ckpt_pp)
     rank = c["tp"] + src.ckpt_tp * dp * c["pp"]
-    state = torch.load(os.path.join(src.checkpoint, f"worker_rank{rank}.pt"), map_location="cpu", mmap=True,
-                       weights_only=False)
+    state = load_plain(os.path.join(src.checkpoint, f"worker_rank{rank}.pt"))  # data only: nothing in the file runs
     engine.load_state_dict({"model": state["actor"]["model"]})
