@@ -28,8 +28,7 @@ def as_config(cfg: Any, cls: type[T] = RLConfig) -> T:  # type: ignore[assignmen
     if unknown:
         from rltrain.config.validate import ConfigError
 
-        raise ConfigError(f"{', '.join(unknown)}: not a configuration key (unknown key; check its spelling and "
-                          "section)")
+        raise ConfigError("; ".join(unknown_key_message(k, cls) for k in unknown))
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), cfg))  # type: ignore[return-value]
 
 
@@ -53,6 +52,37 @@ def unknown_keys(cfg: Any, cls: type, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(sub):
             out.extend(unknown_keys(cfg[key], sub, prefix=f"{name}."))
     return out
+
+
+def unknown_key_message(key: str, cls: type = RLConfig) -> str:
+    """The one line for a dotted `key` that the schema `cls` does not declare, with the nearest keys it does
+    (`trainer.total_step` -> did you mean trainer.total_steps?)."""
+    *path, name = key.split(".")
+    node, known = cls, []
+    for i, part in enumerate(path):  # the deepest section of `key` that exists
+        sub = {f.name: f.type for f in dataclasses.fields(node)}.get(part)
+        sub = _SCHEMA_TYPES.get(sub, sub) if isinstance(sub, str) else sub
+        if not dataclasses.is_dataclass(sub):
+            name = ".".join(path[i:] + [name])
+            break
+        node, known = sub, known + [part]
+    prefix = "".join(f"{p}." for p in known)
+    names = [f.name for f in dataclasses.fields(node)]
+    close = nearest(name, names)
+    if not close and "." in name:  # a misspelled section: `trainr.total_steps`
+        head, _, rest = name.partition(".")
+        close = [f"{c}.{rest}" for c in nearest(head, names)]
+    hint = f"did you mean {' or '.join(prefix + c for c in close)}?" if close else \
+        "unknown key; check its spelling and section: docs/guide/keys.md lists every key"
+    return f"{key}: not a configuration key ({hint})"
+
+
+def nearest(name: str, names: list[str]) -> list[str]:
+    """The names in `names` nearest to `name` (difflib's ratio >= 0.6, within 0.05 of the best)."""
+    import difflib
+
+    ratios = sorted(((difflib.SequenceMatcher(None, name, n).ratio(), n) for n in names), reverse=True)
+    return [n for r, n in ratios if r >= 0.6 and r >= ratios[0][0] - 0.05][:3] if ratios else []
 
 
 def _schema_types() -> dict[str, type]:

@@ -76,26 +76,29 @@ def composition_error(config_dir: str, config_name: str, argv: list[str], schema
             cfg = compose(config_name=args.config_name or config_name, overrides=overrides)
         as_config(cfg, schema)
     except OmegaConfBaseException as err:
-        return schema_message(err)
+        return schema_message(err, schema)
     except UserError as err:  # as_config: a key the schema does not have
         return str(err)
     except Exception as err:  # Hydra's own: a missing config group option, a malformed override
         if not type(err).__module__.startswith("hydra"):
             raise
         if isinstance(err.__cause__, OmegaConfBaseException):  # e.g. a value of the wrong type
-            return schema_message(err.__cause__)
+            return schema_message(err.__cause__, schema)
         return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     finally:
         GlobalHydra.instance().clear()
     return None
 
 
-def schema_message(err: Exception) -> str:
-    """One line for an OmegaConf error: the key it names and what is wrong with it."""
+def schema_message(err: Exception, schema: type = RLConfig) -> str:
+    """One line for an OmegaConf error: the key it names and what is wrong with it (an unknown key: the nearest
+    keys `schema` has)."""
+    from rltrain.config.convert import unknown_key_message
+
     key = getattr(err, "full_key", None) or getattr(err, "key", None)
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if type(err).__name__ == "ConfigKeyError" and key:
-        return f"{key}: not a configuration key (unknown key; check its spelling and section)"
+    if type(err).__name__ in ("ConfigKeyError", "ConfigAttributeError") and key and " not in " in first:
+        return unknown_key_message(str(key), schema)
     return f"{key}: {first}" if key else first
 
 

@@ -19,6 +19,7 @@ import math
 import os
 from typing import Any, Callable, Iterable
 
+from rltrain.config.convert import nearest
 from rltrain.config.distill import distill_errors
 from rltrain.config.presets import BUILTINS, shape_errors
 from rltrain.config.schema import (ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, OffPolicyConfig,
@@ -50,10 +51,14 @@ def _is_dotted_path(name: str) -> bool:
 
 def _choice(errors: list, key: str, value: Any, allowed: Iterable[str], *, dotted_ok: bool = False) -> None:
     allowed = tuple(allowed)
+    if isinstance(getattr(errors, "allowed", None), dict):  # tools/config_reference.py records what each key allows
+        errors.allowed[key] = allowed + (("a 'module:function' path",) if dotted_ok else ())
     if value in allowed or (dotted_ok and isinstance(value, str) and _is_dotted_path(value)):
         return
     extra = " or a 'module:function' path" if dotted_ok else ""
-    errors.append(f"{key}={value!r} is not allowed; choose one of {', '.join(allowed)}{extra}")
+    near = nearest(value, list(allowed)) if isinstance(value, str) else []
+    errors.append(f"{key}={value!r} is not allowed; {f'did you mean {near[0]}? ' if near else ''}choose one of "
+                  f"{', '.join(allowed)}{extra}")
 
 
 def _finite(errors: list, key: str, value: Any) -> bool:
@@ -343,10 +348,8 @@ def _trainer(e: list, cfg) -> None:
                  f"trainer.total_steps={t.total_steps} (got {', '.join(map(repr, bad))})")
     if t.resume not in ("auto", "never") and not os.path.exists(t.resume):
         e.append(f"trainer.resume={t.resume!r}: use auto, never, or an existing checkpoint directory")
-    _positive(e, "trainer.max_ckpt_to_keep", t.max_ckpt_to_keep)
-    _positive(e, "trainer.n_gpus_per_node", t.n_gpus_per_node)
-    _positive(e, "trainer.nnodes", t.nnodes)
-    _positive(e, "trainer.max_staleness", t.max_staleness)
+    for key in ("max_ckpt_to_keep", "n_gpus_per_node", "nnodes", "max_staleness"):
+        _positive(e, f"trainer.{key}", getattr(t, key))
     if t.max_staleness != 1 and not t.async_rollout:
         e.append(f"trainer.max_staleness={t.max_staleness} bounds how many batches asynchronous rollout generates "
                  "ahead; a synchronous run trains every batch fresh: set trainer.async_rollout=true (with "

@@ -226,6 +226,31 @@ def test_a_key_the_schema_lacks_is_refused_even_when_hydra_adds_it():
         as_config(cfg)  # the entry points' one conversion
 
 
+@pytest.mark.parametrize("override, message", [
+    ("trainer.total_step=10", "trainer.total_step: not a configuration key (did you mean trainer.total_steps?)"),
+    ("+trainer.total_step=10", "trainer.total_step: not a configuration key (did you mean trainer.total_steps?)"),
+    ("trainr.total_steps=10", "trainr: not a configuration key (did you mean trainer?)"),
+    ("rollout.multi_turn.enabel=true",
+     "rollout.multi_turn.enabel: not a configuration key (did you mean rollout.multi_turn.enable?)"),
+    ("+actor.zzz=1", "actor.zzz: not a configuration key (unknown key; check its spelling and section: "
+                     "docs/guide/keys.md lists every key)"),
+])
+def test_a_misspelled_key_names_the_nearest_one(override, message):
+    """Hydra refuses a key the schema lacks (no `+`), the schema one Hydra added (`+`): the same line either way."""
+    from rltrain.config.entry import CONFIG_DIR, composition_error
+
+    assert composition_error(CONFIG_DIR, "grpo_tiny", ["--config-name", "grpo_tiny", override]) == message
+
+
+def test_a_misspelled_value_names_the_nearest_allowed_one():
+    with pytest.raises(ConfigError, match="actor.loss_mode='gpso' is not allowed; did you mean gspo[?] choose one of"):
+        validate_config(_compose("grpo_tiny", ["actor.loss_mode=gpso"]))
+    from rltrain.config.convert import unknown_key_message
+    from rltrain.config.schema import SFTConfig
+
+    assert unknown_key_message("optim.lrr", SFTConfig) == "optim.lrr: not a configuration key (did you mean optim.lr?)"
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_device_without_a_gpu_is_refused_at_setup():
     with pytest.raises(ConfigError, match="trainer.device=cuda but no CUDA device"):
