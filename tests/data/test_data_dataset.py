@@ -175,3 +175,69 @@ def test_prepare_dapo_math_dedupes_and_rewrites_the_prompt():
     assert converted == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
     assert len(converted) == 2 and "Answer:" not in converted[0]["prompt"][0]["content"]
     assert tool.dapo_rows(raw, keep_prompt=True)[0]["prompt"][0]["content"] == raw[0]["prompt"][0]["content"]
+
+
+def test_prepare_gsm8k_offline_from_a_local_copy_writes_what_the_config_reads(tmp_path, monkeypatch):
+    """The raw split files in a directory (as the Hub lays them out) -> the parquet files configs/data/gsm8k.yaml
+    names, readable as the trainer reads them; no network touched (offline mode set)."""
+    from omegaconf import OmegaConf
+
+    tool = _tool("prepare_data")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    raw = json.loads((HERE / "gsm8k_raw_sample.json").read_text())
+    write_rows(raw[:2], tmp_path / "raw" / "main" / "train-00000-of-00001.parquet")
+    write_rows(raw[2:], tmp_path / "raw" / "main" / "test-00000-of-00001.parquet")
+    monkeypatch.chdir(tmp_path)
+    tool.main(["gsm8k", "--from", str(tmp_path / "raw")])
+    cfg = OmegaConf.load(TOOLS.parent / "configs" / "data" / "gsm8k.yaml")
+    files = [*cfg.train_files, *cfg.val_files]
+    assert files == ["data/gsm8k/train.parquet", "data/gsm8k/test.parquet"]
+    got = [[r for _, r in read_rows(tmp_path / f)] for f in files]
+    want = [r for _, r in read_rows(HERE / "gsm8k_sample.jsonl")]
+    assert [r["answer"] for r in got[0] + got[1]] == [r["answer"] for r in want]
+    assert got[0] == [tool.gsm8k_row(r, i, "train") for i, r in enumerate(raw[:2])]
+    assert len(dataset(tmp_path / files[1])) == len(raw) - 2
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["gsm8k"], "rerun this command with --from <that file"),  # offline, nothing cached: how to run from a local copy
+    (["gsm8k", "--from", "nowhere.parquet", "--splits", "train"], "--from nowhere.parquet: no such file"),
+    (["gsm8k", "--from", "one.json"], "is one file: name its split"),
+    (["dapo_math", "--from", "one.json"], "not the raw rows expected"),
+])
+def test_prepare_data_offline_mistakes_exit_2_with_the_fix(tmp_path, monkeypatch, capsys, argv, says):
+    tool = _tool("prepare_data")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.json").write_text('[{"question": "q"}]')
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *a, **k):  # as on a machine without `datasets`: the hub client path
+        if name == "datasets":
+            raise ImportError("no datasets")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(SystemExit) as stop:
+        tool.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and not (tmp_path / "data").exists()
+
+
+def test_prepare_dapo_math_offline_writes_both_files_the_config_reads(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    tool = _tool("prepare_data")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    raw = json.loads((HERE / "dapo_math_raw_sample.json").read_text())
+    write_rows(raw, tmp_path / "dapo-math-17k.parquet")
+    monkeypatch.chdir(tmp_path)
+    tool.main(["dapo_math", "--from", "dapo-math-17k.parquet"])
+    tool.main(["dapo_math", "--set", "aime2024", "--from", "dapo-math-17k.parquet", "--max-rows", "1"])
+    cfg = OmegaConf.load(TOOLS.parent / "configs" / "data" / "dapo_math.yaml")
+    train, val = cfg.train_files[0], cfg.val_files[0]
+    assert [r for _, r in read_rows(tmp_path / train)] == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
+    assert len(read_rows(tmp_path / val)) == 1

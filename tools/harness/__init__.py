@@ -253,26 +253,77 @@ def write_report(out_dir: str, name: str, obj, markdown: str) -> None:
 
 
 # ---------------------------------------------------------------------------- data
+def fail(tool: str, message: str) -> None:
+    """A user's mistake or a missing input: `tool: message` on stderr and exit code 2, no traceback."""
+    print(f"{tool}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def local_rows(tool: str, path: str, split: str) -> list[dict]:
+    """The raw rows of `split` from a local copy: a .parquet / .jsonl / .json file (JSON lines or one JSON list), or
+    a directory holding one whose name starts with the split's (`train-00000-of-00001.parquet`, `test.jsonl`; or
+    its only data file). A missing or unreadable input: fail() naming it."""
+    from rltrain.data.dataset import DataError, read_rows
+
+    suffixes = (".parquet", ".jsonl", ".json")
+    if os.path.isdir(path):
+        found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(suffixes))
+        mine = [f for f in found if os.path.basename(f).startswith(split)] or (found if len(found) == 1 else [])
+        if len(mine) != 1:
+            names = [os.path.relpath(f, path) for f in mine or found][:6]
+            fail(tool, f"--from {path}: expected one .parquet/.jsonl file of the {split!r} split (its name starting "
+                       f"with {split!r}) in it, found {names}; give the file itself")
+        path = mine[0]
+    if not os.path.isfile(path):
+        fail(tool, f"--from {path}: no such file or directory")
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if text.lstrip().startswith("["):
+            return json.loads(text)
+    try:
+        return [row for _, row in read_rows(path)]
+    except DataError as err:
+        fail(tool, f"--from {path}: {err}")
+    return []
+
+
 def hub_rows(tool: str, repo_id: str, *, config: str | None = None, split: str = "train",
              parquet_prefix: str = "") -> list[dict]:
-    """The rows of one split of a Hugging Face dataset: through `datasets` when installed, else its parquet files
-    whose path starts with parquet_prefix, downloaded with huggingface_hub. Needs the network."""
+    """The rows of one split of a Hugging Face dataset: through `datasets` when installed (its cache works
+    offline), else its parquet files whose path starts with parquet_prefix, downloaded with huggingface_hub. Without
+    the network (or in offline mode with nothing cached): fail() saying how to run from a local copy (--from)."""
+    page = f"https://huggingface.co/datasets/{repo_id}"
+    offline_fix = (f"without network, download the {split!r} split's file from {page} (Files and versions) on a "
+                   "machine that has it, copy it here and rerun this command with --from <that file or its directory>")
     try:
         import datasets
     except ImportError:
         datasets = None
-    if datasets is not None:
-        return list(datasets.load_dataset(repo_id, *([config] if config else []), split=split))
     try:
+        if datasets is not None:
+            return list(datasets.load_dataset(repo_id, *([config] if config else []), split=split))
+        if _offline():
+            fail(tool, f"offline mode (HF_HUB_OFFLINE) and no `datasets` cache to read {repo_id} from; {offline_fix}")
         import huggingface_hub
         import pyarrow.parquet as pq
-    except ImportError as e:
-        raise SystemExit(f"{tool} needs `datasets` or `huggingface_hub` (pip install datasets): {e}")
-    files = [f for f in huggingface_hub.list_repo_files(repo_id, repo_type="dataset")
-             if f.startswith(parquet_prefix) and f.endswith(".parquet")]
-    if not files:
-        raise SystemExit(f"no parquet file under {parquet_prefix or '/'} in {repo_id}")
-    rows: list[dict] = []
-    for f in sorted(files):
-        rows += pq.read_table(huggingface_hub.hf_hub_download(repo_id, f, repo_type="dataset")).to_pylist()
-    return rows
+
+        files = [f for f in huggingface_hub.list_repo_files(repo_id, repo_type="dataset")
+                 if f.startswith(parquet_prefix) and f.endswith(".parquet")]
+        if not files:
+            fail(tool, f"no parquet file under {parquet_prefix or '/'} in {repo_id}")
+        rows: list[dict] = []
+        for f in sorted(files):
+            rows += pq.read_table(huggingface_hub.hf_hub_download(repo_id, f, repo_type="dataset")).to_pylist()
+        return rows
+    except ImportError as err:
+        fail(tool, f"reading {repo_id} from the Hub needs `datasets` or `huggingface_hub` ({err}); or {offline_fix}")
+    except Exception as err:  # noqa: BLE001 (no network, a proxy, the Hub down: one line, not the client's traceback)
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        fail(tool, f"cannot read {repo_id} from the Hugging Face Hub ({type(err).__name__}: {first}); {offline_fix}")
+    return []
