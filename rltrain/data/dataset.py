@@ -28,6 +28,11 @@ from rltrain.utils.errors import UserError
 logger = logging.getLogger(__name__)
 
 _MISSING = object()
+# the recipes' data files (configs/) and the command that makes each: a missing one names it
+PREPARE = {"data/retool_tiny/": "python -m rltrain.data.retool_synthetic --out data/retool_tiny",
+           "data/gsm8k/": "python tools/prepare_gsm8k.py",
+           "data/dapo_math/aime2024": "python tools/prepare_dapo_math.py --set aime2024",
+           "data/dapo_math/": "python tools/prepare_dapo_math.py"}
 MAX_NESTING = 64  # deeper rows are refused: nothing a prompt needs is that deep, and deeper ones break pickling
 
 
@@ -44,7 +49,9 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict]]:
         raise DataError(f"data file {str(path)!r} is a directory, not a file{hint}; list the .jsonl / .parquet "
                         "files themselves in data.train_files / data.val_files")
     if not path.is_file():
-        raise DataError(f"data file {str(path)!r} does not exist; fix the path in data.train_files / data.val_files")
+        make = next((cmd for prefix, cmd in PREPARE.items() if path.as_posix().lstrip("./").startswith(prefix)), None)
+        raise DataError(f"data file {str(path)!r} does not exist; " + (f"make it with `{make}` (from the repository "
+                        "root), or fix" if make else "fix") + " the path in data.train_files / data.val_files")
     try:
         rows = _read_rows(path)
     except OSError as e:

@@ -106,9 +106,29 @@ class CharTokenizer:
         return self.encode(text) if tokenize else text
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """char_tokenizer.json (what rltrain loads) and the same tokenizer in transformers' files (tokenizer.json,
+        tokenizer_config.json, the chat template), so `AutoTokenizer.from_pretrained(directory)` of an exported tiny
+        model encodes, decodes and renders chats as this class does."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / _CONFIG_NAME).write_text(json.dumps({"type": "char", "vocab": self.id_to_token}, indent=1))
+        self.as_transformers().save_pretrained(str(path))
+
+    def as_transformers(self):
+        """This tokenizer as a transformers fast tokenizer: a word-level vocabulary over single characters
+        (lowercased; an unknown one is <unk>), the special tokens matched whole, pieces joined without spaces."""
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        tok = Tokenizer(models.WordLevel(vocab=dict(self.token_to_id), unk_token=self.unk_token))
+        tok.normalizer = normalizers.Lowercase()
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        template = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}"
+                    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=self.bos_token, eos_token=self.eos_token,
+                                       unk_token=self.unk_token, pad_token=self.pad_token, chat_template=template)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "CharTokenizer":

@@ -241,3 +241,18 @@ def test_prepare_dapo_math_offline_writes_both_files_the_config_reads(tmp_path, 
     train, val = cfg.train_files[0], cfg.val_files[0]
     assert [r for _, r in read_rows(tmp_path / train)] == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
     assert len(read_rows(tmp_path / val)) == 1
+
+
+def test_a_missing_recipe_data_file_names_the_command_that_makes_it(tmp_path, monkeypatch):
+    from rltrain.data.dataset import DataError
+
+    monkeypatch.chdir(tmp_path)
+    made = {"data/retool_tiny/sft.jsonl": "python -m rltrain.data.retool_synthetic --out data/retool_tiny",
+            "data/gsm8k/train.parquet": "python tools/prepare_gsm8k.py",
+            "./data/dapo_math/aime2024.parquet": "python tools/prepare_dapo_math.py --set aime2024"}
+    for path, command in made.items():
+        with pytest.raises(DataError, match=f"make it with `{command}`"):
+            read_rows(path)
+    with pytest.raises(DataError, match="does not exist; fix the path in data.train_files") as err:
+        read_rows("mine/rows.jsonl")
+    assert "make it" not in str(err.value)

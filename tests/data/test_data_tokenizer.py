@@ -48,6 +48,27 @@ def test_char_save_and_load(tmp_path):
     assert isinstance(load_tokenizer("char"), CharTokenizer)
 
 
+def test_a_saved_char_tokenizer_loads_in_autotokenizer_as_itself(tmp_path):
+    """An exported tiny model's directory (config.json of a qwen3 model beside the tokenizer) loads in transformers'
+    AutoTokenizer as the same tokenizer: ids, special tokens whole, decoding and the chat template."""
+    from transformers import AutoTokenizer
+
+    tok = CharTokenizer()
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert (hf.vocab_size, len(hf), hf.eos_token_id, hf.pad_token_id) == (64, 64, 2, 0)
+    text = "<|user|>Hello, 482=?\n~<|end|><|assistant|>"  # upper case lowered, '~' unknown
+    assert hf.encode(text, add_special_tokens=False) == tok.encode(text)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12*7+3="}]
+    rendered = tok.apply_chat_template(msgs)
+    assert hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == rendered
+    ids = tok.encode(rendered + "87")
+    assert hf.decode(ids, skip_special_tokens=True) == tok.decode(ids) == "be brief12*7+3=87"
+    assert hf.decode(ids) == tok.decode(ids, skip_special_tokens=False)
+    assert isinstance(load_tokenizer(str(tmp_path)), CharTokenizer)  # rltrain itself still loads its own
+
+
 def test_load_tokenizer_missing_path_names_path_and_config_key(tmp_path):
     missing = str(tmp_path / "no_such_model")
     with pytest.raises(ValueError, match="model.tokenizer") as e:
