@@ -1,4 +1,5 @@
 """python -m rltrain.plan --config-name NAME [Hydra overrides] [--gpu-memory-gib G] [--device h100|h200] [--json]
+(flags and overrides in any order)
 
 Composes the config from configs/ with Hydra's compose API as rltrain.main does, validates it (a bad key or value:
 `rltrain: <message>`, exit 2), reads the training data's prompt lengths as the trainer does (when its files and
@@ -76,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="response length to plan for (default rollout.max_response_length: the worst case)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. actor.recompute_activations=true")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # flags before, between or after the overrides
 
     from rltrain.config import validate_config
+    from rltrain.plan import calibration as cal
     from rltrain.plan.planner import make_plan
     from rltrain.plan.report import table, to_json
     from rltrain.utils.errors import find_user_error
@@ -114,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(to_json(plan), indent=1))
     else:
         print(table(plan))
-    if not plan.fits:
-        print(f"rltrain: the plan does not fit the GPUs: {plan.refusal()}", file=sys.stderr, flush=True)
+    if not plan.fits:  # the changes were printed above (once); the exit code and one line say it did not fit
+        print(f"rltrain: the plan does not fit {plan.inputs.world} x {cal.DEVICES[plan.device].name} "
+              f"({plan.gpu_memory_gib:.1f} GiB each); what to change: {'the JSON message' if args.json else 'above'}",
+              file=sys.stderr, flush=True)
         return 2
     return 0
 

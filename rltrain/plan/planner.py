@@ -3,10 +3,7 @@ GPU does not fit, the cheapest config keys to change, each found by re-planning 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +18,11 @@ from rltrain.utils.errors import UserError
 
 
 
+MAX_KEYS = 4  # the most keys one suggestion changes
+MAX_GPUS = 64  # more_gpus searches GPU counts up to this
+BEAM = 3  # combinations extended a key at a time when no single change or pair fits
+
+
 class PlanError(UserError, ValueError):
     """A GPU will not fit this config (the message names the GPU, the phase, the parts and the keys to change)."""
 
@@ -31,6 +33,7 @@ class Suggestion:
     peak_gib: float  # the largest GPU peak after the change
     step_s: float
     fits: bool
+    gpus: int = 0  # the GPUs it was planned on
 
     @property
     def keys(self) -> str:
@@ -48,6 +51,10 @@ class Plan:
     suggestions: list[Suggestion] = field(default_factory=list)
     prompts: DataLengths | None = None  # the data's prompt lengths the plan was made at (make_plan's prompts)
     host_share: float = 0.0  # of the planned step, the host's time (timing.host_share)
+    # when nothing tried on these GPUs fits: the fewest GPUs found that fit, with the keys (None: none up to
+    # MAX_GPUS, or not searched)
+    more_gpus: Suggestion | None = None
+    searched_gpus: int = 0  # the largest GPU count more_gpus searched (0: not searched)
 
     @property
     def step_range(self) -> tuple[float, float]:
@@ -92,8 +99,17 @@ class Plan:
                 f"{s['weight sync']:.1f}) at {cal.DEVICES[self.device].name} rates; sequences of "
                 f"{self.lengths_note()}")
 
+    def verdict(self) -> str:
+        """`fits: yes|NO (N x <GPU kind>, G GiB each)`: the answer beside the GPUs it was planned for."""
+        dev = cal.DEVICES[self.device]
+        other = next((k for k in cal.DEVICES if k != self.device), None)
+        hint = f"; --device {other} plans for {cal.DEVICES[other].name}" if other else ""
+        return (f"fits: {'yes' if self.fits else 'NO'} (planned for {self.inputs.world} x {dev.name}, "
+                f"{self.gpu_memory_gib:.1f} GiB each{hint})")
+
     def refusal(self) -> str:
-        """The message of a plan that does not fit ('' when it fits)."""
+        """The message of a plan that does not fit ('' when it fits): the worst GPU, its peak and largest parts, then
+        each change that fits once (cheapest step first), else the ones that help most and how many GPUs fit."""
         if self.fits:
             return ""
         g = self.worst
@@ -106,22 +122,32 @@ class Plan:
                 + (f" ({over / GIB:.1f} GiB over)" if over > 0 else "") + f"; the largest parts (GiB): {top}.")
         for r in g.refusals:
             head += " " + r.removeprefix("REFUSE: ") + "."
-        state = sum(v for k, v in ph.parts.items() if k.endswith(("weights", "fp32 master", "optimizer (AdamW)")))
-        more = ""
-        if state > g.total_bytes:
-            more = (f"\nThe training roles' weights and optimizer state alone are {state / GIB:.1f} GiB: more GPUs are "
-                    "needed (trainer.n_gpus_per_node / trainer.nnodes" + (
-                        ", with actor.expert_parallel_size up to the data-parallel size" if self.inputs.shape.moe
-                        else "") + ").")
+        lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB, step {self.seconds['step']:.1f} "
+                 f"-> {s.step_s:.1f} s" for s in self.suggestions if s.fits]
+        if lines:
+            return head + "\nChanges that fit (re-planned; cheapest step time first):\n" + "\n".join(lines)
+        n = self.inputs.world
+        out = head + f"\nNothing tried on these {n} GPU(s) fits (each change, pairs, and the most helpful extended " \
+                     f"up to {MAX_KEYS} keys)"
         if self.suggestions:
-            lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB, step {self.seconds['step']:.1f} "
-                     f"-> {s.step_s:.1f} s" for s in self.suggestions if s.fits]
-            if lines:
-                return head + "\nChanges that fit (re-planned; cheapest step time first):\n" + "\n".join(lines)
-            lines = [f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB" for s in self.suggestions]
-            return (head + "\nNo single change or pair of changes fits; the ones that help most:\n" + "\n".join(lines)
-                    + more)
-        return head + more
+            out += "; the ones that help most:\n" + "\n".join(
+                f"  set {s.keys}: {self.peak_gib:.1f} -> {s.peak_gib:.1f} GiB" for s in self.suggestions)
+        else:
+            out += "."
+        state = sum(v for k, v in ph.parts.items() if k.endswith(("weights", "fp32 master", "optimizer (AdamW)")))
+        if state > g.total_bytes:
+            out += (f"\nThe training roles' weights and optimizer state alone are {state / GIB:.1f} GiB on this GPU: "
+                    "more GPUs are needed to split them (trainer.n_gpus_per_node / trainer.nnodes with "
+                    "actor.tensor_parallel_size / pipeline_parallel_size"
+                    + (", actor.expert_parallel_size up to the data-parallel size" if self.inputs.shape.moe else "")
+                    + ").")
+        m = self.more_gpus
+        if m is not None:
+            out += (f"\nMore GPUs are needed: {m.gpus} GPUs fit with: set {m.keys}: peak {m.peak_gib:.1f} GiB per GPU, "
+                    f"step {m.step_s:.1f} s (re-planned).")
+        elif self.searched_gpus:
+            out += f"\nNothing tried fits on up to {self.searched_gpus} GPUs either (of this kind and size)."
+        return out
 
 
 def _fmt(v: Any) -> str:
@@ -130,14 +156,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)
-
-
-def _set(cfg: RLConfig, key: str, value: Any) -> RLConfig:
-    """A copy of `cfg` with the dotted key `key` (actor.tensor_parallel_size) set to `value`."""
-    out = copy.deepcopy(cfg)
-    *path, last = key.split(".")
-    setattr(functools.reduce(getattr, path, out), last, value)
-    return out
 
 
 def device_of(device: str | None, gpu_memory_gib: float | None) -> str:
@@ -211,7 +229,11 @@ def make_plan(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str
     plan = _plan(x, dev, total)
     plan.prompts = prompts
     if suggest and not plan.fits:
+        from rltrain.plan.suggest import more_gpus, suggestions
+
         plan.suggestions = suggestions(cfg, plan, dev, total, lengths)
+        if not any(s.fits for s in plan.suggestions):
+            plan.more_gpus, plan.searched_gpus = more_gpus(cfg, x, dev, total, lengths)
     return plan
 
 
@@ -235,124 +257,7 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
     return Plan(x, dev, total / GIB, gpus, secs, warnings, host_share=share)
 
 
-def _candidates(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if not x.recompute:
-        out.append({"actor.recompute_activations": True})
-        out.append({"actor.recompute_activations": True, "actor.recompute_granularity": "selective"})
-    elif x.recompute_granularity == "selective":
-        out.append({"actor.recompute_granularity": "full"})
-    b = x.mb_tokens
-    for div in (2, 4, 8):
-        if b // div >= x.seq_len:
-            out.append({"actor.max_tokens_per_micro_batch": b // div})
-    if x.fwd_mb_tokens != x.mb_tokens:  # the forward passes' own budget (actor.log_prob_max_tokens_per_micro_batch)
-        for div in (2, 4, 8):
-            if x.fwd_mb_tokens // div >= x.seq_len:
-                out.append({"actor.log_prob_max_tokens_per_micro_batch": x.fwd_mb_tokens // div})
-    if x.use_critic:
-        for div in (2, 4):
-            if x.critic_mb_tokens // div >= x.seq_len:
-                out.append({"critic.max_tokens_per_micro_batch": x.critic_mb_tokens // div})
-    for tp in (2, 4, 8):
-        if tp > x.tp:
-            out.append({"actor.tensor_parallel_size": tp})
-    for pp in (2, 4):
-        if pp > x.pp:
-            out.append({"actor.pipeline_parallel_size": pp})
-    if x.shape.moe:
-        for ep in (2, 4, 8, 16):
-            if ep > x.ep:
-                out.append({"actor.expert_parallel_size": ep})
-    if not x.fused_head:
-        out.append({"trainer.fused_linear_logprob": True})
-    if x.engine != "vllm" and x.max_batch_size > 32:
-        out.append({"rollout.max_batch_size": x.max_batch_size // 4})
-    return out
-
-
-def _apply(c: RLConfig, ov: dict[str, Any]) -> RLConfig:
-    for k, v in ov.items():
-        c = _set(c, k, v)
-    return c
-
-
-def _try(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> tuple[Plan, RLConfig] | None:
-    cc = _apply(c, ov)
-    try:
-        x = lengths.apply(read(cc))
-    except UserError:
-        return None
-    if placement_problems(x):
-        return None
-    return _plan(x, dev, total), cc
-
-
-def _with_best_u(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> dict[str, Any] | None:
-    """`ov` plus the largest rollout.gpu_memory_utilization (in steps of 0.05 below the current) that fits."""
-    x = read(c)
-    if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not x.colocated:
-        return None
-    u = round(x.gpu_memory_utilization - 0.05, 2)
-    while u >= 0.05:
-        r = _try(c, {**ov, "rollout.gpu_memory_utilization": u}, dev, total, lengths)
-        if r is not None and r[0].fits:
-            return {**ov, "rollout.gpu_memory_utilization": u}
-        u = round(u - 0.05, 2)
-    return None
-
-
-def suggestions(c: RLConfig, plan: Plan, dev: str, total: float, lengths: Lengths | None = None,
-                limit: int = 4) -> list[Suggestion]:
-    """The cheapest changes (by predicted step time) that make `c` fit: single keys, then pairs, each with the
-    largest rollout.gpu_memory_utilization that fits where vLLM shares the GPUs; each re-planned."""
-    x = plan.inputs
-    lengths = lengths or Lengths()
-    singles = _candidates(c, x)
-    tried: dict[str, Suggestion] = {}
-
-    def consider(ov: dict[str, Any]) -> None:
-        variants = [ov]
-        best_u = _with_best_u(c, ov, dev, total, lengths)
-        if best_u is not None:
-            variants.append(best_u)
-        for v in variants:
-            key = repr(sorted(v.items()))
-            if key in tried:
-                continue
-            r = _try(c, v, dev, total, lengths)
-            if r is None:
-                continue
-            p = r[0]
-            tried[key] = Suggestion(v, p.peak_gib, p.seconds["step"], p.fits)
-
-    consider({})
-    for ov in singles:
-        consider(ov)
-    if True:  # pairs too: two cheap changes can beat one expensive one
-        for a, b in itertools.combinations(singles, 2):
-            if set(a) & set(b):
-                continue
-            consider({**a, **b})
-    fits = sorted((s for s in tried.values() if s.fits and s.overrides),
-                  key=lambda s: (s.step_s, len(s.overrides), s.peak_gib))
-    if fits:
-        # keep the cheapest, and drop a suggestion that merely adds keys to a cheaper one already listed
-        out: list[Suggestion] = []
-        for s in fits:
-            if any(set(o.overrides.items()) <= set(s.overrides.items()) for o in out):
-                continue
-            out.append(s)
-            if len(out) == limit:
-                break
-        return out
-    # none fits: those that lower the peak most (a change that lowers nothing is no help)
-    helpful = sorted((s for s in tried.values() if s.overrides and s.peak_gib < plan.peak_gib - 0.05),
-                     key=lambda s: s.peak_gib)
-    return helpful[:limit]
-
-
-def check(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str | None = None,
+def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
           prompts: DataLengths | None = None) -> Plan:
     """Plan `cfg` and raise PlanError (a UserError: the entry points print it and exit 2) when a GPU will not fit,
     with the GPU, the phase, the overflowing parts and the cheapest keys to change. Returns the Plan when it fits.

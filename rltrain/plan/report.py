@@ -75,7 +75,7 @@ def table(plan: Plan) -> str:
                  "planned on the machines measured; docs/benchmarks/planner.md)")
     for w_ in plan.warnings:
         lines.append("warning: " + w_)
-    lines.append("fits: " + ("yes" if plan.fits else "NO"))
+    lines.append(plan.verdict())
     if not plan.fits:
         lines.append(plan.refusal())
     return "\n".join(lines)
@@ -119,6 +119,10 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "suggestions": [{"overrides": [f"{k}={_v(v)}" for k, v in s.overrides.items()],
                          "peak_gib": round(s.peak_gib, 3), "step_s": round(s.step_s, 3), "fits": s.fits}
                         for s in plan.suggestions],
+        "more_gpus": None if plan.more_gpus is None else {
+            "gpus": plan.more_gpus.gpus, "overrides": [f"{k}={_v(v)}" for k, v in plan.more_gpus.overrides.items()],
+            "peak_gib": round(plan.more_gpus.peak_gib, 3), "step_s": round(plan.more_gpus.step_s, 3)},
+        "searched_gpus": plan.searched_gpus,
         "warnings": plan.warnings,
         "message": plan.refusal(),
         "summary": plan.summary(),

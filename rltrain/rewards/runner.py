@@ -9,12 +9,17 @@ NaN, or kills its worker scores 0 (`reward/errors`); the first such failure of e
 reported on the console once (a function that fails on every call would otherwise only show as a
 count in the metrics), later ones at debug level. `max_workers=0` runs calls in the calling
 thread instead: no process overhead (for cheap trusted functions such as the synthetic checker)
-but no timeout either.
+but no timeout for a plain function.
+
+An `async def` reward function (e.g. one that awaits a judge over HTTP) is awaited: in a worker process one call
+at a time, with `max_workers=0` all of a batch's calls at once on one event loop, each cancelled at timeout_s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import inspect
 import logging
 import math
 import multiprocessing as mp
@@ -25,6 +30,24 @@ from multiprocessing.connection import wait
 from typing import Callable, Sequence
 
 logger = logging.getLogger(__name__)
+
+
+async def _awaited(value):
+    return await value
+
+
+async def _await_all(pending: dict[int, object], timeout_s: float) -> dict[int, tuple[str, object]]:
+    """An async reward function's calls of one batch awaited together, each cancelled after timeout_s."""
+    async def one(aw) -> tuple[str, object]:
+        try:
+            return "ok", await asyncio.wait_for(aw, timeout_s)
+        except asyncio.TimeoutError:
+            return "timeout", f"took longer than timeout_s={timeout_s}"
+        except Exception as e:  # noqa: BLE001 - scored 0 and counted
+            return "error", f"{type(e).__name__}: {e}"
+
+    keys = list(pending)
+    return dict(zip(keys, await asyncio.gather(*(one(pending[k]) for k in keys))))
 
 
 def _worker_main(conn) -> None:
@@ -38,7 +61,8 @@ def _worker_main(conn) -> None:
             return
         idx, fn, args, kwargs = msg
         try:
-            reply = (idx, "ok", fn(*args, **kwargs))
+            value = fn(*args, **kwargs)
+            reply = (idx, "ok", asyncio.run(_awaited(value)) if inspect.isawaitable(value) else value)
         except BaseException as e:  # noqa: BLE001 - anything the user function does is scored 0
             reply = (idx, "error", f"{type(e).__name__}: {e}")
         try:
@@ -196,12 +220,20 @@ def compute_rewards(
               {"data_source": None if data_sources is None else data_sources[i],
                "extra": None if extras is None else extras[i]}) for i in range(n)]
     if max_workers == 0 or n == 0:
-        raw = []
-        for args, kwargs in calls:
+        raw: list = []
+        pending: dict[int, object] = {}  # an async function's calls, awaited together below
+        for i, (args, kwargs) in enumerate(calls):
             try:
-                raw.append(("ok", fn(*args, **kwargs)))
+                value = fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - scored 0 and counted
                 raw.append(("error", f"{type(e).__name__}: {e}"))
+                continue
+            raw.append(("ok", value))
+            if inspect.isawaitable(value):
+                pending[i] = value
+        if pending:
+            for i, got in asyncio.run(_await_all(pending, timeout_s)).items():
+                raw[i] = got
     else:
         try:
             pickle.dumps(fn)

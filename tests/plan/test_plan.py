@@ -15,6 +15,7 @@ from rltrain.config.convert import as_dict
 from rltrain.config.entry import compose_config as compose
 from rltrain.config.schema import ModelConfig
 from rltrain.plan import PlanError, check, make_plan
+from rltrain.plan.planner import _fmt
 from rltrain.plan import calibration as cal
 from rltrain.plan.__main__ import main
 from rltrain.plan.inputs import PlanInputError, model_shape, read
@@ -334,7 +335,7 @@ def test_refusal_names_gpu_phase_parts_and_keys_then_the_keys_fit(capsys):
     msg = d["message"]
     assert msg.startswith("GPU 0 (actor, ref, rollout) does not fit") and "phase 'update (actor)'" in msg
     assert "actor activations" in msg and "set " in msg
-    assert "rltrain: the plan does not fit" in err
+    assert "rltrain: the plan does not fit" in err and "set " not in err  # the changes are in the JSON, once
     fitting = [s for s in d["suggestions"] if s["fits"]]
     assert fitting, d["suggestions"]
     assert all(s["peak_gib"] <= 80 for s in fitting)
@@ -356,11 +357,66 @@ def test_check_raises_a_user_error_with_the_message():
     assert plan.fits
 
 
-def test_one_gpu_that_nothing_cheap_rescues_says_so():
-    # one 80 GiB GPU with vLLM beside the 4B actor: no single change or pair fits; the most helpful are listed
+def test_one_gpu_that_nothing_cheap_rescues_says_how_many_gpus_fit():
+    # one 80 GiB GPU with vLLM beside the 4B actor: nothing tried on it fits; the most helpful are listed, and the
+    # fewest GPUs that fit (re-planned: its keys on top of the config fit, at the peak it announced)
     p = make_plan(compose("grpo_qwen3", TOO_BIG + ["trainer.n_gpus_per_node=1"]), gpu_memory_gib=80)
     assert not p.fits and p.suggestions and not any(s.fits for s in p.suggestions)
-    assert "No single change or pair of changes fits" in p.refusal()
+    m = p.more_gpus
+    assert m is not None and m.gpus == 2 and m.overrides["trainer.n_gpus_per_node"] == 2
+    assert "Nothing tried on these 1 GPU(s) fits" in p.refusal()
+    assert f"More GPUs are needed: 2 GPUs fit with: set {m.keys}: peak {m.peak_gib:.1f} GiB" in p.refusal()
+    again = make_plan(compose("grpo_qwen3", TOO_BIG + ["trainer.n_gpus_per_node=1"]
+                              + [f"{k}={_fmt(v)}" for k, v in m.overrides.items()]), gpu_memory_gib=80)
+    assert again.fits and again.peak_gib == pytest.approx(m.peak_gib, abs=1e-3)
+
+
+SMALL_4B = ["model.builtin=qwen3-4b", "trainer.n_gpus_per_node=2", "actor.tensor_parallel_size=2",
+            "rollout.gpu_memory_utilization=0.2"]
+
+
+def test_nothing_on_up_to_the_searched_gpus_is_said_too(monkeypatch):
+    import rltrain.plan.suggest as suggest
+
+    monkeypatch.setattr(suggest, "MAX_GPUS", 2)  # the search stops at 2 GPUs; this config needs 4
+    p = make_plan(compose("grpo_qwen3", SMALL_4B), gpu_memory_gib=40, prompt_tokens=64, response_tokens=256)
+    assert p.more_gpus is None and p.searched_gpus == 0  # already on 2: no larger count under the bound
+    monkeypatch.setattr(suggest, "MAX_GPUS", 4)
+    p = make_plan(compose("grpo_qwen3", SMALL_4B), gpu_memory_gib=40, prompt_tokens=64, response_tokens=256)
+    assert p.more_gpus.gpus == 4 and "More GPUs are needed: 4 GPUs" in p.refusal()
+    # the 8B's weights and optimizer state alone (~130 GB) are more than 4 x 16 GiB hold
+    p = make_plan(compose("grpo_qwen3", [*SMALL_4B, "model.builtin=qwen3-8b"]), gpu_memory_gib=16,
+                  prompt_tokens=64, response_tokens=256)
+    assert p.more_gpus is None and p.searched_gpus == 4 and "more GPUs are needed to split them" in p.refusal()
+    assert "Nothing tried fits on up to 4 GPUs either" in p.refusal()
+
+
+def test_rollout_keys_are_among_the_fixes():
+    # the 8B's vLLM weights (16 GB) in a fifth of a 40 GiB GPU: the rollout's tensor parallelism is what fits
+    cfg = ["model.builtin=qwen3-8b", "trainer.n_gpus_per_node=8", "actor.tensor_parallel_size=8"]
+    p = make_plan(compose("grpo_qwen3", cfg), gpu_memory_gib=40, prompt_tokens=64, response_tokens=256)
+    fitting = [s for s in p.suggestions if s.fits]
+    assert fitting and all("rollout.tensor_parallel_size" in s.overrides for s in fitting)
+    assert "set " + fitting[0].keys in p.refusal() and "rollout.tensor_parallel_size=" in p.refusal()
+    again = make_plan(compose("grpo_qwen3", cfg + [f"{k}={_fmt(v)}" for k, v in fitting[0].overrides.items()]),
+                      gpu_memory_gib=40, prompt_tokens=64, response_tokens=256)
+    assert again.fits and again.peak_gib == pytest.approx(fitting[0].peak_gib, abs=1e-3)
+
+
+def test_cli_prints_each_fix_once_beside_the_gpu_kind_and_takes_flags_anywhere(capsys):
+    cfg = ["model.builtin=qwen3-8b", "trainer.n_gpus_per_node=8", "actor.tensor_parallel_size=8"]
+    flags = ["--gpu-memory-gib", "40", "--prompt-tokens", "64", "--response-tokens", "256"]
+    rc, out, err = run_main(capsys, "--config-name", "grpo_qwen3", *cfg, *flags)
+    assert rc == 2
+    fixes = [line for line in out.splitlines() if line.startswith("  set ")]
+    assert fixes and len(set(fixes)) == len(fixes) and out.count("Changes that fit") == 1
+    assert "set " not in err and len(err.strip().splitlines()) == 1 and "8 x H100 80GB HBM3 (40.0 GiB each)" in err
+    assert "fits: NO (planned for 8 x H100 80GB HBM3, 40.0 GiB each; --device h200 plans for H200)" in out
+    # flags after and between the overrides: the same plan
+    rc2, out2, _ = run_main(capsys, "--config-name", "grpo_qwen3", cfg[0], *flags[:2], *cfg[1:], *flags[2:])
+    assert (rc2, out2) == (rc, out)
+    rc3, out3, _ = run_main(capsys, "--config-name", "grpo_qwen3", *cfg, *flags, "--device", "h200")
+    assert "fits: NO (planned for 8 x H200, 40.0 GiB each; --device h100 plans for H100 80GB HBM3)" in out3
 
 
 def test_a_forward_budget_too_large_is_refused_naming_its_key():

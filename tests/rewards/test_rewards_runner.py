@@ -23,6 +23,15 @@ USER_REWARD = textwrap.dedent('''
         return {"score": float(len(response) == int(ground_truth)), "length": len(response), "note": "ignored"}
 
     NOT_A_FUNCTION = 3
+
+
+    async def judged(response, ground_truth, *, data_source=None, extra=None):
+        import asyncio
+
+        await asyncio.sleep(60 if response == "hang" else 0.2)  # a judge over the network
+        if response == "boom":
+            raise RuntimeError("judge exploded")
+        return {"score": float(response == ground_truth), "judged": 1.0}
 ''')
 
 
@@ -92,6 +101,22 @@ def test_in_process_mode_counts_exceptions_and_accepts_lambdas():
     assert dapo_scores == [1.0, -1.0] and dapo_metrics["reward/acc/mean"] == 0.5
     with pytest.raises(ValueError, match="max_workers=0"):
         compute_rewards(lambda r, g, **k: 1.0, ["a"], ["a"], max_workers=1)
+
+
+def test_async_functions_are_awaited_together_in_process_and_in_workers(user_file):
+    import time
+
+    fn = get_reward_fn(f"{user_file}:judged")
+    responses, truths = ["7", "8", "boom", "hang", "7", "7"], ["7"] * 6
+    start = time.monotonic()
+    scores, metrics = compute_rewards(fn, responses, truths, timeout_s=2, max_workers=0)
+    took = time.monotonic() - start
+    assert scores == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    assert (metrics["reward/errors"], metrics["reward/timeouts"]) == (1.0, 1.0)
+    assert metrics["reward/judged/mean"] == 1.0
+    assert took < 2 + 5 * 0.2  # the five 0.2 s calls overlapped the 2 s timeout; one after another: 3 s
+    scores, metrics = compute_rewards(fn, responses[:3], truths[:3], timeout_s=30, max_workers=2)
+    assert scores == [1.0, 0.0, 0.0] and metrics["reward/errors"] == 1.0
 
 
 def test_argument_checks():
