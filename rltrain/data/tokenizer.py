@@ -175,6 +175,9 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
             f"tokenizer path {name_or_path!r} does not exist ({key}): "
             "give an existing directory, a Hugging Face model id, or 'char' for the built-in tokenizer"
         )
+    from rltrain.utils.hub import check_model_source
+
+    check_model_source(name_or_path, "model.tokenizer")  # a Hub id that cannot be fetched: the fix now, not retries
     from transformers import AutoTokenizer
 
     try:

@@ -66,11 +66,15 @@ def _names(file: str) -> set[str]:
 
 def check_model_dir(path: str) -> None:
     """ModelFilesError unless the local directory `path` holds a readable config.json and complete safetensors
-    weights (every shard its index names, each as long as its header says). Not a directory: nothing to check
-    (an HF hub id, or models/presets.py's 'does not exist')."""
-    path = os.path.expanduser(path)
-    if not os.path.isdir(path):
+    weights (every shard its index names, each as long as its header says). Not a directory: a Hugging Face id that
+    can be fetched (or is cached, offline), else HubModelError with the fix, before any hub client retries
+    (utils/hub.py)."""
+    if not os.path.isdir(os.path.expanduser(path)):
+        from rltrain.utils.hub import check_model_source
+
+        check_model_source(path, "model.path")
         return
+    path = os.path.expanduser(path)
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise _fail(path, "no config.json in the directory")

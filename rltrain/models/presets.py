@@ -5,7 +5,6 @@ Megatron models or load weights (that is models/megatron, models/hf).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 
 from rltrain.config.presets import BUILTINS
@@ -45,9 +44,9 @@ def hf_config_for(*, path: str | None, builtin: str | None, vocab_size: int | No
         return (Qwen3MoeConfig if kw.pop("model_type", "qwen3") == "qwen3_moe" else Qwen3Config)(**kw)
     if not path:
         raise ValueError("model.path is not set; give an HF model id or a local directory, or set model.builtin")
-    if os.path.sep in path and not os.path.exists(path):
-        raise ModelNotFoundError(f"model.path={path!r} does not exist; fix model.path (a local directory with "
-                                "config.json and safetensors, or an HF model id)")
+    from rltrain.utils.hub import check_model_source
+
+    check_model_source(path, "model.path")  # missing, or a Hub id that cannot be fetched: the fix, before any retry
     try:
         cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:

@@ -32,12 +32,13 @@ def _data_lengths(cfg):
 
     from rltrain.data.lengths import data_lengths
     from rltrain.utils.errors import find_user_error
+    from rltrain.utils.hub import in_cache
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     name = cfg.model.tokenizer or cfg.model.path
     if not name:
         return None, "neither model.tokenizer nor model.path names a tokenizer"
-    if name != "char" and not os.path.isdir(os.path.expanduser(name)) and not _cached(name):
+    if name != "char" and not os.path.isdir(os.path.expanduser(name)) and not in_cache(name):
         return None, f"the tokenizer {name!r} is neither a local directory nor in the Hugging Face cache"
     try:
         return data_lengths(cfg), None
@@ -47,17 +48,6 @@ def _data_lengths(cfg):
             raise
         why = " ".join(str(user_error).split()).split(": ")[0]  # the what, without the library's long tail
         return None, why[:200] + ("..." if len(why) > 200 else "")
-
-
-def _cached(repo_id: str) -> bool:
-    """Whether the Hugging Face cache holds `repo_id`'s tokenizer (asked before transformers is imported)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return any(isinstance(try_to_load_from_cache(repo_id, f), str)
-                   for f in ("tokenizer_config.json", "tokenizer.json"))
-    except Exception:  # not a repo id (a path that does not exist), or no huggingface_hub: not cached
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

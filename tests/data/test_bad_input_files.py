@@ -119,7 +119,8 @@ def _model_dir(tmp_path):
 
 def test_a_complete_model_dir_passes(tmp_path):
     check_model_dir(str(_model_dir(tmp_path)))
-    check_model_dir(str(tmp_path / "not-a-dir"))  # a hub id or a missing path: presets.py's message
+    with pytest.raises(UserError, match="does not exist; fix model.path"):
+        check_model_dir(str(tmp_path / "not-a-dir"))  # a missing local path, before any hub client (utils/hub.py)
 
 
 def test_a_model_dir_without_weights_is_a_user_error(tmp_path):
