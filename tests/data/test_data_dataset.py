@@ -248,8 +248,8 @@ def test_a_missing_recipe_data_file_names_the_command_that_makes_it(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
     made = {"data/retool_tiny/sft.jsonl": "python -m rltrain.data.retool_synthetic --out data/retool_tiny",
-            "data/gsm8k/train.parquet": "python tools/prepare_gsm8k.py",
-            "./data/dapo_math/aime2024.parquet": "python tools/prepare_dapo_math.py --set aime2024"}
+            "data/gsm8k/train.parquet": "python tools/prepare_data.py gsm8k",
+            "./data/dapo_math/aime2024.parquet": "python tools/prepare_data.py dapo_math --set aime2024"}
     for path, command in made.items():
         with pytest.raises(DataError, match=f"make it with `{command}`"):
             read_rows(path)
