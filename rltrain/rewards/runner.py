@@ -24,6 +24,7 @@ import logging
 import math
 import multiprocessing as mp
 import pickle
+import signal
 import time
 from collections import deque
 from multiprocessing.connection import wait
@@ -51,6 +52,7 @@ async def _await_all(pending: dict[int, object], timeout_s: float) -> dict[int, 
 
 
 def _worker_main(conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops the workers
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     while True:
         try:
@@ -215,7 +217,7 @@ def compute_rewards(
     if timeout_s <= 0:
         raise ValueError(f"timeout_s (reward.timeout_s) must be positive, got {timeout_s}")
     if max_workers < 0:
-        raise ValueError(f"max_workers (reward.num_workers) must be >= 0, got {max_workers}")
+        raise ValueError(f"max_workers (reward.max_workers) must be >= 0, got {max_workers}")
     calls = [((responses[i], ground_truths[i]),
               {"data_source": None if data_sources is None else data_sources[i],
                "extra": None if extras is None else extras[i]}) for i in range(n)]

@@ -35,7 +35,8 @@ from rltrain.utils.plain import save_plain
 from rltrain.utils.safefs import make_dirs, write_text
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
-from rltrain.utils.tracking import Tracker
+from rltrain.utils.rundir import resume_command
+from rltrain.utils.tracking import Tracker, to_log_files
 from rltrain.workers.group import WorkerLost, gather_rows, init_ray, mean_metrics
 
 
@@ -414,10 +415,9 @@ def _masked_mean(x: torch.Tensor | None, mask: torch.Tensor) -> float:
 def _progress(t: TrainerConfig, start: int):
     if not t.progress_bar:
         return None
-    from tqdm import tqdm
+    from rltrain.utils.tracking import progress_bar
 
-    return tqdm(total=t.total_steps, initial=start, desc="rltrain", unit="step", file=sys.stderr,
-                dynamic_ncols=True, leave=True, disable=None)  # no bar when stderr is not a terminal
+    return progress_bar(t.total_steps, start, "rltrain")
 
 
 def run_from_config(cfg: RLConfig, run_dir: str | None = None, *,
@@ -428,19 +428,30 @@ def run_from_config(cfg: RLConfig, run_dir: str | None = None, *,
     make_dirs(run_dir)
     write_text(os.path.join(run_dir, "config.json"), json.dumps(as_dict(cfg), indent=1))
     start = time.time()
-    trainer = PPOTrainer(cfg, run_dir, after_step=after_step)
+    trainer = None
     try:
+        trainer = PPOTrainer(cfg, run_dir, after_step=after_step)
         last = trainer.fit()
     except TrainingDiverged as err:
         print(f"rltrain: {err}", file=sys.stderr, flush=True)
         raise SystemExit(3) from None
     except WorkerLost as err:
-        found = find_latest_valid(trainer.ckpt_dir, log=lambda msg: None)
-        last = f"the last good checkpoint is {found[1]} (step {found[0]})" if found else \
-            f"there is no checkpoint under {trainer.ckpt_dir} yet (trainer.save_freq)"
-        print(f"rltrain: {err}. The run stops; {last}. Rerun the same command with trainer.resume=auto to "
-              "continue from it.", file=sys.stderr, flush=True)
+        print(f"rltrain: {err}. The run stops; {_last_checkpoint(trainer.ckpt_dir)}. Rerun the same command with "
+              "trainer.resume=auto to continue from it.", file=sys.stderr, flush=True)
         raise SystemExit(4) from None
-    print(f"rltrain: finished {cfg.trainer.total_steps} steps in {time.time() - start:.0f} s; "
-          f"run directory: {run_dir}", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: one line (the workers ignore SIGINT and are shut down by fit)
+        where = f"at step {trainer.global_step}; {_last_checkpoint(trainer.ckpt_dir)}" if trainer else "while starting"
+        line = f"rltrain: interrupted {where}; resume with: {resume_command(run_dir)}"
+        print(line, file=sys.stderr, flush=True)
+        to_log_files(line)
+        raise SystemExit(130) from None
+    line = f"rltrain: finished {cfg.trainer.total_steps} steps in {time.time() - start:.0f} s; run directory: {run_dir}"
+    print(line, flush=True)
+    to_log_files(line)
     return last
+
+
+def _last_checkpoint(ckpt_dir: str) -> str:
+    found = find_latest_valid(ckpt_dir, log=lambda msg: None)
+    return f"the last good checkpoint is {found[1]} (step {found[0]})" if found else \
+        f"there is no checkpoint under {ckpt_dir} yet (trainer.save_freq)"

@@ -126,14 +126,12 @@ class SFTTrainer:
     def fit(self) -> dict:
         t = self.cfg.trainer
         bar = None
-        if t.progress_bar and self.is_rank0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=self.total_steps, desc="rltrain sft", unit="step", file=sys.stderr, dynamic_ncols=True)
         last: dict = {}
         start = self._maybe_resume()
-        if bar is not None:
-            bar.update(start)
+        if t.progress_bar and self.is_rank0:
+            from rltrain.utils.tracking import progress_bar
+
+            bar = progress_bar(self.total_steps, start, "rltrain sft")
         try:
             for step in range(start + 1, self.total_steps + 1):
                 m: dict = {}

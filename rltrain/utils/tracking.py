@@ -6,6 +6,7 @@ wandb runs offline when no WANDB_API_KEY is set (nothing needs a network); this 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -25,6 +26,8 @@ CONSOLE_KEYS = (
     "actor/ppo_kl",
     "response_length/mean",
     "perf/throughput",
+    "sft/loss",
+    "sft/val_loss",
     "timing_s/step",
 )
 
@@ -33,6 +36,7 @@ SHORT_NAMES = {
     "critic/score/mean": "reward", "val/accuracy": "val_acc", "actor/pg_loss": "pg_loss",
     "actor/entropy": "entropy", "actor/grad_norm": "grad_norm", "actor/ppo_kl": "ppo_kl",
     "response_length/mean": "resp_len", "perf/throughput": "tok/s", "timing_s/step": "step_s",
+    "sft/loss": "loss", "sft/val_loss": "val_loss",
 }
 
 
@@ -68,11 +72,30 @@ class ConsoleLogger:
                 parts.append(f"{k}={_to_float(v):.3f}")
         from tqdm import tqdm
 
+        line = " | ".join(parts)
         with tqdm.external_write_mode(file=self.stream):  # keep an active progress bar intact
-            print(" | ".join(parts), file=self.stream, flush=True)
+            print(line, file=self.stream, flush=True)
+        to_log_files(line)
 
     def finish(self) -> None:
         pass
+
+
+def to_log_files(line: str) -> None:
+    """`line` into the log files of the root logger's file handlers only (the run directory's main.log, which Hydra
+    opens), so the run's record holds what the console showed without printing it twice."""
+    record = logging.LogRecord("rltrain", logging.INFO, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def progress_bar(total: int, start: int, desc: str):
+    """A tqdm bar of steps on stderr, drawn only when stderr is a terminal (a piped log gets the step lines)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True, leave=True,
+                disable=None)
 
 
 class JsonlLogger:

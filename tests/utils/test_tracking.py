@@ -63,3 +63,19 @@ def test_plotting_command_redraws_a_run_and_refuses_a_folder_without_metrics(tmp
     assert capsys.readouterr().out.split() == [str(tmp_path / "reward.png")]
     assert main([str(tmp_path / "nothing")]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+def test_piped_progress_bar_writes_nothing_and_sft_lines_show_the_loss(capsys):
+    """In a piped log (stderr not a terminal) the bar draws nothing, however many steps; the step line carries
+    what the bar would have (SFT's loss and step time)."""
+    from rltrain.utils.tracking import ConsoleLogger, progress_bar
+
+    bar = progress_bar(300, 0, "rltrain sft")
+    for _ in range(300):
+        bar.set_postfix(loss="0.1")
+        bar.update(1)
+    bar.close()
+    assert capsys.readouterr().err == ""
+    out = io.StringIO()
+    ConsoleLogger(out).log({"sft/loss": 0.25, "sft/val_loss": 0.5, "timing_s/step": 0.125, "sft/epoch": 1}, step=7)
+    assert out.getvalue() == "step 7 | loss=0.25 | val_loss=0.5 | step_s=0.125\n"
