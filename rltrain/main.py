@@ -26,7 +26,7 @@ from rltrain.config.convert import as_config, as_dict
 from rltrain.config.schema import RLConfig
 from rltrain.config.entry import CONFIG_DIR
 from rltrain.utils.errors import find_user_error
-from rltrain.utils.rundir import lock_run_dir, mark_finished, prepare_run_dir, resume_command
+from rltrain.utils.rundir import discard_unstarted, lock_run_dir, mark_finished, prepare_run_dir, resume_command
 from rltrain.utils.stacks import enable_stack_dumps
 
 register_configs()
@@ -64,6 +64,9 @@ def run_entry(cfg: DictConfig, validate: Callable[[Any], None], run: Callable[[A
         if user_error is None:
             raise
         print(f"rltrain: {user_error}", file=sys.stderr, flush=True)
+        fresh = _hydra_run_dir() if _hydra_chose_run_dir() and os.environ.get("RANK", "0") == "0" else None
+        if fresh is not None:  # the recipe's new directory (not one the user named), unused: it goes again
+            discard_unstarted(fresh, _hydra_job_name())
         sys.exit(2)
 
 

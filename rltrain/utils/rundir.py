@@ -176,6 +176,33 @@ def resume_command(run_dir: str) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+def discard_unstarted(path: str, job: str = "main") -> bool:
+    """Remove the run directory `path` of a run refused before its first step, when it holds only what starting
+    wrote (Hydra's .hydra/ and `<job>.log`, the lock, config.json, a checkpoints/ holding at most its lock) and
+    nothing in it is a link. Returns whether it was removed; anything else is left as it is."""
+    keep_if_more = {".hydra", f"{job}.log", LOCK_FILE, "config.json", "checkpoints"}
+    try:
+        names = set(os.listdir(path))
+        inside = {n: sorted(os.listdir(os.path.join(path, n))) for n in (".hydra", "checkpoints") if n in names}
+    except OSError:
+        return False
+    files = [os.path.join(path, n) for n in names - set(inside)]
+    files += [os.path.join(path, d, n) for d, sub in inside.items() for n in sub]
+    if not names <= keep_if_more or set(inside.get("checkpoints", [])) - {LOCK_FILE} or any(
+            os.path.islink(p) or not os.path.isfile(p) for p in files) or any(
+            os.path.islink(os.path.join(path, d)) for d in inside):
+        return False
+    try:
+        for p in files:
+            os.remove(p)
+        for d in inside:
+            os.rmdir(os.path.join(path, d))
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
 def mark_finished(run_dir: str) -> None:
     try:
         write_text(os.path.join(run_dir, FINISHED_FILE), json.dumps({"pid": os.getpid()}) + "\n")

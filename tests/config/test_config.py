@@ -148,10 +148,15 @@ def _run_main(*args):
                           text=True, timeout=300)
 
 
-def test_cli_rejects_bad_value_before_starting(tmp_path):
-    res = _run_main("--config-name", "grpo_tiny", "rollout.n=0", f"hydra.run.dir={tmp_path}")
-    assert res.returncode != 0
-    assert "rollout.n" in res.stderr
+def test_cli_rejects_bad_value_before_starting_and_leaves_no_run_directory(tmp_path):
+    """Run from a fresh directory, as a user would: the recipe's run directory (outputs/grpo_tiny/<time>), made
+    before the config check, goes again when the check refuses the config."""
+    res = subprocess.run([sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", "rollout.n=0"],
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "rollout.n" in res.stderr and "Traceback" not in res.stderr
+    assert list((tmp_path / "outputs" / "grpo_tiny").iterdir()) == []
 
 
 def test_cli_cfg_job_prints_the_keys():

@@ -148,3 +148,30 @@ def test_a_multi_line_user_error_message_is_found_whole_in_actor_died_error():
                "rltrain.data.dataset.DataError: bad row\n\nDuring handling of the above exception, another exception "
                "occurred:\n\nTraceback (most recent call last):\n  File \"b.py\", line 2, in g\nKeyError: 'x'")
     assert find_user_error(ActorDiedError(RayTaskError("HybridWorker.__init__", chained, KeyError("x")))) is None
+
+
+def test_discard_unstarted_removes_only_a_directory_holding_what_starting_wrote(tmp_path):
+    from rltrain.utils.rundir import LOCK_FILE, discard_unstarted
+
+    def started(name, *extra):
+        d = tmp_path / name
+        (d / ".hydra").mkdir(parents=True)
+        (d / ".hydra" / "config.yaml").write_text("a: 1\n")
+        (d / "checkpoints").mkdir()
+        (d / "checkpoints" / LOCK_FILE).write_text("")
+        for f in ("main.log", LOCK_FILE, "config.json", *extra):
+            (d / f).write_text("x")
+        return d
+
+    fresh = started("fresh")
+    assert discard_unstarted(str(fresh)) and not fresh.exists()
+    ran = started("ran", "metrics.jsonl")  # a run that logged a step keeps its record
+    assert not discard_unstarted(str(ran)) and (ran / "metrics.jsonl").exists()
+    saved = started("saved")
+    (saved / "checkpoints" / "step_1").mkdir()
+    assert not discard_unstarted(str(saved)) and (saved / "checkpoints" / "step_1").exists()
+    linked = started("linked")
+    (linked / "main.log").unlink()
+    (linked / "main.log").symlink_to(tmp_path / "elsewhere.log")
+    assert not discard_unstarted(str(linked)) and (linked / ".hydra" / "config.yaml").exists()
+    assert not discard_unstarted(str(tmp_path / "missing"))
