@@ -66,6 +66,8 @@ def unknown_key_message(key: str, cls: type = RLConfig) -> str:
             name = ".".join(path[i:] + [name])
             break
         node, known = sub, known + [part]
+    from rltrain.utils.errors import nearest
+
     prefix = "".join(f"{p}." for p in known)
     names = [f.name for f in dataclasses.fields(node)]
     close = nearest(name, names)
@@ -75,14 +77,6 @@ def unknown_key_message(key: str, cls: type = RLConfig) -> str:
     hint = f"did you mean {' or '.join(prefix + c for c in close)}?" if close else \
         "unknown key; check its spelling and section: docs/guide/keys.md lists every key"
     return f"{key}: not a configuration key ({hint})"
-
-
-def nearest(name: str, names: list[str]) -> list[str]:
-    """The names in `names` nearest to `name` (difflib's ratio >= 0.6, within 0.05 of the best)."""
-    import difflib
-
-    ratios = sorted(((difflib.SequenceMatcher(None, name, n).ratio(), n) for n in names), reverse=True)
-    return [n for r, n in ratios if r >= 0.6 and r >= ratios[0][0] - 0.05][:3] if ratios else []
 
 
 def _schema_types() -> dict[str, type]:

@@ -19,13 +19,12 @@ import math
 import os
 from typing import Any, Callable, Iterable
 
-from rltrain.config.convert import nearest
 from rltrain.config.distill import distill_errors
 from rltrain.config.presets import BUILTINS, shape_errors
 from rltrain.config.schema import (ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, OffPolicyConfig,
                                    RLConfig, SFTConfig, resolve_targets)
 from rltrain.config.true_on_policy import true_on_policy_errors
-from rltrain.utils.errors import UserError
+from rltrain.utils.errors import UserError, nearest
 
 
 class ConfigError(UserError, ValueError):

@@ -8,6 +8,7 @@ when a GPU will not fit. Imports no GPU library and starts nothing: `python -m r
 docs/plan.md: the model, the constants and their sources; docs/benchmarks/planner.md: predicted vs measured.
 """
 
-from rltrain.plan.planner import Plan, PlanError, Suggestion, check, make_plan
+from rltrain.plan.planner import Plan, PlanError, Suggestion
+from rltrain.plan.suggest import check, make_plan
 
 __all__ = ["Plan", "PlanError", "Suggestion", "check", "make_plan"]

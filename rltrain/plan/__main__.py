@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rltrain.config import validate_config
     from rltrain.plan import calibration as cal
-    from rltrain.plan.planner import make_plan
+    from rltrain.plan.suggest import make_plan
     from rltrain.plan.report import table, to_json
     from rltrain.utils.errors import find_user_error
 

@@ -1,5 +1,5 @@
-"""The plan of one config: every GPU's peak by phase and part, seconds per step by phase, fits or not, and, when a
-GPU does not fit, the cheapest config keys to change, each found by re-planning the changed config."""
+"""The plan of one config: every GPU's peak by phase and part, seconds per step by phase, fits or not (make_plan and
+check, in suggest.py with the cheapest config keys to change when a GPU does not fit)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.config.parallel import ParallelDimsError
-from rltrain.config.schema import RLConfig
 from rltrain.plan import calibration as cal
 from rltrain.plan.calibration import GIB
-from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, read
+from rltrain.plan.inputs import DataLengths, Inputs
 from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
 from rltrain.plan.timing import host_share, phase_seconds, step_range, tp_dp_factor
 from rltrain.utils.errors import UserError
@@ -208,35 +207,6 @@ class Lengths:
         return x
 
 
-def make_plan(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str | None = None,
-              prompt_tokens: int | None = None, response_tokens: int | None = None,
-              prompts: DataLengths | None = None, suggest: bool = True) -> Plan:
-    """Plan the typed RLConfig `cfg`. gpu_memory_gib: each GPU's memory (default: the device
-    kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
-    lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case); prompts:
-    the training data's prompt lengths (rltrain.data.lengths.data_lengths), planned at in place of
-    data.max_prompt_length when prompt_tokens is not given (memory at the longest, time at the mean)."""
-    dev = device_of(device, gpu_memory_gib)
-    total = (gpu_memory_gib if gpu_memory_gib is not None else cal.DEVICES[dev].total_gib) * GIB
-    lengths = Lengths(prompt_tokens, response_tokens, prompts)
-    x = lengths.apply(read(cfg))
-    bad = placement_problems(x)
-    if bad:
-        raise PlanInputError(f"cannot plan this placement (actor.tensor_parallel_size={x.tp}, "
-                             f"actor.pipeline_parallel_size={x.pp}, rollout.tensor_parallel_size={x.rollout_tp}, "
-                             f"trainer.n_gpus_per_node={x.n_gpus_per_node}, trainer.nnodes={x.nnodes}, model "
-                             f"{x.shape.name}): " + "; ".join(bad))
-    plan = _plan(x, dev, total)
-    plan.prompts = prompts
-    if suggest and not plan.fits:
-        from rltrain.plan.suggest import more_gpus, suggestions
-
-        plan.suggestions = suggestions(cfg, plan, dev, total, lengths)
-        if not any(s.fits for s in plan.suggestions):
-            plan.more_gpus, plan.searched_gpus = more_gpus(cfg, x, dev, total, lengths)
-    return plan
-
-
 def _plan(x: Inputs, dev: str, total: float) -> Plan:
     gpus = plan_gpus(x, total)
     secs = phase_seconds(x, cal.DEVICES[dev].hbm_bytes_per_s, total)
@@ -255,14 +225,3 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
                         "layouts are extrapolated (docs/plan.md, Limits)")
     share = host_share(x, cal.DEVICES[dev].hbm_bytes_per_s, total, secs["step"])
     return Plan(x, dev, total / GIB, gpus, secs, warnings, host_share=share)
-
-
-def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
-          prompts: DataLengths | None = None) -> Plan:
-    """Plan `cfg` and raise PlanError (a UserError: the entry points print it and exit 2) when a GPU will not fit,
-    with the GPU, the phase, the overflowing parts and the cheapest keys to change. Returns the Plan when it fits.
-    prompts: the data's prompt lengths (make_plan). Imports no GPU library and starts nothing."""
-    plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, device=device, prompts=prompts)
-    if not plan.fits:
-        raise PlanError("the plan does not fit the GPUs (rltrain.plan): " + plan.refusal())
-    return plan

@@ -1,4 +1,4 @@
-"""The planner's suggestions: the cheapest config keys to change when a GPU will not fit, each found by re-planning the
+"""A config's plan (`make_plan`; `check` refuses one that does not fit) and its suggestions: the cheapest config keys to change when a GPU will not fit, each found by re-planning the
 changed config (planner._plan), and, when nothing tried on the config's GPUs fits, the fewest GPUs that fit.
 
 Single changes and pairs first (each with the largest rollout.gpu_memory_utilization that fits where vLLM shares the
@@ -14,8 +14,11 @@ import itertools
 from typing import Any
 
 from rltrain.config.schema import RLConfig
-from rltrain.plan.inputs import Inputs, read
-from rltrain.plan.planner import BEAM, MAX_GPUS, MAX_KEYS, Lengths, Plan, Suggestion, _plan, placement_problems
+from rltrain.plan import calibration as cal
+from rltrain.plan.calibration import GIB
+from rltrain.plan.inputs import DataLengths, Inputs, PlanInputError, read
+from rltrain.plan.planner import (BEAM, MAX_GPUS, MAX_KEYS, Lengths, Plan, PlanError, Suggestion, _plan, device_of,
+                                  placement_problems)
 from rltrain.utils.errors import UserError
 
 
@@ -234,3 +237,41 @@ def more_gpus(c: RLConfig, x: Inputs, dev: str, total: float, lengths: Lengths) 
             best = _finish(cc, fits, dev, total, lengths, 1)[0]
             return Suggestion({**keys, **best.overrides}, best.peak_gib, best.step_s, True, world), searched
     return None, searched
+
+
+def make_plan(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str | None = None,
+              prompt_tokens: int | None = None, response_tokens: int | None = None,
+              prompts: DataLengths | None = None, suggest: bool = True) -> Plan:
+    """Plan the typed RLConfig `cfg`. gpu_memory_gib: each GPU's memory (default: the device
+    kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
+    lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case); prompts:
+    the training data's prompt lengths (rltrain.data.lengths.data_lengths), planned at in place of
+    data.max_prompt_length when prompt_tokens is not given (memory at the longest, time at the mean)."""
+    dev = device_of(device, gpu_memory_gib)
+    total = (gpu_memory_gib if gpu_memory_gib is not None else cal.DEVICES[dev].total_gib) * GIB
+    lengths = Lengths(prompt_tokens, response_tokens, prompts)
+    x = lengths.apply(read(cfg))
+    bad = placement_problems(x)
+    if bad:
+        raise PlanInputError(f"cannot plan this placement (actor.tensor_parallel_size={x.tp}, "
+                             f"actor.pipeline_parallel_size={x.pp}, rollout.tensor_parallel_size={x.rollout_tp}, "
+                             f"trainer.n_gpus_per_node={x.n_gpus_per_node}, trainer.nnodes={x.nnodes}, model "
+                             f"{x.shape.name}): " + "; ".join(bad))
+    plan = _plan(x, dev, total)
+    plan.prompts = prompts
+    if suggest and not plan.fits:
+        plan.suggestions = suggestions(cfg, plan, dev, total, lengths)
+        if not any(s.fits for s in plan.suggestions):
+            plan.more_gpus, plan.searched_gpus = more_gpus(cfg, x, dev, total, lengths)
+    return plan
+
+
+def check(cfg: Any, *, gpu_memory_gib: float | None = None, device: str | None = None,
+          prompts: DataLengths | None = None) -> Plan:
+    """Plan `cfg` and raise PlanError (a UserError: the entry points print it and exit 2) when a GPU will not fit,
+    with the GPU, the phase, the overflowing parts and the cheapest keys to change. Returns the Plan when it fits.
+    prompts: the data's prompt lengths (make_plan). Imports no GPU library and starts nothing."""
+    plan = make_plan(cfg, gpu_memory_gib=gpu_memory_gib, device=device, prompts=prompts)
+    if not plan.fits:
+        raise PlanError("the plan does not fit the GPUs (rltrain.plan): " + plan.refusal())
+    return plan

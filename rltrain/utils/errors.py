@@ -67,3 +67,11 @@ def remote_code_refusal(err: BaseException, what: str) -> str | None:
         return None
     return (f"{what} ships its own Python code (auto_map), which rltrain runs only with model.trust_remote_code=true: "
             "set it only for code you have read and trust, or use one without custom code")
+
+
+def nearest(name: str, names: list[str]) -> list[str]:
+    """The names in `names` nearest to `name` (difflib's ratio >= 0.6, within 0.05 of the best)."""
+    import difflib
+
+    ratios = sorted(((difflib.SequenceMatcher(None, name, n).ratio(), n) for n in names), reverse=True)
+    return [n for r, n in ratios if r >= 0.6 and r >= ratios[0][0] - 0.05][:3] if ratios else []
