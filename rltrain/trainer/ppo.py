@@ -28,14 +28,14 @@ from rltrain.trainer.rollout_source import RolloutSource, stats
 from rltrain.trainer.setup import (build_datasets, build_workers, check_config, check_model, plan_check, plan_metrics,
                                    run_directory)
 from rltrain.trainer.weight_sync import WeightSync
-from rltrain.utils.checkpoint import (TRAINER_STATE, find_latest_valid, loading_checkpoint, read_trainer_state,
-                                     resume_path, save_checkpoint)
+from rltrain.utils.checkpoint import (TRAINER_STATE, loading_checkpoint, read_trainer_state, resume_path,
+                                     save_checkpoint)
 from rltrain.utils.memory import memory_metrics
 from rltrain.utils.plain import save_plain
 from rltrain.utils.safefs import make_dirs, write_text
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
-from rltrain.utils.rundir import resume_command
+from rltrain.utils.rundir import interrupted_line, last_checkpoint
 from rltrain.utils.tracking import Tracker, to_log_files
 from rltrain.workers.group import WorkerLost, gather_rows, init_ray, mean_metrics
 
@@ -436,12 +436,12 @@ def run_from_config(cfg: RLConfig, run_dir: str | None = None, *,
         print(f"rltrain: {err}", file=sys.stderr, flush=True)
         raise SystemExit(3) from None
     except WorkerLost as err:
-        print(f"rltrain: {err}. The run stops; {_last_checkpoint(trainer.ckpt_dir)}. Rerun the same command with "
+        print(f"rltrain: {err}. The run stops; {last_checkpoint(trainer.ckpt_dir)}. Rerun the same command with "
               "trainer.resume=auto to continue from it.", file=sys.stderr, flush=True)
         raise SystemExit(4) from None
     except KeyboardInterrupt:  # Ctrl-C: one line (the workers ignore SIGINT and are shut down by fit)
-        where = f"at step {trainer.global_step}; {_last_checkpoint(trainer.ckpt_dir)}" if trainer else "while starting"
-        line = f"rltrain: interrupted {where}; resume with: {resume_command(run_dir)}"
+        line = interrupted_line(trainer.global_step, trainer.ckpt_dir, run_dir) if trainer else \
+            "rltrain: interrupted while starting"
         print(line, file=sys.stderr, flush=True)
         to_log_files(line)
         raise SystemExit(130) from None
@@ -449,9 +449,3 @@ def run_from_config(cfg: RLConfig, run_dir: str | None = None, *,
     print(line, flush=True)
     to_log_files(line)
     return last
-
-
-def _last_checkpoint(ckpt_dir: str) -> str:
-    found = find_latest_valid(ckpt_dir, log=lambda msg: None)
-    return f"the last good checkpoint is {found[1]} (step {found[0]})" if found else \
-        f"there is no checkpoint under {ckpt_dir} yet (trainer.save_freq)"

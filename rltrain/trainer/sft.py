@@ -39,9 +39,11 @@ from rltrain.models.hf_export import save_hf_checkpoint
 from rltrain.models.loss_protocol import MicroBatch, ModelOutputs
 from rltrain.utils.checkpoint import resume_path, save_checkpoint
 from rltrain.utils.plain import load_plain, save_plain
+from rltrain.utils.rundir import interrupted_line
 from rltrain.utils.safefs import make_dirs, write_text
 from rltrain.utils.seeding import rng_state, seed_all, set_rng_state
 from rltrain.utils.timing import timer
+from rltrain.utils.tracking import to_log_files
 
 
 class SFTLoss:
@@ -111,6 +113,7 @@ class SFTTrainer:
         del state
         self.dp_rank, self.dp_size = self.engine.data_parallel
         self.ckpt_dir = t.ckpt_dir or os.path.join(run_dir, "checkpoints")
+        self.step = 0  # the last step run (the Ctrl-C line names it)
         self.is_rank0 = not dist.is_initialized() or dist.get_rank() == 0
         self.sampler = PromptSampler(self.train_ds, batch_size=d.batch_size, seed=self.seed, shuffle=d.shuffle)
         self.loss = SFTLoss()
@@ -134,6 +137,7 @@ class SFTTrainer:
             bar = progress_bar(self.total_steps, start, "rltrain sft")
         try:
             for step in range(start + 1, self.total_steps + 1):
+                self.step = step
                 m: dict = {}
                 with timer("step", m):
                     rows = self.sampler.next_batch()[self.dp_rank::self.dp_size]
@@ -267,7 +271,14 @@ def run_sft_from_config(cfg: SFTConfig, run_dir: str | None = None) -> dict:
         write_text(os.path.join(run_dir, "config.json"), json.dumps(as_dict(cfg), indent=1))
     start = time.time()
     trainer = SFTTrainer(cfg, run_dir)
-    last = trainer.fit()
+    try:
+        last = trainer.fit()
+    except KeyboardInterrupt:  # Ctrl-C: one line from rank 0, no traceback
+        if trainer.is_rank0:
+            line = interrupted_line(trainer.step, trainer.ckpt_dir, run_dir)
+            print(line, file=sys.stderr, flush=True)
+            to_log_files(line)
+        raise SystemExit(130) from None
     if trainer.is_rank0:
         print(f"rltrain sft: finished {trainer.total_steps} steps in {time.time() - start:.0f} s "
               f"(loss {last.get('sft/loss', float('nan')):.4f}); model: {last['output_dir']}", flush=True)

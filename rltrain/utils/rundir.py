@@ -176,6 +176,21 @@ def resume_command(run_dir: str) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
+def last_checkpoint(ckpt_dir: str) -> str:
+    """Where a stopped run continues from, in words: the newest intact checkpoint under `ckpt_dir`, or that there is
+    none yet."""
+    from rltrain.utils.checkpoint import find_latest_valid
+
+    found = find_latest_valid(ckpt_dir, log=lambda msg: None)
+    return f"the last good checkpoint is {found[1]} (step {found[0]})" if found else \
+        f"there is no checkpoint under {ckpt_dir} yet (trainer.save_freq)"
+
+
+def interrupted_line(step: int, ckpt_dir: str, run_dir: str) -> str:
+    """The one line a run stopped by Ctrl-C ends with: the step, its last checkpoint, the command that continues it."""
+    return f"rltrain: interrupted at step {step}; {last_checkpoint(ckpt_dir)}; resume with: {resume_command(run_dir)}"
+
+
 def discard_unstarted(path: str, job: str = "main") -> bool:
     """Remove the run directory `path` of a run refused before its first step, when it holds only what starting
     wrote (Hydra's .hydra/ and `<job>.log`, the lock, config.json, a checkpoints/ holding at most its lock) and

@@ -215,6 +215,11 @@ def test_interrupted_sft_resumes_exactly_on_the_uninterrupted_loss_curve(tmp_pat
     with pytest.raises(KeyboardInterrupt):
         stopped.fit()
     assert [s for s, _ in list_checkpoints(str(cut / "checkpoints"))] == [4]
+    from rltrain.utils.rundir import interrupted_line  # what rltrain.sft prints on Ctrl-C
+
+    assert interrupted_line(stopped.step, stopped.ckpt_dir, str(cut)).startswith(
+        f"rltrain: interrupted at step 5; the last good checkpoint is {cut / 'checkpoints' / 'step_4'} (step 4); "
+        "resume with: ")
 
     resumed_dir = tmp_path / "resumed"  # a fresh run directory pointed at the stopped run's checkpoints
     resumed = SFTTrainer(sft_cfg(*over, f"trainer.ckpt_dir={cut / 'checkpoints'}",
