@@ -63,7 +63,8 @@ def table(plan: Plan) -> str:
             if p.detail:
                 lines.append("  " + p.detail)
         if g.sleep_frees_bytes:
-            lines.append(f"  the rollout engine's sleep frees {g.sleep_frees_bytes / GIB:.2f} GiB for the training phases")
+            lines.append(f"  the rollout engine's sleep frees {g.sleep_frees_bytes / GIB:.2f} GiB for the training "
+                         "phases")
         for n in g.notes:
             lines.append("  note: " + n.removeprefix("REFUSE: "))
         lines.append("")

@@ -1,5 +1,6 @@
-"""A config's plan (`make_plan`; `check` refuses one that does not fit) and its suggestions: the cheapest config keys to change when a GPU will not fit, each found by re-planning the
-changed config (planner._plan), and, when nothing tried on the config's GPUs fits, the fewest GPUs that fit.
+"""A config's plan (`make_plan`; `check` refuses one that does not fit) and its suggestions: the cheapest config
+keys to change when a GPU will not fit, each found by re-planning the changed config (planner._plan), and, when
+nothing tried on the config's GPUs fits, the fewest GPUs that fit.
 
 Single changes and pairs first (each with the largest rollout.gpu_memory_utilization that fits where vLLM shares the
 GPUs); when none fits, the most helpful combinations extended a key at a time (a beam of planner.BEAM, up to
@@ -78,7 +79,8 @@ def _memory_shares(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
     """Lower rollout.gpu_memory_utilization values (colocated vLLM sized by the fraction), for deeper searches."""
     if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not x.colocated:
         return []
-    return [{"rollout.gpu_memory_utilization": u} for u in (0.4, 0.3, 0.2, 0.15, 0.1) if u < x.gpu_memory_utilization - 0.01]
+    return [{"rollout.gpu_memory_utilization": u} for u in (0.4, 0.3, 0.2, 0.15, 0.1)
+            if u < x.gpu_memory_utilization - 0.01]
 
 
 def _apply(c: RLConfig, ov: dict[str, Any]) -> RLConfig:
@@ -193,7 +195,8 @@ def _extend(c: RLConfig, start: list[Suggestion], keys: list[dict[str, Any]], de
     return []
 
 
-def _finish(c: RLConfig, fits: list[Suggestion], dev: str, total: float, lengths: Lengths, limit: int) -> list[Suggestion]:
+def _finish(c: RLConfig, fits: list[Suggestion], dev: str, total: float, lengths: Lengths,
+            limit: int) -> list[Suggestion]:
     """The cheapest of `fits` (by step time), each with the largest rollout.gpu_memory_utilization that still fits."""
     out = []
     for s in sorted(fits, key=lambda s: (s.step_s, len(s.overrides), s.peak_gib))[:limit]:
