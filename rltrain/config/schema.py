@@ -152,7 +152,7 @@ class TeacherConfig(ModelConfig):
     its run's config.json); builtin + overrides: a preset (random init, for timing); the student's vocabulary."""
 
     colocate: bool = True  # a role of the training workers (the actor's TP/PP); false: a Ray group of its own
-    n_gpus_per_node: int = 1
+    n_gpus_per_node: int = 1  # GPUs per node of its own group (teacher.colocate=false)
     tensor_parallel_size: Optional[int] = None  # null: the actor's
     pipeline_parallel_size: Optional[int] = None  # null: the actor's
     log_prob_max_tokens_per_micro_batch: Optional[int] = None  # null: the actor's forward budget
