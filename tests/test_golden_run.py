@@ -72,3 +72,32 @@ def test_grpo_tiny_40_steps_reproduce_the_golden_metrics(tmp_path):
     assert len(golden) == 41 and any("actor/grad_norm" in r for r in golden)
     diffs = _differences(golden, got)
     assert not diffs, f"{len(diffs)} metric(s) differ from the golden run:\n" + "\n".join(diffs[:40])
+
+
+def _short_run(tmp_path, *overrides: str) -> list[dict]:
+    """grpo_tiny for 3 steps in one process (no validation): its metric rows."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", "trainer.total_steps=3",
+         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.use_ray=false", "trainer.logger=[jsonl]",
+         f"hydra.run.dir={run_dir}", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _rows(run_dir / "metrics.jsonl")
+
+
+@pytest.mark.skipif(not os.path.exists(GOLDEN), reason=f"no golden run for this CPU's kernels ({CAPABILITY})")
+def test_offloaded_state_changes_no_number(tmp_path):
+    """actor.offload_while_rollout (params and optimizer state to other tensors while the engine generates) and
+    actor.optimizer_offload_fraction=0.5 (half the AdamW state stepped by a second, host AdamW): grpo_tiny's first
+    steps are the golden run's, metric for metric."""
+    got = _short_run(tmp_path, "actor.offload_while_rollout=true", "actor.optimizer_offload_fraction=0.5")
+    golden = [r for r in _rows(GOLDEN) if 1 <= r.get("step", 0) <= 3]
+    assert len(got) == 3 and not _differences(golden, got), _differences(golden, got)[:20]
+
+
+def test_engine_init_pushes_the_actors_weights_before_the_first_generation(tmp_path):
+    """model.init=engine: the actor makes its own random weights and the rollout engine (started from others) takes
+    them before generating: the sampler's log-probs are the actor's from the first step on (rounding apart)."""
+    got = _short_run(tmp_path, "model.init=engine", "actor.use_kl_loss=false")
+    assert len(got) == 3 and all(r["rollout/mismatch_abs_mean"] < 1e-5 for r in got), got[0]

@@ -4,7 +4,8 @@ into an HF config; the planner reads the shapes directly).
 
 `tiny` is the CPU default's Qwen3-architecture model, `small` the learning recipe's (~55M); `qwen3-0.6b`,
 `qwen3-4b` and `qwen3-8b` have Qwen3-0.6B's, Qwen3-4B's and Qwen3-8B's real shapes and vocab size for GPU
-benchmarks. `tiny-moe`, `small-moe` and `qwen3-30b-a3b` are their Mixture-of-Experts (Qwen3-MoE) counterparts.
+benchmarks. `tiny-moe`, `small-moe`, `qwen3-30b-a3b` and `qwen3-235b-a22b` are their Mixture-of-Experts (Qwen3-MoE)
+counterparts (the last two with the published models' shapes).
 """
 
 from __future__ import annotations
@@ -64,10 +65,18 @@ QWEN3_30B_A3B = dict(
     max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
     hidden_act="silu", attention_bias=False,
 )
+# Facts from the public Hugging Face Qwen3-235B-A22B config.json (94 layers, 128 experts, top-8, expert FFN 1536).
+QWEN3_235B_A22B = dict(
+    model_type="qwen3_moe", vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+    num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
+    num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    hidden_act="silu", attention_bias=False,
+)
 
 BUILTINS: dict[str, dict] = {"tiny": TINY, "small": SMALL, "qwen3-0.6b": QWEN3_0_6B, "qwen3-4b": QWEN3_4B,
                            "qwen3-8b": QWEN3_8B, "tiny-moe": TINY_MOE, "small-moe": SMALL_MOE,
-                           "qwen3-30b-a3b": QWEN3_30B_A3B}
+                           "qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-235b-a22b": QWEN3_235B_A22B}
 
 
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

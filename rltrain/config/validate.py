@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 from rltrain.config.distill import distill_errors
 from rltrain.config.presets import BUILTINS, shape_errors
+from rltrain.config.scale_rules import scale_errors
 from rltrain.config.schema import (ELEMENTWISE_FUSIONS, RECOMPUTE_GRANULARITIES, RECOMPUTE_MODULES, OffPolicyConfig,
                                    RLConfig, SFTConfig, resolve_targets)
 from rltrain.config.true_on_policy import true_on_policy_errors
@@ -105,6 +106,7 @@ def _optimizer(e: list, prefix: str, o) -> None:
     _positive(e, f"{prefix}.lr_warmup_steps", o.lr_warmup_steps, allow_zero=True)
     _choice(e, f"{prefix}.lr_schedule", o.lr_schedule, LR_SCHEDULES)
     _range(e, f"{prefix}.min_lr_ratio", o.min_lr_ratio, 0.0, 1.0)
+    _range(e, f"{prefix}.optimizer_offload_fraction", o.optimizer_offload_fraction, 0.0, 1.0)
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         e.append(f"{prefix}.betas={list(o.betas)} must be two numbers in [0, 1)")
 
@@ -130,7 +132,6 @@ def _model(e: list, m, key: str = "model") -> None:  # a ModelConfig's keys unde
 
 
 # ---------------------------------------------------------------------------- RL sections (RLConfig)
-
 def _rollout(e: list, cfg) -> None:
     r = cfg.rollout
     _positive(e, "rollout.n", r.n)
@@ -412,7 +413,8 @@ def _partial(e: list, cfg) -> None:
 
 # one validator per section of RLConfig, in report order
 RL_VALIDATORS: dict[str, Callable[[list, Any], None]] = {
-    "model": lambda e, cfg: _model(e, cfg.model), "rollout": _rollout, "actor": _actor, "critic": _critic,
+    "model": lambda e, cfg: (_model(e, cfg.model), e.extend(scale_errors(cfg))), "rollout": _rollout, "actor": _actor,
+    "critic": _critic,
     "algorithm": _algorithm, "reward": _reward, "data": _data, "trainer": _trainer,
     "teacher": lambda e, cfg: e.extend(distill_errors(cfg, _model)),  # its placement: workers/placement.py
 }

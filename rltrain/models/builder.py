@@ -24,12 +24,14 @@ def build_engine(hf_config: Any, *, role: str, max_tokens_per_micro_batch: int, 
                  parallel: ParallelConfig | None = None, compute: LayerComputeConfig | None = None,
                  head: LogprobHeadConfig | None = None, moe: MoEConfig | None = None,
                  hf_state_dict: dict | None = None, forward_max_tokens_per_micro_batch: int | None = None,
-                 lora: LoraConfig | None = None, true_on_policy: SampledDistribution | None = None):
+                 lora: LoraConfig | None = None, true_on_policy: SampledDistribution | None = None,
+                 offload_layers: bool = False):
     """A MegatronEngine of `role` ("actor", "ref", "critic") for the model `hf_config` describes on this rank,
     loaded from `hf_state_dict` (HF names -> full tensors) when given. total_steps: optimizer steps of the lr
     schedule. forward_max_tokens_per_micro_batch: the forward-only passes' budget (None: the update's). lora: the
     actor's adapters (actor.lora; None or rank 0: full fine-tuning). true_on_policy: the rollout engine's arithmetic
-    and sampled distribution (rollout.true_on_policy)."""
+    and sampled distribution (rollout.true_on_policy). offload_layers: a reference keeps its decoder layers in host
+    memory, streamed in per forward (ref.offload)."""
     from rltrain.models.megatron.engine import MegatronEngine
 
     config = EngineConfig(optim=optim or OptimizerConfig(), parallel=parallel or ParallelConfig(),
@@ -37,7 +39,7 @@ def build_engine(hf_config: Any, *, role: str, max_tokens_per_micro_batch: int, 
                           moe=moe or MoEConfig(), lora=lora or LoraConfig(),
                           max_tokens_per_micro_batch=max_tokens_per_micro_batch, total_steps=total_steps,
                           forward_max_tokens_per_micro_batch=forward_max_tokens_per_micro_batch,
-                          true_on_policy=true_on_policy)
+                          true_on_policy=true_on_policy, offload_layers=offload_layers)
     engine = MegatronEngine(hf_config, config, role=role, params_dtype=dtype, device=device, seed=seed)
     if hf_state_dict is not None:
         engine.load_hf_weights(hf_state_dict)

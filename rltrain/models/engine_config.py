@@ -53,6 +53,8 @@ class EngineConfig:
     # the forward-only passes' budget (forward_logprobs, forward_values); None: max_tokens_per_micro_batch
     forward_max_tokens_per_micro_batch: int | None = None
     total_steps: int = 1000  # optimizer steps of the lr schedule (the builder passes the run's)
+    # a forward-only engine (the reference) keeps its decoder layers on the host and streams them in (ref.offload)
+    offload_layers: bool = False
     make_vocab_size_divisible_by: int = VOCAB_PADDING
     true_on_policy: SampledDistribution | None = None  # rollout.true_on_policy (None: the plain forward and head)
 

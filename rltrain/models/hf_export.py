@@ -20,6 +20,19 @@ import torch
 from rltrain.models.hf_experts import CheckpointLayout, checkpoint_names
 
 
+def write_hf_config(hf_config, directory: str, architecture: str | None = None) -> None:
+    """`hf_config`'s config.json in `directory`, its `architectures` the causal LM's class name as a model's
+    save_pretrained records it (vLLM picks its model class by it; a bare config has none): `architecture`, or the
+    one transformers maps the config's model_type to."""
+    if architecture is None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_config.model_type)
+    if architecture:
+        hf_config.architectures = [architecture]
+    hf_config.save_pretrained(directory)
+
+
 def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Tensor] | Iterable, *,
                        tokenizer=None, dtype: torch.dtype | None = None, atomic: bool = False) -> str:
     """Write `tensors` (HF names -> full tensors) of the causal LM `hf_config` describes to `directory`, with the
@@ -44,8 +57,7 @@ def save_hf_checkpoint(directory: str, hf_config, tensors: Mapping[str, torch.Te
     if atomic:
         shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target, exist_ok=True)
-    hf_config.architectures = [type(meta).__name__]  # as save_pretrained records it (vLLM picks its model by it)
-    hf_config.save_pretrained(target)
+    write_hf_config(hf_config, target, type(meta).__name__)
 
     def prepared(t: torch.Tensor) -> torch.Tensor:
         t = t.detach()

@@ -280,6 +280,22 @@ TIME: dict[str, Const] = {
     "nccl_broadcast_gb_s": Const(
         368.0, "GB/s", "issue #35's NCCL measurement, 2026-11-25, 2 x H100: broadcast bus bandwidth at 1 GiB",
         "measured"),
+    # offload (models/megatron/offload.py): copies between pinned host memory and each GPU, all of a host's GPUs at
+    # once, and torch's CPU AdamW over the host's share of the optimizer state (actor.optimizer_offload_fraction)
+    "host_copy_gb_s": Const(
+        20.0, "GB/s per GPU, each direction",
+        "assumed: PCIe Gen5 x16 (about 50 GB/s a direction nominal), halved for four GPUs copying at once; not "
+        "measured yet (the offload runs of issue 59 will)", "assumed"),
+    # rollout.direct_expert_sync_after: each expert tensor gathered into its layer's block and written by one copy per
+    # projection (rollout/vllm_experts.py) instead of vLLM's loader (reload_s_per_expert_tensor)
+    "direct_expert_s_per_tensor": Const(
+        2e-5, "s per expert tensor",
+        "assumed: a dict insert and a regex match per tensor, two copies of the layer's bytes at HBM speed; not "
+        "measured yet (the Qwen3-30B-A3B run of issue 59 will)", "assumed"),
+    "host_adam_params_per_s": Const(
+        2.0e8, "parameters per second per rank",
+        "assumed: torch's CPU AdamW reads and writes 28 bytes a parameter, a few threads of a rank at about 6 GB/s; "
+        "not measured", "assumed"),
 }
 
 

@@ -35,7 +35,8 @@ class PlanInputError(UserError, ValueError):
 # Vocabulary of the built-in character tokenizer (rltrain/data/tokenizer.py: 64 ids); tiny and small take theirs.
 CHAR_VOCAB = 64
 # Qwen3 hub names whose public config.json the presets copy (rltrain/config/presets.py).
-HUB_PRESETS = {"qwen/qwen3-0.6b": "qwen3-0.6b", "qwen/qwen3-4b": "qwen3-4b", "qwen/qwen3-8b": "qwen3-8b"}
+HUB_PRESETS = {"qwen/qwen3-0.6b": "qwen3-0.6b", "qwen/qwen3-4b": "qwen3-4b", "qwen/qwen3-8b": "qwen3-8b",
+               "qwen/qwen3-30b-a3b": "qwen3-30b-a3b", "qwen/qwen3-235b-a22b": "qwen3-235b-a22b"}
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,16 @@ class Inputs:
     recompute_old_logprobs: bool  # actor.recompute_old_logprobs: false skips the old-log-prob pass
     lora_rank: int  # actor.lora.rank (0: full fine-tuning)
     lora_targets: tuple[str, ...]  # actor.lora.target_modules as PEFT names
+    optimizer_offload_fraction: float = 0.0  # actor.optimizer_offload_fraction: that share of the state on the host
+    offload_while_rollout: bool = False  # actor.offload_while_rollout: the actor's state on the host during generation
+    ref_offload: bool = False  # ref.offload: the reference's layers on the host, streamed in per forward
+    replay_compare: bool = False  # actor.moe_routing_replay_compare: the old log-probs' pass once more
+    direct_expert_sync_after: int = 1  # rollout.direct_expert_sync_after: -1, the experts through vLLM's loader
+    # the engine before issue 59 (every rank the whole fp32 master and AdamW state, all fp32 grads at the optimizer
+    # step, the grouped GEMM's experts stacked into a copy per call), as every run measured in tools/results/ ran
+    # (tools/planlab/fit.py plans those so); false: the engine now (sharded optimizer, bf16 step in chunks, experts
+    # in place)
+    legacy_engine: bool = False
     # the prompt length time is planned at (the data's mean: timing.phase_seconds); None: max_prompt_length
     mean_prompt_length: float | None = None
     lengths_from: str = "config"  # where max_prompt_length came from: config (the bound) | data | given
@@ -242,5 +253,7 @@ def read(cfg: RLConfig) -> Inputs:
         nnodes=t.nnodes, device=t.device, use_ray=t.use_ray, async_rollout=t.async_rollout,
         moe_grouped_gemm=a.moe_grouped_gemm, free_cache_engine=r.free_cache_engine,
         recompute_old_logprobs=a.recompute_old_logprobs, lora_rank=a.lora.rank,
-        lora_targets=resolve_targets(a.lora.target_modules),
+        lora_targets=resolve_targets(a.lora.target_modules), optimizer_offload_fraction=a.optimizer_offload_fraction,
+        offload_while_rollout=a.offload_while_rollout, ref_offload=cfg.ref.offload,
+        replay_compare=a.moe_routing_replay_compare, direct_expert_sync_after=r.direct_expert_sync_after,
     )

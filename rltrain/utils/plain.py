@@ -101,15 +101,16 @@ def save_plain(obj: Any, path: str) -> None:
     torch.save(to_plain(obj), path)
 
 
-def load_plain(path: str) -> Any:
+def load_plain(path: str, *, mmap: bool = False) -> Any:
     """What save_plain wrote at `path`, read by torch's weights-only unpickler (an older rltrain's file through the
-    legacy allowlist). NotPlainData, naming the file and what it holds, for anything else."""
+    legacy allowlist). NotPlainData, naming the file and what it holds, for anything else. mmap: the tensors mapped
+    from the file, read as they are touched (a resume that takes a few ranges of many ranks' files)."""
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         try:
             with torch.serialization.safe_globals(_legacy_allowlist()):
-                data = torch.load(path, map_location="cpu", weights_only=True)
+                data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError:
             named = _globals_named(path)
             if named is None:

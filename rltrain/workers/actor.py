@@ -230,8 +230,10 @@ class ActorRole:
 
     def __init__(self, hf_config, hf_state_dict: dict | None, *, role: str, actor_cfg: ActorConfig,
                  trainer_cfg: TrainerConfig, device: str, dtype: torch.dtype, seed: int, total_steps: int,
-                 routing_replay: bool = False, true_on_policy: SampledDistribution | None = None):
-        """true_on_policy: the rollout engine's arithmetic and sampled distribution (rollout.true_on_policy)."""
+                 routing_replay: bool = False, true_on_policy: SampledDistribution | None = None,
+                 offload_layers: bool = False):
+        """true_on_policy: the rollout engine's arithmetic and sampled distribution (rollout.true_on_policy).
+        offload_layers: the reference's decoder layers in host memory, streamed in per forward (ref.offload)."""
         assert role in ("actor", "ref"), role
         self.role, self.actor_cfg, self.trainer_cfg = role, actor_cfg, trainer_cfg
         # rollout routing replay (workers/hybrid.routing_replay): the policy's forwards route as the rollout did;
@@ -244,7 +246,8 @@ class ActorRole:
                                    optim=actor_cfg.group(OptimizerConfig), parallel=actor_cfg.group(ParallelConfig),
                                    compute=actor_cfg.group(LayerComputeConfig), moe=actor_cfg.group(MoEConfig),
                                    head=trainer_cfg.group(LogprobHeadConfig),
-                                   lora=actor_cfg.lora if role == "actor" else None, true_on_policy=true_on_policy)
+                                   lora=actor_cfg.lora if role == "actor" else None, true_on_policy=true_on_policy,
+                                   offload_layers=offload_layers and role == "ref")
         self.loss = PolicyLoss.from_config(actor_cfg, async_rollout=trainer_cfg.async_rollout)
 
     def base_reference(self) -> BaseReference:
@@ -255,15 +258,16 @@ class ActorRole:
     # ------------------------------------------------------------------ forward-only
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                         adapters: bool = True):
+                         adapters: bool = True, replay: bool = True):
         """(logprobs [B, R], entropy [B, R] or None) of the response tokens under this model. adapters=False: under
-        the LoRA actor's base (its adapters off; the reference keeps its own MoE routing)."""
+        the LoRA actor's base (its adapters off; the reference keeps its own MoE routing). replay=False: the router's
+        own routing even where this role replays the rollout's."""
         input_ids, seq_lens, start, label_mask = label_masks(
             batch, response_only=self.trainer_cfg.logprobs_response_only, loss_mask_only=False)
         with contextlib.nullcontext() if adapters else self.engine.lora.disabled():
             lp, ent = self.engine.forward_logprobs(input_ids, seq_lens, label_mask, temperature=temperature,
                                                    with_entropy=with_entropy,
-                                                   routed_experts=self._routing(batch) if adapters else None)
+                                                   routed_experts=self._routing(batch) if adapters and replay else None)
         lp = batch.response_from_full(lp.float().cpu(), start)
         ent = None if ent is None else batch.response_from_full(ent.float().cpu(), start)
         return lp, ent
@@ -340,8 +344,9 @@ class ActorRole:
     def state_dict(self) -> dict:
         return self.engine.state_dict()
 
-    def load_state_dict(self, sd: dict) -> None:
-        self.engine.load_state_dict(sd)
+    def load_state_dict(self, sd: dict, optimizer_pieces: list | None = None) -> None:
+        """optimizer_pieces: other ranks' saved pieces, for a checkpoint of another data-parallel size."""
+        self.engine.load_state_dict(sd, optimizer_pieces)
 
 
 class BaseReference:

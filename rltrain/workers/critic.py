@@ -78,5 +78,6 @@ class CriticRole:
     def state_dict(self) -> dict:
         return self.engine.state_dict()
 
-    def load_state_dict(self, sd: dict) -> None:
-        self.engine.load_state_dict(sd)
+    def load_state_dict(self, sd: dict, optimizer_pieces: list | None = None) -> None:
+        """optimizer_pieces: other ranks' saved pieces, for a checkpoint of another data-parallel size."""
+        self.engine.load_state_dict(sd, optimizer_pieces)

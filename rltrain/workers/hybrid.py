@@ -127,6 +127,35 @@ def routing_replay(cfg: RLConfig, hf_config, device: str) -> bool:
             and a.pipeline_parallel_size == 1 and a.tensor_parallel_size == 1)
 
 
+def read_rank_state(path: str, rank: int, layout: dict[str, int] | None) -> tuple[dict, list[dict]]:
+    """(this rank's saved state, the saved states it takes optimizer pieces from) of the checkpoint at `path`. Written
+    with this rank's layout (compat.parallel_layout): its own file, no others. Written at another data-parallel size
+    (the same TP, PP and EP sizes): the model and RNG state of a rank at this rank's TP/PP/EP coordinates (the same
+    data-parallel rank where there is one), and every rank's file at this rank's TP/PP coordinates, memory-mapped
+    (each rank reads only its own pieces of them). Another TP, PP or EP size is refused (UserError)."""
+    from rltrain.utils.errors import UserError
+
+    own = os.path.join(path, f"worker_rank{rank}.pt")
+    if os.path.exists(own):
+        sd = load_plain(own, mmap=True)
+        if layout is None or sd.get("layout") in (None, layout):
+            return sd, []
+    files = sorted(f for f in os.listdir(path) if f.startswith("worker_rank") and f.endswith(".pt"))
+    saved = [load_plain(os.path.join(path, f), mmap=True) for f in files]
+    saved = [s for s in saved if s.get("layout")]
+    sizes = ("tp_size", "pp_size", "ep_size")
+    other = next((s["layout"] for s in saved if any(s["layout"][k] != layout[k] for k in sizes)), None)
+    if other is not None or not saved:
+        raise UserError(f"checkpoint {path} was written with tensor/pipeline/expert parallel sizes "
+                        f"{tuple(other[k] for k in sizes) if other else '(unknown)'}; this run has "
+                        f"{tuple(layout[k] for k in sizes)}: resume with the same actor.tensor_parallel_size, "
+                        "pipeline_parallel_size and expert_parallel_size (only the data-parallel size may change)")
+    mine = [s for s in saved if (s["layout"]["tp"], s["layout"]["pp"]) == (layout["tp"], layout["pp"])]
+    same_ep = [s for s in mine if s["layout"]["ep"] == layout["ep"]]
+    base = next((s for s in same_ep if s["layout"]["dp"] == layout["dp"]), same_ep[0])
+    return base, mine
+
+
 class HybridWorker(Worker):
     def __init__(self, cfg: RLConfig, roles: list[str], rank: int = 0, world_size: int = 1):
         unknown = set(roles) - set(ROLES)
@@ -135,6 +164,8 @@ class HybridWorker(Worker):
         enable_stack_dumps()  # a Ray worker that hangs prints where on `kill -USR1 <pid>` (utils/stacks.py)
         self.cfg, self.roles = cfg, list(roles)
         self.actor = self.ref = self.critic = self.rollout = self.teacher = None
+        self.offload_actor = False  # actor.offload_while_rollout in a colocated worker (setup)
+        self.layout: dict[str, int] | None = None  # the training roles' mesh (compat.parallel_layout), set in setup
         self.profiler = WorkerProfiler()  # trainer.profile_steps: started and stopped by the driver around a step
 
     def setup(self, master_addr: str, master_port: int, local_rank: int = 0) -> dict:
@@ -167,17 +198,24 @@ class HybridWorker(Worker):
                                          device=self.device, seed=seed)
         mesh = None
         if any(role is not None for role in (self.actor, self.ref, self.critic, self.teacher)):
-            from rltrain.models.megatron.compat import parallel_coordinates
+            from rltrain.models.megatron.compat import parallel_coordinates, parallel_layout
 
             mesh = parallel_coordinates()
+            self.layout = parallel_layout()
         return {"rank": self.rank, "device": self.device, "roles": self.roles, "mesh": mesh}
 
     def _build_student(self, seed: int, train_dtype: torch.dtype) -> None:
         """The student's roles of this rank (actor, ref, critic, rollout) from model.*, and the weight path."""
         cfg, t = self.cfg, self.cfg.trainer
-        self.hf_config, hf_model = initial_hf_model(cfg.model, self.tokenizer, seed, train_dtype, self.device)
+        m = cfg.model
+        if m.init == "engine":  # the actor makes its own random weights; the engine takes them (first push)
+            from rltrain.models.presets import model_hf_config
+
+            self.hf_config, hf_model, sd = model_hf_config(m, self.tokenizer), None, None
+        else:
+            self.hf_config, hf_model = initial_hf_model(m, self.tokenizer, seed, train_dtype, self.device)
+            sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         hf_config = self.hf_config
-        sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
         total = t.total_steps * max(1, cfg.actor.ppo_epochs)
         replay = routing_replay(cfg, hf_config, self.device)
         if "actor" in self.roles:
@@ -196,7 +234,8 @@ class HybridWorker(Worker):
             from rltrain.workers.actor import ActorRole
 
             self.ref = ActorRole(hf_config, sd, role="ref", actor_cfg=cfg.actor, trainer_cfg=t,
-                                 device=self.device, dtype=train_dtype, seed=seed, total_steps=total)
+                                 device=self.device, dtype=train_dtype, seed=seed, total_steps=total,
+                                 offload_layers=cfg.ref.offload)
         if "critic" in self.roles:
             from rltrain.workers.critic import CriticRole
 
@@ -207,10 +246,16 @@ class HybridWorker(Worker):
         lora = LoraSpec.from_config(cfg.actor.lora)  # None: full fine-tuning
         method = sync_method(colocated="actor" in self.roles and "rollout" in self.roles, device=self.device,
                              engine=cfg.rollout.engine, adapters_only=lora is not None)
+        # actor.offload_while_rollout (colocated): the actor's state waits in host memory whenever the engine is awake,
+        # from before it starts (it sizes its memory from what is free then)
+        self.offload_actor = bool(cfg.actor.offload_while_rollout and self.actor is not None and "rollout" in self.roles)
+        if self.offload_actor:
+            self.actor.engine.offload()
         if "rollout" in self.roles:
             from rltrain.workers.rollout import RolloutRole
 
-            self.rollout = RolloutRole(engine=cfg.rollout.engine, model=hf_model, tokenizer=self.tokenizer,
+            self.rollout = RolloutRole(engine=cfg.rollout.engine, model=hf_model or hf_config,
+                                       tokenizer=self.tokenizer,
                                        rollout_cfg=cfg.rollout, device=self.device, dtype=train_dtype,
                                        sync=method, seed=seed, sandbox_cfg=cfg.sandbox, routed_experts=replay,
                                        lora=lora)
@@ -237,8 +282,11 @@ class HybridWorker(Worker):
 
     @phase("rollout_sleep")
     def rollout_sleep(self) -> None:
+        """The engine sleeps; with actor.offload_while_rollout the actor's state comes back to the GPU."""
         if self.rollout is not None:
             self.rollout.sleep()
+        if self.offload_actor:
+            self.actor.engine.onload()
 
     @phase("rollout_wake_up")
     def rollout_wake_up(self) -> dict[str, float]:
@@ -248,6 +296,8 @@ class HybridWorker(Worker):
         if self.rollout is None:
             return {}
         t0 = time.perf_counter()
+        if self.offload_actor:  # the optimizer's state leaves now; the params after the weight sync has read them
+            self.actor.engine.offload(params=False)
         if self.device == "cuda":  # the update's cached blocks go back to the driver before vLLM maps its memory
             torch.cuda.empty_cache()
         t1 = time.perf_counter()
@@ -256,8 +306,10 @@ class HybridWorker(Worker):
 
     # ------------------------------------------------------------------ forward-only
     @phase("old_log_prob")
-    def compute_old_logprobs(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.actor.compute_logprobs(batch, temperature=temperature, with_entropy=True)
+    def compute_old_logprobs(self, batch: Batch, temperature: float, replay: bool = True
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """replay=False: with the router's own routing even where the actor replays the rollout's."""
+        return self.actor.compute_logprobs(batch, temperature=temperature, with_entropy=True, replay=replay)
 
     @phase("ref")
     def compute_ref_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
@@ -295,7 +347,10 @@ class HybridWorker(Worker):
     def weight_sync_send(self, bucket_bytes: int):
         """Export the actor's HF-named weights bucket by bucket into this worker's weight sync: colocated, into the
         engine of this process; split, train rank 0 streams them to the rollout group (its TP peers only iterate)."""
-        return self.weight_sync.send(self.actor.export_weights(bucket_bytes), bucket_bytes)
+        sent = self.weight_sync.send(self.actor.export_weights(bucket_bytes), bucket_bytes)
+        if self.offload_actor:  # the engine generates next: the actor's params and state wait in host memory
+            self.actor.engine.offload()
+        return sent
 
     def weight_sync_address(self) -> tuple[str, int, int]:
         """Split mode, train rank 0: where the weight-sync group meets (host, gloo port, NCCL port)."""
@@ -334,7 +389,7 @@ class HybridWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        sd: dict[str, Any] = {"rng": rng_state()}
+        sd: dict[str, Any] = {"rng": rng_state(), "layout": self.layout}
         if self.actor is not None:
             sd["actor"] = self.actor.state_dict()
         if self.critic is not None:
@@ -347,11 +402,13 @@ class HybridWorker(Worker):
         return fname
 
     def load(self, path: str, bucket_bytes: int) -> None:
-        sd = load_plain(os.path.join(path, f"worker_rank{self.rank}.pt"))  # data only: nothing in the file runs
-        if self.actor is not None and "actor" in sd:
-            self.actor.load_state_dict(sd["actor"])
-        if self.critic is not None and "critic" in sd:
-            self.critic.load_state_dict(sd["critic"])
+        sd, others = read_rank_state(path, self.rank, self.layout)  # data only: nothing in the files runs
+        for name in ("actor", "critic"):
+            role = getattr(self, name)
+            if role is not None and name in sd:
+                pieces = [(o[name]["optimizer"]["params"], o["layout"]["ep"] == self.layout["ep"])
+                          for o in others if name in o] if others else None
+                role.load_state_dict(sd[name], optimizer_pieces=pieces)
         rng = sd.get("rng")
         if rng:
             set_rng_state(rng)

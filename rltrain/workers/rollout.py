@@ -21,7 +21,9 @@ from rltrain.rollout.base import RolloutOutput, SamplingParams, build_rollout_en
 
 
 class RolloutRole:
-    """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from.
+    """engine: "hf" | "vllm" | "pkg.module:Class". model: the transformers model every role starts from, or its
+    config alone (model.init=engine: the engine starts from random or dummy weights; the actor's come at the first
+    push).
     sync: how weights will reach the engine (rollout/sync/: "local", "gloo", "nccl"). routed_experts: the batches
     carry the MoE routing the engine used (rollout routing replay). lora: the actor's adapter spec (actor.lora): the
     engine serves the base with the actor's adapters, which are all a weight sync brings."""
@@ -34,6 +36,10 @@ class RolloutRole:
         # LoRA only the adapters come: the base must survive the sleep (level 1: kept in host memory)
         self.sleep_level = 2 if engine == "vllm" and sync == "local" and lora is None else 1
         if engine == "hf":
+            if not isinstance(model, torch.nn.Module):  # a config alone: random weights until the first push
+                from transformers import AutoModelForCausalLM
+
+                model = AutoModelForCausalLM.from_config(model, dtype=dtype)
             self.engine = build_rollout_engine("hf", model=model, tokenizer=tokenizer, device=device, dtype=dtype,
                                                max_batch_size=rollout_cfg.max_batch_size,
                                                return_routed_experts=routed_experts, lora=lora,
@@ -198,8 +204,14 @@ def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch
     if why:
         raise ValueError(why)
     source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
-    tmp = None
-    if not (source and _is_checkpoint(source)):
+    tmp, extra = None, {}
+    if not isinstance(model, torch.nn.Module):  # model.init=engine: its config, dummy weights until the first push
+        from rltrain.models.hf_export import write_hf_config
+
+        tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")
+        write_hf_config(model, tmp)  # with its architectures: vLLM picks its model class by them
+        source, extra = tmp, {"load_format": "dummy"}
+    elif not (source and _is_checkpoint(source)):
         tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")
         _write_checkpoint(model, tmp)
         source = tmp
@@ -207,7 +219,7 @@ def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch
     kv_bytes = None if kv_gb is None else int(kv_gb * 2**30)  # unset: the engine fixes a small model's (vllm.py)
     common = dict(tokenizer=tokenizer, device=device, dtype=str(dtype).removeprefix("torch."), seed=seed,
                   tensor_parallel_size=tp, enforce_eager=c.enforce_eager, return_routed_experts=routed_experts,
-                  eos_token_id=getattr(tokenizer, "eos_token_id", None), lora=lora)
+                  eos_token_id=getattr(tokenizer, "eos_token_id", None), lora=lora, **extra)
     if c.true_on_policy:
         from rltrain.rollout.vllm_args import true_on_policy_kwargs
 
@@ -225,7 +237,7 @@ def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch
                                      gpu_kv_cache_bytes=kv_bytes, bucket_bytes=c.weight_sync_bucket_mb << 20)
         return VLLMEngine(source, **common, gpu_memory_utilization=c.gpu_memory_utilization,
                           gpu_kv_cache_bytes=kv_bytes, weight_transfer_backend=transfer_backend(sync),
-                          external_launcher=world > 1 or None)
+                          external_launcher=world > 1 or None, direct_expert_sync_after=c.direct_expert_sync_after)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

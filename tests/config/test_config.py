@@ -82,6 +82,9 @@ def test_required_keys_exist_with_their_defaults():
         ("actor.moe_aux_loss_coeff=-0.1", "actor.moe_aux_loss_coeff"),
         ("actor.moe_z_loss_coeff=inf", "actor.moe_z_loss_coeff"),
         ("actor.log_prob_max_tokens_per_micro_batch=0", "actor.log_prob_max_tokens_per_micro_batch"),
+        ("actor.optimizer_offload_fraction=1.5", "actor.optimizer_offload_fraction"),
+        ("critic.optimizer_offload_fraction=-0.1", "critic.optimizer_offload_fraction"),
+        ("model.init=meta", "model.init"),
     ],
 )
 def test_impossible_values_fail_naming_the_key(override, key):
@@ -118,6 +121,18 @@ def test_true_on_policy_is_refused_where_it_cannot_be_exact(overrides, why):
         validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", *overrides]))
     assert why in str(info.value)
     validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", "rollout.top_p=0.9", "rollout.top_k=20"]))
+
+
+@pytest.mark.parametrize("overrides,why", [
+    (["actor.offload_while_rollout=true", "trainer.colocate=false"], "trainer.colocate=false"),
+    (["actor.offload_while_rollout=true", "rollout.free_cache_engine=false"], "rollout.free_cache_engine=false"),
+    (["model.init=engine", "actor.use_kl_loss=true"], "actor.use_kl_loss"),
+    (["model.init=engine", "model.builtin=null", "model.path=/x"], "model.builtin"),
+    (["model.init=engine", "algorithm.adv_estimator=gae"], "critic"),
+])
+def test_offload_and_engine_init_are_refused_where_they_cannot_apply(overrides, why):
+    with pytest.raises(ConfigError, match=why.replace(".", r"\.")):
+        validate_config(_compose("grpo_tiny", overrides))
 
 
 def test_error_lists_allowed_values():

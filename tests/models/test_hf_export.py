@@ -43,3 +43,20 @@ def test_dtype_cast_atomic_replace_and_wrong_names(tmp_path):
     sd["model.extra.weight"] = sd.pop("model.norm.weight")
     with pytest.raises(AssertionError, match="model.norm.weight"):
         save_hf_checkpoint(str(tmp_path / "bad"), model.config, sd)
+
+
+@pytest.mark.parametrize("builtin", ["tiny", "qwen3-30b-a3b"])
+def test_a_bare_config_is_written_with_the_architecture_a_model_would_record(tmp_path, builtin):
+    # model.init=engine starts vLLM from a config alone (dummy weights); vLLM picks its model class by `architectures`,
+    # which a bare config lacks: written as a model's own save_pretrained would (the reference: a meta model's class)
+    import json
+
+    from rltrain.models.hf_export import write_hf_config
+    from rltrain.models.presets import hf_config_for
+
+    cfg = hf_config_for(path=None, builtin=builtin, vocab_size=64)
+    assert not cfg.architectures
+    with torch.device("meta"):
+        expected = type(AutoModelForCausalLM.from_config(cfg)).__name__
+    write_hf_config(cfg, str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [expected]

@@ -130,7 +130,9 @@ def test_reference_is_the_base_and_a_step_trains_only_the_adapters():
     assert (eng.forward_logprobs(ids, lens, mask)[0] - base_lp).abs().max() > 1e-3  # the adapters do act
 
     assert {id(p) for p in eng.optim.params} == {id(p) for a in eng.lora.linears for p in a.parameters()}
-    assert eng._masters is None  # fp32 params: no master copy (bf16 adapters get fp32 masters, not the base)
+    # fp32 params: each master is a view of its adapter (no copy; bf16 adapters get fp32 masters), none of the base
+    adapters = {p.untyped_storage().data_ptr() for a in eng.lora.linears for p in a.parameters()}
+    assert {m.untyped_storage().data_ptr() for m in eng._masters} == adapters
     before = dict(eng.export_hf_weights())
     adapters_before = dict(eng.lora.export())
     batch, lens = ppo_batch(hf, V, [9, 6, 4], seed=11)

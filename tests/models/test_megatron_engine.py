@@ -265,15 +265,17 @@ def test_bf16_params_train_on_fp32_master_weights():
     eng.load_hf_weights(hf.state_dict())
     batch, lens = _ppo_batch(hf, [7, 5], seed=6)
     eng.train_step(eng.make_micro_batches(batch, lens), _PPOLoss())
-    masters = eng.state_dict()["masters"]
-    assert all(m.dtype == torch.float32 for m in masters)
-    for m, p in zip(masters, eng._params):
-        assert torch.equal(p.detach(), m.to(p.dtype))
+    saved = eng.state_dict()["optimizer"]["params"]
+    params = dict(eng.model.named_parameters())
+    assert saved.keys() == params.keys()
+    for name, entry in saved.items():  # one rank: each piece is the whole parameter
+        m, p = entry["master"], params[name]
+        assert m.dtype == torch.float32 and (entry["start"], entry["stop"]) == (0, p.numel())
+        assert torch.equal(p.detach().reshape(-1), m.to(p.dtype))
     assert eng.model.decoder.layers[0].mlp.linear_fc1.weight.dtype == torch.bfloat16
     # the fp32 masters moved by less than one bf16 ulp for some entries: updates are not lost
     start = dict(hf.named_parameters())["model.layers.0.mlp.down_proj.weight"].detach()
-    name_idx = [n for n, _ in eng.model.named_parameters()].index("decoder.layers.0.mlp.linear_fc2.weight")
-    assert not torch.equal(masters[name_idx], start)
+    assert not torch.equal(saved["decoder.layers.0.mlp.linear_fc2.weight"]["master"].view_as(start), start)
 
 
 def test_unknown_role_and_schedule_are_clear_errors():

@@ -169,8 +169,8 @@ def test_aux_and_z_losses_add_their_gradients_to_the_router():
     eng = _engine(hf, lr=1e-3, grad_clip=1e9, moe_aux_loss_coeff=aux_c, moe_z_loss_coeff=z_c)
     seen = {}
     clip = eng._clip
-    eng._clip = lambda params, norm: seen.setdefault("g", [None if p.grad is None else p.grad.clone()
-                                                           for p in params]) and clip(params, norm)
+    eng._clip = lambda grads, norm: seen.setdefault("g", [None if g is None else g.clone()
+                                                          for g in grads]) and clip(grads, norm)
     eng.train_step(eng.make_micro_batches(batch, lens), _PPOLoss())
     router = [n for n, _ in eng.model.named_parameters()].index("decoder.layers.1.mlp.router.weight")
 
@@ -184,7 +184,8 @@ def test_aux_and_z_losses_add_their_gradients_to_the_router():
         loss = loss + aux_c * e * (f * probs.mean(0)[None]).sum() / k
         loss = loss + z_c * torch.logsumexp(logits.float(), -1).pow(2).mean()
     loss.backward()
-    torch.testing.assert_close(seen["g"][router], hf.model.layers[1].mlp.gate.weight.grad, atol=1e-5, rtol=1e-4)
+    hf_grad = hf.model.layers[1].mlp.gate.weight.grad  # one data-parallel rank: each piece a whole parameter
+    torch.testing.assert_close(seen["g"][router].view_as(hf_grad), hf_grad, atol=1e-5, rtol=1e-4)
 
 
 def test_refusals_name_the_problem():
@@ -237,10 +238,11 @@ def test_exported_weights_reach_the_hf_rollout_engine_and_a_fused_state_dict_sav
 
 def test_grouped_expert_gemm_trains_as_megatrons_loop_over_experts():
     """moe_grouped_gemm (default): the experts' GEMMs as torch._grouped_mm over all local experts give megatron's
-    SequentialMLP loop's log-probs, grad norm and updated weights; widths the grouped GEMM cannot take keep the loop."""
+    SequentialMLP loop's log-probs, grad norm and updated weights, reading each layer's experts as one block (no
+    stacked copy; each expert's grad a view of one block too); widths the grouped GEMM cannot take keep the loop."""
     from megatron.core.transformer.moe.experts import SequentialMLP
 
-    from rltrain.models.megatron.moe import use_grouped_expert_gemm
+    from rltrain.models.megatron.moe import adjacent, stacked, use_grouped_expert_gemm
 
     hf = random_moe_model(V, seed=int(torch.randint(0, 1000, ())), **SHAPES["dense_first_tied"])
     batch, lens = _ppo_batch(hf, [14, 9, 1 + 1, 5], seed=3)
@@ -249,8 +251,14 @@ def test_grouped_expert_gemm_trains_as_megatrons_loop_over_experts():
         eng = _engine(hf, moe_grouped_gemm=grouped, lr=1e-3, max_tokens_per_micro_batch=28)
         experts = [m for m in eng.model.modules() if isinstance(m, SequentialMLP)]
         assert len(experts) == 2 and all(hasattr(m, "_rltrain_loop_forward") == grouped for m in experts)
+        copies = stacked.copies
         lp, _ = eng.forward_logprobs(batch["input_ids"], lens, batch["label_mask"])
+        if grouped:  # the backward's expert grads: views of one [E, ...] grad block per projection
+            eng.optim.zero_grad = lambda: None  # keep the grads for a look after the step
+            fc1 = [e.linear_fc1.weight for e in experts[0].local_experts]
         metrics = eng.train_step(eng.make_micro_batches(batch, lens), _PPOLoss())
+        if grouped:
+            assert stacked.copies == copies and adjacent(fc1) and adjacent([w.grad for w in fc1])
         out[grouped] = lp, metrics["grad_norm"], dict(eng.export_hf_weights())
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
     assert out[True][1] == pytest.approx(out[False][1], rel=1e-5)

@@ -5,6 +5,7 @@ qwen3-30b-a3b preset planned as fitting (or not) where the measured runs say (mo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -18,8 +19,8 @@ from rltrain.plan import make_plan
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import PlanInputError, read
 from rltrain.plan.memory import (activation_bytes, full_params, grouped_gemm, grouped_gemm_update_bytes,
-                                 local_expert_bytes, n_micro_batches, ns, role_params, train_static, update_phase,
-                                 vllm_parts, widths)
+                                 local_expert_bytes, n_micro_batches, ns, plan_gpus, role_params, train_static,
+                                 update_phase, vllm_parts, widths)
 from rltrain.plan.timing import decode_weight_bytes, moe_pass_seconds, train_seconds, update_rate
 from rltrain.utils import flops
 
@@ -70,8 +71,12 @@ def test_toy_params_per_rank_by_hand(toy_cfg):
 def test_toy_static_memory_and_vllm_weights_by_hand(toy_cfg):
     x = read(toy_cfg)
     P = 1528
-    assert train_static(x, 0) == {"actor weights": 2 * P, "actor fp32 master": 4 * P,
-                                  "actor optimizer (AdamW)": 8 * P, "reference weights": 2 * P}
+    # the sharded optimizer: the dense 1528 - 4 x 144 over DP=2, the 4 local experts over their expert-data-parallel
+    # group (DP / EP = 1 rank); the engine before it kept all of P
+    S = (P - 4 * 144) / 2 + 4 * 144
+    assert train_static(x, 0) == {"actor weights": 2 * P, "actor fp32 master": 4 * S,
+                                  "actor optimizer (AdamW)": 8 * S, "reference weights": 2 * P}
+    assert train_static(dataclasses.replace(x, legacy_engine=True), 0)["actor optimizer (AdamW)"] == 8 * P
     # vLLM holds the whole checkpoint, experts included, split over its TP (a fixed KV cache here: the toy is small)
     c = copy.deepcopy(toy_cfg)
     c.rollout.engine, c.rollout.tensor_parallel_size, c.rollout.kv_cache_memory_gb = "vllm", 2, 1.0
@@ -162,30 +167,36 @@ def test_slice_weight_sync_reloads_expert_tensors_at_their_own_cost_within_15pct
                   + gb / 2 * cal.value("vllm_wake_s_per_gb"))  # a vLLM TP=2 engine on each pair of GPUs' halves
     by_hand = (sleep_wake * (1 + cal.value("vllm_rank_sync_factor")) + 75 * cal.value("reload_s_per_tensor")
                + 3072 * cal.value("reload_s_per_expert_tensor"))
-    assert sync_seconds(x) == pytest.approx(by_hand)
+    legacy = dataclasses.replace(x, legacy_engine=True)  # the engine of those runs: every expert through vLLM's loader
+    assert sync_seconds(legacy) == pytest.approx(by_hand)
     # reload_s_per_expert_tensor is solved from one run of this config (its weight sync, 1.443 s); the slice's four
     # other runs with the expert loop, none of which fitted a constant (moe.jsonl, 2026-11-26, two H200s: replay off,
     # replay on twice, the loop beside the grouped GEMM in one call) measured:
     for held_out in (1.285, 1.395, 1.383, 1.664):
-        assert sync_seconds(x) == pytest.approx(held_out, rel=0.15)
+        assert sync_seconds(legacy) == pytest.approx(held_out, rel=0.15)
+    # now: the experts written straight into vLLM's fused tensors (rollout.direct_expert_sync_after), or not (-1)
+    direct = by_hand - 3072 * (cal.value("reload_s_per_expert_tensor") - cal.value("direct_expert_s_per_tensor"))
+    assert sync_seconds(x) == pytest.approx(direct)
+    assert sync_seconds(dataclasses.replace(x, direct_expert_sync_after=-1)) == pytest.approx(by_hand)
 
 
-def test_slice_without_expert_parallelism_is_refused_and_ep2_suggested():
-    # EP=1 did not fit beside vLLM at 8 layers (docs/benchmarks/moe.md)
+def test_slice_without_expert_parallelism_fits_now_that_the_optimizer_is_sharded():
+    # EP=1 did not fit beside vLLM at 8 layers with every rank's whole optimizer state (the engine before issue 59;
+    # docs/benchmarks/moe.md); sharded over DP=2 it does
     for grouped in (LOOP, "actor.moe_grouped_gemm=true"):
-        p = make_plan(compose(*SLICE, "+model.overrides.num_hidden_layers=8", grouped), gpu_memory_gib=H200,
-                      prompt_tokens=5, response_tokens=64)
-        assert not p.fits
-        # the cheapest change that fits (with the loop EP=2 also halves each rank's experts' loop)
-        assert p.suggestions[0].overrides == {"actor.expert_parallel_size": 2} and p.suggestions[0].fits
-        assert "set actor.expert_parallel_size=2" in p.refusal()
+        cfg = compose(*SLICE, "+model.overrides.num_hidden_layers=8", grouped)
+        p = make_plan(cfg, gpu_memory_gib=H200, prompt_tokens=5, response_tokens=64)
+        assert p.fits and p.peak_gib < H200
+        old = dataclasses.replace(p.inputs, legacy_engine=True)
+        assert not all(g.fits for g in plan_gpus(old, H200 * GIB))
 
 
-def test_whole_qwen3_30b_a3b_on_two_h200s_does_not_fit_and_says_why():
+def test_whole_qwen3_30b_a3b_on_two_h200s_fits_only_with_its_optimizer_on_the_host():
     p = make_plan(compose(*SLICE, "actor.expert_parallel_size=2"), gpu_memory_gib=H200, prompt_tokens=5,
                   response_tokens=64)
     assert not p.fits and p.peak_gib > 2 * H200
-    assert "more GPUs are needed" in p.refusal() and "actor.expert_parallel_size" in p.refusal()
+    fitting = [s for s in p.suggestions if s.fits]
+    assert fitting and all(s.overrides.get("actor.optimizer_offload_fraction") == 1.0 for s in fitting)
 
 
 def test_cli_prints_the_moe_layout():
@@ -212,9 +223,14 @@ def test_grouped_gemm_stacks_the_local_experts_and_skips_the_loop(toy_cfg):
     c.model.overrides["moe_intermediate_size"] = 8
     xg = read(c)
     assert grouped_gemm(xg) and moe_pass_seconds(xg) == pytest.approx(cal.value("moe_grouped_layer_pass_s"))  # 1 layer
-    # one sparse layer's 8 / EP 2 = 4 local experts of 3 x 8 x 8 = 192 params, bf16: 1,536 bytes stacked per run;
-    # the update saves the one sparse layer's stack for the backward + one stacked weight gradient
+    # one sparse layer's 8 / EP 2 = 4 local experts of 3 x 8 x 8 = 192 params, bf16: 1,536 bytes; the engine reads
+    # them in place (one block per projection); the engine before issue 59 stacked a copy per run, and its update
+    # saved the one sparse layer's stack for the backward + one stacked weight gradient
     assert local_expert_bytes(xg) == 4 * 192 * 2
-    assert grouped_gemm_update_bytes(xg, 0) == 2 * 1536
+    assert grouped_gemm_update_bytes(xg, 0) == 0
     upd = update_phase(xg, 0, train_static(xg, 0), critic=False)
+    assert "expert weights stacked for the grouped GEMM" not in upd.parts
+    old = dataclasses.replace(xg, legacy_engine=True)
+    assert grouped_gemm_update_bytes(old, 0) == 2 * 1536
+    upd = update_phase(old, 0, train_static(old, 0), critic=False)
     assert upd.name == "update (actor)" and upd.parts["expert weights stacked for the grouped GEMM"] == 2 * 1536

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,8 +20,8 @@ from rltrain.plan.planner import _fmt
 from rltrain.plan import calibration as cal
 from rltrain.plan.__main__ import main
 from rltrain.plan.inputs import PlanInputError, model_shape, read
-from rltrain.plan.memory import (activation_bytes, kv_bytes_per_token, micro_batch_tokens, n_micro_batches,
-                                 role_params, train_static, update_phase)
+from rltrain.plan.memory import (activation_bytes, host_bytes, kv_bytes_per_token, micro_batch_tokens,
+                                 n_micro_batches, plan_gpus, role_params, train_static, update_phase)
 from rltrain.utils.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,11 +66,20 @@ def test_static_bytes_weights_master_adam_by_hand():
     parts = train_static(x, 0)
     assert parts == {"actor weights": 2 * P, "actor fp32 master": 4 * P, "actor optimizer (AdamW)": 8 * P,
                      "reference weights": 2 * P}
-    # fp32 params: no masters; the optimizer is per data-parallel rank (no distributed optimizer): DP=2 is the same
+    # fp32 params: no masters; the optimizer state is sharded over the data-parallel ranks (DP=2: half each)
     x32 = read(qwen06b("model.dtype=float32", "actor.use_kl_loss=false", "trainer.n_gpus_per_node=2",
                        "rollout.tensor_parallel_size=2"))
     assert x32.dp == 2
-    assert train_static(x32, 0) == {"actor weights": 4 * P, "actor optimizer (AdamW)": 8 * P}
+    assert train_static(x32, 0) == {"actor weights": 4 * P, "actor optimizer (AdamW)": 8 * P / 2}
+    # DP=4, a quarter of the host's optimizer state on the host; ref.offload: the embedding (tied: also the head)
+    # and the final norm, and two of the 28 layers stay
+    x4 = read(qwen06b("actor.use_kl_loss=true", "trainer.n_gpus_per_node=4", "actor.optimizer_offload_fraction=0.25",
+                      "ref.offload=true"))
+    layer = (596_049_920 - 151_936 * 1024 - 1024) / 28
+    assert train_static(x4, 0) == pytest.approx({
+        "actor weights": 2 * P, "actor fp32 master": 4 * P / 4 * 0.75, "actor optimizer (AdamW)": 8 * P / 4 * 0.75,
+        "reference weights": 2 * (151_936 * 1024 + 1024 + 2 * layer)})
+    assert host_bytes(x4, 0) == pytest.approx(12 * P / 4 * 0.25 + 2 * P)  # the host share + the reference
 
 
 def test_critic_adds_a_trunk_with_a_value_head():
@@ -79,14 +89,18 @@ def test_critic_adds_a_trunk_with_a_value_head():
     assert train_static(x, 0)["critic optimizer (AdamW)"] == 8 * Pc
 
 
-def test_optimizer_step_holds_fp32_grads_when_activations_are_small():
-    # one 1,024-token micro-batch with full recompute: the optimizer step (14 + 4 bytes per parameter) is the peak
+def test_optimizer_step_holds_the_grads_when_activations_are_small():
+    # one 1,024-token micro-batch with full recompute: the optimizer step is the peak: 14 bytes of state per
+    # parameter, its bf16 grad and one GiB chunk of fp32 grads (the engine before issue 59: all fp32 grads, 4 B)
     x = read(qwen06b("actor.use_kl_loss=false", "actor.recompute_activations=true", "data.max_prompt_length=512",
                      "rollout.max_response_length=512", "actor.max_tokens_per_micro_batch=1024",
                      "actor.ppo_mini_batch_size=1", "rollout.n=1"))
+    P = 596_049_920
     ph = update_phase(x, 0, train_static(x, 0), critic=False)
     assert ph.name == "update (actor), optimizer step"
-    assert ph.torch_bytes == 18 * 596_049_920
+    assert ph.torch_bytes == 16 * P + 2**30
+    old = dataclasses.replace(x, legacy_engine=True)
+    assert update_phase(old, 0, train_static(old, 0), critic=False).torch_bytes == 18 * P
 
 
 def test_activation_formulas_by_hand():
@@ -357,16 +371,25 @@ def test_check_raises_a_user_error_with_the_message():
     assert plan.fits
 
 
-def test_one_gpu_that_nothing_cheap_rescues_says_how_many_gpus_fit():
-    # one 80 GiB GPU with vLLM beside the 4B actor: nothing tried on it fits; the most helpful are listed, and the
-    # fewest GPUs that fit (re-planned: its keys on top of the config fit, at the peak it announced)
+def test_one_gpu_fits_the_4b_beside_vllm_only_with_its_state_offloaded():
+    # one 80 GiB GPU with vLLM beside the 4B actor: every change that fits moves optimizer state to the host
     p = make_plan(compose("grpo_qwen3", TOO_BIG + ["trainer.n_gpus_per_node=1"]), gpu_memory_gib=80)
+    fitting = [s for s in p.suggestions if s.fits]
+    assert not p.fits and fitting
+    assert all({"actor.offload_while_rollout", "actor.optimizer_offload_fraction"} & set(s.overrides) for s in fitting)
+
+
+def test_one_gpu_that_nothing_cheap_rescues_says_so():
+    # the whole Qwen3-30B-A3B on one 80 GiB GPU beside vLLM: no single change or pair fits; the most helpful listed
+    p = make_plan(compose("grpo_qwen3", ["trainer.n_gpus_per_node=1", "model.path=null",
+                                         "model.builtin=qwen3-30b-a3b"]), gpu_memory_gib=80)
     assert not p.fits and p.suggestions and not any(s.fits for s in p.suggestions)
-    m = p.more_gpus
-    assert m is not None and m.gpus == 2 and m.overrides["trainer.n_gpus_per_node"] == 2
+    m = p.more_gpus  # the fewest GPUs that fit, re-planned: its keys on top of the config fit at the peak announced
+    assert m is not None and m.gpus >= 2 and m.overrides["trainer.n_gpus_per_node"] == m.gpus
     assert "Nothing tried on these 1 GPU(s) fits" in p.refusal()
-    assert f"More GPUs are needed: 2 GPUs fit with: set {m.keys}: peak {m.peak_gib:.1f} GiB" in p.refusal()
-    again = make_plan(compose("grpo_qwen3", TOO_BIG + ["trainer.n_gpus_per_node=1"]
+    assert f"More GPUs are needed: {m.gpus} GPUs fit with: set {m.keys}: peak {m.peak_gib:.1f} GiB" in p.refusal()
+    again = make_plan(compose("grpo_qwen3", ["trainer.n_gpus_per_node=1", "model.path=null",
+                                             "model.builtin=qwen3-30b-a3b"]
                               + [f"{k}={_fmt(v)}" for k, v in m.overrides.items()]), gpu_memory_gib=80)
     assert again.fits and again.peak_gib == pytest.approx(m.peak_gib, abs=1e-3)
 
@@ -601,3 +624,19 @@ def test_a_gpu_bound_tp_x_dp_step_loses_little_to_the_layout_factor():
         growth[name] = phase_seconds(x, dev.hbm_bytes_per_s, dev.total_gib * GIB)["step"] / base
     assert growth["short"] > 1 + 0.6 * (f - 1)
     assert growth["long"] < 1 + 0.3 * (f - 1)
+
+
+def test_offload_while_rollout_empties_the_engines_phases_and_costs_two_copies():
+    """actor.offload_while_rollout: generation holds none of the actor's state, the weight sync its weights alone (the
+    export reads them), the training phases all of it; the step pays the state's copy out and back."""
+    from rltrain.plan.timing import offload_seconds
+
+    x = read(qwen06b("actor.use_kl_loss=false", "rollout=vllm", "actor.offload_while_rollout=true"))
+    P = 596_049_920
+    phases = {p.name.split(",")[0]: p for p in plan_gpus(x, 80 * GIB)[0].phases}
+    actor = ("actor weights", "actor fp32 master", "actor optimizer (AdamW)")
+    assert not set(actor) & set(phases["generation"].parts)
+    assert [k for k in actor if k in phases["weight sync"].parts] == ["actor weights"]
+    assert all(k in phases["update (actor)"].parts and k in phases["log-probs (forward)"].parts for k in actor)
+    assert offload_seconds(x) == pytest.approx(2 * 14 * P / (cal.value("host_copy_gb_s") * 1e9))
+    assert offload_seconds(read(qwen06b("actor.use_kl_loss=false", "rollout=vllm"))) == 0.0

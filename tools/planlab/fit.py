@@ -24,8 +24,9 @@ constant = cal.override  # planning with one constant at another value
 
 
 def case_inputs(case: Case, cfg: dict | None = None):
-    """The planner's Inputs of a case: its overrides composed (or `cfg`, already composed) at its lengths."""
-    x = read(cfg if cfg is not None else compose(case.overrides))
+    """The planner's Inputs of a case: its overrides composed (or `cfg`, already composed) at its lengths, with the
+    optimizer layout the runs had (all measured before the sharded optimizer of issue 59)."""
+    x = dataclasses.replace(read(cfg if cfg is not None else compose(case.overrides)), legacy_engine=True)
     if case.lengths:
         x = dataclasses.replace(x, max_prompt_length=case.lengths["prompt_tokens"],
                                 max_response_length=case.lengths["response_tokens"])

@@ -208,7 +208,7 @@ def train_phases(cfg, layout: Layout, recipe: Recipe, eff: Eff, inp: dict[str, N
     # PP: one [tokens, hidden] bf16 activation forward and its grad backward per micro-batch per stage boundary
     pp_bytes = mb_tok * cfg.hidden_size * 2
     pp_bw = inp["p2p_inter"].value if tp * pp > gpn else inp["busbw_intra"].value
-    # DP: bf16 grads of this rank's parameters in DP_BUCKET_BYTES buckets (models/megatron/grad_reduce.py), one
+    # DP: bf16 grads of this rank's parameters in DP_BUCKET_BYTES buckets (models/megatron/shards.py), one
     # all-reduce each, started as the last micro-batch's backward completes them (not under PP)
     grad_bytes = 2 * num_params(cfg) / (tp * pp)
     n_buckets = max(1, math.ceil(grad_bytes / DP_BUCKET_BYTES))

@@ -115,6 +115,16 @@ def parallel_coordinates() -> dict[str, int]:
             "ep": parallel_state.get_expert_model_parallel_rank()}
 
 
+def parallel_layout() -> dict[str, int]:
+    """parallel_coordinates() and the sizes of the mesh (tp_size, pp_size, dp_size, ep_size): what a checkpoint
+    records so that a resume can tell whether its files fit the new run's layout."""
+    return {**parallel_coordinates(),
+            "tp_size": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp_size": parallel_state.get_pipeline_model_parallel_world_size(),
+            "dp_size": parallel_state.get_data_parallel_world_size(),
+            "ep_size": parallel_state.get_expert_model_parallel_world_size()}
+
+
 def teardown_parallel() -> None:
     """Destroy megatron's groups and the default process group (tests that re-initialize)."""
     if parallel_state.model_parallel_is_initialized():

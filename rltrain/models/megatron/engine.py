@@ -30,7 +30,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rltrain.models.engine_config import EngineConfig
@@ -47,10 +46,11 @@ from rltrain.models.megatron.micro_batch import make_micro_batches
 from rltrain.models.megatron.lora import LoraAdapters
 from rltrain.models.megatron.moe import (ExpertPasses, RouterStats, RoutingReplay, expert_collectives_on_cpu,
                                         set_aux_loss_scale, use_grouped_expert_gemm)
-from rltrain.models.megatron.optim import EngineOptimizer
+from rltrain.models.megatron.offload import LayerStreamer, StateOffload
+from rltrain.models.megatron.optim import EngineOptimizer, OptimizerSide
 
 
-class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
+class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses, OptimizerSide):
     """One role's Megatron model on this rank (TP-sharded, one pipeline stage), with its optimizer
     when it trains."""
 
@@ -119,38 +119,14 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         spec = LoraSpec.from_config(c.lora) if role == "actor" else None  # LoRA: the optimizer takes the adapters
         self.lora = None if spec is None else LoraAdapters(self.model, spec, seed=seed)  # only (the base frozen)
         self.optim: EngineOptimizer | None = None
+        self.layer_streamer: LayerStreamer | None = None
         if role == "ref":
             self.model.requires_grad_(False)
-            return
-        self.optim = EngineOptimizer(self.model, params_dtype=params_dtype, device=self.device, pp_size=pp_size, lr=o.lr,
-                                     weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps,
-                                     grad_clip=o.grad_clip, warmup_steps=o.lr_warmup_steps, total_steps=c.total_steps,
-                                     lr_schedule=o.lr_schedule, min_lr_ratio=o.min_lr_ratio,
-                                     grad_reduce_bucket_mb=par.grad_reduce_bucket_mb,
-                                     overlap_grad_reduce=par.overlap_grad_reduce)
-
-    # the optimizer side's parts, as the engine exposes them (tests and tools read them; a tool may swap the AdamW)
-    optimizer = property(lambda self: None if self.optim is None else self.optim.optimizer,
-                         lambda self, opt: setattr(self.optim, "optimizer", opt))
-    scheduler = property(lambda self: None if self.optim is None else self.optim.scheduler)
-    _masters = property(lambda self: None if self.optim is None else self.optim.masters)
-    _params = property(lambda self: None if self.optim is None else self.optim.params)
-    _dp_reducer = property(lambda self: None if self.optim is None else self.optim.dp_reducer)
-
-    # ---------------------------------------------------------------- data parallel
-
-    @property
-    def data_parallel(self) -> tuple[int, int]:
-        """(this rank's data-parallel rank, the data-parallel size) of the engine's mesh."""
-        return parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-
-    def data_parallel_sum(self, values: list[float]) -> list[float]:
-        """Sum floats over the data-parallel group (identity with one rank). Collective over that group."""
-        if parallel_state.get_data_parallel_world_size() == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
-        return t.tolist()
+            if c.offload_layers:  # ref.offload: the decoder layers on the host, streamed in for each forward
+                self.layer_streamer = LayerStreamer(list(self.model.decoder.layers), self.device)
+        else:
+            self.optim = EngineOptimizer.from_config(self.model, c, params_dtype=params_dtype, device=self.device)
+        self.state_offload = StateOffload(self.model, self.device, self.optim)  # actor.offload_while_rollout
 
     # ---------------------------------------------------------------- weights and checkpoints
 
@@ -166,6 +142,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         """(HF name, full tensor) pairs of the WHOLE model, gathered over TP in buckets and, with
         pp_size > 1, merged over the pipeline stages (pipeline.merge_stages): every rank gets every
         tensor, so any rank can feed a rollout engine. Collective: all TP and PP ranks must iterate."""
+        self.onload(state=False)  # offloaded params come back for the export (the optimizer's state stays away)
         it = weights_mod.export_hf_weights(self.model, bucket_bytes)
         if self.pp_size == 1:
             return it
@@ -184,18 +161,25 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's model shards (with LoRA: the adapters only; the base is the initial model; no `_extra_state`:
-        weights.checkpoint_state) + optimizer + scheduler (+ fp32 masters) for checkpoints."""
+        weights.checkpoint_state) + its pieces of the optimizer state (optim.py: keyed by parameter name and element
+        range) + scheduler, for checkpoints: tensors and plain values only."""
+        self.onload()
         model = self.lora.state_dict() if self.lora else weights_mod.checkpoint_state(self.model)
         sd: dict[str, Any] = {"model": model}
         if self.optim is not None:
             sd.update(self.optim.state_dict())
         return sd
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
+    def load_state_dict(self, sd: dict[str, Any], optimizer_pieces: list[tuple[dict[str, Any], bool]] | None = None
+                        ) -> None:
+        """Load state_dict's output. optimizer_pieces: when the checkpoint was written at another data-parallel
+        size, the ranks' `sd["optimizer"]["params"]` of this rank's TP/PP coordinates, each with whether it is of
+        this rank's expert-parallel rank (EngineOptimizer.load_state_dict takes this rank's pieces from them)."""
+        self.onload()
         model = sd["model"] if self.lora else weights_mod.with_own_extra_state(self.model, sd["model"])
         (self.lora or self.model).load_state_dict(model)
         if self.optim is not None:
-            self.optim.load_state_dict(sd)
+            self.optim.load_state_dict(sd, optimizer_pieces)
 
     # ---------------------------------------------------------------- micro-batching
 
@@ -318,6 +302,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         seq_lens = self._check_rows(input_ids, seq_lens)
         self._check_replay(routed_experts is not None)
+        self.onload()
         self.model.eval()
         B, S = input_ids.shape
         lp_out = torch.zeros(B, S, dtype=torch.float32)
@@ -363,6 +348,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         if self.role != "critic":
             raise ValueError(f"forward_values needs role='critic', this engine is {self.role!r}")
         seq_lens = self._check_rows(input_ids, seq_lens)
+        self.onload()
         self.model.eval()
         B, S = input_ids.shape
         out = torch.zeros(B, S, dtype=torch.float32)
@@ -384,11 +370,11 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
 
     # ---------------------------------------------------------------- training
 
-    def _grad_norm(self, params: list[torch.Tensor]) -> torch.Tensor:  # engine methods: profilers wrap them
-        return self.optim.grad_norm(params)
+    def _grad_norm(self, grads: list[torch.Tensor | None]) -> torch.Tensor:  # engine methods: profilers wrap them
+        return self.optim.grad_norm(grads)
 
-    def _clip(self, params: list[torch.Tensor], norm: float) -> None:
-        self.optim.clip(params, norm)
+    def _clip(self, grads: list[torch.Tensor | None], norm: float) -> None:
+        self.optim.clip(grads, norm)
 
     def _outputs(self, mb: MicroBatch, *, temperature: float, entropy_grad: bool, trunk_out=None) -> ModelOutputs:
         """The model's outputs for the loss: values (critic, over mb.label_mask) or log-probs and entropy."""
@@ -429,6 +415,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
         self._check_replay(any(mb.routed_experts is not None for mb in micro_batches))
         needs_entropy_grad = bool(getattr(loss_fn, "needs_entropy_grad", False))  # a plain function declares none
         temperature = float(temperature)
+        self.onload()
         self.model.train()
         self.optim.zero_grad()
         if self.router_stats:
@@ -452,11 +439,11 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
             for k, v in {"loss": loss, **metrics}.items():
                 v = v.detach().float().reshape(()) if torch.is_tensor(v) else float(v)
                 sums[k] = sums.get(k, 0.0) + v
-        opt_params = self.optim.reduce_grads()
+        grads = self.optim.reduce_grads()  # this rank's pieces' (optim.py)
         moe_stats = self.router_stats.finish() if self.router_stats else {}
         # the step's one host sync: grad norm, every micro-batch loss and the device metric sums in one copy
         tensor_keys = [k for k, v in sums.items() if torch.is_tensor(v)]
-        fetched = torch.stack([self._grad_norm(opt_params), *losses,
+        fetched = torch.stack([self._grad_norm(grads), *losses,
                                *(sums[k].to(self.device) for k in tensor_keys), *moe_stats.values()]).tolist()
         grad_norm, fetched = fetched[0], fetched[1:]
         moe_stats = dict(zip(moe_stats, fetched[len(fetched) - len(moe_stats):]))
@@ -467,7 +454,7 @@ class MegatronEngine(pipeline_mod.PipelineStages, ExpertPasses):
             self.optim.zero_grad()
             what = f"loss is {bad[0]} in a micro-batch" if bad else f"grad norm is {grad_norm}"
             raise FloatingPointError(f"{what}; no optimizer step taken")
-        self._clip(opt_params, grad_norm)
+        self._clip(grads, grad_norm)
         lr = self.optim.step()
         out = {k: v / len(micro_batches) for k, v in sums.items()}
         out.update(grad_norm=grad_norm, lr=lr, **moe_stats)

@@ -174,18 +174,54 @@ class RoutingReplay:
         self.active = False
 
 
+class _StackedView(torch.autograd.Function):
+    """The local experts' weights [E, ...] as one tensor without a copy, where they lie back to back in one storage
+    (stack_expert_weights, or a data-parallel bucket's buffer: shards.py keeps them one unit); the backward hands
+    each expert its slice of the stacked grad (a view: autograd keeps it as the expert's .grad, no copy)."""
+
+    @staticmethod
+    def forward(ctx, *weights):
+        w = weights[0]
+        return w.as_strided((len(weights), *w.shape), (w.numel(), *w.stride()), w.storage_offset())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(grad.contiguous().unbind(0))
+
+
+def adjacent(weights: list[torch.Tensor]) -> bool:
+    """Whether `weights` (contiguous, one shape) lie back to back in one storage, in order."""
+    w0 = weights[0]
+    step = w0.numel() * w0.element_size()
+    return all(w.is_contiguous() and w.shape == w0.shape and w.untyped_storage().data_ptr()
+               == w0.untyped_storage().data_ptr() and w.data_ptr() == w0.data_ptr() + j * step
+               for j, w in enumerate(weights))
+
+
+def stacked(weights: list[torch.Tensor]) -> torch.Tensor:
+    """[E, ...] of the experts' weights: a view where they are adjacent, else a stacked copy (counted in
+    `stacked.copies`: a test and the planner's note read it)."""
+    if adjacent(weights):
+        return _StackedView.apply(*weights)
+    stacked.copies += 1
+    return torch.stack(weights)
+
+
+stacked.copies = 0
+
+
 def _grouped_experts_forward(experts, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor):
     """megatron's SequentialMLP.forward (fc1 -> SwiGLU x routing prob -> fc2 per local expert over its contiguous
-    block of the permuted tokens) as two grouped GEMMs over all local experts, on the same parameters (stacked per
-    call: the copy is the experts' weights once, against one GEMM launch and one host sync per expert)."""
+    block of the permuted tokens) as two grouped GEMMs over all local experts, on the same parameters (read as one
+    [E, ...] block each where they are adjacent: stack_expert_weights makes them so; a copy per call otherwise)."""
     from rltrain.models.megatron.head import _ContiguousGrad  # torch._grouped_mm's backward rejects expanded grads
 
     cfg = experts.config
     if hidden.shape[0] == 0:
         return experts._rltrain_loop_forward(hidden, tokens_per_expert, probs)
-    offs = tokens_per_expert.to(device=hidden.device).cumsum(0).to(torch.int32)
-    w1 = torch.stack([e.linear_fc1.weight for e in experts.local_experts])  # [E, 2I, H]
-    w2 = torch.stack([e.linear_fc2.weight for e in experts.local_experts])  # [E, H, I]
+    offs = tokens_per_expert.to(device=hidden.device, non_blocking=True).cumsum(0).to(torch.int32)
+    w1 = stacked([e.linear_fc1.weight for e in experts.local_experts])  # [E, 2I, H]
+    w2 = stacked([e.linear_fc2.weight for e in experts.local_experts])  # [E, H, I]
     h = _ContiguousGrad.apply(torch._grouped_mm(hidden, w1.transpose(1, 2), offs=offs))  # [T, 2I]
     if cfg.bias_activation_fusion:  # as megatron's MLP does under the same flag (fusion.py "mcore")
         from megatron.core.fusions.fused_bias_swiglu import weighted_bias_swiglu_impl
@@ -217,5 +253,17 @@ def use_grouped_expert_gemm(model: torch.nn.Module) -> int:
             continue
         experts._rltrain_loop_forward = experts.forward
         experts.forward = types.MethodType(_grouped_experts_forward, experts)  # bound to this module
+        stack_expert_weights(experts)
         switched += 1
     return switched
+
+
+def stack_expert_weights(experts) -> None:
+    """Lay a SequentialMLP's local experts' fc1 weights back to back in one [E, 2I, H] storage, and their fc2 weights
+    in one [E, H, I] (each expert's parameter a view of its row, names unchanged): the grouped GEMM then reads them
+    without a copy. The data-parallel shards keep the layout (optim.expert_units)."""
+    for name in ("linear_fc1", "linear_fc2"):
+        weights = [getattr(e, name).weight for e in experts.local_experts]
+        block = torch.stack([w.detach() for w in weights])
+        for j, w in enumerate(weights):
+            w.data = block[j]
