@@ -62,6 +62,15 @@ def _candidates(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
                 out.append({"actor.expert_parallel_size": ep})
     if not x.fused_head:
         out.append({"trainer.fused_linear_logprob": True})
+    # offload (models/megatron/offload.py): state to the host while the engine is awake, the reference streamed, a
+    # share of the optimizer state on the host for good (each costs copies: timing.py)
+    if x.colocated and x.free_cache_engine and not x.offload_while_rollout:
+        out.append({"actor.offload_while_rollout": True})
+    if x.use_ref and not x.ref_offload:
+        out.append({"ref.offload": True})
+    for f in (0.5, 1.0):
+        if f > x.optimizer_offload_fraction:
+            out.append({"actor.optimizer_offload_fraction": f})
     if x.engine != "vllm" and x.max_batch_size > 32:
         out.append({"rollout.max_batch_size": x.max_batch_size // 4})
     if x.engine == "vllm":  # the rollout's share: its weights split over more GPUs, asleep while training, one engine

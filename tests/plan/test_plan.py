@@ -385,7 +385,8 @@ def test_one_gpu_that_nothing_cheap_rescues_says_so():
                                          "model.builtin=qwen3-30b-a3b"]), gpu_memory_gib=80)
     assert not p.fits and p.suggestions and not any(s.fits for s in p.suggestions)
     m = p.more_gpus  # the fewest GPUs that fit, re-planned: its keys on top of the config fit at the peak announced
-    assert m is not None and m.gpus >= 2 and m.overrides["trainer.n_gpus_per_node"] == m.gpus
+    assert m is not None and m.gpus >= 2
+    assert m.overrides["trainer.n_gpus_per_node"] * m.overrides.get("trainer.nnodes", 1) == m.gpus
     assert "Nothing tried on these 1 GPU(s) fits" in p.refusal()
     assert f"More GPUs are needed: {m.gpus} GPUs fit with: set {m.keys}: peak {m.peak_gib:.1f} GiB" in p.refusal()
     again = make_plan(compose("grpo_qwen3", ["trainer.n_gpus_per_node=1", "model.path=null",
