@@ -402,11 +402,13 @@ SMALL_4B = ["model.builtin=qwen3-4b", "trainer.n_gpus_per_node=2", "actor.tensor
 def test_nothing_on_up_to_the_searched_gpus_is_said_too(monkeypatch):
     import rltrain.plan.suggest as suggest
 
+    # the 4B on 2 x 32 GiB: no key on 2 GPUs fits it, offload included; 4 GPUs do
     monkeypatch.setattr(suggest, "MAX_GPUS", 2)  # the search stops at 2 GPUs; this config needs 4
-    p = make_plan(compose("grpo_qwen3", SMALL_4B), gpu_memory_gib=40, prompt_tokens=64, response_tokens=256)
+    p = make_plan(compose("grpo_qwen3", SMALL_4B), gpu_memory_gib=32, prompt_tokens=64, response_tokens=256)
     assert p.more_gpus is None and p.searched_gpus == 0  # already on 2: no larger count under the bound
+    assert not any(s.fits for s in p.suggestions)
     monkeypatch.setattr(suggest, "MAX_GPUS", 4)
-    p = make_plan(compose("grpo_qwen3", SMALL_4B), gpu_memory_gib=40, prompt_tokens=64, response_tokens=256)
+    p = make_plan(compose("grpo_qwen3", SMALL_4B), gpu_memory_gib=32, prompt_tokens=64, response_tokens=256)
     assert p.more_gpus.gpus == 4 and "More GPUs are needed: 4 GPUs" in p.refusal()
     # the 8B's weights and optimizer state alone (~130 GB) are more than 4 x 16 GiB hold
     p = make_plan(compose("grpo_qwen3", [*SMALL_4B, "model.builtin=qwen3-8b"]), gpu_memory_gib=16,
