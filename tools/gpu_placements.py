@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -58,6 +57,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import log as harness_log
 from harness import Deadline, device_name, md_table, report_header, run_rows, write_report
+from harness.procs import dump_stacks, log_checks, process_tails, ray_worker_pids
 from harness import results as tables
 from harness.runs import step_row
 from harness import run_trainer as run_trainer_child
@@ -163,13 +163,6 @@ def check_runs(args: argparse.Namespace, gpu_memory_gib: float) -> list[dict]:
     return rows
 
 
-def log_checks(text: str) -> dict:
-    """What a run's log says about multi-GPU safety: NVLink multicast must never appear (hosts are shared)."""
-    lines = text.splitlines()
-    return {"mnnvl_lines": [ln[:200] for ln in lines if "mnnvl" in ln.lower()][:5],
-            "pynccl_all_reduce": any("Using ['PYNCCL'] all-reduce backends" in ln for ln in lines)}
-
-
 def log(msg: str) -> None:
     harness_log("gpu_placements", msg)
 
@@ -261,45 +254,6 @@ def run_trainer(name: str, overrides: list[str], out_dir: str, ray_address: str,
             "command": " ".join(run["command"][1:]), "log_checks": checks}
 
 
-def ray_worker_pids() -> list[int]:
-    """This machine's rltrain Ray workers (Ray names an actor's process `ray::<class>`)."""
-    pids = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if f.read().startswith(b"ray::HybridWorker"):
-                        pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
-def dump_stacks(pids: list[int]) -> int:
-    """Ask each process for its Python stacks (rltrain/utils/stacks.py: SIGUSR1); returns how many were asked."""
-    from rltrain.utils.stacks import STACK_DUMP_SIGNAL
-
-    asked = 0
-    for pid in pids:
-        try:
-            os.kill(pid, STACK_DUMP_SIGNAL)
-            asked += 1
-        except (OSError, TypeError):
-            continue
-    return asked
-
-
-_PROCESS_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\((\w+) pid=(\d+)\)")
-
-
-def process_tails(text: str, lines: int = 40) -> dict[str, str]:
-    """The last `lines` lines of the driver and of each Ray process (Ray prefixes a worker's lines with
-    `(Class pid=N)`) of a failed run: which rank stopped where, even when another rank's output fills the tail."""
-    per: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        m = _PROCESS_PREFIX.match(line)
-        per.setdefault(f"{m.group(1)} pid={m.group(2)}" if m else "driver", []).append(line)
-    return {k: "\n".join(v[-lines:]) for k, v in per.items()}
 
 
 def _multicast(run: dict) -> bool:

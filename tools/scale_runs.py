@@ -46,7 +46,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from gpu_placements import dump_stacks, log_checks, process_tails, ray_worker_pids
+from harness.procs import dump_stacks, log_checks, process_tails, ray_worker_pids
 from harness import md_table, report_header, run_rows, write_report
 from harness import log as harness_log
 from harness import results as tables

@@ -205,7 +205,9 @@ def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch
         raise ValueError(why)
     source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     tmp, extra = None, {}
-    if not isinstance(model, torch.nn.Module):  # model.init=engine: its config, dummy weights until the first push
+    from transformers import PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):  # model.init=engine: its config, dummy weights until the first push
         from rltrain.models.hf_export import write_hf_config
 
         tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")

@@ -83,6 +83,18 @@ def _rl_cfg(*overrides):
         return compose(config_name="retool_tiny", overrides=list(overrides))
 
 
+def _model_dir(tmp_path) -> str:
+    """A tiny model directory for model.path (the recipe's SFT export is not made here, and the model files are
+    checked before the sandbox)."""
+    from transformers import Qwen3ForCausalLM
+
+    from rltrain.models.megatron.tiny import tiny_qwen3_config
+
+    path = tmp_path / "model"
+    Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=64)).save_pretrained(path)
+    return str(path)
+
+
 class _NoIsolation:
     isolated, isolation = False, "seccomp (not isolated: no Landlock in this kernel)"
 
@@ -93,7 +105,8 @@ def test_tool_executor_and_trainer_start_refuse_without_isolation(monkeypatch, c
         SandboxToolExecutor(max_workers=1)
     train = tmp_path / "train.jsonl"
     train.write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    cfg = _rl_cfg(f"data.train_files=[{train}]", f"data.val_files=[{train}]")
+    cfg = _rl_cfg(f"data.train_files=[{train}]", f"data.val_files=[{train}]", f"model.path={_model_dir(tmp_path)}")
+    capsys.readouterr()  # transformers' progress bar of the save
     with pytest.raises(SystemExit) as exit_info:
         run_entry(cfg, validate_config, run_rl)
     assert exit_info.value.code == 2
@@ -108,7 +121,8 @@ def test_allow_unisolated_lets_the_run_start_and_the_log_states_the_level_once(m
     monkeypatch.setattr("rltrain.trainer.ppo.run_from_config", lambda cfg: started.append(cfg))
     train = tmp_path / "train.jsonl"
     train.write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    cfg = _rl_cfg(f"data.train_files=[{train}]", f"data.val_files=[{train}]", "sandbox.allow_unisolated=true")
+    cfg = _rl_cfg(f"data.train_files=[{train}]", f"data.val_files=[{train}]", f"model.path={_model_dir(tmp_path)}",
+                  "sandbox.allow_unisolated=true")
     run_entry(cfg, validate_config, run_rl)
     assert len(started) == 1
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "sandbox" in ln]
