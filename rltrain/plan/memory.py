@@ -69,7 +69,7 @@ from rltrain.utils import flops
 
 # models/megatron/optim.py STEP_CHUNK_BYTES: the fp32 grads the bf16 step casts at a time
 OPTIM_STEP_CHUNK_BYTES = 2**30
-# rollout/vllm.py MAX_NUM_SEQS (vLLM's default max_num_seqs on a large GPU) and its auto KV-cache rule
+# rollout/vllm_args.py MAX_NUM_SEQS (vLLM's default max_num_seqs on a large GPU) and its auto KV-cache rule
 VLLM_MAX_NUM_SEQS = 1024
 # ops/chunking.py CUDA_CHUNK_BUDGET_BYTES: the torch head's scratch per chunk on CUDA
 TORCH_HEAD_CHUNK_BYTES = 2 * 2**30

@@ -36,7 +36,7 @@ class RolloutRole:
         # LoRA only the adapters come: the base must survive the sleep (level 1: kept in host memory)
         self.sleep_level = 2 if engine == "vllm" and sync == "local" and lora is None else 1
         if engine == "hf":
-            if not isinstance(model, torch.nn.Module):  # a config alone: random weights until the first push
+            if _is_config(model):  # a config alone: random weights until the first push
                 from transformers import AutoModelForCausalLM
 
                 model = AutoModelForCausalLM.from_config(model, dtype=dtype)
@@ -188,6 +188,13 @@ def routing_fields(responses, prompt_lens: list[int], p: int, r: int) -> dict[st
     return {"prompt_routed_experts": prompt, "routed_experts": response}
 
 
+def _is_config(model) -> bool:
+    """model.init=engine: the role is given the model's transformers config alone, not a model."""
+    from transformers import PretrainedConfig
+
+    return isinstance(model, PretrainedConfig)
+
+
 def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch.dtype, sync: str, seed: int,
                 routed_experts: bool = False, lora=None):
     """A VLLMEngine started from the HF checkpoint the roles start from: model.path as is, or (built-in presets)
@@ -205,9 +212,7 @@ def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch
         raise ValueError(why)
     source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     tmp, extra = None, {}
-    from transformers import PretrainedConfig
-
-    if isinstance(model, PretrainedConfig):  # model.init=engine: its config, dummy weights until the first push
+    if _is_config(model):  # model.init=engine: its config, dummy weights until the first push
         from rltrain.models.hf_export import write_hf_config
 
         tmp = tempfile.mkdtemp(prefix="rltrain-rollout-init-")

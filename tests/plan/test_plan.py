@@ -643,3 +643,16 @@ def test_offload_while_rollout_empties_the_engines_phases_and_costs_two_copies()
     assert all(k in phases["update (actor)"].parts and k in phases["log-probs (forward)"].parts for k in actor)
     assert offload_seconds(x) == pytest.approx(2 * 14 * P / (cal.value("host_copy_gb_s") * 1e9))
     assert offload_seconds(read(qwen06b("actor.use_kl_loss=false", "rollout=vllm"))) == 0.0
+
+
+def test_the_planners_mirrored_constants_equal_the_runtimes():
+    """plan/ imports no runtime code (tests/test_architecture.py), so plan/memory.py restates three of its
+    numbers; each must equal the one the run uses."""
+    from rltrain.models.megatron.optim import STEP_CHUNK_BYTES
+    from rltrain.ops.chunking import CUDA_CHUNK_BUDGET_BYTES
+    from rltrain.plan import memory
+    from rltrain.rollout.vllm_args import MAX_NUM_SEQS
+
+    assert memory.OPTIM_STEP_CHUNK_BYTES == STEP_CHUNK_BYTES
+    assert memory.TORCH_HEAD_CHUNK_BYTES == CUDA_CHUNK_BUDGET_BYTES
+    assert memory.VLLM_MAX_NUM_SEQS == MAX_NUM_SEQS
