@@ -1,8 +1,10 @@
-"""rollout.true_on_policy side by side (issue 60): the same run with the key off and on, each `python -m rltrain.main`
-in a process of its own, one after the other; per run the mean time of each phase of a step (generation, the actor's
-log-prob forward, the update, the weight push) over the steps after the first, the log-prob difference between the
-rollout engine and the actor (max and share of tokens that differ, every step) and the held-out accuracy by step.
-Writes bench_true_on_policy.json and .md to --out.
+"""rollout.true_on_policy side by side (issue 60), and its per-token check.
+
+Default: the same run with the key off and on, each `python -m rltrain.main` in a process of its own, one after the
+other; per run the mean time of each phase of a step (generation, the actor's log-prob forward, the update, the
+weight push) over the steps after the first, the log-prob difference between the rollout engine and the actor (max
+and share of tokens that differ, every step) and the held-out accuracy by step. Writes bench_true_on_policy.json and
+.md to --out.
 
   python tools/bench_true_on_policy.py --out /tmp/top --steps 12                   # grpo_tiny on CPU, hf engine
   python tools/bench_true_on_policy.py --out /tmp/top --steps 150 --set trainer.test_freq=25   # learning curves
@@ -10,13 +12,29 @@ Writes bench_true_on_policy.json and .md to --out.
 
 --gpu-06b: the Qwen3-0.6B-shaped random model of tools/gpu_smoke.py's GRPO section (harness.cases.GRPO_06B_OVERRIDES)
 with the vLLM engine colocated and the torch head (what true on-policy needs on both sides).
+
+--check: one GPU, vLLM colocated in this process (batch-invariant mode), the Megatron actor on the same weights
+through the worker the trainer uses. Samples a batch, then compares per sampled token
+  A  vLLM's decode log-probs (what the rollout reports),
+  B  vLLM's prefill log-probs of the same full sequences (prompt_logprobs),
+  C  the actor's forward (what the trainer recomputes),
+and writes true_on_policy_check.json to --out: max |difference| and the share of tokens that differ for A-C (the
+goal: exactly 0), B-C and A-B, the generation and actor-forward seconds, per sequence where A and C first part, per
+decoder layer the largest difference of the residual stream between vLLM's prefill and the actor on one sequence,
+and the head's stages on that sequence (final norm, logits, log-softmax of each side's logits against what each side
+reports). Exit 0 when A == C on every token. With --cpu: a dry run of the flow with the hf engine.
+
+  PYTHONPATH=/tmp/site:$PWD python tools/bench_true_on_policy.py --check --out $OUT
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
 from harness import md_table, report_header, run_trainer, write_report
@@ -65,6 +83,218 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _prefill_logprobs(llm, sequences: list[list[int]]) -> list[list[float]]:
+    """vLLM's prompt log-probs of each full sequence (entry t: log p(x_t | x_<t); entry 0 is 0)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences],
+                        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
+    got = []
+    for seq, out in zip(sequences, outs):
+        lps = out.prompt_logprobs
+        row = [0.0]
+        for t in range(1, len(seq)):
+            if hasattr(lps, "start_indices"):  # FlatLogprobs
+                lo, hi = lps.start_indices[t], lps.end_indices[t]
+                j = lo + lps.token_ids[lo:hi].index(seq[t])
+                row.append(float(lps.logprobs[j]))
+            else:
+                row.append(float(lps[t][seq[t]].logprob))
+        got.append(row)
+    return got
+
+
+def _layer_diffs(w, seq: list[int]) -> list[float]:
+    """Per decoder layer, max |actor - vLLM| of the residual stream after it, over one sequence's positions: vLLM's
+    prefill (its layer returns the MLP output and the residual, which the next fused norm adds in the model dtype)
+    against the Megatron layer's output. The first nonzero entry is where the two forwards part."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    got: dict = {"vllm": {}, "actor": {}}
+
+    def hook(store, i, vllm_layer):
+        def on_forward(mod, args, out):
+            hidden = out[0] + out[1] if vllm_layer else out[0][:, 0]
+            store[i] = hidden.detach().float().cpu()
+        return on_forward
+
+    handles = []
+
+    def attach(model):
+        for i, layer in enumerate(model.model.layers):
+            handles.append(layer.register_forward_hook(hook(got["vllm"], i, True)))
+
+    llm = w.rollout.engine.llm
+    llm.apply_model(attach)
+    llm.reset_prefix_cache()
+    try:
+        llm.generate([TokensPrompt(prompt_token_ids=seq)], SamplingParams(max_tokens=1), use_tqdm=False)
+    finally:
+        for h in handles:
+            h.remove()
+    eng = w.actor.engine
+    handles = [layer.register_forward_hook(hook(got["actor"], i, False))
+               for i, layer in enumerate(eng.model.decoder.layers)]
+    try:
+        ids = torch.tensor([seq])
+        eng.forward_logprobs(ids, torch.tensor([len(seq)]), torch.ones_like(ids, dtype=torch.bool))
+    finally:
+        for h in handles:
+            h.remove()
+    return [float((got["vllm"][i][:len(seq)] - got["actor"][i][:len(seq)]).abs().max()) for i in sorted(got["actor"])]
+
+
+def _head_diffs(w, seq: list[int]) -> dict:
+    """The head's stages on one sequence, vLLM's prefill (prompt log-probs on) against the actor: the final norm's
+    output, the logits, each side's reported log-probs against the Triton log-softmax of its own logits, and the two
+    sides' log-softmax against each other. The first stage with a nonzero entry is where the two part."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from rltrain.compat import vllm_kernels
+    from rltrain.models.megatron.head import lm_head_weight
+
+    got: dict = {"norm": [], "logits": []}
+
+    def keep(name):
+        def on_forward(mod, args, out):
+            got[name].append((out[0] if isinstance(out, tuple) else out).detach().float().cpu())
+        return on_forward
+
+    handles = []
+
+    def attach(model):
+        handles.append(model.model.norm.register_forward_hook(keep("norm")))
+        handles.append(model.logits_processor.register_forward_hook(keep("logits")))
+
+    llm = w.rollout.engine.llm
+    llm.apply_model(attach)
+    llm.reset_prefix_cache()
+    try:
+        reported_b = _prefill_logprobs(llm, [seq])[0]
+    finally:
+        for h in handles:
+            h.remove()
+    s = len(seq)
+    eng = w.actor.engine
+    act: dict = {}
+    hook = eng.model.decoder.final_layernorm.register_forward_hook(lambda m, a, o: act.__setitem__("norm", o.detach()))
+    try:
+        ids = torch.tensor([seq])
+        lp_c, _ = eng.forward_logprobs(ids, torch.tensor([s]), torch.ones_like(ids, dtype=torch.bool))
+    finally:
+        hook.remove()
+    dev = act["norm"].device
+    hid_a = act["norm"].reshape(-1, act["norm"].shape[-1])[:s]
+    hid_v = max(got["norm"], key=len)[:s].to(dev)
+    z_v = max(got["logits"], key=len).to(dev)  # the prompt log-probs' logits: rows 0.. of the positions
+    rows = min(len(z_v), s - 1)
+    z_v = z_v[:rows]
+    weight = lm_head_weight(eng.model)[: z_v.shape[1]]
+    z_a = vllm_kernels.linear(hid_a[:rows], weight).float()
+    labels = torch.tensor(seq[1:rows + 1], device=dev)
+    lsm = vllm_kernels._vllm().log_softmax
+
+    def lp(z):
+        return lsm(z.contiguous(), dim=-1).gather(-1, labels[:, None]).squeeze(-1)
+
+    def cmp(a, b) -> dict:
+        d = (a.float() - b.float()).abs()
+        return {"max": float(d.max()) if d.numel() else 0.0, "nonzero": int((d != 0).sum()), "of": int(d.numel())}
+
+    b_rep = torch.tensor(reported_b[1:rows + 1], device=dev)
+    c_rep = lp_c[0, 1:rows + 1].to(dev)
+    # the actor's own log-softmax of z_a through vllm_kernels.token_logprobs, the head's function
+    c_fn = vllm_kernels.token_logprobs(hid_a[:rows], weight, labels, 1.0)[0]
+    return {"positions": rows, "final_norm": cmp(hid_v, hid_a), "logits": cmp(z_v, z_a),
+            "vllm_reported_vs_own_logsoftmax": cmp(b_rep, lp(z_v)),
+            "actor_reported_vs_own_logsoftmax": cmp(c_rep, lp(z_a)),
+            "actor_reported_vs_token_logprobs": cmp(c_rep, c_fn), "logsoftmax_vllm_vs_actor": cmp(lp(z_v), lp(z_a)),
+            "reported_vllm_vs_actor": cmp(b_rep, c_rep)}
+
+
+def _compare(a, b) -> dict:
+    diffs = [abs(x - y) for x, y in zip(a, b)]
+    return {"tokens": len(diffs), "max": max(diffs, default=0.0),
+            "nonzero_frac": sum(d != 0 for d in diffs) / max(len(diffs), 1)}
+
+
+def _parting(a_rows: list[list[float]], c_rows: list[list[float]], prompt_lens: list[int]) -> list[dict]:
+    """Per sequence (the first 24): prompt length, response length, the tokens whose A and C differ and the first."""
+    out = []
+    for a, c, p in list(zip(a_rows, c_rows, prompt_lens))[:24]:
+        bad = [i for i, (x, y) in enumerate(zip(a, c)) if x != y]
+        out.append({"prompt": p, "response": len(a), "differ": len(bad), "first": bad[0] if bad else None,
+                    "max": max((abs(a[i] - c[i]) for i in bad), default=0.0)})
+    return out
+
+
+def check(args) -> int:
+    """--check (module docstring)."""
+    import torch
+
+    from rltrain.config import validate_config
+    from rltrain.config.entry import compose_config
+    from rltrain.workers.group import LocalWorkerGroup
+    from rltrain.workers.hybrid import HybridWorker
+
+    base = ["trainer.device=cpu"] if args.cpu else [*GRPO_06B_OVERRIDES, "rollout=vllm"]
+    overrides = [*base, "trainer.use_ray=false", "rollout.true_on_policy=true",
+                 "trainer.fused_linear_logprob_backend=torch", f"rollout.n={args.n}",
+                 f"rollout.max_response_length={args.max_tokens}", *args.set]
+    cfg = compose_config("grpo_tiny", overrides)
+    validate_config(cfg)
+    group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": ["actor", "rollout"]})
+    group.setup()
+    w = group.workers[0]
+    rng = random.Random(0)
+    vocab = int(w.hf_config.vocab_size)
+    prompts = [{"prompt_ids": [rng.randrange(1, vocab) for _ in range(rng.randrange(4, 65))], "ground_truth": None,
+                "data_source": "random"} for _ in range(args.prompts)]
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    t0 = time.perf_counter()
+    batch, _ = w.generate(prompts, 0, False, 1234)
+    sync()
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    old, _ = w.compute_old_logprobs(batch, 1.0)
+    sync()
+    fwd_s = time.perf_counter() - t0
+    mask = batch.loss_mask.bool()
+    sequences, a_rows, c_rows, b_idx = [], [], [], []
+    for i in range(mask.shape[0]):
+        p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+        r = batch.response_ids[i][mask[i]].tolist()
+        sequences.append(p + r)
+        a_rows.append(batch.sampler_logprobs[i][mask[i]].tolist())
+        c_rows.append(old[i][mask[i]].tolist())
+        b_idx.append((len(p), len(r)))
+    a = [x for row in a_rows for x in row]
+    c = [x for row in c_rows for x in row]
+    result = {"config": overrides, "generate_s": gen_s, "actor_forward_s": fwd_s, "decode_vs_actor": _compare(a, c),
+              "decode_vs_actor_by_sequence": _parting(a_rows, c_rows, [p for p, _ in b_idx])}
+    llm = getattr(w.rollout.engine, "llm", None)
+    if llm is not None:
+        pre = _prefill_logprobs(llm, sequences)
+        b = [x for row, (np_, nr) in zip(pre, b_idx) for x in row[np_:np_ + nr]]
+        result.update(prefill_vs_actor=_compare(b, c), decode_vs_prefill=_compare(a, b))
+        for name, fn in (("layer_max_abs_diff", _layer_diffs), ("head", _head_diffs)):
+            try:  # where the forwards part, if they do (a diagnosis: its failure does not fail the check)
+                result[name] = fn(w, sequences[0])
+            except Exception as err:  # noqa: BLE001
+                result[name] = f"not measured: {type(err).__name__}: {err}"[:500]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "true_on_policy_check.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1), flush=True)
+    group.shutdown()
+    return 0 if result["decode_vs_actor"]["max"] == 0.0 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -73,8 +303,15 @@ def main() -> int:
     ap.add_argument("--gpu-06b", action="store_true", help="Qwen3-0.6B shape, vLLM colocated, one GPU")
     ap.add_argument("--set", nargs="*", default=[], help="more overrides for both runs")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run")
+    ap.add_argument("--check", action="store_true", help="the per-token check on one GPU (module docstring)")
+    ap.add_argument("--prompts", type=int, default=32, help="--check: prompts")
+    ap.add_argument("--n", type=int, default=4, help="--check: samples per prompt")
+    ap.add_argument("--max-tokens", type=int, default=64, help="--check: response tokens")
+    ap.add_argument("--cpu", action="store_true", help="--check: a dry run with grpo_tiny's model and the hf engine")
     ap.add_argument("--runs", default=None, help="where the two run directories go (default: --out)")
     args = ap.parse_args()
+    if args.check:
+        return check(args)
     device = "cuda" if args.gpu_06b else "cpu"
     base = (GPU_06B if args.gpu_06b else CPU) + [f"trainer.total_steps={args.steps}", *args.set]
     report = {**report_header("bench_true_on_policy", device=device), "runs": {}}

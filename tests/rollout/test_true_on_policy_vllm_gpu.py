@@ -1,6 +1,6 @@
 """rollout.true_on_policy with the vLLM engine on a GPU: one forward of the Megatron actor gives every token vLLM
-sampled the very log-prob vLLM reported (tools/true_on_policy_gpu.py, in a process of its own: vLLM's batch-invariant
-mode is process-wide). Skips without CUDA or vLLM."""
+sampled the very log-prob vLLM reported (tools/bench_true_on_policy.py --check, in a process of its own: vLLM's
+batch-invariant mode is process-wide). Skips without CUDA or vLLM."""
 
 import importlib.util
 import json
@@ -19,10 +19,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
                     reason="needs a CUDA GPU and vLLM")
 def test_actor_forward_equals_vllm_sampler_logprobs(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "true_on_policy_gpu.py"), "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_true_on_policy.py"), "--check",
+                           "--out", str(tmp_path),
                            "--prompts", "16", "--n", "4", "--max-tokens", "48"],
                           cwd=REPO, capture_output=True, text=True, timeout=850)
-    path = tmp_path / "true_on_policy_gpu.json"
+    path = tmp_path / "true_on_policy_check.json"
     assert path.exists(), proc.stderr[-4000:]
     got = json.loads(path.read_text())
     assert got["decode_vs_actor"]["tokens"] > 0
