@@ -15,8 +15,11 @@ What vLLM 0.26 runs for a Qwen3 decoder in that mode, eager (`enforce_eager`, cu
 - SiLU(gate) * up: `torch.ops._C.silu_and_mul` -> `silu_and_mul`;
 - attention: FlashAttention 3 (`vllm_flash_attn.flash_attn_varlen_func`, num_splits=1, no scheduler metadata) over a
   paged KV cache of BLOCK_SIZE-token pages in vLLM's NHD layout -> `attention` (the same call on a cache built alike);
-- the sampler's log-probs ("processed_logprobs"): fp32 logits divided by the temperature tensor, then the overridden
-  `aten::_log_softmax` (`batch_invariant.log_softmax`, Triton) -> `token_logprobs`.
+- the sampler's log-probs ("processed_logprobs"): fp32 logits divided by the temperature tensor, then
+  `logits.log_softmax(dim=-1, dtype=torch.float32)` -> `token_logprobs`, the same call in the same process state.
+  Not `batch_invariant.log_softmax` called directly: on an H200 (2026-11-29) the log-probs vLLM reported differed by
+  one ulp from that Triton kernel on 2.5% of tokens, with the logits bitwise equal
+  (`tools/bench_true_on_policy.py --check`, its "head" entry).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _vllm() -> SimpleNamespace:
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     return SimpleNamespace(linear=bi.linear_batch_invariant, rms_norm=bi.rms_norm_batch_invariant,
-                           log_softmax=bi.log_softmax, fused_add_rms_norm=ops.fused_add_rms_norm,
+                           fused_add_rms_norm=ops.fused_add_rms_norm,
                            rotary_embedding=ops.rotary_embedding, silu_and_mul=torch.ops._C.silu_and_mul,
                            flash_attn_varlen_func=flash_attn_varlen_func, fa_version=get_flash_attn_version,
                            rotary_class=RotaryEmbedding)
@@ -135,12 +138,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                    temperature: float) -> tuple[torch.Tensor, ...]:
     """The sampler's log-prob of labels [c] after the LM head of hidden [c, H] (weight [V, H], the real vocab):
-    vLLM's lm-head kernel, fp32, divided by the temperature (a tensor, as vLLM's apply_temperature), its Triton
-    log-softmax. Returns fp32 [c] (logprob, entropy, lse, mean_z) of z = logits / temperature."""
+    vLLM's lm-head kernel, fp32, divided by the temperature (a tensor, as vLLM's apply_temperature), then the
+    sampler's own log-softmax call. Returns fp32 [c] (logprob, entropy, lse, mean_z) of z = logits / temperature."""
     z = linear(hidden, weight).float()
     if temperature != 1.0:
         z = z / torch.full((z.shape[0], 1), float(temperature), dtype=torch.float32, device=z.device)
-    lp_all = _vllm().log_softmax(z, dim=-1)
+    lp_all = z.log_softmax(dim=-1, dtype=torch.float32)
     p = lp_all.exp()
     entropy = -torch.where(p > 0, p * lp_all, torch.zeros_like(p)).sum(-1)
     lse = torch.logsumexp(z, -1)

@@ -75,7 +75,7 @@ def reference_vllm(monkeypatch):
         inp.copy_(_norm(residual, w, eps))
 
     ref = SimpleNamespace(linear=lambda x, w, b=None: F.linear(x, w, b), rms_norm=rms_norm,
-                          log_softmax=lambda z, dim=-1: torch.log_softmax(z, dim), fused_add_rms_norm=fused_add_rms_norm,
+                          fused_add_rms_norm=fused_add_rms_norm,
                           rotary_embedding=_rotary_embedding, fa_version=lambda head_size: 3, rotary_class=_Rotary,
                           silu_and_mul=lambda out, x: out.copy_(F.silu(x[..., :x.shape[-1] // 2])
                                                                 * x[..., x.shape[-1] // 2:]),
