@@ -198,6 +198,7 @@ def _head_diffs(w, seq: list[int]) -> dict:
     z_a = vllm_kernels.linear(hid_a[:rows], weight).float()
     labels = torch.tensor(seq[1:rows + 1], device=dev)
     from vllm.model_executor.layers.batch_invariant import log_softmax as triton_log_softmax
+    from vllm.v1.worker.gpu.sample.logprob import compute_token_logprobs as v2_token_logprobs
 
     def at(lp_all):
         return lp_all.gather(-1, labels[:, None]).squeeze(-1)
@@ -213,7 +214,9 @@ def _head_diffs(w, seq: list[int]) -> dict:
     return {"positions": rows, "final_norm": cmp(hid_v, hid_a), "logits": cmp(z_v, z_a),
             "vllm_reported_vs": {"torch_op_fp32": cmp(b_rep, torch_op),
                                  "torch_op_bf16_in": cmp(b_rep, torch_op_bf16),
-                                 "triton_log_softmax": cmp(b_rep, at(triton_log_softmax(z_v.contiguous(), -1)))},
+                                 "triton_log_softmax": cmp(b_rep, at(triton_log_softmax(z_v.contiguous(), -1))),
+                                 "v2_compute_token_logprobs": cmp(b_rep, v2_token_logprobs(
+                                     z_v.bfloat16().contiguous(), labels[:, None])[:, 0])},
             "actor_reported_vs_torch_op_fp32": cmp(c_rep, at(z_a.log_softmax(dim=-1, dtype=torch.float32))),
             "actor_reported_vs_token_logprobs": cmp(c_rep, vllm_kernels.token_logprobs(hid_a[:rows], weight, labels,
                                                                                         1.0)[0]),

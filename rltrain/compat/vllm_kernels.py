@@ -15,11 +15,13 @@ What vLLM 0.26 runs for a Qwen3 decoder in that mode, eager (`enforce_eager`, cu
 - SiLU(gate) * up: `torch.ops._C.silu_and_mul` -> `silu_and_mul`;
 - attention: FlashAttention 3 (`vllm_flash_attn.flash_attn_varlen_func`, num_splits=1, no scheduler metadata) over a
   paged KV cache of BLOCK_SIZE-token pages in vLLM's NHD layout -> `attention` (the same call on a cache built alike);
-- the sampler's log-probs ("processed_logprobs"): fp32 logits divided by the temperature tensor, then
-  `logits.log_softmax(dim=-1, dtype=torch.float32)` -> `token_logprobs`, the same call in the same process state.
-  Not `batch_invariant.log_softmax` called directly: on an H200 (2026-11-29) the log-probs vLLM reported differed by
-  one ulp from that Triton kernel on 2.5% of tokens, with the logits bitwise equal
-  (`tools/bench_true_on_policy.py --check`, its "head" entry).
+- the sampler's log-probs ("processed_logprobs"; vLLM 0.26 runs a dense model on its V2 model runner,
+  `vllm/v1/worker/gpu/sample/`): the logits in the model dtype, divided in place by the temperature (its Triton
+  kernel: fp32 division, the result stored back in the model dtype; skipped at temperature 1), then
+  `compute_token_logprobs` (Triton: the row's max and fp32 log-sum-exp, the label's logit minus both) ->
+  `token_logprobs`. Not the V1 sampler's `log_softmax`: on an H200 (2026-11-29) the log-probs vLLM reported
+  differed from both torch's and vLLM's batch-invariant log-softmax by one ulp on 2.5% of tokens, with the logits
+  bitwise equal (`tools/bench_true_on_policy.py --check`, its "head" entry).
 """
 
 from __future__ import annotations
@@ -49,10 +51,13 @@ def _vllm() -> SimpleNamespace:
     from vllm.model_executor.layers import batch_invariant as bi
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
     from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+    from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
+    from vllm.v1.worker.gpu.sample.logprob import compute_token_logprobs
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     return SimpleNamespace(linear=bi.linear_batch_invariant, rms_norm=bi.rms_norm_batch_invariant,
-                           fused_add_rms_norm=ops.fused_add_rms_norm,
+                           fused_add_rms_norm=ops.fused_add_rms_norm, apply_temperature=apply_temperature,
+                           compute_token_logprobs=compute_token_logprobs,
                            rotary_embedding=ops.rotary_embedding, silu_and_mul=torch.ops._C.silu_and_mul,
                            flash_attn_varlen_func=flash_attn_varlen_func, fa_version=get_flash_attn_version,
                            rotary_class=RotaryEmbedding)
@@ -138,13 +143,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                    temperature: float) -> tuple[torch.Tensor, ...]:
     """The sampler's log-prob of labels [c] after the LM head of hidden [c, H] (weight [V, H], the real vocab):
-    vLLM's lm-head kernel, fp32, divided by the temperature (a tensor, as vLLM's apply_temperature), then the
-    sampler's own log-softmax call. Returns fp32 [c] (logprob, entropy, lse, mean_z) of z = logits / temperature."""
-    z = linear(hidden, weight).float()
+    vLLM's lm-head kernel (logits in the model dtype), its temperature kernel in place (the quotient rounded to the
+    model dtype) and its token log-prob kernel. Returns fp32 [c] (logprob, entropy, lse, mean_z); entropy, lse and
+    mean_z (what the entropy and the backward use) of z = fp32 logits / temperature, by torch."""
+    vllm = _vllm()
+    logits = linear(hidden, weight)
+    z = logits.float() / temperature  # the plain formula's z, for the statistics the backward recomputes
     if temperature != 1.0:
-        z = z / torch.full((z.shape[0], 1), float(temperature), dtype=torch.float32, device=z.device)
-    lp_all = z.log_softmax(dim=-1, dtype=torch.float32)
+        vllm.apply_temperature(logits, torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device),
+                               torch.full((1,), float(temperature), dtype=torch.float32, device=logits.device))
+    logprob = vllm.compute_token_logprobs(logits, labels.long()[:, None])[:, 0]
+    lp_all = torch.log_softmax(z, -1)
     p = lp_all.exp()
     entropy = -torch.where(p > 0, p * lp_all, torch.zeros_like(p)).sum(-1)
-    lse = torch.logsumexp(z, -1)
-    return lp_all.gather(-1, labels.long()[:, None]).squeeze(-1), entropy, lse, (p * z).sum(-1)
+    return logprob, entropy, torch.logsumexp(z, -1), (p * z).sum(-1)

@@ -74,8 +74,15 @@ def reference_vllm(monkeypatch):
         residual.add_(inp)
         inp.copy_(_norm(residual, w, eps))
 
+    def apply_temperature(logits, idx, temperature):  # vLLM's kernel: in place, the quotient in the logits' dtype
+        logits.copy_(logits.float() / temperature[idx.long()][:, None])
+
+    def compute_token_logprobs(logits, ids):  # vLLM's kernel: fp32 log-sum-exp of each row, at ids [rows, k]
+        return torch.log_softmax(logits.float(), -1).gather(-1, ids)
+
     ref = SimpleNamespace(linear=lambda x, w, b=None: F.linear(x, w, b), rms_norm=rms_norm,
-                          fused_add_rms_norm=fused_add_rms_norm,
+                          fused_add_rms_norm=fused_add_rms_norm, apply_temperature=apply_temperature,
+                          compute_token_logprobs=compute_token_logprobs,
                           rotary_embedding=_rotary_embedding, fa_version=lambda head_size: 3, rotary_class=_Rotary,
                           silu_and_mul=lambda out, x: out.copy_(F.silu(x[..., :x.shape[-1] // 2])
                                                                 * x[..., x.shape[-1] // 2:]),
@@ -106,6 +113,10 @@ def test_our_layouts_around_vllms_kernels_compute_the_plain_ops(reference_vllm):
     z = (hid @ wt.T) / 0.7
     torch.testing.assert_close(lp, torch.log_softmax(z, -1).gather(-1, lab[:, None]).squeeze(-1))
     torch.testing.assert_close(lse, torch.logsumexp(z, -1))
+    # bf16: the sampled distribution is that of the logits / temperature rounded to bf16 (vLLM's in-place kernel)
+    lp16 = vk.token_logprobs(hid.bfloat16(), wt.bfloat16(), lab, 0.7)[0]
+    z16 = ((hid.bfloat16() @ wt.bfloat16().T).float() / 0.7).bfloat16().float()
+    assert torch.equal(lp16, torch.log_softmax(z16, -1).gather(-1, lab[:, None]).squeeze(-1))
     p = torch.softmax(z, -1)
     torch.testing.assert_close(ent, -(p * torch.log_softmax(z, -1)).sum(-1))
     assert math.isfinite(float(mean_z.sum()))
