@@ -239,6 +239,37 @@ def _parting(a_rows: list[list[float]], c_rows: list[list[float]], prompt_lens: 
     return out
 
 
+def _decode_variants(w, llm, vocab: int) -> dict:
+    """vLLM's decode against its own prefill under other batch compositions (where the decode arithmetic parts from
+    the prefill's, if it does): no seed, twice the prompts, short prompts, one prompt."""
+    def prompts(count, lo, hi, seed):
+        rng = random.Random(seed)
+        return [{"prompt_ids": [rng.randrange(1, vocab) for _ in range(rng.randrange(lo, hi))], "ground_truth": None,
+                 "data_source": "random"} for _ in range(count)]
+
+    out = {}
+    variants = (("no_seed", prompts(32, 4, 65, 0), None), ("64_prompts", prompts(64, 4, 65, 1), 7),
+                ("short_prompts", prompts(32, 4, 13, 2), 7), ("one_prompt", prompts(1, 30, 31, 3), 7))
+    for name, batch_prompts, seed in variants:
+        try:
+            batch, _ = w.generate(batch_prompts, 0, False, seed)
+            mask = batch.loss_mask.bool()
+            seqs, a_rows, idx = [], [], []
+            for i in range(mask.shape[0]):
+                p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+                r = batch.response_ids[i][mask[i]].tolist()
+                seqs.append(p + r)
+                a_rows.append(batch.sampler_logprobs[i][mask[i]].tolist())
+                idx.append((len(p), len(r)))
+            pre = _prefill_logprobs(llm, seqs)
+            b_rows = [row[np_:np_ + nr] for row, (np_, nr) in zip(pre, idx)]
+            out[name] = {**_compare([x for r in a_rows for x in r], [x for r in b_rows for x in r]),
+                         "by_sequence": _parting(a_rows, b_rows, [p for p, _ in idx])[:6]}
+        except Exception as err:  # noqa: BLE001
+            out[name] = f"not measured: {type(err).__name__}: {err}"[:300]
+    return out
+
+
 def check(args) -> int:
     """--check (module docstring)."""
     import torch
@@ -267,7 +298,7 @@ def check(args) -> int:
     sync()
     gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    old, _ = w.compute_old_logprobs(batch, 1.0)
+    old, _ = w.compute_old_logprobs(batch, float(cfg.rollout.temperature))
     sync()
     fwd_s = time.perf_counter() - t0
     mask = batch.loss_mask.bool()
@@ -293,6 +324,7 @@ def check(args) -> int:
                 result[name] = fn(w, sequences[0])
             except Exception as err:  # noqa: BLE001
                 result[name] = f"not measured: {type(err).__name__}: {err}"[:500]
+        result["decode_vs_prefill_by_batch"] = _decode_variants(w, llm, vocab)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "true_on_policy_check.json"), "w") as f:
         json.dump(result, f, indent=1)
