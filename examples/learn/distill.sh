@@ -21,6 +21,7 @@
 #             the two runs go on until they are stopped in time to draw and export what they logged; cpu: 20 steps)
 #   STUDENT_SFT_STEPS / TEACHER_SFT_STEPS   the two SFT lengths (defaults per scale below)
 #   DISTILL_LRS   the distillation runs' learning rates (default: GRPO's own and one higher, per scale below)
+#   MIX_COEFS     GRPO plus distillation runs, one per algorithm.distill_coef (default 0.5; empty: none)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -29,18 +30,19 @@ PYTHON=${PYTHON:-python3}
 RUN_DIR=${RUN_DIR:-outputs/distill_$SCALE}
 EXPORT=${EXPORT:-${OUT:-$RUN_DIR/export}}
 DEVICE_T0=${DEVICE_T0:-$(date +%s)}
+MIX_COEFS=${MIX_COEFS-0.5}
 case "$SCALE" in
   gpu) DATA=(--digits 3 --sft-size 50000 --train-size 20000 --val-size 256)  # 3 digits: the teacher fits the slot
-       SFT=learn_add_sft; DISTILL=learn_add_distill; GRPO=learn_add_grpo
+       SFT=learn_add_sft; DISTILL=learn_add_distill; GRPO=learn_add_grpo; TEACHER_DTYPE=bfloat16
        # the teacher: ~2.5x the student (hidden 768, 16 layers, MLP 3072, 12 query / 4 key-value heads of 64)
        TEACHER=(+model.overrides.hidden_size=768 +model.overrides.num_hidden_layers=16
                 +model.overrides.intermediate_size=3072 +model.overrides.num_attention_heads=12
                 trainer.total_steps=${TEACHER_SFT_STEPS:-500})
        STUDENT=(trainer.total_steps=${STUDENT_SFT_STEPS:-500})  # as long as the teacher's: both end together
-       # the runs go on until the time is up; four at once (GRPO, distillation at three learning rates)
-       RUN_STEPS=1000; DEVICE_LIMIT_S=${DEVICE_LIMIT_S:-520}; DISTILL_LRS=${DISTILL_LRS:-"2e-5 1e-4 3e-4"} ;;
+       # the runs go on until the time is up; four at once (GRPO, distillation at two learning rates, GRPO + it)
+       RUN_STEPS=1000; DEVICE_LIMIT_S=${DEVICE_LIMIT_S:-520}; DISTILL_LRS=${DISTILL_LRS:-"2e-5 1e-4"} ;;
   cpu) DATA=(--digits 2 --sft-size 4000 --train-size 4000 --val-size 128)
-       SFT=learn_add_sft_cpu; DISTILL=learn_add_distill_cpu; GRPO=learn_add_grpo_cpu
+       SFT=learn_add_sft_cpu; DISTILL=learn_add_distill_cpu; GRPO=learn_add_grpo_cpu; TEACHER_DTYPE=float32
        export RLTRAIN_TORCH_THREADS=${RLTRAIN_TORCH_THREADS:-1}  # the runs go at once on two cores
        # the teacher: hidden 192, 3 layers (the student: 128, 2)
        TEACHER=(model.overrides.hidden_size=192 +model.overrides.num_hidden_layers=3
@@ -69,7 +71,8 @@ sft() {  # NAME DATA_FILE OVERRIDES...
   local name=$1 file=$2; shift 2
   timeout --kill-after=10 "$(left 240)" $PYTHON -m rltrain.sft --config-name "$SFT" \
     model.tokenizer="$RUN_DIR/tokenizer" "data.train_files=[$file]" trainer.output_dir="$RUN_DIR/$name" \
-    trainer.progress_bar=false trainer.logger=[jsonl] "$@" hydra.run.dir="$RUN_DIR/${name}_sft" > "$RUN_DIR/${name}_sft.log" 2>&1
+    trainer.progress_bar=false trainer.logger=[jsonl] "$@" hydra.run.dir="$RUN_DIR/${name}_sft" \
+    > "$RUN_DIR/${name}_sft.log" 2>&1
 }
 sft teacher "$RUN_DIR/data/sft.jsonl" "${TEACHER[@]}" & teacher_pid=$!
 sft student0 "$RUN_DIR/data_sloppy/sft.jsonl" "${STUDENT[@]}" & student_pid=$!
@@ -95,8 +98,9 @@ print(f"distill.sh: the teacher's held-out accuracy {res['accuracy']:.3f} (n={re
 PY
 stamp teacher_eval
 
-# 3. distillation (one run per learning rate in DISTILL_LRS; the first is GRPO's own) and GRPO from the student's
-# start, all at the same time (each validates before its first step); stopped in time to draw and export their logs
+# 3. GRPO, distillation (one run per learning rate in DISTILL_LRS; the first is GRPO's own) and GRPO plus
+# distillation (MIX_COEFS) from the student's start, all at the same time (each validates before its first step);
+# stopped in time to draw and export their logs
 LEFT=$(left 40)
 [ "$LEFT" -ge 30 ] || { echo "distill.sh: only ${LEFT} s left for the runs; raise DEVICE_LIMIT_S" >&2; exit 3; }
 run() {  # NAME CONFIG OVERRIDES...
@@ -107,6 +111,10 @@ run() {  # NAME CONFIG OVERRIDES...
 RUNS=(grpo); run grpo "$GRPO" trainer.experiment_name=learn_add_grpo_vs_distill & PIDS=($!)
 for lr in $DISTILL_LRS; do
   RUNS+=("distill_lr$lr"); run "distill_lr$lr" "$DISTILL" teacher.path="$RUN_DIR/teacher" actor.lr="$lr" & PIDS+=($!)
+done
+for coef in $MIX_COEFS; do  # RL plus distillation: GRPO's advantage + coef x the teacher's
+  RUNS+=("grpo_distill$coef"); run "grpo_distill$coef" "$GRPO" teacher.path="$RUN_DIR/teacher" \
+    teacher.dtype="$TEACHER_DTYPE" algorithm.distill_coef="$coef" & PIDS+=($!)
 done
 STATUS=(); for pid in "${PIDS[@]}"; do s=0; wait "$pid" || s=$?; STATUS+=("$s"); done
 stamp "runs(${RUNS[*]}: ${STATUS[*]})"  # 124: stopped at the time limit (SIGINT), as planned
