@@ -145,15 +145,15 @@ def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path, monkeypatch):
     assert set(json.loads((out / "summary.json").read_text())["grpo"]["runs"]) == {"fused_seed1"}
 
 
-def test_run_specs_pick_engines_and_the_comparison_tests_engines_against_seed_noise(capsys):
+def test_run_specs_pick_engines_and_the_comparisons_test_engines_and_lora_against_seed_noise(capsys):
     """A worked example: three finished runs from one SFT model, hf seed 1 and vllm seeds 1 and 2, on 64 held-out
     prompts (2 SE = 2 * sqrt(0.5 / 64) = 0.177)."""
     learn = _tool("learn_gpu")
-    specs = [learn.RunSpec.parse(t) for t in ("fused:1", "fused:1:vllm", "unfused:2:hf")]
-    assert [s.name for s in specs] == ["fused_seed1", "fused_seed1_vllm", "unfused_seed2_hf"]
-    assert [s.engine for s in specs] == [None, "vllm", "hf"]
+    specs = [learn.RunSpec.parse(t) for t in ("fused:1", "fused:1:vllm", "unfused:2:hf", "lora:3")]
+    assert [s.name for s in specs] == ["fused_seed1", "fused_seed1_vllm", "unfused_seed2_hf", "lora_seed3"]
+    assert [s.engine for s in specs] == [None, "vllm", "hf", None]
     assert [learn.RunSpec.from_name(s.name) for s in specs] == specs  # run directories name their spec
-    for bad in ("fused", "fused:x", "fused:1:sglang", "fused:1:vllm:2", "mixed:1"):
+    for bad in ("fused", "fused:x", "fused:1:sglang", "fused:1:vllm:2", "mixed:1", "lora"):
         with pytest.raises(learn.UsageError, match="fused:SEED"):
             learn.RunSpec.parse(bad)
 
@@ -184,3 +184,18 @@ def test_run_specs_pick_engines_and_the_comparison_tests_engines_against_seed_no
     assert e["gaps_by_seed"]["fused_seed1 vs fused_seed1_vllm"] == 0 and not e["within_noise"]
     # and fused vs unfused is compared within the hf runs: |0.8-0.9| / 2 = 0.05
     assert c["unfused"] == "unfused_seed1" and c["gap_fused_unfused"] == pytest.approx(0.05) and c["within_noise"]
+
+    # LoRA against full fine-tuning: seed 1 of each against LoRA's two seeds (full fine-tuning has one);
+    # |0.5-0.2|, |0.9-0.7| -> 0.25 against |0.2-0.4|, |0.7-0.9| -> 0.2 + 2 SE: within noise
+    runs = {"fused_seed1": run(0.1, 0.5, 0.9), "lora_seed1": run(0.1, 0.2, 0.7), "lora_seed2": run(0.1, 0.4, 0.9)}
+    runs["fused_seed1"]["timing"], runs["lora_seed1"]["timing"] = {"step_s": 2.5}, {"step_s": 2.0}
+    lo = learn.compare_runs(runs, 64)["lora"]
+    assert (lo["full"], lo["lora"], lo["seed_a"], lo["seed_b"]) == ("fused_seed1", "lora_seed1", "lora_seed1",
+                                                                    "lora_seed2")
+    assert lo["gap_lora"] == pytest.approx(0.25) and lo["gap_seeds"] == pytest.approx(0.2) and lo["within_noise"]
+    assert lo["step_s"] == {"fused_seed1": 2.5, "lora_seed1": 2.0, "lora_seed2": None}
+    assert "LoRA vs full fine-tuning: mean |held-out accuracy gap| 0.250" in learn.comparison_lines({"lora": lo})[0]
+    # held-out accuracy by training seconds: the step times summed up to each evaluation (step 0 at 0 s)
+    rows = [{"step": 0, "val/accuracy": 0.1}, {"step": 1, "timing_s/step": 1.5},
+            {"step": 2, "timing_s/step": 2.25, "val/accuracy": 0.5}]
+    assert learn.curve(rows)[learn.TRAIN_S_KEY] == [[0.0, 0.1], [3.75, 0.5]]

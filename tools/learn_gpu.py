@@ -6,7 +6,8 @@ device command on one H100 at --scale gpu:
   data         task files (rltrain/data/arithmetic.py) + a byte-level BPE tokenizer (tools/train_tokenizer.py)
   sft          SFT cold start (`python -m rltrain.sft`) of the random-init model on the addition traces
   grpo         GRPO runs from the SFT model, several at once in separate processes (default: fused head
-               seed 1, fused seed 2, materialized logits seed 1), then fused vs unfused against seed noise
+               seed 1, fused seed 2, materialized logits seed 1), then fused vs unfused against seed noise;
+               `lora:SEED` runs (LoRA rank 32, LORA_LR_X times the lr) against full fine-tuning the same way
   retool_sft   SFT cold start on the tool-use traces (products: call the Python tool or estimate)
   retool_grpo  GRPO with the multi-turn tool loop and the real sandbox, from the ReTool SFT model
   eval         held-out accuracy of every model under --out, one table (summary.md)
@@ -22,7 +23,7 @@ that is done is skipped when named again, a GRPO run that was stopped resumes fr
 (trainer.save_freq) when the same command runs again (exit code 3 says so), and a stage whose prerequisite
 is missing (e.g. a fresh machine) says which stage to run first. examples/learn/gpu.sh has one command per step:
 
-  bash examples/learn/gpu.sh sft | grpo_fused | grpo_unfused | grpo_seed2 | retool
+  bash examples/learn/gpu.sh sft | grpo_fused | grpo_unfused | grpo_seed2 | grpo_lora | retool
   python tools/learn_gpu.py data sft grpo --runs fused:1 --out outputs/learn --deadline 540 --export $OUT
   python tools/learn_gpu.py data sft grpo --scale cpu --in-process --out outputs/learn_cpu   # 2 CPU cores, ~2 min
   python tools/learn_gpu.py data sft grpo retool_sft retool_grpo --tiny --out outputs/learn_tiny   # GPU path on CPU
@@ -30,7 +31,7 @@ is missing (e.g. a fresh machine) says which stage to run first. examples/learn/
 GPU path: Megatron actor in bf16 with fp32 master weights, fused Triton LM head, trainer.use_ray=true,
 colocated HF rollout (--engine vllm for vLLM). --set STAGE:key=value passes any Hydra override to one stage
 (e.g. --set grpo:actor.lr=1e-5); --runs picks the GRPO runs, run at once as child processes
-(e.g. --runs fused:1 unfused:1 fused:2). --tiny runs the GPU configs shrunk onto the CPU (Ray, child
+(e.g. --runs fused:1 unfused:1 fused:2 lora:1). --tiny runs the GPU configs shrunk onto the CPU (Ray, child
 processes, deadline, resume: the plumbing, not the learning).
 """
 
@@ -51,7 +52,8 @@ from harness import REPO, Deadline, device_name, md_table, run_child, run_childr
 from harness import trainer_command, write_json, write_report
 
 from rltrain.config.convert import as_dict
-from rltrain.trainer.evaluate import compare_runs, curve, evaluate, fmt_eval, phase_timing, run_key  # noqa: F401
+from rltrain.trainer.evaluate import RUN_KINDS, TRAIN_S_KEY, compare_runs, curve, evaluate, fmt_eval  # noqa: F401
+from rltrain.trainer.evaluate import phase_timing, run_key
 from rltrain.utils.plotting import plot_lines
 
 STAGES = ("data", "sft", "grpo", "retool_sft", "retool_grpo", "eval", "plots")
@@ -169,25 +171,39 @@ def require(args, path: str, what: str, stage: str) -> None:
                          f"(python tools/learn_gpu.py {stage} --out ...)")
 
 
+def exported(hf: str) -> bool:
+    """Whether a GRPO run exported its model to `hf` (a model directory; a LoRA run: a PEFT adapter directory)."""
+    from rltrain.models.hf import is_peft_adapter
+
+    return os.path.exists(os.path.join(hf, "config.json")) or is_peft_adapter(hf)
+
+
 def read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
 
 
 # ---------------------------------------------------------------------------- runs and overrides
+# A `lora` run: the fused run with rank-32 adapters on every linear (alpha 32: scale alpha / r = 1) and LORA_LR_X
+# times the stage's learning rate (--lora-lr-x). LoRA's best lr is ~10x full fine-tuning's at alpha 32 with PEFT's
+# init (Schulman et al., "LoRA Without Regret", Thinking Machines 2025); the CPU recipe (docs/megatron_backend.md)
+# learns with it as the full run does.
+LORA_RANK, LORA_ALPHA, LORA_LR_X = 32, 32, 10.0
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """One GRPO run: `fused:1` (fused LM head, seed 1), `unfused:2` (materialized logits, seed 2); a third field
-    picks the rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`; default: --engine), so runs of
-    both engines from the same SFT model go side by side in one command."""
+    """One GRPO run: `fused:1` (fused LM head, seed 1), `unfused:2` (materialized logits, seed 2), `lora:1` (fused head,
+    LoRA adapters: LORA_*); a third field picks the rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`;
+    default: --engine), so runs of both engines from the same SFT model go side by side in one command."""
 
-    fused: bool
+    kind: str  # one of RUN_KINDS
     seed: int
     engine: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{'fused' if self.fused else 'unfused'}_seed{self.seed}" + (f"_{self.engine}" if self.engine else "")
+        return f"{self.kind}_seed{self.seed}" + (f"_{self.engine}" if self.engine else "")
 
     @classmethod
     def from_name(cls, name: str) -> "RunSpec":
@@ -198,13 +214,13 @@ class RunSpec:
     def parse(cls, text: str) -> "RunSpec":
         parts = text.split(":")
         head, seed, engine = (parts + [None])[:3] if len(parts) in (2, 3) else ("", "", None)
-        if head not in ("fused", "unfused") or not seed.isdigit() or engine not in (None, "hf", "vllm"):
-            raise UsageError(f"--runs entry {text!r}: expected fused:SEED or unfused:SEED, optionally :hf or :vllm "
-                             "(the run's rollout engine), e.g. fused:1 or fused:2:vllm")
-        return cls(fused=head == "fused", seed=int(seed), engine=engine)
+        if head not in RUN_KINDS or not seed.isdigit() or engine not in (None, "hf", "vllm"):
+            raise UsageError(f"--runs entry {text!r}: expected fused:SEED, unfused:SEED or lora:SEED, optionally "
+                             ":hf or :vllm (the run's rollout engine), e.g. fused:1, lora:2 or fused:2:vllm")
+        return cls(kind=head, seed=int(seed), engine=engine)
 
     def overrides(self) -> list[str]:
-        return [f"trainer.fused_linear_logprob={str(self.fused).lower()}", f"trainer.seed={self.seed}"]
+        return [f"trainer.fused_linear_logprob={str(self.kind != 'unfused').lower()}", f"trainer.seed={self.seed}"]
 
 
 def user_overrides(sets: list[str], stage: str) -> list[str]:
@@ -239,7 +255,12 @@ def stage_overrides(stage: str, lay: Layout, args, run: RunSpec | None = None) -
     ov += SCALES[args.scale].overrides.get(stage, [])
     if args.device:
         ov.append(f"trainer.device={args.device}")
-    return ov + user_overrides(args.set, stage)
+    ov += user_overrides(args.set, stage)
+    if run is not None and run.kind == "lora":  # the fused run's config (--set included) with adapters, lr x LORA_LR_X
+        full_lr = compose(stage, ov, SCALES[args.scale]).actor.lr
+        ov += [f"actor.lora.rank={args.lora_rank}", f"actor.lora.alpha={LORA_ALPHA}",
+               f"actor.lr={full_lr * args.lora_lr_x:.6g}"]
+    return ov
 
 
 def compose(stage: str, overrides: list[str], scale: Scale):
@@ -331,7 +352,7 @@ def eval_cfg(stage: str, lay: Layout, args, scale: Scale, model_path: str | None
     import dataclasses
 
     rl = {"sft": "grpo", "retool_sft": "retool_grpo"}.get(stage, stage)
-    cfg = validated(rl, stage_overrides(rl, lay, args, RunSpec(True, 1)), scale)
+    cfg = validated(rl, stage_overrides(rl, lay, args, RunSpec("fused", 1)), scale)
     if model_path is None:  # the SFT stage's random-init model
         sft_cfg = validated(stage, stage_overrides(stage, lay, args), scale)
         cfg.model = dataclasses.replace(sft_cfg.model)
@@ -547,9 +568,10 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
         info = {**results[name], "wall_s": round(wall, 1), "before": before,
                 "steps_done": rows[-1]["step"] if rows else 0,
                 "total_steps": total, "curve": curve(rows), "timing": phase_timing(rows, samples=cfgs[name].data.train_batch_size * cfgs[name].rollout.n),
-                "trainer_command": command(stage, ov, scale, run_dir)[1:]}
+                "trainer_command": command(stage, ov, scale, run_dir)[1:], "lr": cfgs[name].actor.lr,
+                "lora_rank": cfgs[name].actor.lora.rank}
         hf = os.path.join(run_dir, "hf")
-        if os.path.exists(os.path.join(hf, "config.json")) and info["steps_done"] == total:
+        if exported(hf) and info["steps_done"] == total:
             info["after"] = evaluate(eval_cfg(stage, lay, args, scale, hf), batch=scale.eval_batch,
                                      tool_workers=scale.tool_workers)
             log(f"{stage}/{name}: after {total} GRPO steps: held-out {fmt_eval(info['after'])} "
@@ -571,14 +593,14 @@ def stage_grpo(stage: str, lay: Layout, args, scale: Scale) -> dict:
 def stage_eval(lay: Layout, args, scale: Scale) -> dict:
     """Held-out accuracy of every model under --out (random init comes from the sft summaries)."""
     if args.dry_run:  # the evaluation configs are the RL stages'
-        return {st: sorted(as_dict(validated(st, stage_overrides(st, lay, args, RunSpec(True, 1)), scale)))
+        return {st: sorted(as_dict(validated(st, stage_overrides(st, lay, args, RunSpec("fused", 1)), scale)))
                 for st in ("grpo", "retool_grpo")}
     models = {}
     for stage in ("sft", "grpo", "retool_sft", "retool_grpo"):
         if stage in SFT_OF:
             for run in sorted(os.listdir(lay.stage_dir(stage))) if os.path.isdir(lay.stage_dir(stage)) else []:
                 hf = os.path.join(lay.run_dir(stage, run), "hf")
-                if os.path.exists(os.path.join(hf, "config.json")):
+                if exported(hf):
                     models[f"{stage}/{run}"] = (stage, hf)
         elif os.path.exists(os.path.join(lay.sft_model(stage), "config.json")):
             models[stage] = (stage, lay.sft_model(stage))
@@ -614,8 +636,10 @@ def plot_grpo(lay: Layout, stage: str, runs: dict, before: dict) -> None:
     if stage == "retool_grpo":
         panels += [("val/reward/correct_tool_call/mean", "held-out correct tool calls"),
                    ("reward/tool_call/mean", "training tool-call rate")]
+    panels.append((TRAIN_S_KEY, "held-out accuracy by training seconds"))
     _plotted(plot_lines(os.path.join(lay.plots, f"{stage}_curves.png"), [
-        {"title": title, "xlabel": "GRPO step", "ylim": (-0.02, 1.02) if key.startswith("val/") else None,
+        {"title": title, "xlabel": "training s (sum of step times)" if key == TRAIN_S_KEY else "GRPO step",
+         "ylim": (-0.02, 1.02) if key.startswith("val/") else None,
          "series": {name: info["curve"].get(key, []) for name, info in runs.items()}} for key, title in panels],
         suptitle=f"{stage}: from the SFT model (held-out accuracy {before['accuracy']:.3f} at step 0)"))
 
@@ -636,7 +660,8 @@ def results(summary: dict, stages=("sft", "retool_sft", "grpo", "retool_grpo")):
     for stage in stages:
         s = summary.get(stage) or {}
         if "runs" in s:
-            yield from ((stage, n, r, r.get("before", s["before"]), r.get("after")) for n, r in s["runs"].items())
+            yield from ((stage, n + (f" (LoRA rank {r['lora_rank']}, lr {r['lr']:g})" if r.get("lora_rank") else ""),
+                         r, r.get("before", s["before"]), r.get("after")) for n, r in s["runs"].items())
         elif "after" in s:
             yield stage, f"{s['parameters'] / 1e6:.1f}M", s, s["before"], s["after"]
 
@@ -646,7 +671,8 @@ def _tool_calls(e: dict | None) -> str:
 
 
 def comparison_lines(comparison: dict | None) -> list[str]:
-    """The rollout-engine and fused-vs-materialized comparisons of a GRPO stage against seed noise, as sentences."""
+    """The rollout-engine, fused-vs-materialized and LoRA-vs-full comparisons of a GRPO stage against seed noise, as
+    sentences."""
     out, e, c = [], (comparison or {}).get("engines"), comparison or {}
     if e:
         out.append(f"Rollout engines: mean |held-out accuracy gap| {e['gap_engines']:.3f} ({e['reference']} vs "
@@ -656,6 +682,12 @@ def comparison_lines(comparison: dict | None) -> list[str]:
         out.append(f"Fused vs materialized logits: mean |held-out accuracy gap| {c['gap_fused_unfused']:.3f} "
                    f"({c['fused']} vs {c['unfused']}); seed noise {c['gap_seeds']:.3f} ({c['fused']} vs "
                    f"{c['other_seed']}); 2 SE {c['two_se']:.3f}; within noise: {c['within_noise']}")
+    if c.get("lora"):
+        lo, sec = c["lora"], {n: f"{v:.2f}" if v else "?" for n, v in c["lora"]["step_s"].items()}
+        out.append(f"LoRA vs full fine-tuning: mean |held-out accuracy gap| {lo['gap_lora']:.3f} ({lo['full']} vs "
+                   f"{lo['lora']}); seed noise {lo['gap_seeds']:.3f} ({lo['seed_a']} vs {lo['seed_b']}); 2 SE "
+                   f"{lo['two_se']:.3f}; within noise: {lo['within_noise']}; seconds per step: "
+                   + ", ".join(f"{n} {v}" for n, v in sec.items()))
     return out
 
 
@@ -696,10 +728,12 @@ def bench_table(summary: dict) -> str:
                      f"{b['accuracy']:.3f} -> " + (f"{a['accuracy']:.3f}" if a else "(unfinished)"),
                      f"{b['correct_tool_call']:.3f} -> {a['correct_tool_call']:.3f}"
                      if a and "correct_tool_call" in a else "-"))
+    compared = [x for st in ("grpo", "retool_grpo") for line in comparison_lines((summary.get(st) or {}).get(
+        "comparison")) for x in ("", f"{st}: {line}")]
     return "\n".join([f"Device: {summary.get('device', '?')}; date {summary.get('date', '?')}; scale "
                       f"{summary.get('scale')}.", "", md_table(
                           ["stage", "run", "driver command", "wall s", "steps", "tokens/s per phase",
-                           "held-out accuracy", "correct tool calls"], rows)]) + "\n"
+                           "held-out accuracy", "correct tool calls"], rows), *compared]) + "\n"
 
 
 EXPORT_FILES = ("summary.md", "summary.json", "benchmarks.md")
@@ -760,6 +794,10 @@ def parse_args(argv=None):
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout engine of the GRPO stages")
     p.add_argument("--runs", nargs="+", default=None, help="grpo runs, e.g. fused:1 fused:2 unfused:1")
     p.add_argument("--retool-runs", nargs="+", default=None, help="retool_grpo runs, e.g. fused:1")
+    p.add_argument("--lora-rank", type=int, default=LORA_RANK, help="actor.lora.rank of the lora:SEED runs "
+                   f"(alpha {LORA_ALPHA}, every linear; default %(default)s)")
+    p.add_argument("--lora-lr-x", type=float, default=LORA_LR_X,
+                   help="the lora:SEED runs' actor.lr as a multiple of the stage's (default %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="STAGE:KEY=VALUE",
                    help="a Hydra override for one stage's trainer, e.g. grpo:actor.lr=1e-5 (repeatable)")
     p.add_argument("--deadline", type=float, default=None, metavar="S",

@@ -14,7 +14,10 @@
 #     grpo_all      the three GRPO runs at once, one device command instead of three (~7.5 min estimated)
 #     grpo_engines  hf and vLLM rollout side by side from one SFT model: fused head, seeds 1 and 2 with each
 #                   engine (four runs at once; vLLM colocated, sleeping during the update; needs vLLM staged)
-#     all           every step above, one after another (default; each with its own deadline)
+#     grpo_lora     LoRA (rank 32, lr x10) against full fine-tuning: fused seed 1, LoRA seeds 1 and 2, 20 steps
+#                   each, held-out accuracy every 2 steps; data + SFT + GRPO in one command under ${RUN_DIR}_lora
+#     all           sft, grpo_fused, grpo_unfused, grpo_seed2, retool, one after another (default; each with its own
+#                   deadline)
 #   RUN_DIR         models, checkpoints and run logs (default outputs/learn; git-ignored, kept while the machine is)
 #   EXPORT          where the small results go (default $OUT, else $RUN_DIR/export): at most 8 flat files
 #   DEVICE_T0       `date +%s` taken when the device command started (default: now); DEVICE_LIMIT_S (default 570)
@@ -41,11 +44,13 @@ case "$STEP" in
   grpo_seed2)   driver data sft grpo --runs fused:2 "$@" ;;
   grpo_all)     driver data sft grpo --runs fused:1 unfused:1 fused:2 "$@" ;;
   grpo_engines) driver data sft grpo --runs fused:1 fused:2 fused:1:vllm fused:2:vllm "$@" ;;
+  grpo_lora)    RUN_DIR=${RUN_DIR%/}_lora driver data sft grpo --runs fused:1 lora:1 lora:2 \
+                  --set grpo:trainer.total_steps=20 --set grpo:trainer.test_freq=2 --set grpo:trainer.save_freq=10 "$@" ;;
   retool)       driver data retool_sft retool_grpo --retool-runs fused:1 "$@" ;;
   all)
     for s in sft grpo_fused grpo_unfused grpo_seed2 retool; do
       DEVICE_T0=$(date +%s) bash "$0" "$s" "$@"
     done ;;
   *) echo "gpu.sh: unknown STEP '$STEP' (sft | grpo_fused | grpo_unfused | grpo_seed2 | grpo_all | grpo_engines |" \
-          "retool | all)" >&2; exit 2 ;;
+          "grpo_lora | retool | all)" >&2; exit 2 ;;
 esac

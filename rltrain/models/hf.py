@@ -40,3 +40,28 @@ def build_hf_causal_lm(config_or_path: Any, *, dtype: torch.dtype = torch.float3
             return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
         config_or_path = load_hf_config(path, trust_remote_code=trust_remote_code)
     return AutoModelForCausalLM.from_config(config_or_path, dtype=dtype)
+
+
+def is_peft_adapter(path: str | os.PathLike) -> bool:
+    """Whether `path` is a PEFT adapter directory (a LoRA run's export: adapter_config.json, no model of its own)."""
+    return os.path.exists(os.path.join(os.fspath(path), "adapter_config.json"))
+
+
+def load_merged_adapter(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A LoRA run's export as one transformers causal LM: its base (adapter_config.json's base_model_name_or_path, a
+    local model directory) with every adapter merged in (W + alpha / r B A, models/lora.merged_weights)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from rltrain.models.lora import LoraSpec, merged_weights
+
+    path = os.fspath(path)
+    with open(os.path.join(path, "adapter_config.json")) as f:
+        peft = json.load(f)
+    spec = LoraSpec(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=0.0,
+                    targets=tuple(peft["target_modules"]))
+    model = build_hf_causal_lm(peft["base_model_name_or_path"], dtype=dtype)
+    adapters = load_file(os.path.join(path, "adapter_model.safetensors"))
+    model.load_state_dict(dict(merged_weights(model.state_dict(), adapters, spec)))
+    return model

@@ -15,13 +15,15 @@ import time
 CURVE_KEYS = ("val/accuracy", "critic/score/mean", "response_length/mean", "actor/entropy", "actor/grad_norm",
               "val/reward/correct_tool_call/mean", "val/reward/tool_call/mean", "reward/correct_tool_call/mean",
               "reward/tool_call/mean", "rollout/logprob_diff_max")
+TRAIN_S_KEY = "val/accuracy@train_s"  # curve(): held-out accuracy by training seconds instead of by step
 
 
 def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     """Held-out accuracy of one model: the RL config's val files, prompts, rollout limits and reward, greedy.
 
     cfg: a typed RLConfig.
-    model: a transformers model (e.g. a random init) or None to load model.path.
+    model: a transformers model (e.g. a random init) or None to load model.path (a model directory, or a LoRA run's
+    PEFT adapter directory: its base with the adapters merged).
     Returns accuracy (share of scores > 0), n, the reward's extra metrics by bare name (e.g. correct_tool_call),
     mean response tokens, seconds and the first response as an example."""
     import dataclasses
@@ -30,6 +32,7 @@ def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rltrain.models.hf import is_peft_adapter, load_merged_adapter
     from rltrain.rewards.scoring import response_texts, score_batch
     from rltrain.trainer.setup import build_datasets
     from rltrain.workers.hybrid import resolve_device
@@ -40,7 +43,9 @@ def evaluate(cfg, model=None, *, batch: int, tool_workers: int) -> dict:
     device = resolve_device(cfg.trainer.device)
     dtype = torch.float32 if device == "cpu" else getattr(torch, cfg.model.dtype)
     tokenizer, _, val_ds, _, reward = build_datasets(cfg)
-    if model is None:
+    if model is None and is_peft_adapter(cfg.model.path):  # a LoRA run's export: its base, the adapters merged
+        model = load_merged_adapter(cfg.model.path, dtype=dtype)
+    elif model is None:
         model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype,
                                                      trust_remote_code=cfg.model.trust_remote_code)
     rollout_cfg = dataclasses.replace(r, max_batch_size=batch,
@@ -72,9 +77,19 @@ def fmt_eval(e: dict) -> str:
 
 
 def curve(rows: list[dict]) -> dict:
-    """{key: [[step, value], ...]} of CURVE_KEYS from metrics.jsonl rows."""
-    return {k: [[r["step"], r[k]] for r in rows if isinstance(r.get(k), (int, float))] for k in CURVE_KEYS
-            if any(k in r for r in rows)}
+    """{key: [[step, value], ...]} of CURVE_KEYS from metrics.jsonl rows, and held-out accuracy by training seconds
+    (TRAIN_S_KEY: [[seconds, accuracy], ...], seconds = the sum of timing_s/step up to that step: wall clock without
+    start-up and validation)."""
+    out = {k: [[r["step"], r[k]] for r in rows if isinstance(r.get(k), (int, float))] for k in CURVE_KEYS
+           if any(k in r for r in rows)}
+    train_s, by_s = 0.0, []
+    for r in rows:
+        train_s += r.get("timing_s/step", 0.0)
+        if isinstance(r.get("val/accuracy"), (int, float)):
+            by_s.append([round(train_s, 2), r["val/accuracy"]])
+    if by_s:
+        out[TRAIN_S_KEY] = by_s
+    return out
 
 
 def phase_timing(rows: list[dict], *, samples: int) -> dict:
@@ -95,10 +110,13 @@ def phase_timing(rows: list[dict], *, samples: int) -> dict:
     return out
 
 
-def run_key(name: str) -> tuple[bool, int, str | None]:
-    """(fused head, seed, rollout engine or None) of a run named `fused_seed1`, `unfused_seed2_vllm`, ..."""
-    head, seed, *engine = name.split("_")
-    return head == "fused", int(seed.removeprefix("seed")), engine[0] if engine else None
+RUN_KINDS = ("fused", "unfused", "lora")  # a GRPO run's variant: fused head, materialized logits, fused head + LoRA
+
+
+def run_key(name: str) -> tuple[str, int, str | None]:
+    """(kind: one of RUN_KINDS, seed, rollout engine or None) of a run named `fused_seed1`, `lora_seed2_vllm`, ..."""
+    kind, seed, *engine = name.split("_")
+    return kind, int(seed.removeprefix("seed")), engine[0] if engine else None
 
 
 def _accuracy_gap(runs: dict, a: str, b: str) -> float:
@@ -108,23 +126,41 @@ def _accuracy_gap(runs: dict, a: str, b: str) -> float:
     return sum(abs(ca[s] - cb[s]) for s in steps) / max(len(steps), 1)
 
 
+def _paired_gap(runs: dict, ref: list[str], new: list[str], seed_of: dict, two_se: float) -> dict | None:
+    """Runs of a reference variant against runs of a new one, paired by seed: the largest same-seed gap against the
+    gap between two seeds of the reference (else of the new variant). None without a pair and two seeds."""
+    ref, new = sorted(ref, key=seed_of.get), sorted(new, key=seed_of.get)
+    pairs = [(r, n) for r in ref for n in new if seed_of[r] == seed_of[n]]
+    seeds = [tuple(side[:2]) for side in (ref, new) if len(side) >= 2]
+    if not pairs or not seeds:
+        return None
+    gaps = {f"{a} vs {b}": _accuracy_gap(runs, a, b) for a, b in pairs}  # every seed run with both
+    (a, b), (s1, s2) = max(pairs, key=lambda p: gaps[f"{p[0]} vs {p[1]}"]), seeds[0]
+    g, g_s = gaps[f"{a} vs {b}"], _accuracy_gap(runs, s1, s2)
+    return {"reference": a, "other": b, "seed_a": s1, "seed_b": s2, "gap": g, "gaps_by_seed": gaps,
+            "gap_seeds": g_s, "two_se": two_se, "within_noise": g <= g_s + two_se}
+
+
 def compare_runs(runs: dict, n_val: int, default_engine: str = "hf") -> dict:
     """Fused vs materialized logits against seed noise, on the held-out accuracy curves (same eval steps):
     gap(a, b) = mean over eval steps of |acc_a - acc_b|. Within noise when gap(fused s, unfused s) <=
     gap(fused s, fused s') + 2 SE, SE = sqrt(2 * 0.25 / n_val) (the largest standard error of a difference
     of two accuracies on n_val prompts). Runs of one engine are compared with each other; with runs of two
     engines the same test compares the engines ("engines": hf seed s vs vllm seed s against two seeds of the
-    reference engine, hf, or of the other engine where hf has one seed). Run names as `run_key` reads them."""
+    reference engine, hf, or of the other engine where hf has one seed), and with LoRA runs ("lora") full fine-tuning
+    (fused) seed s against LoRA seed s, same engine, against two seeds of full fine-tuning, else of LoRA, with each
+    run's mean seconds per step. Run names as `run_key` reads them."""
     done = [n for n in runs if "after" in runs[n]]  # finished runs only: a stopped run's curve is partial
     key = {}
     for n in done:
-        fused, seed, engine = run_key(n)
-        key[n] = (fused, seed, engine or default_engine)
+        kind, seed, engine = run_key(n)
+        key[n] = (kind, seed, engine or default_engine)
+    seed_of = {n: k[1] for n, k in key.items()}
     two_se = 2 * (2 * 0.25 / n_val) ** 0.5
     out: dict = {}
     for engine in sorted({k[2] for k in key.values()}):
-        fused = sorted(n for n in done if key[n][0] and key[n][2] == engine)
-        unfused = sorted(n for n in done if not key[n][0] and key[n][2] == engine)
+        fused = sorted(n for n in done if key[n][0] == "fused" and key[n][2] == engine)
+        unfused = sorted(n for n in done if key[n][0] == "unfused" and key[n][2] == engine)
         if len(fused) < 2 or not unfused:
             continue
         u = unfused[0]
@@ -136,22 +172,28 @@ def compare_runs(runs: dict, n_val: int, default_engine: str = "hf") -> dict:
                     "definition": "mean |val accuracy gap| over shared eval steps > 0; within noise iff "
                                   "gap(fused, unfused) <= gap(fused seed a, fused seed b) + 2*sqrt(0.5/n_val)"})
         break
-    fused_done = [n for n in done if key[n][0]]
+    fused_done = [n for n in done if key[n][0] == "fused"]
     engines = sorted({key[n][2] for n in fused_done})
     if len(engines) == 2:
         ref, new = ("hf", "vllm") if engines == ["hf", "vllm"] else tuple(engines)
-        by_engine = {eng: sorted((n for n in fused_done if key[n][2] == eng), key=lambda n: key[n][1])
-                     for eng in (ref, new)}
-        pairs = [(r, n) for r in by_engine[ref] for n in by_engine[new] if key[r][1] == key[n][1]]
-        # noise: two seeds of the reference engine, else of the other engine
-        seeds = [tuple(by_engine[eng][:2]) for eng in (ref, new) if len(by_engine[eng]) >= 2]
-        if pairs and seeds:
-            gaps = {f"{a} vs {b}": _accuracy_gap(runs, a, b) for a, b in pairs}  # every seed run with both
-            (a, b), (s1, s2) = max(pairs, key=lambda p: gaps[f"{p[0]} vs {p[1]}"]), seeds[0]
-            g_e, g_s = gaps[f"{a} vs {b}"], _accuracy_gap(runs, s1, s2)
-            out["engines"] = {"reference": a, "engine": b, "seed_a": s1, "seed_b": s2, "gap_engines": g_e,
-                              "gaps_by_seed": gaps, "gap_seeds": g_s, "two_se": two_se,
-                              "within_noise": g_e <= g_s + two_se,
+        p = _paired_gap(runs, [n for n in fused_done if key[n][2] == ref], [n for n in fused_done if key[n][2] == new],
+                        seed_of, two_se)
+        if p:
+            out["engines"] = {"reference": p["reference"], "engine": p["other"], "seed_a": p["seed_a"],
+                              "seed_b": p["seed_b"], "gap_engines": p["gap"], "gaps_by_seed": p["gaps_by_seed"],
+                              "gap_seeds": p["gap_seeds"], "two_se": two_se, "within_noise": p["within_noise"],
                               "definition": "within noise iff the largest gap(ref engine seed s, engine seed s) "
                                             "<= gap(seed a, seed b of one engine) + 2*sqrt(0.5/n_val)"}
+    for engine in sorted({k[2] for k in key.values()}):
+        full = [n for n in fused_done if key[n][2] == engine]
+        lora = [n for n in done if key[n][0] == "lora" and key[n][2] == engine]
+        p = _paired_gap(runs, full, lora, seed_of, two_se)
+        if p:
+            step_s = {n: (runs[n].get("timing") or {}).get("step_s") for n in full + lora}
+            out["lora"] = {"full": p["reference"], "lora": p["other"], "seed_a": p["seed_a"], "seed_b": p["seed_b"],
+                           "gap_lora": p["gap"], "gaps_by_seed": p["gaps_by_seed"], "gap_seeds": p["gap_seeds"],
+                           "two_se": two_se, "within_noise": p["within_noise"], "step_s": step_s,
+                           "definition": "within noise iff the largest gap(full fine-tuning seed s, LoRA seed s) <= "
+                                         "gap(seed a, seed b of one of them) + 2*sqrt(0.5/n_val)"}
+            break
     return out

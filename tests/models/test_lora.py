@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 from torch.func import functional_call
 
 from _megatron_ref import hf_logprobs, make_engine, ppo_batch, ppo_loss_with_entropy, random_batch, random_hf_model
+from rltrain.models.hf import is_peft_adapter, load_merged_adapter
 from rltrain.models.hf_export import save_peft_adapter
-from rltrain.models.lora import LORA_TARGETS, merged_weights, resolve_targets
+from rltrain.models.lora import LORA_TARGETS, resolve_targets
 from rltrain.models.megatron.build import UnsupportedModelError
 from rltrain.models.loss_protocol import MicroBatch
 
@@ -169,17 +170,20 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly():
 
 def test_peft_export_loads_back_with_identical_logprobs(tmp_path):
     """The PEFT adapter directory, read back (with peft where installed, else by the adapter math on the HF model
-    written out here), gives the engine's log-probs; the merged export too."""
+    written out here), gives the engine's log-probs; so does its base directory with the adapters merged."""
     hf = random_hf_model(V, seed=8)
     eng = _engine(hf, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"])
     ad = _random_adapters(eng, seed=5)
     spec = eng.lora.spec
-    save_peft_adapter(str(tmp_path), spec, dict(eng.lora.export()), base_model="base-path")
+    base = str(tmp_path / "base")
+    hf.save_pretrained(base)
+    save_peft_adapter(str(tmp_path), spec, dict(eng.lora.export()), base_model=base)
     cfg = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert (cfg["r"], cfg["lora_alpha"], cfg["base_model_name_or_path"]) == (4, 6.0, "base-path")
+    assert (cfg["r"], cfg["lora_alpha"], cfg["base_model_name_or_path"]) == (4, 6.0, base)
     assert cfg["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]
     tensors = load_file(str(tmp_path / "adapter_model.safetensors"))
     assert set(tensors) == set(ad) and all(torch.equal(tensors[k], ad[k]) for k in ad)
+    assert is_peft_adapter(tmp_path) and not is_peft_adapter(base)
 
     ids, lens, mask = random_batch(V, [9, 4, 6], seed=6)
     lp, _ = eng.forward_logprobs(ids, lens, mask)
@@ -194,9 +198,8 @@ def test_peft_export_loads_back_with_identical_logprobs(tmp_path):
                 loaded.get_parameter(name).copy_(w)
     with torch.no_grad():
         ref, _ = hf_logprobs(loaded, ids, mask)
-        merged = random_hf_model(V, seed=8)
-        merged.load_state_dict(dict(merged_weights(hf.state_dict(), tensors, spec)))
-        ref_merged, _ = hf_logprobs(merged, ids, mask)
+        merged = load_merged_adapter(str(tmp_path))  # the base from its directory, merged (the recipe's evaluation)
+        ref_merged, _ = hf_logprobs(merged.eval(), ids, mask)
     torch.testing.assert_close(lp.double(), ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(lp.double(), ref_merged, atol=1e-5, rtol=0)
 
