@@ -8,9 +8,10 @@ Before Hydra writes into the run directory (config/entry.py), it is checked: ano
 one, a link in place of a file written there or a read-only one ends as one line and exit 2 (utils/rundir.py).
 Before the trainer is built (`prepare_run`): the run directory is locked for the run's life (a second run on it
 exits 2 naming the first's pid), the checkpoint directory is checked, locked by its real path and cleared of crashed
-runs' temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` given on the command line in a
-fresh Hydra run directory continues the newest unfinished run of the same experiment (the default `auto` of a fresh run
-starts from step 1), and a local `model.path` is checked for complete weights.
+runs' temp dirs, a `trainer.resume=PATH` checkpoint is checked, `trainer.resume=auto` given on the command line without
+hydra.run.dir continues the newest unfinished run of the same experiment, in its own directory (config/entry.py pinned
+it) or with trainer.resume_in_place=false in the fresh one (the default `auto` of a fresh run starts from step 1), and
+a local `model.path` is checked for complete weights.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def prepare_run(cfg: RLConfig, run_dir: str) -> None:
             if not t.ckpt_dir:
                 _check_same_model(cfg, own[-1][1], f"trainer.resume=auto would continue {own[-1][1]}, which")
         elif _on_command_line("trainer.resume"):  # asked for by the user: say what it finds
-            found = find_previous_run(run_dir, as_dict(cfg)) if not t.ckpt_dir and _hydra_chose_run_dir() else None
+            found = find_previous_run(run_dir, as_dict(cfg)) \
+                if not t.ckpt_dir and not t.resume_in_place and _hydra_chose_run_dir() else None
             if found is not None:
                 prev, step, path = found
                 t.resume = path

@@ -6,7 +6,8 @@ Hydra itself reports a composition error with exit code 1, the code of a crash; 
 command line's config once with Hydra's compose API before Hydra's own main runs, so the mistake is caught first.
 It also resolves the run directory Hydra would make (`hydra.run.dir`, `${now:...}` included), has it checked before
 Hydra writes `.hydra/` and its log there (utils/rundir.prepare_run_dir: not another user's, not writable by others,
-no planted links, writable) and pins it on the command line, so Hydra writes into the directory that was checked.
+no planted links, writable) and pins it on the command line, so Hydra writes into the directory that was checked;
+`trainer.resume=auto` on the command line pins the stopped run it continues instead (_run_to_continue).
 It must not run anything: composition, the schema and that check only.
 """
 
@@ -134,12 +135,39 @@ def pin_run_dir(config_dir: str, config_name: str, argv: list[str], job: str) ->
         return argv
     finally:
         GlobalHydra.instance().clear()
-    prepare_run_dir(run_dir, job)
     given = [a for a in argv if a.lstrip("+~").startswith("hydra.run.dir=")]
-    if not given:
+    continued = None if given else _run_to_continue(cfg, args.overrides, run_dir)
+    run_dir = continued or run_dir
+    prepare_run_dir(run_dir, job)
+    if not given and not continued:
         _PINNED.append(run_dir)
     quoted = run_dir.replace("\\", "\\\\").replace("'", "\\'")
     return [a for a in argv if a not in given] + [f"hydra.run.dir='{quoted}'"]
+
+
+def _run_to_continue(cfg: Any, overrides: Sequence[str], fresh_dir: str) -> str | None:
+    """`trainer.resume=auto` typed on the command line, without hydra.run.dir, continues the newest unfinished run
+    of the experiment (utils/rundir.find_previous_run: a sibling of the fresh `outputs/<experiment>/<time>`) in its
+    own directory, unless trainer.resume_in_place=false (then rltrain/main.py continues it into the fresh one).
+    Returns that run's directory, or None."""
+    from omegaconf import OmegaConf
+
+    from rltrain.utils.rundir import find_previous_run
+
+    typed = [o.lstrip("+~") for o in overrides]
+    if (not any(o.startswith("trainer.resume=") for o in typed) or OmegaConf.select(cfg, "trainer.resume") != "auto"
+            or OmegaConf.select(cfg, "trainer.resume_in_place") is not True
+            or OmegaConf.select(cfg, "trainer.ckpt_dir")):
+        return None  # not asked for, asked into a new directory, an SFT run, or checkpoints kept elsewhere
+    run = {"model": OmegaConf.to_container(cfg.model, resolve=True),
+           "trainer": {"experiment_name": OmegaConf.select(cfg, "trainer.experiment_name")}}
+    found = find_previous_run(fresh_dir, run)
+    if found is None:
+        return None
+    prev, step, _ = found
+    print(f"rltrain: trainer.resume=auto: continuing the run in {prev} from its checkpoint of step {step}, in its "
+          "directory (trainer.resume_in_place=false continues it in a new one)", file=sys.stderr, flush=True)
+    return prev
 
 
 def config_main(config_dir: str, config_name: str, schema: type = RLConfig) -> Callable:

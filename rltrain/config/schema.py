@@ -398,7 +398,6 @@ class TrainerConfig(LogprobHeadConfig):
     seed: int = 1  # seeds data order, sampling and initialization
     logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])  # where metrics go
     device: str = "auto"  # auto: cuda when a GPU is visible, else cpu
-    # on GPUs, before any worker starts: error | warn | off when rltrain.plan predicts a GPU will not fit
     plan_check: str = "error"  # on GPUs: stop (error) or warn when rltrain.plan says a GPU will not fit
     # the loss path: fused_linear_logprob, fused_linear_logprob_backend, logprobs_chunk_size (LogprobHeadConfig)
     logprobs_response_only: bool = True  # compute log-probs of response tokens only
@@ -416,6 +415,7 @@ class TrainerConfig(LogprobHeadConfig):
     max_staleness: int = 1  # async: the most policy versions a sample may lag the weights it trains
     ckpt_dir: Optional[str] = None  # where checkpoints go; null: <run dir>/checkpoints
     resume: str = "auto"  # auto: the newest intact checkpoint (docs/guide/runs.md), never, or a checkpoint PATH
+    resume_in_place: bool = True  # resume=auto continues a stopped run in its own directory; false: in a new one
     max_ckpt_to_keep: int = 2  # older checkpoints are deleted
     export_hf_on_end: bool = False  # write the actor in transformers format to <run dir>/hf at the end
     plots: bool = True  # PNG plots of the run's curves in the run directory at the end

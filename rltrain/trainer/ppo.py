@@ -71,8 +71,7 @@ class PPOTrainer:
         self.sleeps = self.colocated and cfg.rollout.free_cache_engine
         self.weight_sync = WeightSync(self.train_group, self.rollout_group,
                                       bucket_bytes=cfg.rollout.weight_sync_bucket_mb << 20, wake_up=self.sleeps)
-        self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
-                               config=as_dict(cfg))
+        self.tracker: Tracker | None = None  # made in fit, once the step the run continues after is known
         self.global_step = 0
         self.rollout = RolloutSource(self.rollout_group, sampler, seed=self.seed, score=self._score,
                                      want_groups=cfg.data.train_batch_size,
@@ -92,6 +91,9 @@ class PPOTrainer:
         bar, completed = None, False
         try:  # whatever fails (resume included), the workers are shut down
             self.global_step = self._maybe_resume()
+            # a resume in the same run directory continues its metrics.jsonl and wandb run (utils/tracking.py)
+            self.tracker = Tracker(t.logger, self.run_dir, project=t.project_name, experiment=t.experiment_name,
+                                   config=as_dict(self.cfg), start_step=self.global_step)
             if self.global_step == 0 and self.cfg.model.init == "engine":
                 self.weight_sync.push()  # the engine started from dummy weights: the actor's own before generating
             if t.val_before_train and self.global_step == 0 and t.test_freq > 0:
@@ -367,7 +369,8 @@ class PPOTrainer:
             out = os.path.join(self.run_dir, "hf")
             self.train_group.run("export_hf", out)
             print(f"rltrain: exported the actor in transformers format to {out}", file=sys.stderr, flush=True)
-        self.tracker.finish()
+        if self.tracker is not None:
+            self.tracker.finish()
         groups = (self.train_group, self.rollout_group, self.teacher_group)
         for group in {id(g): g for g in groups if g is not None}.values():
             group.shutdown()

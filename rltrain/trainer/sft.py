@@ -118,12 +118,7 @@ class SFTTrainer:
         self.sampler = PromptSampler(self.train_ds, batch_size=d.batch_size, seed=self.seed, shuffle=d.shuffle)
         self.loss = SFTLoss()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.tracker = None
-        if self.is_rank0:
-            from rltrain.utils.tracking import Tracker
-
-            self.tracker = Tracker(t.logger, run_dir, project=t.project_name, experiment=t.experiment_name,
-                                   config=as_dict(cfg))
+        self.tracker = None  # rank 0's, made in fit once the step the run continues after is known
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict:
@@ -131,6 +126,11 @@ class SFTTrainer:
         bar = None
         last: dict = {}
         start = self._maybe_resume()
+        if self.is_rank0:  # a resume in the same run directory continues its metrics.jsonl and wandb run
+            from rltrain.utils.tracking import Tracker
+
+            self.tracker = Tracker(t.logger, self.run_dir, project=t.project_name, experiment=t.experiment_name,
+                                   config=as_dict(self.cfg), start_step=start)
         if t.progress_bar and self.is_rank0:
             from rltrain.utils.tracking import progress_bar
 

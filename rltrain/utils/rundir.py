@@ -10,9 +10,10 @@ utils/checkpoint.py which checkpoints are intact.
   life (the kernel drops it when the process dies, however it dies). A second run on the same directory, or on a
   link to it, gets a `RunDirLocked` (a UserError: exit 2) naming the holder's pid and command. The checkpoint
   directory is locked the same way (`claim_checkpoint_dir`).
-- `find_previous_run(...)`: `trainer.resume=auto` in a fresh Hydra run dir (`outputs/<experiment>/<time>`) with
-  no checkpoint of its own continues the newest sibling run dir of the same experiment that has an intact
-  checkpoint; the new run writes into its own directory.
+- `find_previous_run(...)`: `trainer.resume=auto` on the command line without hydra.run.dir continues the newest
+  sibling of the fresh Hydra run dir (`outputs/<experiment>/<time>`) of the same experiment that has an intact
+  checkpoint, in that run's directory (config/entry.py pins it) or, with trainer.resume_in_place=false, in the
+  fresh one.
 - `resume_command(run_dir)`: the exact command that continues a stopped run in its own directory.
 """
 
@@ -46,8 +47,9 @@ class RunDirError(UserError, OSError):
 def run_dir_names(job: str = "main") -> tuple[str, ...]:
     """The names at the top of a run directory that must not be links: RUN_FILES, Hydra's `<job>.log`, the plots."""
     from rltrain.utils.plotting import PLOTS
+    from rltrain.utils.tracking import WANDB_ID_FILE
 
-    return (*RUN_FILES, f"{job}.log", *PLOTS)
+    return (*RUN_FILES, WANDB_ID_FILE, "metrics.jsonl.tmp", f"{job}.log", *PLOTS)
 
 
 def prepare_run_dir(path: str, job: str = "main") -> str:

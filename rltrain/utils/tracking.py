@@ -1,6 +1,9 @@
 """Metrics plumbing: one `Tracker` fans each step's metrics out to console, metrics.jsonl and wandb.
 
 wandb runs offline when no WANDB_API_KEY is set (nothing needs a network); this module never computes metrics.
+A run continued in its own directory (a Tracker started after step N > 0) keeps one record: metrics.jsonl keeps the
+rows of steps <= N and the steps run again replace the later ones, and the wandb run whose id the directory holds
+(WANDB_ID_FILE) continues. A fresh start (N = 0) in a used directory starts both anew.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import os
 import sys
 from typing import Any, Iterable, Mapping
 
-from rltrain.utils.safefs import check_not_link, make_dirs, open_nofollow
+from rltrain.utils.safefs import check_not_link, make_dirs, open_nofollow, write_text
 
 LOGGERS = ("console", "jsonl", "wandb")
+WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the id of its wandb run, continued by a resume there
 
 # Keys shown on the compact console line, in this order, when present.
 CONSOLE_KEYS = (
@@ -99,9 +103,14 @@ def progress_bar(total: int, start: int, desc: str):
 
 
 class JsonlLogger:
-    def __init__(self, run_dir: str):
+    """Rows of <run_dir>/metrics.jsonl; started after step `start_step` > 0 (a resume), the rows of later steps
+    (and a line cut by a kill) are dropped first, so the steps run again replace them; at 0 the file starts empty."""
+
+    def __init__(self, run_dir: str, start_step: int = 0):
         make_dirs(run_dir)
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        if os.path.lexists(self.path):
+            _keep_rows_through(self.path, start_step)
         self._f = open_nofollow(self.path, "a")  # a link planted in its place is refused, not appended to
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -113,35 +122,81 @@ class JsonlLogger:
         self._f.close()
 
 
+def _keep_rows_through(path: str, step: int) -> None:
+    """Rewrite the metrics file `path` (atomically: a temp file renamed over it) with only its whole rows of steps
+    <= `step` (none when `step` is 0)."""
+    with open_nofollow(path) as f:
+        lines = f.read().splitlines()
+    kept = []
+    for line in lines if step > 0 else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # the last line of a killed run, cut short
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line + "\n")
+    if len(kept) == len(lines):
+        return
+    tmp = path + ".tmp"
+    with open_nofollow(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
 class WandbLogger:
-    def __init__(self, run_dir: str, project: str, name: str, config: dict | None, resume_id: str | None = None):
+    """A wandb run under <run_dir>/wandb. Its id is kept in <run_dir>/WANDB_ID_FILE: started after step
+    `start_step` > 0 in a directory that holds one, the same wandb run continues (`resume="allow"`), and steps wandb
+    already has (run again after the checkpoint, with the same values) are not sent twice."""
+
+    def __init__(self, run_dir: str, project: str, name: str, config: dict | None, start_step: int = 0):
         try:
             import wandb
         except ImportError as err:  # a core dependency; only missing in broken installs
             raise ImportError("trainer.logger includes 'wandb' but wandb is not installed: "
                               "pip install wandb, or drop 'wandb' from trainer.logger") from err
-        self._wandb = wandb
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         make_dirs(run_dir)
         check_not_link(os.path.join(run_dir, "wandb"))  # wandb writes under <run_dir>/wandb: never through a link
-        self.run = wandb.init(project=project, name=name, config=config, dir=run_dir, mode=mode,
-                              id=resume_id, resume="allow" if resume_id else None, reinit="finish_previous")
+        id_file = os.path.join(run_dir, WANDB_ID_FILE)
+        run_id = _read_id(id_file) if start_step > 0 else None
+        self.run = wandb.init(project=project, name=name, config=config, dir=run_dir, mode=mode, id=run_id,
+                              resume="allow" if run_id else None, reinit="finish_previous")
+        self._next_step = 0
+        if run_id is None:
+            write_text(id_file, f"{self.run.id}\n")
+        else:
+            try:  # online: the step after the last one the server holds (offline runs know none: 0)
+                self._next_step = int(self.run.step)
+            except Exception:  # noqa: BLE001 (a disabled or shared run has no step counter: send every step)
+                pass
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        if step < self._next_step:
+            return  # wandb holds this step from before the resume (the same numbers) and would refuse it again
         self.run.log({k: _to_float(v) for k, v in metrics.items()}, step=step)
 
     def finish(self) -> None:
         self.run.finish()
 
 
+def _read_id(path: str) -> str | None:
+    try:
+        with open_nofollow(path) as f:
+            run_id = f.read().strip()
+    except OSError:
+        return None
+    return run_id if run_id and run_id.replace("-", "").replace("_", "").isalnum() else None
+
+
 class Tracker:
     """Fan metrics out to the configured loggers.
 
-    loggers: any of "console", "jsonl", "wandb"; run_dir holds metrics.jsonl and the wandb run.
+    loggers: any of "console", "jsonl", "wandb"; run_dir holds metrics.jsonl and the wandb run. start_step: the
+    step the run continues after (0: a fresh start; see the module docstring).
     """
 
     def __init__(self, loggers: Iterable[str], run_dir: str, *, project: str = "rltrain",
-                 experiment: str = "run", config: dict | None = None, console_stream=None):
+                 experiment: str = "run", config: dict | None = None, console_stream=None, start_step: int = 0):
         loggers = list(loggers)
         unknown = [lg for lg in loggers if lg not in LOGGERS]
         if unknown:
@@ -152,9 +207,9 @@ class Tracker:
             if lg == "console":
                 self._loggers[lg] = ConsoleLogger(console_stream)
             elif lg == "jsonl":
-                self._loggers[lg] = JsonlLogger(run_dir)
+                self._loggers[lg] = JsonlLogger(run_dir, start_step)
             elif lg == "wandb":
-                self._loggers[lg] = WandbLogger(run_dir, project, experiment, config)
+                self._loggers[lg] = WandbLogger(run_dir, project, experiment, config, start_step)
 
     @property
     def wandb_run(self):
@@ -178,7 +233,7 @@ class Tracker:
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    """Rows of <run_dir>/metrics.jsonl (the last row wins when a step was logged twice after a resume)."""
+    """Rows of <run_dir>/metrics.jsonl, one per step (rows of one step merged, the later values winning)."""
     path = os.path.join(run_dir, "metrics.jsonl")
     rows: dict[int, dict] = {}
     with open(path, encoding="utf-8") as f:

@@ -1,8 +1,9 @@
-"""`python -m rltrain.main` that SIGKILLs itself right after step N: the crash half of the kill-and-resume tests.
-The kill is the trainer's `after_step` hook (PPOTrainer), installed here by the test; the trainer reads no
-fault-injection switch of its own.
+"""`python -m rltrain.main` that stops itself right after step N: the crash half of the kill-and-resume tests.
+The stop is the trainer's `after_step` hook (PPOTrainer), installed here by the test; the trainer reads no
+fault-injection switch of its own. `N` SIGKILLs the process (a crash); `N:SIGINT` interrupts it as Ctrl-C does, and
+the resume command it prints is `python -m rltrain.main ...` (the user's command, without N).
 
-    python tests/trainer/kill_after_step.py N --config-name grpo_tiny key=value ... hydra.run.dir=DIR
+    python tests/trainer/kill_after_step.py N[:SIGINT] --config-name grpo_tiny key=value ... [hydra.run.dir=DIR]
 """
 
 import functools
@@ -12,11 +13,15 @@ import sys
 
 
 def main() -> None:
-    kill_after = int(sys.argv.pop(1))
+    step, _, how = sys.argv.pop(1).partition(":")
+    kill_after, sig = int(step), getattr(signal, how or "SIGKILL")
+    # the command line rltrain sees (and prints in its resume line) is `python -m rltrain.main ...`
+    sys.argv[0] = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                               "rltrain", "main.py")
 
     def after_step(step: int) -> None:
         if step == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
     from rltrain.trainer import ppo
 

@@ -108,18 +108,20 @@ def background_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(background_runs, ray_session):
     """The synchronous run; k = 2, SIGKILLed after step 6 (checkpoint at step 4, batches 7 and 8 in flight) and
-    resumed; k = 4. Rows of each, the raw rows of the k = 2 run (both attempts) and its crash's process result."""
+    resumed; k = 4. Rows of each, the raw rows of the k = 2 run (before and after the
+    resume) and its crash's process result."""
     k2_dir, k2_started = background_runs["k2"]
     root = k2_dir.parent
     run_from_config(compose_config("grpo_tiny", LEARN), str(root / "sync"))  # while the background runs run
     crashed = _wait(k2_started)
     checkpoints = sorted(n for n in os.listdir(k2_dir / "checkpoints") if n != ".rltrain.lock")
+    killed_rows = _raw_rows(str(k2_dir))  # the resume replaces the rows of the steps it runs again
     if crashed.returncode == -9:
         run_from_config(compose_config("grpo_tiny", K2), str(k2_dir))  # trainer.resume=auto: from step_4
     run_from_config(compose_config("grpo_tiny", [*LEARN, *ASYNC, "trainer.max_staleness=4"]), str(root / "k4"))
     return {"sync": read_metrics(str(root / "sync")), 2: read_metrics(str(k2_dir)),
             4: read_metrics(str(root / "k4")), "k2_raw": _raw_rows(str(k2_dir)), "crashed": crashed,
-            "checkpoints": checkpoints}
+            "checkpoints": checkpoints, "k2_killed": killed_rows}
 
 
 @pytest.mark.heavy
@@ -130,9 +132,10 @@ def test_k2_sigkilled_with_two_batches_in_flight_resumes_exactly(runs):
     # Steps 5 and 6 ran twice: in the killed run, and after the resume from step 4's checkpoint, which saved the two
     # batches in flight (step 5's generated with version 2, step 6's with version 3, the validation's push at step
     # 3). Same batches, same updates: nothing lost or repeated.
-    raw = _steps(runs["k2_raw"])
-    assert [r["step"] for r in raw] == [*range(1, KILL_AFTER + 1), *range(SAVE_AT + 1, STEPS + 1)]
-    for before, after in zip(raw[SAVE_AT:KILL_AFTER], raw[KILL_AFTER:KILL_AFTER + 2]):
+    killed, raw = _steps(runs["k2_killed"]), _steps(runs["k2_raw"])
+    assert [r["step"] for r in killed] == list(range(1, KILL_AFTER + 1))
+    assert [r["step"] for r in raw] == list(range(1, STEPS + 1))  # one row a step: 5 and 6 replaced
+    for before, after in zip(killed[SAVE_AT:KILL_AFTER], raw[SAVE_AT:KILL_AFTER]):
         assert before["step"] == after["step"]
         for key in COMPARED:
             assert math.isclose(before[key], after[key], rel_tol=1e-4, abs_tol=1e-6), (key, before[key], after[key])
@@ -187,23 +190,26 @@ def test_async_reaches_the_sync_accuracy_within_30_percent_more_steps(runs, k):
 def partial_run(background_runs, ray_session):
     """k = 2 with partial rollouts, one new token per chunk: a push after every update pauses the generations in
     flight. SIGKILLed after step 6 (checkpoint at step 4, saved with batches 5 and 6 finished) and resumed; 23 steps.
-    Rows of the run (both attempts merged), its raw rows and the crash's process result."""
+    Rows of the run, its raw rows (before and after the resume) and the crash's process result."""
     run_dir, started = background_runs["partial"]
     crashed = _wait(started)
+    killed_rows = _raw_rows(str(run_dir))  # the resume replaces the rows of the steps it runs again
     if crashed.returncode == -9:
         run_from_config(compose_config("grpo_tiny", PARTIAL), str(run_dir))  # trainer.resume=auto
-    return {"rows": read_metrics(str(run_dir)), "raw": _raw_rows(str(run_dir)), "crashed": crashed}
+    return {"rows": read_metrics(str(run_dir)), "raw": _raw_rows(str(run_dir)), "crashed": crashed,
+            "killed": killed_rows}
 
 
 @pytest.mark.heavy
 def test_partial_rollouts_sigkilled_resume_exactly(partial_run):
     crashed = partial_run["crashed"]
     assert crashed.returncode == -9, crashed.stderr[-3000:]
-    raw = _steps(partial_run["raw"])
-    assert [r["step"] for r in raw] == [*range(1, KILL_AFTER + 1), *range(SAVE_AT + 1, PARTIAL_STEPS + 1)]
+    killed, raw = _steps(partial_run["killed"]), _steps(partial_run["raw"])
+    assert [r["step"] for r in killed] == list(range(1, KILL_AFTER + 1))
+    assert [r["step"] for r in raw] == list(range(1, PARTIAL_STEPS + 1))  # one row a step: 5 and 6 replaced
     keys = [*COMPARED, "rollout/staleness_token_mean", "rollout/partial_samples_frac", "rollout/tokens_staleness_0",
             "rollout/tokens_staleness_1"]
-    for before, after in zip(raw[SAVE_AT:KILL_AFTER], raw[KILL_AFTER:KILL_AFTER + 2]):  # steps 5 and 6, twice
+    for before, after in zip(killed[SAVE_AT:KILL_AFTER], raw[SAVE_AT:KILL_AFTER]):  # steps 5 and 6, run twice
         assert before["step"] == after["step"]
         for key in keys:
             assert math.isclose(before[key], after[key], rel_tol=1e-4, abs_tol=1e-6), (key, before[key], after[key])

@@ -1,6 +1,6 @@
 """Issue #38, run directory / checkpoints / input files, through the entry point: a second run on a live run's
-directory exits 2 naming its pid; `trainer.resume=auto` from a fresh Hydra run directory continues the killed
-run; a checkpoint directory that cannot be written, a broken or foreign resume checkpoint, a model directory
+directory exits 2 naming its pid; `trainer.resume=auto` without hydra.run.dir continues the killed run in its
+directory; a checkpoint directory that cannot be written, a broken or foreign resume checkpoint, a model directory
 without weights, an empty data file and a reward module that exits at import end as one line and exit 2 before
 any training step; a full disk during a save ends with exit 2 and keeps the last good checkpoint."""
 
@@ -93,9 +93,11 @@ def test_second_run_on_a_live_runs_directory_exits_2_naming_its_pid(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_auto_in_a_fresh_run_dir_continues_the_killed_run(tmp_path):
-    """What the stop message says to do, done as written: the same command plus trainer.resume=auto (Hydra picks
-    a new outputs/<experiment>/<time> directory) continues from the killed run's last checkpoint."""
+def test_resume_auto_without_a_run_dir_continues_the_killed_run_in_its_directory(tmp_path):
+    """What the stop message says to do, done as written: the same command plus trainer.resume=auto (no
+    hydra.run.dir: Hydra would pick a new outputs/<experiment>/<time>) continues from the killed run's last
+    checkpoint in the killed run's own directory: one directory, one metrics.jsonl with each step once.
+    (trainer.resume_in_place=false, a new directory instead: tests/utils/test_rundir.py.)"""
     base = _cmd("trainer.experiment_name=resume_auto", "trainer.total_steps=3", "trainer.save_freq=1")
     first = subprocess.run([sys.executable, "-c", KILLED_AFTER_SAVE, "2", *base[3:]], cwd=tmp_path, env=_env(),
                            capture_output=True, text=True, timeout=300)
@@ -103,18 +105,17 @@ def test_resume_auto_in_a_fresh_run_dir_continues_the_killed_run(tmp_path):
     (killed,) = os.listdir(tmp_path / "outputs" / "resume_auto")
     killed = tmp_path / "outputs" / "resume_auto" / killed
     assert sorted(n for n in os.listdir(killed / "checkpoints") if n != ".rltrain.lock") == ["step_1", "step_2"]
-    time.sleep(1.1)  # Hydra's directory names have one-second resolution
+    time.sleep(1.1)  # Hydra's directory names have one-second resolution: a new one would differ
     second = subprocess.run([*base, "trainer.resume=auto"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
                             timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
-    new = [d for d in os.listdir(tmp_path / "outputs" / "resume_auto") if d != killed.name]
-    assert len(new) == 1
-    new = tmp_path / "outputs" / "resume_auto" / new[0]
-    assert (f"rltrain: trainer.resume=auto: continuing the run in {killed} from its checkpoint of step 2 "
-            f"({killed}/checkpoints/step_2); this run writes to {new}") in second.stderr
+    assert os.listdir(tmp_path / "outputs" / "resume_auto") == [killed.name]
+    assert (f"rltrain: trainer.resume=auto: continuing the run in {killed} from its checkpoint of step 2, in its "
+            "directory") in second.stderr
     assert f"resumed from {killed}/checkpoints/step_2 (step 2)" in second.stderr
-    assert [r["step"] for r in read_metrics(str(new))] == [3]
-    assert sorted(n for n in os.listdir(new / "checkpoints") if n != ".rltrain.lock") == ["step_3"]
+    with open(killed / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3]
+    assert sorted(n for n in os.listdir(killed / "checkpoints") if n != ".rltrain.lock") == ["step_2", "step_3"]
 
 
 # ------------------------------------------------------------------ in process, stopped before any training step

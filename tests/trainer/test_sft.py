@@ -153,7 +153,6 @@ def test_sft_step_loss_and_grad_norm_match_fp64_hf_reference(tmp_path, sft_files
     assert m["sft/loss"] == pytest.approx(ref_loss, rel=1e-5)
     assert m["sft/grad_norm"] == pytest.approx(ref_gn, rel=1e-4)
     assert m["sft/tokens"] == float(batch["loss_mask"].sum())
-    trainer.tracker.finish()
 
 
 def test_short_sft_run_learns_logs_and_exports_a_loadable_hf_model(tmp_path, sft_files):
@@ -232,7 +231,6 @@ def test_interrupted_sft_resumes_exactly_on_the_uninterrupted_loss_curve(tmp_pat
     never = SFTTrainer(sft_cfg(*over, f"trainer.ckpt_dir={cut / 'checkpoints'}", "trainer.resume=never",
                                "trainer.total_steps=6"), str(tmp_path / "never"))
     assert never._maybe_resume() == 0
-    never.tracker.finish()
 
 
 def _dp2_rank(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -100,6 +100,27 @@ def test_find_previous_run_stops_at_a_finished_run_and_skips_complete_or_live_on
     assert any("a live run" in ln and f"pid {proc.pid}" in ln for ln in logs), logs
 
 
+def test_resume_auto_without_a_run_dir_pins_the_stopped_run_unless_asked_for_a_new_one(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """`... trainer.resume=auto` (no hydra.run.dir) hands Hydra the stopped run's own directory; with
+    trainer.resume_in_place=false, or without trainer.resume on the command line, Hydra's fresh one."""
+    from rltrain.config import entry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(entry, "_PINNED", [])
+    stopped, _ = _fake_run(tmp_path / "outputs" / "exp", "2026-01-01_00-00-00", step=2)
+    argv = entry.pin_run_dir(entry.CONFIG_DIR, "grpo_tiny", ["trainer.experiment_name=exp", "trainer.resume=auto"],
+                             "main")
+    assert argv[-1] == f"hydra.run.dir='{stopped}'" and not entry.run_dir_pinned()
+    assert os.listdir(stopped.parent) == [stopped.name]  # no fresh directory made
+    assert f"continuing the run in {stopped} from its checkpoint of step 2, in its directory" in capsys.readouterr().err
+    for asked in (["trainer.resume=auto", "trainer.resume_in_place=false"], []):
+        argv = entry.pin_run_dir(entry.CONFIG_DIR, "grpo_tiny", ["trainer.experiment_name=exp", *asked], "main")
+        fresh = argv[-1].split("=", 1)[1].strip("'")
+        assert fresh != str(stopped) and os.path.dirname(fresh) == str(stopped.parent) and entry.run_dir_pinned()
+        assert os.path.isdir(fresh)
+
+
 def test_lock_clears_the_finished_mark(tmp_path):
     mark_finished(str(tmp_path))
     assert (tmp_path / FINISHED_FILE).exists()

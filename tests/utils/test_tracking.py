@@ -3,6 +3,7 @@ import io
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -79,3 +80,61 @@ def test_piped_progress_bar_writes_nothing_and_sft_lines_show_the_loss(capsys):
     out = io.StringIO()
     ConsoleLogger(out).log({"sft/loss": 0.25, "sft/val_loss": 0.5, "timing_s/step": 0.125, "sft/epoch": 1}, step=7)
     assert out.getvalue() == "step 7 | loss=0.25 | val_loss=0.5 | step_s=0.125\n"
+
+
+class _FakeWandb:
+    """A stand-in for the wandb module: records each init's arguments; a run resumed by id has seen `server_step`
+    steps (what the wandb server would report)."""
+
+    def __init__(self, server_step=0):
+        self.inits, self.logged, self.server_step = [], [], server_step
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        fake = self
+
+        class Run:
+            id = kw["id"] or f"new{len(fake.inits)}"
+            step = fake.server_step if kw["resume"] else 0
+
+            def log(self, row, step):
+                fake.logged.append((self.id, step))
+
+            def finish(self):
+                pass
+
+        return Run()
+
+
+def test_a_resume_in_the_same_directory_keeps_one_metrics_file_and_the_wandb_run(tmp_path, monkeypatch):
+    """A run stopped after step 3 with its checkpoint at step 2 continues: metrics.jsonl keeps steps 0-2 (and drops
+    step 3, which runs again, and a row cut short by a kill), the wandb run of the directory continues by its id,
+    and steps the wandb server already holds are not sent again; a fresh start there starts both anew."""
+    fake = _FakeWandb(server_step=4)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    run_dir = str(tmp_path)
+    with Tracker(["jsonl", "wandb"], run_dir) as tr:
+        for step in range(4):
+            tr.log({"critic/score/mean": step / 10}, step=step)
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 4, "critic/sco')  # killed while writing step 4's row
+    (first_id,) = {run_id for run_id, _ in fake.logged}
+    assert fake.inits[0]["id"] is None and fake.inits[0]["resume"] is None
+
+    with Tracker(["jsonl", "wandb"], run_dir, start_step=2) as tr:
+        for step in (3, 4, 5):
+            tr.log({"critic/score/mean": step / 10 + 1}, step=step)
+    assert fake.inits[1]["id"] == first_id and fake.inits[1]["resume"] == "allow"
+    assert fake.logged[4:] == [(first_id, 4), (first_id, 5)]  # step 3 is the server's already (server_step 4)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [(r["step"], r["critic/score/mean"]) for r in rows] == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 1.3), (4, 1.4),
+                                                                    (5, 1.5)]
+
+    with Tracker(["jsonl", "wandb"], run_dir, start_step=0) as tr:  # trainer.resume=never in the same directory
+        tr.log({"critic/score/mean": 0.5}, step=1)
+    assert fake.inits[2]["id"] is None and fake.logged[-1] == ("new3", 1)
+    assert [r["step"] for r in read_metrics(run_dir)] == [1]
+    with Tracker(["wandb"], run_dir, start_step=1):  # the directory now names the new wandb run
+        pass
+    assert fake.inits[3]["id"] == "new3"
