@@ -58,7 +58,7 @@ from rltrain.rollout.base import Engine, RolloutResponse, SamplingParams, check_
 from rltrain.rollout.vllm_args import (  # noqa: F401  (the engine's start arguments; importers use these names here)
     DEFAULT_GPU_MEMORY_UTILIZATION, ENGINE_ENV, MAX_NUM_SEQS, apply_engine_env, auto_kv_cache_bytes,
     checkpoint_head_dim, checkpoint_is_moe, checkpoint_kv_cache_bytes, checkpoint_moe_layers, checkpoint_num_experts,
-    engine_kwargs, kv_cache_need_bytes, start_error, world_launcher_env,
+    engine_kwargs, kv_cache_need_bytes, quiet_tokenizer_warmup, start_error, world_launcher_env,
 )
 from rltrain.rollout.vllm_experts import ExpertFastPath, fused_moe_targets
 from rltrain.rollout.vllm_sampling import response_from_completion, vllm_sampling_kwargs  # noqa: F401
@@ -150,6 +150,7 @@ class VLLMEngine(Engine):
         start = time.perf_counter()
         starting = world_launcher_env(device) if external and had_world else contextlib.nullcontext()
         try:
+            quiet_tokenizer_warmup()  # skip_tokenizer_init=True: vLLM's chat-template warm-up fails, as it should
             with vllm_compat.keep_torch_set_num_threads(), starting:
                 self.llm = vllm.LLM(**self.kwargs)
         except Exception as err:

@@ -1,5 +1,6 @@
 """How a vLLM rollout engine starts: the process environment, `vllm.LLM`'s keyword arguments (the one place they
-are decided), the KV-cache size of a small model, the TP head-dim rule, and the start error a user can act on.
+are decided), the KV-cache size of a small model, the TP head-dim rule, the start error a user can act on, and the
+one start-up warning of vLLM's that is dropped (quiet_tokenizer_warmup).
 Plain functions of a checkpoint's config and our settings: it must not import vllm (rollout/vllm.py starts engines).
 
 Every engine, whatever the GPU count, is built with `disable_custom_all_reduce=True` and
@@ -11,6 +12,7 @@ utils/distenv.py's NO_MULTICAST_ENV plus ENGINE_ENV: vLLM's TP all-reduce then r
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -215,3 +217,24 @@ def start_error(version: str, kwargs: dict, err: Exception, memory_key: str) -> 
         return (f"{head} The engine does not fit in host memory: free memory or lower "
                 "rollout.max_response_length / data.max_prompt_length.")
     return f"{head} rltrain's vllm engine supports {SUPPORTED_TEXT}; {INSTALL_HINT}."
+
+
+# vLLM warms up chat-template rendering as the engine starts (renderers/base.py, both supported versions). rltrain
+# hands it token ids and builds it with skip_tokenizer_init=True, so that warm-up fails by design and vLLM logs the
+# failure as a warning with a traceback. Exactly that record is dropped; any other failure of the warm-up is shown.
+WARMUP_LOGGER = "vllm.renderers.base"
+NO_TOKENIZER = "Tokenizer not available when `skip_tokenizer_init=True`"
+
+
+class _NoTokenizerWarmup(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        return not (err is not None and str(err).replace("`", "") == NO_TOKENIZER.replace("`", ""))
+
+
+def quiet_tokenizer_warmup() -> None:
+    """Drop vLLM's warm-up traceback of an engine without a tokenizer (see NO_TOKENIZER); called before each
+    engine starts, installed once."""
+    logger = logging.getLogger(WARMUP_LOGGER)
+    if not any(isinstance(f, _NoTokenizerWarmup) for f in logger.filters):
+        logger.addFilter(_NoTokenizerWarmup())
