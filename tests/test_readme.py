@@ -5,7 +5,7 @@ commands (rltrain.data.retool_synthetic, examples/own_data/make_rows.py) for rea
 real (in-process). What is checked without training: every `python -m rltrain.main|rltrain.sft` command composes
 and validates as its entry point would, and each data file it reads exists at that point or is made by a command
 earlier in the same document (network-only downloads, GPU runs). The guide's own-data example is also loaded as the
-trainer loads it (tiny model's tokenizer, its chat template) and scored with its reward function.
+trainer loads it (tiny model's tokenizer, its chat template), scored with its reward function and trained two steps.
 """
 
 import os
@@ -117,3 +117,18 @@ def test_own_data_example_loads_and_scores(tmp_path, monkeypatch):
         assert score(f" {max(digits)}", item["ground_truth"], extra=item["extra"])["score"] == 1.0
         wrong = next(d for d in range(10) if d != max(digits))
         assert score(str(wrong), item["ground_truth"])["score"] == 0.0
+    # and it trains as written (two short steps, in process): the metrics the guide names are in metrics.jsonl
+    from rltrain.config.entry import compose_config
+    from rltrain.trainer.ppo import run_from_config
+    from rltrain.utils.tracking import read_metrics
+
+    short = ["trainer.total_steps=2", "trainer.test_freq=2", "trainer.use_ray=false", "trainer.logger=[jsonl]",
+             "trainer.plots=false", "trainer.progress_bar=false", "data.train_batch_size=4", "rollout.n=4",
+             "actor.ppo_mini_batch_size=2", "data.val_batch_size=7"]
+    assert run[2] == "--config-name"
+    run_from_config(compose_config(run[3], [*run[4:], *short]), str(tmp_path / "run"))
+    rows = read_metrics(str(tmp_path / "run"))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in (rows[0], rows[2]):  # validation before training and at the last step: 7 prompts, 1 sample each
+        assert r["val/max3/accuracy"] * 7 == pytest.approx(round(r["val/max3/accuracy"] * 7))
+    assert all(0.0 <= r["reward/digit/mean"] <= 1.0 and 0.0 <= r["critic/score/mean"] <= 1.0 for r in rows[1:])

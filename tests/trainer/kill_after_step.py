@@ -1,7 +1,8 @@
 """`python -m rltrain.main` that stops itself right after step N: the crash half of the kill-and-resume tests.
 The stop is the trainer's `after_step` hook (PPOTrainer), installed here by the test; the trainer reads no
-fault-injection switch of its own. `N` SIGKILLs the process (a crash); `N:SIGINT` interrupts it as Ctrl-C does, and
-the resume command it prints is `python -m rltrain.main ...` (the user's command, without N).
+fault-injection switch of its own. `N` SIGKILLs the process (a crash); `N:SIGINT` interrupts it as Ctrl-C does (the
+whole process group), and the resume command it prints is `python -m rltrain.main ...` (the user's command, without
+N).
 
     python tests/trainer/kill_after_step.py N[:SIGINT] --config-name grpo_tiny key=value ... [hydra.run.dir=DIR]
 """
@@ -20,8 +21,12 @@ def main() -> None:
                                "rltrain", "main.py")
 
     def after_step(step: int) -> None:
-        if step == kill_after:
+        if step != kill_after:
+            return
+        if sig == signal.SIGKILL:
             os.kill(os.getpid(), sig)
+        else:  # as a terminal's Ctrl-C sends it: to the whole process group (the reward workers too)
+            os.killpg(os.getpgrp(), sig)
 
     from rltrain.trainer import ppo
 
