@@ -132,3 +132,31 @@ def test_own_data_example_loads_and_scores(tmp_path, monkeypatch):
     for r in (rows[0], rows[2]):  # validation before training and at the last step: 7 prompts, 1 sample each
         assert r["val/max3/accuracy"] * 7 == pytest.approx(round(r["val/max3/accuracy"] * 7))
     assert all(0.0 <= r["reward/digit/mean"] <= 1.0 and 0.0 <= r["critic/score/mean"] <= 1.0 for r in rows[1:])
+
+
+def test_the_guides_reward_and_estimator_signatures_are_the_ones_rltrain_calls(tmp_path):
+    """docs/guide/rewards.md's code: its reward function is called as the reward runner calls one (and scores as
+    examples/own_data/reward.py), and its estimator, given a body, runs as `algorithm.adv_estimator=file.py:fn`."""
+    import torch
+
+    from rltrain.algorithms.advantages import compute_advantages
+    from rltrain.rewards.loader import load_function
+
+    text = open(os.path.join(ROOT, "docs", "guide", "rewards.md"), encoding="utf-8").read()
+    reward_src, estimator_src = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (tmp_path / "guide_reward.py").write_text(reward_src)
+    guide_score = load_function(f"{tmp_path}/guide_reward.py:score")
+    example = runpy.run_path(os.path.join(ROOT, "examples", "own_data", "reward.py"))["score"]
+    for response, truth in ((" 7 is it", "7"), ("x7", "7"), ("", "3"), ("35", "3")):
+        assert guide_score(response, truth, data_source="max3", extra={}) == example(response, truth)
+    # the estimator's documented signature with a body: the score minus its group's mean, on every response token
+    body = ("    last = token_rewards.sum(-1)\n    mean = torch.stack([last[group_ids == g].mean() for g in group_ids])\n"
+            "    adv = (last - mean)[:, None] * response_mask\n    return adv, adv\n")
+    (tmp_path / "guide_estimator.py").write_text("import torch\n\n" + estimator_src.replace("    ...\n", body))
+    rewards = torch.zeros(4, 3)
+    rewards[:, -1] = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
+    adv, ret = compute_advantages(f"{tmp_path}/guide_estimator.py:my_estimator", rewards, mask,
+                                  group_ids=torch.tensor([0, 0, 1, 1]))
+    want = torch.tensor([0.5, -0.5, 0.0, 0.0])[:, None] * mask  # worked by hand: groups {1, 0} and {0.5, 0.5}
+    assert torch.equal(adv, want) and torch.equal(ret, want)
