@@ -37,8 +37,9 @@ BLOCK_SIZE = 16  # tokens per KV-cache page: the engine is started with it (roll
 
 def enable() -> None:
     """vLLM's batch-invariant mode for this process, before any engine starts or any GEMM runs: its environment
-    (cuBLAS workspace, NCCL) and its aten overrides (log_softmax, softmax, mean, bmm)."""
+    (cuBLAS workspace, NCCL) and its aten overrides (log_softmax, softmax, mean, bmm), and its V2 model runner."""
     os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # its sampler's kernels are token_logprobs' (a dense model's default)
     from vllm.model_executor.layers.batch_invariant import init_batch_invariance
 
     init_batch_invariance()
