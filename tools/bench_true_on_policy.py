@@ -37,7 +37,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import md_table, report_header, run_trainer, write_report
+from harness import device_name, md_table, report_header, run_trainer, write_report
+from harness import results as tables
 from harness.cases import GRPO_06B_OVERRIDES
 from harness.runs import learning_curve
 
@@ -62,6 +63,19 @@ def summary(rows: list[dict]) -> dict:
             "all_zero": bool(steps) and all(d == 0.0 for d in diff),
             "score_last10": sum(r.get("critic/score/mean", 0.0) for r in steps[-10:]) / max(len(steps[-10:]), 1),
             "val_accuracy": learning_curve(rows)["by_step"]}
+
+
+def table_row(name: str, run: dict, report: dict, args) -> dict:
+    """The run's row of the rollout table: phase means, the worst difference and the mean share that differs."""
+    diffs = [d for d in run["logprob_diff_max"] if d is not None]
+    fracs = [f for f in run["nonzero_frac"] if f is not None]
+    metrics = {**{k.split("/")[-1] + "_s": round(v, 4) for k, v in run["mean"].items()}, "steps": run["steps"],
+               "logprob_diff_max": max(diffs, default=None),
+               "nonzero_frac_mean": sum(fracs) / len(fracs) if fracs else None}
+    shape = "qwen3-0.6b-random" if args.gpu_06b else args.config
+    device = tables.device_kind(device_name()) if args.gpu_06b else "cpu"  # after the run: CUDA stays out of it
+    return tables.row("bench_true_on_policy", shape, device, f"true_on_policy_{name}", metrics, date=report["date"],
+                      config=list(run.get("config", [])))
 
 
 def markdown(report: dict) -> str:
@@ -343,6 +357,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run")
     ap.add_argument("--variants", nargs="+", choices=["off", "on"], default=["off", "on"],
                     help="which runs (both for the side by side; the report needs both)")
+    tables.add_arguments(ap, "a row per run (rollout)")
     ap.add_argument("--check", action="store_true", help="the per-token check on one GPU (module docstring)")
     ap.add_argument("--prompts", type=int, default=32, help="--check: prompts")
     ap.add_argument("--n", type=int, default=4, help="--check: samples per prompt")
@@ -363,6 +378,9 @@ def main() -> int:
         if run["rc"] != 0:
             print(f"bench_true_on_policy: the {name} run failed (rc {run['rc']}):\n{run['tail']}", file=sys.stderr)
         report["runs"][name] = {"rc": run["rc"], "wall_s": run["wall_s"], **summary(run["rows"])}
+        if run["rc"] == 0:
+            tables.upsert("rollout", [table_row(name, {**report["runs"][name], "config": [*base, *key]}, report, args)],
+                          args.results)
         if len(report["runs"]) == 2:
             write_report(args.out, "bench_true_on_policy", report, markdown(report))
     if len(report["runs"]) == 2:
