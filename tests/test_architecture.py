@@ -414,7 +414,7 @@ def test_no_file_or_function_over_the_size_limits():
 # run_entry (rltrain.main, rltrain.sft) and config/entry.py (compose_config for python -m rltrain.plan and the tools,
 # the gate that refuses a bad command line). Everything after takes typed objects.
 CONVERTERS = ("as_config", "OmegaConf.structured", "OmegaConf.to_object")
-CONVERTING_FILES = ("rltrain/config/convert.py", "rltrain/config/entry.py", "rltrain/main.py")
+CONVERTING_FILES = ("rltrain/config/convert.py", "rltrain/config/entry.py", "rltrain/main.py", "rltrain/export.py")
 
 
 def conversions(files: dict[str, tuple[str, ast.Module]]) -> list[str]:

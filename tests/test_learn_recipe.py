@@ -37,7 +37,7 @@ def _tool(name):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    tt = _tool("train_tokenizer")
+    from rltrain.data import train_tokenizer as tt
     d = tmp_path_factory.mktemp("tok")
     rows = []
     for task in ("add", "mul_tool"):
@@ -77,7 +77,7 @@ def test_chat_template_and_sft_layout(tokenizer_dir):
 
 
 def test_train_tokenizer_cli_rejects_a_too_small_vocab(tmp_path, capsys):
-    tt = _tool("train_tokenizer")
+    from rltrain.data import train_tokenizer as tt
     (tmp_path / "r.jsonl").write_text(json.dumps({"prompt": "1+1="}) + "\n")
     with pytest.raises(SystemExit) as exc:
         tt.main(["--files", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "t"), "--vocab-size", "100"])

@@ -3,7 +3,7 @@
 Stages; each runs alone, starts from what the earlier stages wrote under --out, and fits one 10-minute
 device command on one H100 at --scale gpu:
 
-  data         task files (rltrain/data/arithmetic.py) + a byte-level BPE tokenizer (tools/train_tokenizer.py)
+  data         task files (rltrain/data/arithmetic.py) + a byte-level BPE tokenizer (rltrain/data/train_tokenizer.py)
   sft          SFT cold start (`python -m rltrain.sft`) of the random-init model on the addition traces
   grpo         GRPO runs from the SFT model, several at once in separate processes (default: fused head
                seed 1, fused seed 2, materialized logits seed 1), then fused vs unfused against seed noise;
@@ -395,11 +395,11 @@ def stage_data(lay: Layout, args, scale: Scale) -> dict:
     from rltrain.data.tokenizer import load_tokenizer
 
     files = [lay.task_file(t, s) for t in ("add", "mul_tool") for s in ("sft", "train")]  # never val
-    res = run_child([sys.executable, os.path.join(REPO, "tools", "train_tokenizer.py"), "--files", *files, "--out",
+    res = run_child([sys.executable, "-m", "rltrain.data.train_tokenizer", "--files", *files, "--out",
                      lay.tokenizer, "--vocab-size", str(scale.vocab_size)], os.path.join(lay.data, "tokenizer.log"),
                     poll_s=0.2)
     if res["rc"] != 0:
-        raise RuntimeError(f"data: tools/train_tokenizer.py failed (exit {res['rc']}): {res['tail']}")
+        raise RuntimeError(f"data: rltrain.data.train_tokenizer failed (exit {res['rc']}): {res['tail']}")
     tok = load_tokenizer(lay.tokenizer)
     info["tokenizer"] = {"dir": lay.tokenizer, "vocab_size": len(tok)}
     info["tokens"] = {task: _token_lengths(tok, lay.task_file(task, "sft")) for task in ("add", "mul_tool")}

@@ -2,7 +2,7 @@
 # GRPO on Qwen3-0.6B with GSM8K (configs/grpo_qwen3.yaml): Megatron actor with the fused LM head, colocated
 # vLLM rollout, strict "#### n" reward.
 # GPUs: 1 node of 8 x >= 24 GB (one 80 GB GPU also works: NGPUS=1). Data (needs network once):
-#   python tools/prepare_data.py gsm8k --out-dir data/gsm8k --format parquet
+#   python -m rltrain.data.prepare gsm8k --out-dir data/gsm8k --format parquet
 # Run from the repository root: bash examples/gsm8k/grpo_qwen3_0.6b.sh [extra overrides]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,7 @@ PYTHON=${PYTHON:-python}
 NGPUS=${NGPUS:-8}
 
 if [ ! -f data/gsm8k/train.parquet ]; then
-  $PYTHON tools/prepare_data.py gsm8k --out-dir data/gsm8k --format parquet
+  $PYTHON -m rltrain.data.prepare gsm8k --out-dir data/gsm8k --format parquet
 fi
 
 #   rollout.n=8                       samples per prompt (the GRPO group)

@@ -2,7 +2,7 @@
 # PPO (GAE + critic) on Qwen3-0.6B with GSM8K (configs/ppo_qwen3.yaml): Megatron actor and critic with the
 # fused LM head, colocated vLLM rollout, KL-in-reward against the frozen reference.
 # GPUs: 1 node of 8 x >= 40 GB (actor, critic, reference and rollout share each GPU). Data (network once):
-#   python tools/prepare_data.py gsm8k --out-dir data/gsm8k --format parquet
+#   python -m rltrain.data.prepare gsm8k --out-dir data/gsm8k --format parquet
 # Run from the repository root: bash examples/gsm8k/ppo_qwen3_0.6b.sh [extra overrides]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,7 @@ PYTHON=${PYTHON:-python}
 NGPUS=${NGPUS:-8}
 
 if [ ! -f data/gsm8k/train.parquet ]; then
-  $PYTHON tools/prepare_data.py gsm8k --out-dir data/gsm8k --format parquet
+  $PYTHON -m rltrain.data.prepare gsm8k --out-dir data/gsm8k --format parquet
 fi
 
 #   algorithm.adv_estimator=gae algorithm.gamma=1.0 algorithm.lam=1.0   GAE with the critic's values

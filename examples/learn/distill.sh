@@ -61,7 +61,7 @@ left() { echo $(( DEVICE_LIMIT_S - ($(date +%s) - DEVICE_T0) - $1 )); }
 # the student's start, RL prompts, the held-out split, and the BPE tokenizer (never the val file)
 $PYTHON -m rltrain.data.arithmetic --task add --out "$RUN_DIR/data" "${DATA[@]}" --drop-carry-p 0
 $PYTHON -m rltrain.data.arithmetic --task add --out "$RUN_DIR/data_sloppy" "${DATA[@]}"
-$PYTHON tools/train_tokenizer.py --files "$RUN_DIR/data/sft.jsonl" "$RUN_DIR/data/train.jsonl" \
+$PYTHON -m rltrain.data.train_tokenizer --files "$RUN_DIR/data/sft.jsonl" "$RUN_DIR/data/train.jsonl" \
   --out "$RUN_DIR/tokenizer" --vocab-size 512
 stamp data
 

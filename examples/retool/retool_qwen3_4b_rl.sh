@@ -17,7 +17,7 @@
 #      Assistant messages that call the tool end with the ```python fence itself; tool messages hold the raw
 #      output (it is wrapped in <output>...</output> exactly as the RL rollout does, and masked from the loss).
 #      Any ReTool-style cold-start set (e.g. the public ReTool-SFT traces) converted to this shape works.
-#   2. RL prompts: python tools/prepare_data.py dapo_math (and --set aime2024, the validation set; offline: --from)
+#   2. RL prompts: python -m rltrain.data.prepare dapo_math (and --set aime2024, the validation set; offline: --from)
 #
 # Run from the repository root: bash examples/retool/retool_qwen3_4b_rl.sh [extra RL overrides]
 set -euo pipefail
@@ -32,10 +32,10 @@ RL_DATA=${RL_DATA:-data/dapo_math/train.parquet}
 SFT_OUT=${SFT_OUT:-checkpoints/retool_qwen3_4b_sft/hf}
 
 if [ ! -f "$RL_DATA" ]; then
-  $PYTHON tools/prepare_data.py dapo_math --out "$RL_DATA"
+  $PYTHON -m rltrain.data.prepare dapo_math --out "$RL_DATA"
 fi
 if [ ! -f data/dapo_math/aime2024.parquet ]; then  # the validation set configs/data/dapo_math.yaml reads
-  $PYTHON tools/prepare_data.py dapo_math --set aime2024
+  $PYTHON -m rltrain.data.prepare dapo_math --set aime2024
 fi
 
 # ---- stage 1: SFT cold start (skipped when $SFT_OUT already holds a model) ---------------------------

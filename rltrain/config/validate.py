@@ -51,7 +51,7 @@ def _is_dotted_path(name: str) -> bool:
 
 def _choice(errors: list, key: str, value: Any, allowed: Iterable[str], *, dotted_ok: bool = False) -> None:
     allowed = tuple(allowed)
-    if isinstance(getattr(errors, "allowed", None), dict):  # tools/config_reference.py records what each key allows
+    if isinstance(getattr(errors, "allowed", None), dict):  # rltrain/config_reference.py records what each key allows
         errors.allowed[key] = allowed + (("a 'module:function' path",) if dotted_ok else ())
     if value in allowed or (dotted_ok and isinstance(value, str) and _is_dotted_path(value)):
         return

@@ -30,9 +30,9 @@ logger = logging.getLogger(__name__)
 _MISSING = object()
 # the recipes' data files (configs/) and the command that makes each: a missing one names it
 PREPARE = {"data/retool_tiny/": "python -m rltrain.data.retool_synthetic --out data/retool_tiny",
-           "data/gsm8k/": "python tools/prepare_data.py gsm8k",
-           "data/dapo_math/aime2024": "python tools/prepare_data.py dapo_math --set aime2024",
-           "data/dapo_math/": "python tools/prepare_data.py dapo_math"}
+           "data/gsm8k/": "python -m rltrain.data.prepare gsm8k",
+           "data/dapo_math/aime2024": "python -m rltrain.data.prepare dapo_math --set aime2024",
+           "data/dapo_math/": "python -m rltrain.data.prepare dapo_math"}
 MAX_NESTING = 64  # deeper rows are refused: nothing a prompt needs is that deep, and deeper ones break pickling
 
 

@@ -60,7 +60,7 @@ def teacher_source(teacher: TeacherConfig, student: ModelConfig) -> TeacherSourc
     if run is None:
         raise TeacherError(f"teacher.path={path!r}: an rltrain checkpoint is read with its run's config.json "
                            "(<run>/checkpoints/step_N/../../config.json), which is not there; export the checkpoint "
-                           "with tools/export_hf.py and give that directory as teacher.path")
+                           "with python -m rltrain.export and give that directory as teacher.path")
     saved = saved_run_config(run)
     model = dataclasses.replace(saved.model, dtype=teacher.dtype)
     return TeacherSource(model, teacher.tokenizer or model.tokenizer or model.path or "", checkpoint=path,
@@ -86,7 +86,7 @@ def check_teacher(teacher: TeacherConfig, *, student: ModelConfig, student_token
     where = f"teacher.path={teacher.path!r}" if teacher.path is not None else f"teacher.builtin={teacher.builtin!r}"
     if teacher.path is not None and os.path.sep in teacher.path and not os.path.exists(teacher.path):
         raise TeacherError(f"{where} does not exist; give the teacher's HF directory (e.g. a run's export: "
-                           "tools/export_hf.py) or an rltrain checkpoint directory (<run>/checkpoints/step_N)")
+                           "python -m rltrain.export) or an rltrain checkpoint directory (<run>/checkpoints/step_N)")
     src = teacher_source(teacher, student)
     if src.checkpoint is None and src.model.path:
         check_model_dir(src.model.path)
@@ -95,7 +95,7 @@ def check_teacher(teacher: TeacherConfig, *, student: ModelConfig, student_token
         raise TeacherError(f"{where} was written at tensor/pipeline parallel {src.ckpt_tp}/{src.ckpt_pp}, and its "
                            f"shards load as written; the teacher would run at {tp}/{pp}: set teacher."
                            "tensor_parallel_size / pipeline_parallel_size to the checkpoint's (with teacher.colocate="
-                           "false when they differ from the actor's), or export it with tools/export_hf.py")
+                           "false when they differ from the actor's), or export it with python -m rltrain.export")
     tok = load_tokenizer(src.tokenizer)
     mine, theirs = vocabulary(student_tokenizer), vocabulary(tok)
     if mine != theirs:

@@ -1,18 +1,18 @@
 """PromptDataset (jsonl/parquet, malformed rows, length filter, chat template), PromptSampler resume,
-repeat_for_groups, and the prepare_* converters against the shipped samples."""
+repeat_for_groups, and rltrain.data.prepare's converters against the shipped samples."""
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
 
 import pytest
 
+from rltrain.data import prepare
 from rltrain.data.dataset import PromptDataset, PromptSampler, read_rows, repeat_for_groups, write_rows
 from rltrain.data.tokenizer import CharTokenizer
 
 HERE = Path(__file__).parent
-TOOLS = HERE.parent.parent / "tools"
+REPO = HERE.parent.parent
 
 
 def dataset(path, **kw):
@@ -151,30 +151,21 @@ def test_repeat_for_groups_hand_example():
         repeat_for_groups(["a"], 0)
 
 
-def _tool(name):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_prepare_gsm8k_converts_raw_rows_into_the_shipped_sample():
-    tool = _tool("prepare_data")
     raw = json.loads((HERE / "gsm8k_raw_sample.json").read_text())
-    converted = [tool.gsm8k_row(r, i, "train") for i, r in enumerate(raw)]
+    converted = [prepare.gsm8k_row(r, i, "train") for i, r in enumerate(raw)]
     assert converted == [r for _, r in read_rows(HERE / "gsm8k_sample.jsonl")]
     assert converted[1]["answer"] == "2000"  # "#### 2,000" loses its comma
     with pytest.raises(ValueError, match="####"):
-        tool.gsm8k_row({"question": "q", "answer": "no marker"}, 0, "train")
+        prepare.gsm8k_row({"question": "q", "answer": "no marker"}, 0, "train")
 
 
 def test_prepare_dapo_math_dedupes_and_rewrites_the_prompt():
-    tool = _tool("prepare_data")
     raw = json.loads((HERE / "dapo_math_raw_sample.json").read_text())
-    converted = tool.dapo_rows(raw)
+    converted = prepare.dapo_rows(raw)
     assert converted == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
     assert len(converted) == 2 and "Answer:" not in converted[0]["prompt"][0]["content"]
-    assert tool.dapo_rows(raw, keep_prompt=True)[0]["prompt"][0]["content"] == raw[0]["prompt"][0]["content"]
+    assert prepare.dapo_rows(raw, keep_prompt=True)[0]["prompt"][0]["content"] == raw[0]["prompt"][0]["content"]
 
 
 def test_prepare_gsm8k_offline_from_a_local_copy_writes_what_the_config_reads(tmp_path, monkeypatch):
@@ -182,20 +173,19 @@ def test_prepare_gsm8k_offline_from_a_local_copy_writes_what_the_config_reads(tm
     names, readable as the trainer reads them; no network touched (offline mode set)."""
     from omegaconf import OmegaConf
 
-    tool = _tool("prepare_data")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     raw = json.loads((HERE / "gsm8k_raw_sample.json").read_text())
     write_rows(raw[:2], tmp_path / "raw" / "main" / "train-00000-of-00001.parquet")
     write_rows(raw[2:], tmp_path / "raw" / "main" / "test-00000-of-00001.parquet")
     monkeypatch.chdir(tmp_path)
-    tool.main(["gsm8k", "--from", str(tmp_path / "raw")])
-    cfg = OmegaConf.load(TOOLS.parent / "configs" / "data" / "gsm8k.yaml")
+    prepare.main(["gsm8k", "--from", str(tmp_path / "raw")])
+    cfg = OmegaConf.load(REPO / "configs" / "data" / "gsm8k.yaml")
     files = [*cfg.train_files, *cfg.val_files]
     assert files == ["data/gsm8k/train.parquet", "data/gsm8k/test.parquet"]
     got = [[r for _, r in read_rows(tmp_path / f)] for f in files]
     want = [r for _, r in read_rows(HERE / "gsm8k_sample.jsonl")]
     assert [r["answer"] for r in got[0] + got[1]] == [r["answer"] for r in want]
-    assert got[0] == [tool.gsm8k_row(r, i, "train") for i, r in enumerate(raw[:2])]
+    assert got[0] == [prepare.gsm8k_row(r, i, "train") for i, r in enumerate(raw[:2])]
     assert len(dataset(tmp_path / files[1])) == len(raw) - 2
 
 
@@ -205,8 +195,7 @@ def test_prepare_gsm8k_offline_from_a_local_copy_writes_what_the_config_reads(tm
     (["gsm8k", "--from", "one.json"], "is one file: name its split"),
     (["dapo_math", "--from", "one.json"], "not the raw rows expected"),
 ])
-def test_prepare_data_offline_mistakes_exit_2_with_the_fix(tmp_path, monkeypatch, capsys, argv, says):
-    tool = _tool("prepare_data")
+def test_prepare_offline_mistakes_exit_2_with_the_fix(tmp_path, monkeypatch, capsys, argv, says):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "one.json").write_text('[{"question": "q"}]')
@@ -221,7 +210,7 @@ def test_prepare_data_offline_mistakes_exit_2_with_the_fix(tmp_path, monkeypatch
 
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     with pytest.raises(SystemExit) as stop:
-        tool.main(argv)
+        prepare.main(argv)
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and not (tmp_path / "data").exists()
@@ -230,14 +219,13 @@ def test_prepare_data_offline_mistakes_exit_2_with_the_fix(tmp_path, monkeypatch
 def test_prepare_dapo_math_offline_writes_both_files_the_config_reads(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    tool = _tool("prepare_data")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     raw = json.loads((HERE / "dapo_math_raw_sample.json").read_text())
     write_rows(raw, tmp_path / "dapo-math-17k.parquet")
     monkeypatch.chdir(tmp_path)
-    tool.main(["dapo_math", "--from", "dapo-math-17k.parquet"])
-    tool.main(["dapo_math", "--set", "aime2024", "--from", "dapo-math-17k.parquet", "--max-rows", "1"])
-    cfg = OmegaConf.load(TOOLS.parent / "configs" / "data" / "dapo_math.yaml")
+    prepare.main(["dapo_math", "--from", "dapo-math-17k.parquet"])
+    prepare.main(["dapo_math", "--set", "aime2024", "--from", "dapo-math-17k.parquet", "--max-rows", "1"])
+    cfg = OmegaConf.load(REPO / "configs" / "data" / "dapo_math.yaml")
     train, val = cfg.train_files[0], cfg.val_files[0]
     assert [r for _, r in read_rows(tmp_path / train)] == [r for _, r in read_rows(HERE / "dapo_math_sample.parquet")]
     assert len(read_rows(tmp_path / val)) == 1
@@ -248,8 +236,8 @@ def test_a_missing_recipe_data_file_names_the_command_that_makes_it(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
     made = {"data/retool_tiny/sft.jsonl": "python -m rltrain.data.retool_synthetic --out data/retool_tiny",
-            "data/gsm8k/train.parquet": "python tools/prepare_data.py gsm8k",
-            "./data/dapo_math/aime2024.parquet": "python tools/prepare_data.py dapo_math --set aime2024"}
+            "data/gsm8k/train.parquet": "python -m rltrain.data.prepare gsm8k",
+            "./data/dapo_math/aime2024.parquet": "python -m rltrain.data.prepare dapo_math --set aime2024"}
     for path, command in made.items():
         with pytest.raises(DataError, match=f"make it with `{command}`"):
             read_rows(path)

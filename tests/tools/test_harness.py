@@ -110,3 +110,17 @@ def test_report_header(monkeypatch):
         "date": datetime.date.today().isoformat(), "device": "2 x GPU", "torch": torch.__version__,
         "command": "python tools/bench_x.py --out o"}
     assert harness.report_header("bench_x")["device"] == harness.device_name()
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["ray::HybridWorker.generate"], "ray::HybridWorker"),
+    (["/usr/bin/python3", "-u", "-m", "rltrain.main", "--config-name", "x"], "python -m rltrain.main"),
+    (["python", "-X", "dev", "tools/gpu_placements.py", "--out", "o"], "python gpu_placements.py"),
+    (["python", "-c", "print(1)"], "python -c"),
+    (["/opt/ray/core/src/ray/gcs/gcs_server", "--port=1"], "gcs_server"),
+    ([], "?"),
+])
+def test_process_labels(argv, want):  # harness/procs.py, which names the processes of tests/trainer/exposure.py
+    from harness import procs
+
+    assert procs.label_of(argv) == want

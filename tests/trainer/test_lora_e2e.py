@@ -1,7 +1,7 @@
 """A short LoRA run of the tiny config (actor.lora.rank=8, in process): the rollout engine samples what the actor
 computes after each adapter-only sync, the KL loss's reference is the actor's base, the checkpoint holds the adapters
-alone, and tools/export_hf.py writes the PEFT adapter (the same as the run's end export) and the merged model, whose
-weights are W + (alpha / r) B A of the run's base. The learning run: docs/benchmarks.md (LoRA)."""
+alone, and python -m rltrain.export writes the PEFT adapter (the same as the run's end export) and the merged model,
+whose weights are W + (alpha / r) B A of the run's base. The learning run: docs/benchmarks.md (LoRA)."""
 
 import json
 import os
@@ -36,7 +36,7 @@ def test_lora_run_syncs_adapters_serves_the_reference_and_exports_peft(tmp_path,
     state = torch.load(os.path.join(run_dir, "checkpoints", "step_2", "worker_rank0.pt"), weights_only=True)
     assert state["actor"]["model"] and all(".lora." in k for k in state["actor"]["model"])
 
-    tool = subprocess.run([sys.executable, "tools/export_hf.py", os.path.join(run_dir, "checkpoints", "step_2"),
+    tool = subprocess.run([sys.executable, "-m", "rltrain.export", os.path.join(run_dir, "checkpoints", "step_2"),
                            str(tmp_path / "tool"), "--merged"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert tool.returncode == 0, tool.stderr[-2000:]
     adapter = load_file(os.path.join(run_dir, "hf", "adapter_model.safetensors"))

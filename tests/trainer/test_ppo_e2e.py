@@ -80,7 +80,7 @@ def test_in_process_run_without_ray_and_hf_exports(tmp_path, cfg_for):
         _finite_keys(row, COMMON_KEYS)
     assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
     # the end-of-run export and the offline tool give the same transformers model
-    tool = subprocess.run([sys.executable, "tools/export_hf.py", os.path.join(run_dir, "checkpoints", "step_2"),
+    tool = subprocess.run([sys.executable, "-m", "rltrain.export", os.path.join(run_dir, "checkpoints", "step_2"),
                            str(tmp_path / "tool_export")], capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert tool.returncode == 0, tool.stderr[-2000:]

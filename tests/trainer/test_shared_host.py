@@ -1,4 +1,4 @@
-"""A run on a shared host (issue #66), through the command line, watched by tools/run_exposure.py: while a short run
+"""A run on a shared host (issue #66), through the command line, watched by exposure.py (here): while a short run
 trains, no process of the run (the trainer; with Ray also its services and HybridWorkers) listens on an address other
 than loopback; fake secrets in the driver's environment (WANDB_API_KEY, HF_TOKEN) appear on no process's command line
 and nowhere in Ray's session files, nor does Ray's token, whose file only its owner can read. The two runs
@@ -10,11 +10,8 @@ import sys
 
 import pytest
 
+import exposure
 from rltrain.main import CONFIG_DIR
-
-sys.path.insert(0, os.path.join(os.path.dirname(CONFIG_DIR), "tools"))
-
-import run_exposure  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(not os.path.isfile("/proc/net/tcp"), reason="needs Linux /proc/net")]
@@ -28,7 +25,7 @@ def test_a_run_listens_on_loopback_only_and_shows_no_secret(tmp_path):
     cmd = [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", *QUICK]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "RLTRAIN_TORCH_THREADS": "1", "WANDB_MODE": "offline",
            "RAY_USAGE_STATS_ENABLED": "0"}
-    report = run_exposure.watch({"local": [*cmd, "trainer.use_ray=false", f"hydra.run.dir={tmp_path / 'local'}"],
+    report = exposure.watch({"local": [*cmd, "trainer.use_ray=false", f"hydra.run.dir={tmp_path / 'local'}"],
                                  "ray": [*cmd, "trainer.use_ray=true", f"hydra.run.dir={tmp_path / 'ray'}"]},
                                 cwd=REPO, env=env, poll_s=0.5)
     runs = report["runs"]
@@ -39,4 +36,4 @@ def test_a_run_listens_on_loopback_only_and_shows_no_secret(tmp_path):
     assert any("python -m rltrain.main" in who for who in runs["local"]["listeners"]), runs["local"]["listeners"]
     assert any("ray::HybridWorker" in who for who in runs["ray"]["listeners"]), runs["ray"]["listeners"]
     assert report["ray_sessions"], "no Ray session of this run found"
-    assert run_exposure.problems(report) == []
+    assert exposure.problems(report) == []

@@ -13,17 +13,17 @@ from rltrain.compat.torch import bind_rendezvous_to_host, bound_store
 from rltrain.main import CONFIG_DIR
 from rltrain.utils.distenv import free_port, rendezvous_host
 
-sys.path.insert(0, os.path.join(os.path.dirname(CONFIG_DIR), "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(CONFIG_DIR), "tests", "trainer"))
 
-import run_exposure  # noqa: E402
+import exposure  # noqa: E402  (tests/trainer/exposure.py reads /proc)
 
 TIMEOUT = datetime.timedelta(seconds=30)
 
 
 def _listening_here() -> list[tuple[str, int]]:
-    """(address, port) of the TCP sockets of this process in LISTEN state (tools/run_exposure.py reads /proc)."""
-    mine = run_exposure.sockets(os.getpid())
-    return [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for i, a in run_exposure.listening().items() if i in mine]
+    """(address, port) of the TCP sockets of this process in LISTEN state (tests/trainer/exposure.py reads /proc)."""
+    mine = exposure.sockets(os.getpid())
+    return [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for i, a in exposure.listening().items() if i in mine]
 
 
 def test_a_bound_store_listens_on_its_host_only_and_serves_clients():

@@ -1,7 +1,7 @@
 """Processes of this machine from Linux's /proc: their ids, and a short label for each (a Ray actor by its class, a
-Python program by its module or script; tools/run_exposure.py), and what the GPU run tools (gpu_placements.py,
-scale_runs.py) ask of a run's processes: Ray's workers, their stacks, each one's last log lines, the log's multi-GPU
-safety lines. Empty answers elsewhere."""
+Python program by its module or script; tests/trainer/exposure.py), and what tools/gpu_placements.py asks of a run's
+processes: Ray's workers, their stacks, each one's last log lines, the log's multi-GPU safety lines. Empty answers
+elsewhere."""
 
 from __future__ import annotations
 

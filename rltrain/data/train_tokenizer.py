@@ -15,7 +15,7 @@ Text used: every message of the rows' "messages" (SFT conversations: tool messag
 rollout's output template) and "prompt" (RL prompt rows) of the given .jsonl files. Held-out files should
 not be passed.
 
-  python tools/train_tokenizer.py --files data/learn/add/sft.jsonl data/learn/add/train.jsonl \\
+  python -m rltrain.data.train_tokenizer --files data/learn/add/sft.jsonl data/learn/add/train.jsonl \\
       --out data/learn/tokenizer --vocab-size 512
 """
 
@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BPE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -57,8 +57,8 @@ def train_tokenizer(texts, out_dir: str, *, vocab_size: int = 512, min_frequency
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be >= {256 + len(SPECIAL_TOKENS)} (256 bytes + special tokens), "
+    if vocab_size < 256 + len(BPE_SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be >= {256 + len(BPE_SPECIAL_TOKENS)} (256 bytes + special tokens), "
                          f"got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -66,7 +66,7 @@ def train_tokenizer(texts, out_dir: str, *, vocab_size: int = 512, min_frequency
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=BPE_SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
@@ -77,7 +77,7 @@ def train_tokenizer(texts, out_dir: str, *, vocab_size: int = 512, min_frequency
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m rltrain.data.train_tokenizer", description=__doc__.splitlines()[0])
     p.add_argument("--files", nargs="+", required=True, help=".jsonl files of chat rows (messages or prompt)")
     p.add_argument("--out", required=True, help="output directory (HF tokenizer)")
     p.add_argument("--vocab-size", type=int, default=512)
@@ -86,11 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         hf = train_tokenizer(corpus(a.files), a.out, vocab_size=a.vocab_size, min_frequency=a.min_frequency)
     except ValueError as err:
-        print(f"train_tokenizer: {err}", file=sys.stderr)
+        print(f"rltrain.data.train_tokenizer: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     print(json.dumps({"out": os.path.abspath(a.out), "vocab_size": len(hf)}))
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

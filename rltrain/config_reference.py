@@ -1,13 +1,16 @@
 """Write docs/guide/keys.md, every configuration key of the typed schema (rltrain/config/schema.py) with its type,
 default, allowed values and one line of meaning; `--check` exits 1 when the file is stale.
 
-  python tools/config_reference.py            # (re)write docs/guide/keys.md
-  python tools/config_reference.py --check    # exit 1 and say so when docs/guide/keys.md differs from the schema
+  python -m rltrain.config_reference            # (re)write docs/guide/keys.md (print it where no docs/ is beside)
+  python -m rltrain.config_reference --check    # exit 1 and say so when docs/guide/keys.md differs from the schema
 
 The meaning of a key is its comment in schema.py: the comment on its line, else the comment lines right above it
 (a key inherited from a shared group takes the group's). The allowed values are the ones the validators check
 (rltrain/config/validate.py's `_choice`, recorded while they run) and the rollout room's names. A key without a
 meaning fails the generator: add a comment to the schema, never to the generated file.
+
+It sits beside the entry points, not in config/, because it names what the rollout room accepts too (config/ may
+not import rollout/: tests/test_architecture.py).
 """
 
 from __future__ import annotations
@@ -21,18 +24,16 @@ import sys
 import tokenize
 import typing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from rltrain.config import schema, validate
 
-from rltrain.config import schema, validate  # noqa: E402
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository, in a checkout
 OUT = os.path.join(ROOT, "docs", "guide", "keys.md")
-SCHEMA_FILE = os.path.join(ROOT, "rltrain", "config", "schema.py")
+SCHEMA_FILE = schema.__file__
 
 HEAD = """# Configuration keys
 
-Every key of the typed schema, generated from `rltrain/config/schema.py` by `python tools/config_reference.py`
-(`tests/tools/test_config_reference.py` fails when this file is stale; change the schema's comments, not this file).
+Every key of the typed schema, generated from `rltrain/config/schema.py` by `python -m rltrain.config_reference`
+(`tests/config/test_config_reference.py` fails when this file is stale; change the schema's comments, not this file).
 Defaults are the schema's: a recipe in `configs/` sets its own (`python -m rltrain.main --config-name NAME --cfg job`
 prints a recipe's values). Override any key on the command line: `actor.lr=1e-6 trainer.total_steps=50`.
 A misspelled key stops the run with the nearest key (`trainer.total_step` -> `trainer.total_steps`); a value
@@ -205,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"config_reference: {err}", file=sys.stderr)
         return 2
+    if not args.check and not os.path.isdir(os.path.join(ROOT, "docs")):  # an installed package: no docs/ here
+        print(text)
+        return 0
     if args.check:
         old = open(OUT, encoding="utf-8").read() if os.path.exists(OUT) else ""
         if old != text:
-            print(f"config_reference: {os.path.relpath(OUT, ROOT)} is stale; run python tools/config_reference.py",
+            print(f"config_reference: {os.path.relpath(OUT, ROOT)} is stale; run python -m rltrain.config_reference",
                   file=sys.stderr)
             return 1
         return 0

@@ -1,4 +1,4 @@
-"""tools/scale_runs.py without a GPU: its prompts are what the runs claim (256 of 511 digits), every run's config is
+"""tools/gpu_placements.py's scale runs (--runs, --plan) without a GPU: its prompts are what the runs claim (256 of 511 digits), every run's config is
 valid and planned to fit four H200s (the keys docs/plan.md gives for Qwen3-30B-A3B included), the plan's row holds the
 plan's numbers, the summary turns metric rows into the step table, tokens/s/GPU and the update's MFU by its formula,
 and a run in progress leaves its steps on disk after each one (the report, the metrics, its row beside the plan)."""
@@ -16,33 +16,33 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-import scale_runs  # noqa: E402
+import gpu_placements as gp  # noqa: E402
 
 
 def test_prompts_are_256_of_511_digits(tmp_path):
     path = tmp_path / "p.jsonl"
-    scale_runs.write_prompts(str(path))
+    gp.write_prompts(str(path))
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 256 and {len(r["prompt"]) for r in rows} == {511} and all(r["prompt"].isdigit() for r in rows)
 
 
-@pytest.mark.parametrize("name", list(scale_runs.RUNS))
+@pytest.mark.parametrize("name", list(gp.RUNS))
 def test_every_run_is_valid_and_planned_to_fit_four_h200s(name, tmp_path):
     from rltrain.config.entry import compose_config
     from rltrain.config.validate import validate_config
     from rltrain.plan import make_plan
 
     data = str(tmp_path / "p.jsonl")
-    scale_runs.write_prompts(data)
-    cfg = compose_config("grpo_tiny", scale_runs.overrides(name, data))
+    gp.write_prompts(data)
+    cfg = compose_config("grpo_tiny", gp.scale_overrides(name, data))
     validate_config(cfg)
     plan = make_plan(cfg, gpu_memory_gib=139.8, prompt_tokens=512, response_tokens=1024)
     assert plan.fits and plan.peak_gib < 139.8 and plan.inputs.world == 4
     from rltrain.plan.report import to_json
 
-    row = scale_runs.plan_row(name, to_json(plan), "2026-11-28")
+    row = gp.plan_row(name, to_json(plan), "2026-11-28")
     assert row["variant"] == f"{name} plan" and row["metrics"]["plan/fits"] == 1.0
-    assert scale_runs.committed_plan(name)["plan/fits"] == 1.0  # its row is committed
+    assert gp.committed_plan(name)["plan/fits"] == 1.0  # its row is committed
     assert row["metrics"]["plan/step_s"] == pytest.approx(plan.seconds["step"], abs=1e-4)
     assert row["metrics"]["plan/peak_gib"] == pytest.approx(plan.peak_gib, abs=1e-3)
 
@@ -51,7 +51,7 @@ def test_summary_by_hand():
     rows = [{"step": s, "timing_s/step": 10.0, "timing_s/update_actor": 4.0, "timing_s/update_weights": 1.0,
              "perf/total_num_tokens": 393216, "rollout/mismatch_abs_mean": 0.01,
              "perf/max_memory_allocated_gb/train_rank0": 100.0 + s} for s in (1, 2, 3)]
-    out = scale_runs.summary("qwen3_8b", rows, None)
+    out = gp.scale_summary("qwen3_8b", rows, None)
     assert len(out["steps"]) == 3 and out["peak_gib_per_gpu"] == {"train_rank0": 103.0}
     assert out["tokens_per_s_per_gpu"] == pytest.approx(393216 / 10 / 4)
     from rltrain.config.presets import BUILTINS
@@ -69,7 +69,7 @@ def test_a_run_in_progress_leaves_its_steps_and_its_row_beside_the_plan(tmp_path
     res = {"date": "2026-11-28", "device": "4 x NVIDIA H200", "torch": "x", "command": "c", "runs": {}}
     predicted = {"phase_seconds": {"generation": 6.0, "update": 3.0, "step": 12.0, "step/x": 1.0}, "peak_gib": 120.0,
                  "gpus": [{"allocator_peak_gib": 100.0}, {"allocator_peak_gib": 110.0}], "fits": True}
-    prog = scale_runs.Progress("qwen3_30b_a3b", str(run_dir), args, res, scale_runs.plan_metrics(predicted))
+    prog = gp.Progress("qwen3_30b_a3b", str(run_dir), args, res, gp.plan_metrics(predicted))
     prog.poll()  # nothing logged yet: a report, no row
     assert json.loads((out / "scale_runs.json").read_text())["runs"]["qwen3_30b_a3b"]["rc"] is None
     assert not (results / "moe.jsonl").exists()

@@ -1,9 +1,10 @@
 """What a run exposes to other local users while it runs: the TCP sockets its processes listen on (read from
 /proc/net/tcp{,6} and each process's fds, polled), fake secrets placed in its environment (WANDB_API_KEY, HF_TOKEN)
 found on any process's command line or in the files of Ray's sessions started meanwhile, and the mode of Ray's token
-file. Linux only. Used by tests/trainer/test_shared_host.py; on a GPU machine:
+file. Linux only. The instrument of tests/trainer/test_shared_host.py (and tests/workers/test_rendezvous.py); on a GPU
+machine, from the repository's root:
 
-  python tools/run_exposure.py --out exposure.json -- python -m rltrain.main --config-name grpo_tiny \\
+  python tests/trainer/exposure.py --out exposure.json -- python -m rltrain.main --config-name grpo_tiny \\
       trainer.total_steps=2 hydra.run.dir=/tmp/exposure_run
 
 Prints a JSON report (also to --out); exit 0 when the command succeeded, every listener was on loopback and no secret
@@ -24,9 +25,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tools"))
 
-from harness.procs import label, pids  # noqa: E402
+from harness.procs import label, pids  # noqa: E402  (tools/harness: a process's label)
 
 SECRET_VARS = ("WANDB_API_KEY", "HF_TOKEN")
 

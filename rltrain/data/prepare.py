@@ -2,11 +2,11 @@
 configs/data/dapo_math.yaml read. From the Hugging Face Hub, or offline from a local copy of the raw files (--from);
 the training code must not import it.
 
-    python tools/prepare_data.py gsm8k                         # -> data/gsm8k/train.parquet, test.parquet
-    python tools/prepare_data.py gsm8k --from ~/raw/gsm8k/main # offline: the raw split files' directory
-    python tools/prepare_data.py dapo_math                     # -> data/dapo_math/train.parquet
-    python tools/prepare_data.py dapo_math --set aime2024      # -> data/dapo_math/aime2024.parquet (the val set)
-    python tools/prepare_data.py dapo_math --from dapo-math-17k.parquet
+    python -m rltrain.data.prepare gsm8k                         # -> data/gsm8k/train.parquet, test.parquet
+    python -m rltrain.data.prepare gsm8k --from ~/raw/gsm8k/main # offline: the raw split files' directory
+    python -m rltrain.data.prepare dapo_math                     # -> data/dapo_math/train.parquet
+    python -m rltrain.data.prepare dapo_math --set aime2024      # -> data/dapo_math/aime2024.parquet (the val set)
+    python -m rltrain.data.prepare dapo_math --from dapo-math-17k.parquet
 
 gsm8k (`openai/gsm8k`, config "main"; raw files main/train-00000-of-00001.parquet and main/test-...): the answer
 is the number after "####" in the reference solution, commas removed (tests/data/gsm8k_sample.jsonl):
@@ -35,13 +35,11 @@ file (or a .json list of raw rows), or a directory where each split's file is fo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/, for the harness
-from harness import fail, hub_rows, local_rows
-
-from rltrain.data.dataset import write_rows
+from rltrain.data.dataset import DataError, read_rows, write_rows
 
 GSM8K = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -104,7 +102,7 @@ def dapo_rows(raw: list[dict], keep_prompt: bool = False) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m rltrain.data.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="dataset", required=True)
     g = sub.add_parser("gsm8k", help=f"{GSM8K} -> <out-dir>/<split>.<format>")
     g.add_argument("--out-dir", default="data/gsm8k")
@@ -124,10 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.dataset == "gsm8k":
         if args.local and os.path.isfile(args.local) and len(args.splits) != 1:
-            fail("prepare_data", f"--from {args.local} is one file: name its split, e.g. --splits train")
+            fail(f"--from {args.local} is one file: name its split, e.g. --splits train")
         for split in args.splits:
-            raw = local_rows("prepare_data", args.local, split) if args.local else \
-                hub_rows("prepare_data", GSM8K, config="main", split=split, parquet_prefix=f"main/{split}-")
+            raw = local_rows(args.local, split) if args.local else \
+                hub_rows(GSM8K, config="main", split=split, parquet_prefix=f"main/{split}-")
             raw = raw[: args.max_rows]
             out = os.path.join(args.out_dir, f"{split}.{args.format}")
             write_rows(_converted(lambda: [gsm8k_row(r, i, split) for i, r in enumerate(raw)], args.local or GSM8K,
@@ -135,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{split}: {len(raw)} rows -> {out}")
     else:
         repo, default_out = DAPO_SETS[args.which]
-        raw = local_rows("prepare_data", args.local, args.which) if args.local else hub_rows("prepare_data", repo)
+        raw = local_rows(args.local, args.which) if args.local else hub_rows(repo)
         rows = _converted(lambda: dapo_rows(raw, args.keep_prompt), args.local or repo,
                           "'prompt' (a list of messages) and 'reward_model': {'ground_truth': ...}")[: args.max_rows]
         write_rows(rows, args.out or default_out)
@@ -147,8 +145,81 @@ def _converted(convert, source: str, needs: str) -> list[dict]:
     try:
         return convert()
     except (KeyError, TypeError, IndexError, ValueError) as err:
-        fail("prepare_data", f"{source}: not the raw rows expected ({type(err).__name__}: {err}); each row needs "
-                             f"{needs}")
+        fail(f"{source}: not the raw rows expected ({type(err).__name__}: {err}); each row needs {needs}")
+    return []
+
+
+def fail(message: str) -> None:
+    """A user's mistake or a missing input: `rltrain.data.prepare: message` on stderr and exit code 2, no traceback."""
+    print(f"rltrain.data.prepare: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def local_rows(path: str, split: str) -> list[dict]:
+    """The raw rows of `split` from a local copy: a .parquet / .jsonl / .json file (JSON lines or one JSON list), or
+    a directory holding one whose name starts with the split's (`train-00000-of-00001.parquet`, `test.jsonl`; or
+    its only data file). A missing or unreadable input: fail() naming it."""
+    suffixes = (".parquet", ".jsonl", ".json")
+    if os.path.isdir(path):
+        found = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(suffixes))
+        mine = [f for f in found if os.path.basename(f).startswith(split)] or (found if len(found) == 1 else [])
+        if len(mine) != 1:
+            names = [os.path.relpath(f, path) for f in mine or found][:6]
+            fail(f"--from {path}: expected one .parquet/.jsonl file of the {split!r} split (its name starting "
+                       f"with {split!r}) in it, found {names}; give the file itself")
+        path = mine[0]
+    if not os.path.isfile(path):
+        fail(f"--from {path}: no such file or directory")
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if text.lstrip().startswith("["):
+            return json.loads(text)
+    try:
+        return [row for _, row in read_rows(path)]
+    except DataError as err:
+        fail(f"--from {path}: {err}")
+    return []
+
+
+def hub_rows(repo_id: str, *, config: str | None = None, split: str = "train",
+             parquet_prefix: str = "") -> list[dict]:
+    """The rows of one split of a Hugging Face dataset: through `datasets` when installed (its cache works
+    offline), else its parquet files whose path starts with parquet_prefix, downloaded with huggingface_hub. Without
+    the network (or in offline mode with nothing cached): fail() saying how to run from a local copy (--from)."""
+    page = f"https://huggingface.co/datasets/{repo_id}"
+    offline_fix = (f"without network, download the {split!r} split's file from {page} (Files and versions) on a "
+                   "machine that has it, copy it here and rerun this command with --from <that file or its directory>")
+    try:
+        import datasets
+    except ImportError:
+        datasets = None
+    try:
+        if datasets is not None:
+            return list(datasets.load_dataset(repo_id, *([config] if config else []), split=split))
+        if _offline():
+            fail(f"offline mode (HF_HUB_OFFLINE) and no `datasets` cache to read {repo_id} from; {offline_fix}")
+        import huggingface_hub
+        import pyarrow.parquet as pq
+
+        files = [f for f in huggingface_hub.list_repo_files(repo_id, repo_type="dataset")
+                 if f.startswith(parquet_prefix) and f.endswith(".parquet")]
+        if not files:
+            fail(f"no parquet file under {parquet_prefix or '/'} in {repo_id}")
+        rows: list[dict] = []
+        for f in sorted(files):
+            rows += pq.read_table(huggingface_hub.hf_hub_download(repo_id, f, repo_type="dataset")).to_pylist()
+        return rows
+    except ImportError as err:
+        fail(f"reading {repo_id} from the Hub needs `datasets` or `huggingface_hub` ({err}); or {offline_fix}")
+    except Exception as err:  # noqa: BLE001 (no network, a proxy, the Hub down: one line, not the client's traceback)
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        fail(f"cannot read {repo_id} from the Hugging Face Hub ({type(err).__name__}: {first}); {offline_fix}")
     return []
 
 

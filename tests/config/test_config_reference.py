@@ -1,17 +1,13 @@
-"""tools/config_reference.py: docs/guide/keys.md is current, lists every key of the schema once per entry point with
+"""rltrain/config_reference.py: docs/guide/keys.md is current, lists every key of the schema once per entry point with
 a meaning, and its allowed values are the ones the owners accept."""
 
 import dataclasses
-import os
-import sys
 import typing
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
-
-import config_reference  # noqa: E402
-from rltrain.config.schema import RLConfig, SFTConfig  # noqa: E402
+from rltrain import config_reference
+from rltrain.config.schema import RLConfig, SFTConfig
 
 
 def _leaves(cls, prefix=""):
@@ -41,7 +37,7 @@ def _rows(text, part):
 
 def test_the_committed_reference_is_current(text):
     with open(config_reference.OUT, encoding="utf-8") as f:
-        assert f.read() == text, "docs/guide/keys.md is stale: run python tools/config_reference.py"
+        assert f.read() == text, "docs/guide/keys.md is stale: run python -m rltrain.config_reference"
     assert config_reference.main(["--check"]) == 0
 
 
