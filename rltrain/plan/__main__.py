@@ -1,12 +1,10 @@
 """python -m rltrain.plan --config-name NAME [Hydra overrides] [--gpu-memory-gib G] [--device h100|h200] [--json]
 (flags and overrides in any order)
 
-Composes the config from configs/ with Hydra's compose API as rltrain.main does, validates it (a bad key or value:
-`rltrain: <message>`, exit 2), reads the training data's prompt lengths as the trainer does (when its files and
-tokenizer are here; else it plans at data.max_prompt_length and says so), and prints the plan: each GPU's peak
-memory by phase and part, the seconds per step by phase, and whether it fits. A GPU that will not fit: exit 2 with
-the GPU, the phase, the parts and the cheapest keys to change (each re-planned). Starts nothing and imports no GPU
-stack (vLLM, Ray, megatron; a Hugging Face tokenizer brings transformers); downloads nothing.
+Composes and validates the config as rltrain.main does, reads the training data's prompt lengths as the trainer does
+(else plans at data.max_prompt_length and says so), and prints each GPU's peak memory by phase and part, the seconds
+per step by phase and whether it fits; a GPU that will not fit: exit 2 with the cheapest keys to change. Starts
+nothing, imports no GPU stack, downloads nothing (docs/plan.md).
 """
 
 from __future__ import annotations
@@ -19,15 +17,8 @@ from rltrain.config.entry import CONFIG_DIR, composition_error, compose_config
 from rltrain.config.schema import register_configs
 
 
-def _composition_error(config_name: str, overrides: list[str]) -> str | None:
-    """rltrain.config.entry's refusal of the command line, as rltrain.main prints it."""
-    register_configs()  # the schema the recipes' defaults lists name (rltrain.main registers it at import)
-    return composition_error(CONFIG_DIR, config_name, ["--config-name", config_name, *overrides])
-
-
 def _data_lengths(cfg):
-    """(the training data's prompt lengths, None) or (None, why not) of the typed RLConfig `cfg`: read as the trainer
-    reads them, with the tokenizer from local files only (the planner downloads nothing)."""
+    """(the training data's prompt lengths, None) or (None, why not), read as the trainer does from local files."""
     import os
 
     from rltrain.data.lengths import data_lengths
@@ -76,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     from rltrain.utils.errors import find_user_error
 
     try:
-        why = _composition_error(args.config_name, args.overrides)
+        register_configs()  # the schema the recipes' defaults lists name (rltrain.main registers it at import)
+        why = composition_error(CONFIG_DIR, args.config_name, ["--config-name", args.config_name, *args.overrides])
         if why is not None:  # the entry points' own gate: the same one line for a wrong type or an unknown key
             print(f"rltrain: {why}", file=sys.stderr, flush=True)
             return 2

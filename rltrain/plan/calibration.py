@@ -1,12 +1,8 @@
-"""Every measured constant of the planner, in one place, each with the run it comes from (table row, date, device).
-
-The memory and time models (memory.py, timing.py) are formulas over the model's shape and the config; the numbers
-below are what those formulas cannot know: how many bytes the layers keep per token, how fast the GPU runs each
-phase, what vLLM and CUDA take beside the tensors. Each FITTED constant is solved from the measured run (or the few
-runs) its source names: `python tools/plan_lab.py fit` recomputes them from the results tables and `--write` writes
-them here (tests/tools/test_planlab_fit.py checks the refit); every run no constant comes from is held out and
-scores the planner (docs/benchmarks/planner.md). MEASURED constants are read off one run, ASSUMED ones are datasheet
-or code values. A source names a results table's row (`placements.jsonl 'grpo vllm'`: table, variant), date, device.
+"""Every measured constant of the planner, each with the run it comes from: what the formulas of memory.py and
+timing.py cannot know (bytes the layers keep per token, each phase's rates, what vLLM and CUDA take beside the
+tensors). A FITTED constant is solved from the run(s) its source names (a results table's row, date, device) by
+`python tools/plan_lab.py fit`, which `--write`s them here; every other run is held out and scores the planner
+(docs/benchmarks/planner.md). MEASURED constants are read off one run, ASSUMED ones are datasheet or code values.
 """
 
 from __future__ import annotations
@@ -46,8 +42,8 @@ DEVICES: dict[str, Device] = {
 }
 
 # ------------------------------------------------------------------------------------------------ memory
-# Activation bytes per token per layer per unit of "width" W = h + (q + kv + ffn) / TP (memory.py): the tensors a
-# Qwen3 layer keeps for its backward are a few per width; one constant per elementwise-fusion mode absorbs how many.
+# Activation bytes per token per layer per unit of "width" W = h + (q + kv + ffn) / TP (memory.py), one constant
+# per elementwise-fusion mode (how many tensors of each width a Qwen3 layer keeps for its backward).
 MEMORY: dict[str, Const] = {
     "act_none_fusion_none": Const(
         8.3114, "B/token/layer/W",
@@ -94,29 +90,24 @@ MEMORY: dict[str, Const] = {
 
 # ------------------------------------------------------------------------------------------------ time
 TIME: dict[str, Const] = {
-    # achieved TFLOP/s of one update micro-batch on its weight matrices' FLOPs (utils/flops.train_flops less
-    # attention_flops), by (fusion, recompute): the 8k rows' time less their attention FLOPs at attention_tflops
+    # achieved TFLOP/s of an update micro-batch on its weight matrices' FLOPs (flops.train_flops less attention_flops)
     "update_tflops_none_none": Const(
         194.5633, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-8k-norms+optim 0.1896 s for 29.29 "
                           "TFLOP of weight matrices and 23.09 of attention (0.6B, one 8,192-token sequence)"),
     "update_tflops_compile_none": Const(
         276.8382, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-8k-all 0.1448 s, the same FLOPs"),
-    # the rates above are the Qwen3-0.6B's (hidden size 1,024); a wider model runs its GEMMs nearer the peak (the
-    # GEMM FLOPs grow as h^2, the elementwise work and launches around them as h): x (h / 1024)^this
+    # the 0.6B's rates (h = 1,024); a wider model runs its GEMMs nearer the peak: x (h / 1024)^this
     "update_rate_width_exponent": Const(
         0.4872, "exponent", "update.jsonl, 2026-11-23, H200: row 4b-8k-all (Qwen3-4B shape, h "
                             "2,560, one 8,192-token sequence, torch.compile) 0.5574 s for 197.7 TFLOP of weight "
                             "matrices and 59.4 of attention, against the 0.6B's 06b-8k-all"),
-    # the same for the unfused layers (actor.elementwise_fusion=none): the elementwise kernels torch.compile would fuse
-    # weigh less against the GEMMs at a wider model, so the unfused rate grows faster with the width than the compiled
+    # the same for the unfused layers (actor.elementwise_fusion=none), whose rate grows faster with the width
     "update_rate_width_exponent_none": Const(
         0.7579, "exponent",
         "placements.jsonl '4B single, 2,048-token responses, forward micro-batches of 32,768', 2026-11-27, H200: "
         "update_actor 8.705 s of the Qwen3-4B shape's GRPO step on one GPU (64 sequences of 2,053 tokens, 8,192-token "
         "micro-batches, 2 optimizer steps; fusion none), against the 0.6B's 06b-8k-norms+optim"),
-    # causal attention's FLOPs (QK^T and PV, utils/flops.attention_flops) run in flash attention's kernels at their own
-    # rate, not the weight matrices' (when one rate took both, the 0.6B's 32k and 64k rows,
-    # 76-86% attention FLOPs, were planned +27-35% slow); one constant for every width (head dim 128 on both shapes)
+    # causal attention's FLOPs (flops.attention_flops) in flash attention's kernels, at one rate for every width
     "attention_tflops": Const(
         591.6964, "TFLOP/s", "update.jsonl, 2026-11-23, H100: row 06b-32k-all-rc_selective 1.121 s (0.6B, "
                           "one 32,768-token sequence, selective recompute: 117.2 TFLOP of weight matrices, 369.4 of "
@@ -128,20 +119,16 @@ TIME: dict[str, Const] = {
     "recompute_selective_time_factor": Const(
         1.0703, "x update time", "update.jsonl, 2026-11-23, H200: 4b-32k-all-rc_selective 3.807 s "
                                  "/ 4b-32k-all-rc_full 4.483 s x recompute_full_time_factor"),
-    # TP with torch.compile's layers (elementwise_fusion compile, and mcore): a fixed cost per all-reduce of a layer's
-    # activations in one micro-batch pass (2 a layer forward, 2 more backward; + the recomputed forward's), not a
-    # fraction of the FLOPs: the 0.6B's TP=2 loss (0.176 s where half its TP=1 time is 0.07) is as many seconds per
-    # layer as the 4B's, and the 4B's 32k rows lose no more per pass than its 8k rows; per doubling of TP
+    # TP with torch.compile's layers: a fixed cost per activation all-reduce of a layer in a micro-batch pass and per
+    # doubling of TP, not a fraction of the FLOPs (the 0.6B loses as many seconds per layer as the 4B)
     "tp_allreduce_s": Const(
         0.0008297, "s per TP all-reduce x layer x micro-batch pass",
         "update.jsonl, 2026-11-23, H200: 4b-8k-all 0.5574 s at "
         "TP=1 vs 4b-8k-all-tp2 0.3982 s at TP=2: the TP=2 step less half the TP=1 step, over 36 layers x 4 "
         "all-reduces; torch.compile's layers only: the fusion-none 4B TP=2 GRPO steps of 2026-11-26 show no such "
         "loss"),
-    # the update's fixed costs beyond its FLOPs, each per layer of a stage, solved together from three runs: per
-    # optimizer step (the step, the grad norm's host sync, zeroing); a floor per micro-batch (the host's launches,
-    # overlapping the GPU's work: the 0.6B's update at DP=2 or TP=2 took about as long as at one GPU); per update call
-    # (setup, the batch to the ranks, the metrics back: at DP=2 4 optimizer steps a call took 0.64 s, 2 took 0.36 s)
+    # the update's fixed costs beyond its FLOPs, per layer of a stage, solved together from three runs: per optimizer
+    # step, a floor per micro-batch (the host's launches, overlapping the GPU's work) and per update call
     "update_step_layer_s": Const(
         0.0007535, "s per mini-batch x layer",
         "placements.jsonl 'grpo hf', 2026-11-23, H100: update_actor 0.452 s of the Qwen3-0.6B GRPO step (2 "
@@ -155,10 +142,8 @@ TIME: dict[str, Const] = {
         "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: "
         "update_actor 0.638 s (DP=2, 4 optimizer steps of one 4,416-token micro-batch a rank), with the two runs "
         "above"),
-    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's floor (launches are asynchronous):
-    # per layer, a cost and one per row. The 0.6B's short-row passes sit on the floor (the GPU idle 40% of a profiled
-    # update micro-batch of 69-token rows); one-row micro-batches of 2,053 tokens took 0.048 s at 28 layers. Summed
-    # with the FLOPs, the long-response runs' forward was planned 37-62% slow; a floor per micro-batch alone, +85%
+    # a forward-only micro-batch costs the larger of its FLOPs' time and the host's floor: per layer, a cost and one
+    # per row (the 0.6B's short-row passes sit on the floor)
     "fwd_mb_layer_s": Const(
         0.001397, "s per forward micro-batch x layer (the host's floor)",
         "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, "
@@ -168,15 +153,14 @@ TIME: dict[str, Const] = {
         1.099e-05, "s per row of a forward micro-batch x layer (the host's floor)",
         "placements.jsonl 'grpo hf', 2026-11-23, H100: ref 0.157 s (17,664 tokens in 2 micro-batches of 128 "
         "rows, forward only, 28 layers; their FLOPs' 0.054 s a micro-batch are under the floor), with the run above"),
-    # the old log-probs' pass (the actor's engine, with the entropy) over the reference's: on the host's floor 13%
-    # longer in the median of 93 runs, as long where FLOPs bound it; 7-9.4 ms a micro-batch, not per token
+    # the old log-probs' pass (the actor's engine, with the entropy) over the reference's, per micro-batch
     "old_logprob_mb_s": Const(
         0.009129, "s per old-log-prob micro-batch beyond the reference's (the host's floor)",
         "placements.jsonl '0.6B single, 2,048-token responses, forward micro-batches of 4,096', 2026-11-27, "
         "H200: old_log_prob 6.21 s against ref 5.01 s, 128 one-row micro-batches of 2,053 tokens (the floors "
         "above solved from the reference's pass)"),
-    # Mixture-of-Experts: megatron-core's SequentialMLP (no Transformer Engine, so no grouped GEMM) runs each local
-    # expert's GEMMs in a Python loop over small token groups: a launch-bound cost per expert, layer and forward pass
+    # MoE without the grouped GEMM: megatron-core's SequentialMLP loops over the local experts in Python, a
+    # launch-bound cost per expert, layer and forward pass
     "moe_expert_pass_s": Const(
         0.000421, "s per local expert x sparse layer x forward pass",
         "moe.jsonl 'MoE slice EP=2, vLLM', 2026-11-26, 2 x H200: update_actor 1.453 s of the "
@@ -188,9 +172,7 @@ TIME: dict[str, Const] = {
         "moe.jsonl 'MoE slice EP=2, vLLM, grouped GEMM', 2026-11-26, 2 x H200: update_actor "
         "0.36 s of the Qwen3-30B-A3B slice with the grouped expert GEMM (8 sparse layers, 64 local experts at EP=2, "
         "3 passes) less its active FLOPs at the update rate and the update's fixed costs"),
-    # vLLM's host work per decode step: a fixed part (the engine's loop, launches; from one host's two wave sizes in
-    # one call) and a part per sequence of the wave (the reference run's, at that fixed part); per sequence alone
-    # planned 64-128 sequences an engine 17-53% fast and 512 2-19% slow
+    # vLLM's host work per decode step: a fixed part (its loop, launches) and a part per sequence of the wave
     "vllm_step_s": Const(
         0.001754, "s per decode step (the engine's fixed host work)",
         "placements.jsonl '0.6B colocated DP=2 / DP=4, one vLLM engine per GPU (a second four-H200 host)', "
@@ -201,14 +183,12 @@ TIME: dict[str, Const] = {
         "placements.jsonl 'placement split 1+1', 2026-11-23, H200: gen 0.757 s for 64 decode steps of 256 "
         "sequences at vllm_step_s (the engine's host work per sequence and step: scheduling, sampling, "
         "detokenizing; 512 sequences took 2.0-2.8x as long as 256 on 2026-11-26)"),
-    # a memory-bound decode step (long contexts: the wave's KV cache outweighs the weights) reads its bytes at this
-    # share of the datasheet bandwidth (paged attention over the KV cache and the weights' GEMV at a small wave)
+    # a memory-bound decode step (the wave's KV cache outweighs the weights) reads at this share of the datasheet HBM
     "decode_hbm_fraction": Const(
         0.6218, "x datasheet HBM bandwidth",
         "placements.jsonl '0.6B single, 4 x 8 at 8,192-token responses', 2026-11-26, H200: gen 44.59 s for 8,192 "
         "decode steps of 32 sequences (1.2 GB of weights + 15.0 GB of KV cache at the mean context a step)"),
-    # the hf engine decodes with transformers in eager mode, one Python call per layer a token: launch-bound (the 0.6B's
-    # 1.2 GB of weights read in 0.4 ms of its 39 ms step), so a cost per layer and decode step
+    # the hf engine decodes in eager mode, one Python call per layer a token: launch-bound, per layer and decode step
     "hf_layer_step_s": Const(
         0.00138, "s per layer x decode step",
         "placements.jsonl 'grpo hf', 2026-11-23, H100: gen 2.473 s for 64 decode steps of 256 sequences through "
@@ -218,15 +198,12 @@ TIME: dict[str, Const] = {
         0.127, "s", "placements.jsonl 'grpo vllm', 2026-11-23, H100: rollout_wake (level 2)", "measured"),
     "vllm_sleep_s": Const(
         0.041, "s", "placements.jsonl 'grpo vllm', 2026-11-23, H100: rollout_sleep (level 2)", "measured"),
-    # the level-2 wake grows with the model: the engine maps its weights' memory again, and the update's cached blocks
-    # released before it (torch.cuda.empty_cache) are the larger model's (the 4B's wake 0.19-0.24 s on one H200, the
-    # 0.6B's 0.12-0.18): per GB of the engine's bf16 weights on a GPU
+    # the level-2 wake grows with the model (its weights' memory mapped again): per GB of its bf16 weights on a GPU
     "vllm_wake_s_per_gb": Const(
         0.01737, "s per GB of the engine's weights on a GPU",
         "placements.jsonl 'grpo vllm, Qwen3-4B shape, one GPU', 2026-11-26, H200: rollout_sleep + update_weights "
         "of the Qwen3-4B shape's one-GPU step (8.0 GB), with the run below"),
-    # a host's GPUs sleep and wake their engines at once and the step waits for the slowest: unmapping and mapping N
-    # engines' memory takes longer than one's (the hf engine's pinned copies do not)
+    # a host's GPUs sleep and wake their engines at once; the step waits for the slowest
     "vllm_rank_sync_factor": Const(
         0.3882, "x (GPUs on the host - 1), on the sleep and wake",
         "placements.jsonl '0.6B colocated DP=2, one vLLM engine per GPU, 64 x 8', 2026-11-26, 2 x H200: "
@@ -243,8 +220,7 @@ TIME: dict[str, Const] = {
     "reload_s_per_tensor": Const(
         0.0005198, "s per checkpoint tensor", "placements.jsonl 'grpo vllm', 2026-11-23, H100: update_weights 0.288 "
                                             "- wake 0.127 s for the 0.6B's 310 tensors (colocated in-place reload)"),
-    # an MoE checkpoint's expert tensors (3 an expert and layer): vLLM's expert loader copies each into its slice of the
-    # layer's stacked weight, cheaper than a dense tensor's load
+    # an MoE checkpoint's expert tensors, each copied by vLLM's expert loader into its layer's stacked weight
     "reload_s_per_expert_tensor": Const(
         0.0003371, "s per expert tensor",
         "moe.jsonl 'MoE slice EP=2, vLLM', 2026-11-26, 2 x H200: rollout_sleep + update_weights of the "
@@ -254,15 +230,13 @@ TIME: dict[str, Const] = {
         0.001049, "s per checkpoint tensor",
         "placements.jsonl 'grpo vllm k4', 2026-11-25, H100: update_weights 0.500 - wake 0.175 s for the "
         "0.6B's 310 tensors sent by CUDA IPC to 4 engines in their own processes"),
-    # colocated actor TP > 1 with DP > 1: every phase's host floors and the weight sync at this factor. Measured, not
-    # derived: the layout's nine runs took 1.20-1.81x the step planned without it; one rank of each TP pair waits in
-    # the all-reduce for its peer's host (docs/benchmarks/planner.md), so a FLOP-bound step loses little to it
+    # colocated actor TP > 1 with DP > 1: the host's floors and the weight sync at this factor (measured, not
+    # derived: one rank of each TP pair waits in the all-reduce for its peer's host, docs/benchmarks/planner.md)
     "tp_dp_layout_factor": Const(
         1.5587, "x the host's floors and the weight sync of a TP x DP step",
         "the value that plans the layout's nine runs (placements.jsonl, the colocated TP x DP rows of 2026-11-26..27 "
         "on four H100s and four H200s, eight hosts) at their measured steps in the geometric mean"),
-    # the host's speed across machines, x the planned host time (timing.host_share): the extremes of one config's
-    # twenty runs, 1 + (measured / planned - 1) / host share; only the plan's range (timing.step_range) uses them
+    # the host's speed across machines, x the planned host time: only the plan's range (timing.step_range) uses them
     "host_speed_low": Const(
         0.5884, "x the planned host time",
         "the fastest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8', 2026-11-26, "
@@ -272,7 +246,6 @@ TIME: dict[str, Const] = {
         "the slowest of the 0.6B one-GPU step's twenty runs (placements.jsonl '0.6B single, 32 x 8 (the "
         "four-H200 host)', 2026-11-27, H200: 2.824 s)"),
     # split: each checkpoint tensor by NCCL broadcast, loaded as it comes: a cost per tensor + the bytes at NCCL's
-    # broadcast bandwidth (per GB alone, it predicted the 4B's 8 GB at 1.30 s; the 4B split 2+2 took 0.39 s)
     "split_sync_s_per_tensor": Const(
         0.0006096, "s per checkpoint tensor",
         "placements.jsonl 'placement split 1+1', 2026-11-23, H200: update_weights 0.192 s - 1.19 GB at "
@@ -280,14 +253,12 @@ TIME: dict[str, Const] = {
     "nccl_broadcast_gb_s": Const(
         368.0, "GB/s", "issue #35's NCCL measurement, 2026-11-25, 2 x H100: broadcast bus bandwidth at 1 GiB",
         "measured"),
-    # offload (models/megatron/offload.py): copies between pinned host memory and each GPU, all of a host's GPUs at
-    # once, and torch's CPU AdamW over the host's share of the optimizer state (actor.optimizer_offload_fraction)
+    # offload (models/megatron/offload.py): pinned host copies, a host's GPUs at once, and a CPU AdamW
     "host_copy_gb_s": Const(
         20.0, "GB/s per GPU, each direction",
         "assumed: PCIe Gen5 x16 (about 50 GB/s a direction nominal), halved for four GPUs copying at once; not "
         "measured yet (the offload runs of issue 59 will)", "assumed"),
-    # rollout.direct_expert_sync_after: each expert tensor gathered into its layer's block and written by one copy per
-    # projection (rollout/vllm_experts.py) instead of vLLM's loader (reload_s_per_expert_tensor)
+    # rollout.direct_expert_sync_after: expert tensors written into vLLM's fused blocks (rollout/vllm_experts.py)
     "direct_expert_s_per_tensor": Const(
         2e-5, "s per expert tensor",
         "assumed: a dict insert and a regex match per tensor, two copies of the layer's bytes at HBM speed; not "
@@ -310,7 +281,7 @@ def all_constants() -> dict[str, Const]:
 
 @contextlib.contextmanager
 def override(name: str, new_value: float) -> Iterator[None]:
-    """Plan with constant `name` at `new_value` inside the block (a what-if, or a solve for its value)."""
+    """Plan with constant `name` at `new_value` inside the block (a what-if, or the lab's solve for its value)."""
     table = MEMORY if name in MEMORY else TIME
     old = table[name]
     table[name] = dataclasses.replace(old, value=new_value)

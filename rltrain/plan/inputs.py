@@ -1,15 +1,8 @@
-"""The planner's reading of a config: the typed RLConfig's keys the planner needs, as `Inputs`, and the model's shape,
-without building anything. Every default is the schema's (the entry point converted the config once).
-
-The model's shape comes from `model.builtin` (the presets of rltrain/config/presets.py),
-a local `model.path` directory's config.json (read as JSON: no transformers), the Hugging Face cache, or, for the
-Qwen3 hub names whose shapes the presets copy, the preset. Anything else is a PlanInputError naming the fix.
-
-The placement is rltrain/workers/placement.py's (plan/ may import only config/, data/, utils/ and compat/, so both ask
-config/parallel.py): colocated, one group of trainer.n_gpus_per_node * trainer.nnodes GPUs holds every role; split,
-the training group has those GPUs and the rollout group `rollout_replicas` replicas of rollout.tensor_parallel_size
-GPUs. The actor's degrees are `ParallelDims`'s, whose rank order puts GPU r of the training group in pipeline stage
-r // (TP * DP).
+"""The planner's reading of a typed RLConfig (every default the schema's) as `Inputs`, and the model's shape without
+building anything: from `model.builtin` (rltrain/config/presets.py), a local `model.path`'s config.json (read as
+JSON), the Hugging Face cache, or a Qwen3 hub name whose shape a preset copies; else a PlanInputError naming the fix.
+The placement is workers/placement.py's, both asking config/parallel.py (`ParallelDims`: GPU r of the training group
+is in pipeline stage r // (TP * DP)); split placement adds `rollout_replicas` x rollout.tensor_parallel_size GPUs.
 """
 
 from __future__ import annotations
@@ -17,7 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rltrain.config.parallel import ParallelDims, rollout_replicas
@@ -34,9 +27,6 @@ class PlanInputError(UserError, ValueError):
 
 # Vocabulary of the built-in character tokenizer (rltrain/data/tokenizer.py: 64 ids); tiny and small take theirs.
 CHAR_VOCAB = 64
-# Qwen3 hub names whose public config.json the presets copy (rltrain/config/presets.py).
-HUB_PRESETS = {"qwen/qwen3-0.6b": "qwen3-0.6b", "qwen/qwen3-4b": "qwen3-4b", "qwen/qwen3-8b": "qwen3-8b",
-               "qwen/qwen3-30b-a3b": "qwen3-30b-a3b", "qwen/qwen3-235b-a22b": "qwen3-235b-a22b"}
 
 
 @dataclass(frozen=True)
@@ -103,8 +93,7 @@ def _hf_cache_config(hub_name: str) -> str | None:
 
 
 def model_shape(model: ModelConfig) -> Shape:
-    """The shape of `model.*` (builtin preset, local directory, HF cache, or a known Qwen3 hub name), with
-    model.overrides applied."""
+    """The shape of `model.*` (preset, local directory, HF cache, or a Qwen3 hub name), with model.overrides."""
     overrides = dict(model.overrides or {})
     builtin, path = model.builtin, model.path
     if builtin is not None:
@@ -122,8 +111,8 @@ def model_shape(model: ModelConfig) -> Shape:
             f = json.load(fh)
         f = f.get("text_config", f) if "hidden_size" not in f else f
         return shape_from_fields(str(path), {**f, **overrides})
-    preset = HUB_PRESETS.get(str(path).lower())
-    if preset is not None:
+    preset = str(path).lower().removeprefix("qwen/")  # a Qwen3 hub name whose public config.json a preset copies
+    if str(path).lower().startswith("qwen/qwen3-") and preset in BUILTINS:
         return shape_from_fields(str(path), {**BUILTINS[preset], **overrides})
     raise PlanInputError(f"model.path={path!r}: no config.json there or in the Hugging Face cache, and not a known "
                          "preset; download the model (huggingface-cli download), point model.path at a local "
@@ -163,7 +152,6 @@ class Inputs:
     kv_cache_memory_gb: float | None
     rollout_tp: int
     engines_per_gpu: int
-    enforce_eager: bool
     max_batch_size: int
     num_replicas: int | None
     weight_sync_bucket_mb: int
@@ -188,15 +176,12 @@ class Inputs:
     ref_offload: bool = False  # ref.offload: the reference's layers on the host, streamed in per forward
     replay_compare: bool = False  # actor.moe_routing_replay_compare: the old log-probs' pass once more
     direct_expert_sync_after: int = 1  # rollout.direct_expert_sync_after: -1, the experts through vLLM's loader
-    # the engine before issue 59 (every rank the whole fp32 master and AdamW state, all fp32 grads at the optimizer
-    # step, the grouped GEMM's experts stacked into a copy per call), as every run measured in tools/results/ ran
-    # (tools/planlab/fit.py plans those so); false: the engine now (sharded optimizer, bf16 step in chunks, experts
-    # in place)
+    # the engine before issue 59 (whole optimizer state on every rank, all fp32 grads at the step, stacked expert
+    # copies), as the runs in tools/results/ ran: tools/planlab/fit.py plans those so; false: the engine now
     legacy_engine: bool = False
     # the prompt length time is planned at (the data's mean: timing.phase_seconds); None: max_prompt_length
     mean_prompt_length: float | None = None
     lengths_from: str = "config"  # where max_prompt_length came from: config (the bound) | data | given
-    extra: dict = field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -246,7 +231,7 @@ def read(cfg: RLConfig) -> Inputs:
         fused_head=t.fused_linear_logprob, logprob_backend=t.fused_linear_logprob_backend,
         chunk_size=t.logprobs_chunk_size, engine=r.engine, n=r.n, max_response_length=r.max_response_length,
         gpu_memory_utilization=r.gpu_memory_utilization, kv_cache_memory_gb=r.kv_cache_memory_gb,
-        rollout_tp=r.tensor_parallel_size, engines_per_gpu=r.engines_per_gpu, enforce_eager=r.enforce_eager,
+        rollout_tp=r.tensor_parallel_size, engines_per_gpu=r.engines_per_gpu,
         max_batch_size=r.max_batch_size, num_replicas=r.num_replicas, weight_sync_bucket_mb=r.weight_sync_bucket_mb,
         multi_turn_total=mt.max_total_tokens if mt.enable else None, train_batch_size=d.train_batch_size,
         max_prompt_length=d.max_prompt_length, colocate=t.colocate, n_gpus_per_node=t.n_gpus_per_node,

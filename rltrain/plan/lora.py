@@ -1,6 +1,4 @@
-"""LoRA's parameters for the memory plan (plan/memory.py): the adapters on one rank of a pipeline stage, and the
-adapter slot a vLLM engine allocates. Arithmetic on the shape and the config only (the memory plan's rules: there).
-"""
+"""LoRA's parameters for the memory plan: the adapters on one rank of a stage, and the slot a vLLM engine allocates."""
 
 from __future__ import annotations
 

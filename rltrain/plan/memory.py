@@ -1,56 +1,13 @@
 """Peak memory per GPU and phase, by part. Pure arithmetic on the shape and the config (no torch).
 
-Parts, per GPU (bytes; P = this rank's parameters of a role: its pipeline stage's layers with the matrices split
-over TP, the embedding / LM head split over TP on the first / last stage, norms whole; Mixture-of-Experts: a sparse
-layer's router whole and its E experts split over actor.expert_parallel_size ranks (E / EP each), each / TP):
-
-  weights            P x dtype bytes (2 for bf16)
-  fp32 master        S x 4 when the params are bf16 (models/megatron/optim.py: AdamW steps fp32 copies of this
-                     rank's pieces), S = this rank's share of P: the dense parameters / DP, the experts / (DP / EP)
-                     (the sharded optimizer, models/megatron/shards.py), x (1 - actor.optimizer_offload_fraction)
-  optimizer          S x 8 (AdamW's two fp32 moments), x (1 - actor.optimizer_offload_fraction)
-  gradients          backward: P x dtype bytes (.grad in the params' dtype; with more than one micro-batch the
-                     whole set is there while the next micro-batch's activations are); optimizer step: S x 4 (the
-                     fp32 grads of this rank's pieces, after the reduce-scatter)
-  offload            actor.offload_while_rollout: in generation the actor's weights, master and optimizer are on
-                     the host, in the weight sync its master and optimizer (the export reads the weights);
-                     ref.offload: the reference keeps its embedding, head and two layers on the GPU (one running,
-                     the next arriving); the host's share is listed per GPU (pinned host memory)
-  activations        per token of the micro-batch (max(actor.max_tokens_per_micro_batch, the longest sequence),
-                     at most the mini-batch's tokens on this DP rank), per layer of the stage, per pipeline
-                     micro-batch in flight (1F1B: pp - stage):
-                       no recompute    act_none_<fusion> x W,          W = h + (q + kv + ffn) / TP
-                                       (sparse layer: ffn / TP -> E + k x (h + moe_intermediate_size / TP))
-                       selective (mlp) act_selective x W_attn,         W_attn = h + (q + kv) / TP
-                                       (sparse layers: as no recompute; megatron's "mlp" skips MoE layers)
-                       full            h x dtype bytes (each layer's input) + one layer's act_full_working x W
-  LM head            fused: the fp32 [V/TP, h] weight-grad accumulator + the kernel's working memory (Triton:
-                     fused_head_triton_gib; torch: its chunk budget, ops/chunking.py) + the fp32 grad of the
-                     hidden [T, h]; unfused: logits_bytes_per_element x T x V/TP
-  forward passes     (old log-probs, reference, critic values) one layer's working memory + the head's
-  reference          weights only (P x dtype bytes) when actor.use_kl_loss or algorithm.use_kl_in_reward (ref.offload:
-                     the embedding, the LM head and two of the stage's layers); none with LoRA (the actor's base,
-                     adapters off, is the reference)
-  LoRA               actor.lora.rank > 0 (models/megatron/lora.py): the base frozen (weights only: no fp32 master, no
-                     AdamW state, no gradients, no LM-head weight grad); the adapters (A_l = r x (in + out) per target
-                     per layer, the split half / TP) take weights + fp32 master + AdamW + gradients as a full model's
-                     parameters do (the state sharded over DP); vLLM adds one adapter slot (at its max_lora_rank)
-  critic             a second trunk with a value head (algorithm.adv_estimator=gae): weights, master, optimizer,
-                     and its own update at critic.max_tokens_per_micro_batch
-  vLLM               awake: rollout.gpu_memory_utilization x the GPU (weights + KV cache + its activations, what
-                     torch counts) + vllm_non_torch_gib (CUDA graphs, workspaces); a fixed KV cache
-                     (rollout.kv_cache_memory_gb, or a small model's auto size: rollout/vllm.py auto_kv_cache_bytes)
-                     replaces the fraction by weights + KV + vllm_profile_gib; asleep (colocated, during the
-                     training phases): 0 (level 2 drops weights and cache, level 1 moves the weights to the host);
-                     rollout.free_cache_engine=false: awake in every phase (the training phases hold it too)
-  hf engine          awake: weights + KV cache of rollout.max_batch_size sequences + the sampler's logits
-                     (HF_SAMPLER_BYTES per row and vocabulary entry); asleep: 0 (as vLLM,
-                     awake throughout with rollout.free_cache_engine=false)
-  CUDA context       cuda_context_gib per process on the GPU (engines_per_gpu > 1: one more per engine)
-
-The peak of a GPU is the largest phase; a GPU fits when context + (torch peak less vLLM's pool) x (1 +
-allocator_slack) + vLLM's pool + vLLM's non-torch part <= its memory, and vLLM's KV cache holds at least one sequence of the model's full length
-(vLLM's max_model_len: max_position_embeddings; it refuses to start otherwise).
+Each GPU (colocated: every role on each; split: the training GPUs, then the rollout GPUs) has its phases (generation,
+log-probs, update, weight sync), each a dict of parts in bytes: the training roles' weights, fp32 masters, AdamW
+moments and gradients (plan/state.py: a rank's parameters and its share of the sharded state; LoRA: plan/lora.py),
+activations by recompute mode, the LM head, the forward passes' working memory, the rollout engine awake or asleep,
+the CUDA contexts. A GPU's peak is its largest phase on the device: the tensors less vLLM's pool x (1 +
+allocator_slack), plus the pool and what lies outside torch; it fits when that is at most its memory and nothing is
+refused (vLLM's KV cache must hold one sequence of max_position_embeddings). Each part's formula and its sources:
+docs/plan.md, "The model".
 """
 
 from __future__ import annotations
@@ -62,7 +19,7 @@ from rltrain.plan import calibration as cal
 from rltrain.plan.calibration import GIB
 from rltrain.plan.inputs import Inputs, Shape
 from rltrain.plan.lora import lora_params, vllm_adapter_slot_params
-from rltrain.plan.state import (expert_params_rank, full_params, host_bytes, layer_params, ns,  # noqa: F401
+from rltrain.plan.state import (expert_params_rank, full_params, host_bytes, layer_params,  # noqa: F401
                                 optimizer_state, ref_resident_params, role_params, stage_layers, stage_sparse,
                                 state_share)
 from rltrain.utils import flops
@@ -76,9 +33,8 @@ TORCH_HEAD_CHUNK_BYTES = 2 * 2**30
 
 
 def widths(shape: Shape, tp: int, *, sparse: bool = False) -> tuple[float, float]:
-    """(W, W_attn) of one layer on one TP rank (calibration.py's activation constants are per unit of these). A
-    sparse layer's MLP term is its router's scores (E) and, per token, k routed copies of its hidden state (h: the
-    dispatched expert input) each through an expert of width moe_intermediate_size / TP, in place of ffn / TP."""
+    """(W, W_attn) of one layer on one TP rank, the units of calibration.py's activation constants (a sparse layer: its
+    router's scores and k routed copies of each token through experts of moe_intermediate_size / TP)."""
     h, q, kv, ffn = shape.hidden_size, shape.q_dim, shape.kv_dim, shape.intermediate_size
     w_attn = h + (q + kv) / tp
     if sparse:
@@ -87,8 +43,7 @@ def widths(shape: Shape, tp: int, *, sparse: bool = False) -> tuple[float, float
 
 
 def kv_bytes_per_token(shape: Shape, tp: int, dtype_bytes: int) -> float:
-    """K and V of every layer for one token on one rank (rollout/vllm.py kv_cache_need_bytes's rule: at least one
-    KV head per rank)."""
+    """K and V of every layer for one token on one rank (at least one KV head a rank, as rollout/vllm.py counts)."""
     return 2 * shape.num_hidden_layers * max(1, shape.num_key_value_heads // tp) * shape.head_dim * dtype_bytes
 
 
@@ -104,8 +59,7 @@ class Phase:
         return sum(self.parts.values())
 
     def device_bytes(self, slack: float) -> float:
-        """On the device: the tensors with the caching allocator's slack (vLLM's pool is one block: none), plus the
-        memory outside torch."""
+        """On the device: the tensors x (1 + slack) (vLLM's pool is one block: none), plus the memory outside torch."""
         pool = self.parts.get("vllm (weights + KV cache)", 0.0)
         return (self.torch_bytes - pool) * (1 + slack) + pool + sum(self.non_torch.values())
 
@@ -132,33 +86,28 @@ class GPU:
     def peak_bytes(self) -> float:
         return self.peak().device_bytes(self.slack)
 
-    @property
-    def allocator_peak_bytes(self) -> float:
-        """What torch.cuda.max_memory_allocated reports on this GPU's process: the largest training phase plus, with
-        vLLM in the process, its whole share (sleep frees it outside torch's counters, measured: 63.6 = 39.6 + 23.8
-        GiB on one H100), or the largest phase otherwise."""
+    def _allocator_bytes(self, slack: float) -> float:
+        """torch's counters on this GPU's process: the largest training phase (tensors x (1 + slack); vLLM's pool is
+        one block) plus, with vLLM in the process, its whole share: sleep frees it below torch's counters, so neither
+        counter is the card's peak there (measured: 63.6 = 39.6 + 23.8 GiB on one H100); else the largest phase."""
         vllm = max((p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
-        train = max((p.torch_bytes - p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
-        if not self.vllm_in_process:
-            return train
-        if vllm and self.roles != ("rollout",):
-            return vllm + train
-        return max(p.torch_bytes for p in self.phases)
-
-    @property
-    def allocator_reserved_bytes(self) -> float:
-        """What torch.cuda.max_memory_reserved reports on this GPU's process: as allocator_peak_bytes, the training
-        tensors with the caching allocator's slack (vLLM's pool is one block: none). With vLLM in the process this
-        counter, like the allocated one, adds vLLM's share to the training peak although the card never holds both
-        (sleep unmaps the pool below torch's counters): neither counter is the card's peak (peak_bytes) there."""
-        vllm = max((p.parts.get("vllm (weights + KV cache)", 0.0) for p in self.phases), default=0.0)
-        train = max(((p.torch_bytes - p.parts.get("vllm (weights + KV cache)", 0.0)) * (1 + self.slack)
+        train = max(((p.torch_bytes - p.parts.get("vllm (weights + KV cache)", 0.0)) * (1 + slack)
                      for p in self.phases), default=0.0)
         if not self.vllm_in_process:
             return train
         if vllm and self.roles != ("rollout",):
             return vllm + train
-        return max(p.device_bytes(self.slack) - sum(p.non_torch.values()) for p in self.phases)
+        return max(p.device_bytes(slack) - sum(p.non_torch.values()) if slack else p.torch_bytes for p in self.phases)
+
+    @property
+    def allocator_peak_bytes(self) -> float:
+        """What torch.cuda.max_memory_allocated reports on this GPU's process."""
+        return self._allocator_bytes(0.0)
+
+    @property
+    def allocator_reserved_bytes(self) -> float:
+        """What torch.cuda.max_memory_reserved reports on this GPU's process (the caching allocator's slack)."""
+        return self._allocator_bytes(self.slack)
 
     @property
     def fits(self) -> bool:
@@ -181,39 +130,30 @@ class GPU:
 
 
 def rows_per_micro_batch(budget: int, seq_len: int) -> int:
-    """Sequences of seq_len in one micro-batch of `budget` tokens: whole rows only (models/megatron/micro_batch.py
-    groups rows while rows x the longest fits the budget; a longer row gets a micro-batch of its own), so a budget
-    of 16,384 holds one 8,197-token sequence, not two."""
+    """Sequences of seq_len in one micro-batch of `budget` tokens: whole rows only, a longer row alone (as
+    models/megatron/micro_batch.py groups them: 16,384 tokens hold one 8,197-token sequence, not two)."""
     return max(1, budget // max(1, seq_len))
 
 
-def _mini_batch_rows(x: Inputs) -> int:
-    """Sequences of one update mini-batch on one DP rank."""
-    return math.ceil(x.ppo_mini_batch_size * x.n / x.dp)
-
-
 def step_rows(x: Inputs) -> int:
-    """Sequences of one step's batch on one DP rank: what its forward passes (old log-probs, reference, values) go
-    over."""
+    """Sequences of one step's batch on one DP rank (what the forward passes go over)."""
     return math.ceil(x.train_batch_size * x.n / x.dp)
 
 
 def micro_batch_tokens(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
-    """Tokens of the largest micro-batch on one DP rank: the whole rows the budget holds (a longer sequence gets a
-    micro-batch of its own), at most `rows` (default: the update's mini-batch rows on the rank)."""
-    rows = _mini_batch_rows(x) if rows is None else rows
+    """Tokens of the largest micro-batch on one DP rank, of at most `rows` (default: the update's mini-batch's)."""
+    rows = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) if rows is None else rows
     return min(rows_per_micro_batch(budget, seq_len), rows) * seq_len
 
 
 def n_micro_batches(x: Inputs, budget: int, seq_len: int, rows: int | None = None) -> int:
-    """Micro-batches of `rows` sequences (default: the update's mini-batch rows on one DP rank) under `budget`."""
-    rows = _mini_batch_rows(x) if rows is None else rows
+    """Micro-batches of `rows` sequences (default: the update's mini-batch's on one DP rank) under `budget`."""
+    rows = math.ceil(x.ppo_mini_batch_size * x.n / x.dp) if rows is None else rows
     return max(1, math.ceil(rows / rows_per_micro_batch(budget, seq_len)))
 
 
 def activation_bytes(x: Inputs, T: int, stage: int) -> tuple[float, str]:
-    """Activations one update micro-batch of T tokens keeps on a rank of `stage` (all layers of the stage; a sparse
-    layer with its width from widths(): k routed copies of each token through experts of moe_intermediate_size)."""
+    """Activations one update micro-batch of T tokens keeps on a rank of `stage` (all layers of the stage)."""
     shape = x.shape
     flags = stage_sparse(shape, x.pp, stage)
     ws = [widths(shape, x.tp, sparse=bool(f)) for f in flags]
@@ -231,8 +171,7 @@ def activation_bytes(x: Inputs, T: int, stage: int) -> tuple[float, str]:
 
 
 def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
-    """The LM head's memory for T tokens on the last stage (update: with its weight-grad accumulator, which a frozen
-    head under LoRA has not)."""
+    """The LM head's memory for T tokens on the last stage (backward: + its weight-grad accumulator, not LoRA's)."""
     V_local, h = x.shape.vocab_size / x.tp, x.shape.hidden_size
     if not x.fused_head:
         return cal.value("logits_bytes_per_element") * T * V_local * (1.0 if backward else 0.5)
@@ -246,16 +185,15 @@ def head_bytes(x: Inputs, T: int, *, backward: bool) -> float:
 
 
 def forward_bytes(x: Inputs, T: int) -> float:
-    """A forward-only pass (old log-probs, reference, values): one layer's working memory and the head's (MoE with
-    the legacy engine's grouped GEMM: + one layer's stacked expert weights)."""
+    """A forward-only pass: one layer's working memory (the legacy engine's grouped GEMM: + its stacked experts)."""
     W = max(widths(x.shape, x.tp, sparse=bool(f))[0] for f in set(x.shape.sparse))
     return (cal.value("act_full_working") * W * T + x.dtype_bytes * x.shape.hidden_size * T
             + (local_expert_bytes(x) if grouped_gemm(x) and x.legacy_engine else 0.0))
 
 
 def grouped_gemm(x: Inputs) -> bool:
-    """Whether the actor runs its experts as torch._grouped_mm (actor.moe_grouped_gemm, models/megatron/moe.py): an
-    MoE whose expert widths on a rank are multiples of 16 bytes; else megatron's loop over the local experts."""
+    """Whether the actor runs its experts as torch._grouped_mm (actor.moe_grouped_gemm; expert widths on a rank a
+    multiple of 16 bytes), else megatron's loop over the local experts."""
     s = x.shape
     align = 16 // x.dtype_bytes
     return bool(s.moe and x.moe_grouped_gemm and (2 * s.moe_intermediate_size // x.tp) % (2 * align) == 0
@@ -263,10 +201,9 @@ def grouped_gemm(x: Inputs) -> bool:
 
 
 def local_expert_bytes(x: Inputs) -> float:
-    """One sparse layer's local experts (E / EP, each / TP) in the params' dtype: what the grouped GEMM stacks into
-    one weight tensor per projection each time the layer runs."""
+    """One sparse layer's local experts (E / EP, each / TP) in bytes: what the legacy grouped GEMM stacked per call."""
     s = x.shape
-    return s.num_experts / x.ep * flops.expert_params(ns(s)) / x.tp * x.dtype_bytes
+    return s.num_experts / x.ep * flops.expert_params(s) / x.tp * x.dtype_bytes
 
 
 def grouped_gemm_update_bytes(x: Inputs, stage: int) -> float:
@@ -318,9 +255,8 @@ def vllm_parts(x: Inputs, total_bytes: float) -> tuple[dict[str, float], dict[st
     return {"vllm (weights + KV cache)": torch_part}, non_torch, notes, kv
 
 
-# bytes per row and vocabulary entry of the hf engine's decode step, counted from rollout/hf.py sample_next_token (the
-# model's bf16 logits; fp32 copy, scaled, log-softmax, softmax): the hf split run's rollout GPU measured
-# 3.80 GiB, 3.65 planned with these, 3.14 with one fp32 [rows, vocab]
+# bytes per row and vocabulary entry of the hf engine's decode step (rollout/hf.py sample_next_token: the bf16 logits
+# and four fp32 copies)
 HF_SAMPLER_BYTES = 2 + 4 * 4
 
 
@@ -353,8 +289,7 @@ def train_static(x: Inputs, stage: int) -> dict[str, float]:
 
 
 def while_engine_awake(x: Inputs, static: dict[str, float], phase: str) -> dict[str, float]:
-    """`static` as it is while the colocated engine is awake in `phase` (generation | weight sync): with
-    actor.offload_while_rollout the actor's state waits on the host (in the weight sync its weights are still read)."""
+    """`static` while the colocated engine is awake in `phase`: actor.offload_while_rollout's state on the host."""
     if not x.offload_while_rollout:
         return static
     gone = ("actor fp32 master", "actor optimizer (AdamW)") + (("actor weights",) if phase == "generation" else ())
@@ -404,69 +339,62 @@ def update_phase(x: Inputs, stage: int, static: dict[str, float], *, critic: boo
     return Phase(name, backward, detail=detail) if b >= s else Phase(name + ", optimizer step", step, detail=detail)
 
 
+def _engine(x: Inputs, total_bytes: float, vllm: bool) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """(torch-counted parts, non-torch parts, notes) of the awake rollout engine on one GPU."""
+    if vllm:
+        eng, eng_non, notes, _ = vllm_parts(x, total_bytes)
+        return eng, eng_non, notes
+    return {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)}, {}, []
+
+
 def plan_gpus(x: Inputs, total_bytes: float) -> list[GPU]:
     """Every GPU of the run with its phases (colocated: one group; split: training GPUs, then rollout GPUs)."""
     ctx = {"CUDA context": cal.value("cuda_context_gib") * GIB}
+    bucket = {"weight-sync bucket": x.weight_sync_bucket_mb * 2**20}
     gpus: list[GPU] = []
     vllm = x.engine == "vllm" and x.device != "cpu"
     roles = ("actor",) + (("ref",) if x.use_ref else ()) + (("critic",) if x.use_critic else ())
-    colocated = x.colocated
-    dims = x.dims
     # forward passes go over the whole batch in micro-batches of their budget (the actor's and reference's:
     # actor.log_prob_max_tokens_per_micro_batch, else the update's; the critic's values: critic's, no LM head)
     rows = step_rows(x)
     T_fwd, T_values = (micro_batch_tokens(x, budget, x.seq_len, rows)
                        for budget in (x.fwd_mb_tokens, x.critic_mb_tokens))
     for r in range(x.world):
-        stage = dims.coordinates(r)["pp"]
+        stage = x.dims.coordinates(r)["pp"]
         static = train_static(x, stage)
         last = stage == x.pp - 1
         fwd = forward_bytes(x, T_fwd) + (head_bytes(x, T_fwd, backward=False) if last else 0.0)
         if x.use_critic:
             fwd = max(fwd, forward_bytes(x, T_values))
-        phases = [Phase("log-probs (forward)", {**static, "forward working memory": fwd}, dict(ctx)),
+        phases = [Phase("log-probs (forward)", {**static, "forward working memory": fwd}),
                   update_phase(x, stage, static, critic=False)]
-        phases[-1].non_torch = dict(ctx)
         if x.use_critic:
             phases.append(update_phase(x, stage, static, critic=True))
-            phases[-1].non_torch = dict(ctx)
-        notes: list[str] = []
-        bucket = {"weight-sync bucket": x.weight_sync_bucket_mb * 2**20}
-        if colocated:
-            if vllm:
-                eng, eng_non, vnotes, _ = vllm_parts(x, total_bytes)
-                notes += vnotes
-            else:
-                eng, eng_non = {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)}, {}
-            if not x.free_cache_engine:  # the engine stays awake: its memory beside every training phase
-                notes.append("the rollout engine stays awake through the training phases (rollout.free_cache_engine="
-                             "false): its weights and KV cache stay beside the log-probs and the update")
-                for p in phases:
-                    p.parts.update(eng)
-                    p.non_torch.update(eng_non)
-            phases.insert(0, Phase("generation", {**while_engine_awake(x, static, "generation"), **eng},
-                                   {**ctx, **eng_non}))
-            phases.append(Phase("weight sync", {**while_engine_awake(x, static, "weight sync"), **eng, **bucket},
-                                {**ctx, **eng_non}))
-            if host_bytes(x, stage):
-                notes.append(f"host memory: {host_bytes(x, stage) / GIB:.1f} GiB pinned for this GPU's offloaded state")
-            gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes,
-                            vllm_in_process=x.engines_per_gpu == 1, engine_sleeps=x.free_cache_engine))
-        else:
+        for p in phases:
+            p.non_torch = dict(ctx)
+        if not x.colocated:
             phases.append(Phase("weight sync", {**static, **bucket}, dict(ctx)))
-            gpus.append(GPU(r, roles, stage, phases, total_bytes, notes))
-    if not colocated:
-        n_roll = x.rollout_replicas * x.rollout_tp
-        for i in range(n_roll):
-            notes = []
-            if vllm:
-                vparts, vnon, vnotes, _ = vllm_parts(x, total_bytes)
-                notes += vnotes
-                phases = [Phase("generation", dict(vparts), {**ctx, **vnon}),
-                          Phase("weight sync", {**vparts, "weight-sync bucket": x.weight_sync_bucket_mb * 2**20},
-                                {**ctx, **vnon})]
-            else:
-                phases = [Phase("generation", {"hf engine (weights + KV cache + logits)": hf_engine_bytes(x)},
-                                dict(ctx))]
-            gpus.append(GPU(x.world + i, ("rollout",), None, phases, total_bytes, notes))
+            gpus.append(GPU(r, roles, stage, phases, total_bytes, []))
+            continue
+        eng, eng_non, notes = _engine(x, total_bytes, vllm)
+        if not x.free_cache_engine:  # the engine stays awake: its memory beside every training phase
+            notes.append("the rollout engine stays awake through the training phases (rollout.free_cache_engine="
+                         "false): its weights and KV cache stay beside the log-probs and the update")
+            for p in phases:
+                p.parts.update(eng)
+                p.non_torch.update(eng_non)
+        phases.insert(0, Phase("generation", {**while_engine_awake(x, static, "generation"), **eng},
+                               {**ctx, **eng_non}))
+        phases.append(Phase("weight sync", {**while_engine_awake(x, static, "weight sync"), **eng, **bucket},
+                            {**ctx, **eng_non}))
+        if host_bytes(x, stage):
+            notes.append(f"host memory: {host_bytes(x, stage) / GIB:.1f} GiB pinned for this GPU's offloaded state")
+        gpus.append(GPU(r, roles + ("rollout",), stage, phases, total_bytes, notes,
+                        vllm_in_process=x.engines_per_gpu == 1, engine_sleeps=x.free_cache_engine))
+    for i in range(0 if x.colocated else x.rollout_replicas * x.rollout_tp):
+        eng, eng_non, notes = _engine(x, total_bytes, vllm)
+        phases = [Phase("generation", dict(eng), {**ctx, **eng_non})]
+        if vllm:
+            phases.append(Phase("weight sync", {**eng, **bucket}, {**ctx, **eng_non}))
+        gpus.append(GPU(x.world + i, ("rollout",), None, phases, total_bytes, notes))
     return gpus

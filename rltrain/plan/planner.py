@@ -1,5 +1,5 @@
-"""The plan of one config: every GPU's peak by phase and part, seconds per step by phase, fits or not (make_plan and
-check, in suggest.py with the cheapest config keys to change when a GPU does not fit)."""
+"""The plan of one config: every GPU's peak by phase and part, seconds per step by phase, fits or not (made by
+suggest.py's make_plan, with the cheapest keys to change when a GPU does not fit)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from rltrain.plan.inputs import DataLengths, Inputs
 from rltrain.plan.memory import GPU, grouped_gemm, host_bytes, plan_gpus
 from rltrain.plan.timing import host_share, phase_seconds, step_range, tp_dp_factor
 from rltrain.utils.errors import UserError
-
-
 
 MAX_KEYS = 4  # the most keys one suggestion changes
 MAX_GPUS = 64  # more_gpus searches GPU counts up to this
@@ -57,8 +55,7 @@ class Plan:
 
     @property
     def step_range(self) -> tuple[float, float]:
-        """The step time this config took across machines of one kind: its host time at host_speed_low ..
-        host_speed_high (timing.step_range)."""
+        """The step time across machines of one kind (timing.step_range)."""
         return step_range(self.seconds["step"], self.host_share)
 
     @property
@@ -107,8 +104,7 @@ class Plan:
                 f"{self.gpu_memory_gib:.1f} GiB each{hint})")
 
     def refusal(self) -> str:
-        """The message of a plan that does not fit ('' when it fits): the worst GPU, its peak and largest parts, then
-        each change that fits once (cheapest step first), else the ones that help most and how many GPUs fit."""
+        """Why the plan does not fit ('' when it fits): the worst GPU and its parts, then the changes that fit."""
         if self.fits:
             return ""
         g = self.worst
@@ -168,9 +164,8 @@ def device_of(device: str | None, gpu_memory_gib: float | None) -> str:
 
 
 def placement_problems(x: Inputs) -> list[str]:
-    """Why a (re-planned) config's placement or model split is impossible: the rules of the degrees and of the shapes
-    they split (config/parallel.py's ParallelDims, which placement, megatron's setup and the model builder ask too),
-    a TP group across nodes, a rollout TP that does not divide a node's GPUs."""
+    """Why a (re-planned) config's placement or model split is impossible: ParallelDims's rules (which placement and
+    the model builder ask too), a TP group across nodes, a rollout TP that does not divide a node's GPUs."""
     s = x.shape
     try:
         e = x.dims.model_problems(layers=s.num_hidden_layers, heads=s.num_attention_heads,
@@ -187,9 +182,8 @@ def placement_problems(x: Inputs) -> list[str]:
 
 @dataclass(frozen=True)
 class Lengths:
-    """The sequence lengths to plan for: given ones (prompt_tokens / response_tokens) first, then the data's (its
-    longest prompt for memory, its mean for time), else the config's bounds (data.max_prompt_length,
-    rollout.max_response_length: the worst case)."""
+    """The sequence lengths to plan for: given ones first, then the data's (the longest prompt for memory, the mean
+    for time), else the config's bounds (the worst case)."""
 
     prompt_tokens: int | None = None
     response_tokens: int | None = None
@@ -225,9 +219,7 @@ def _plan(x: Inputs, dev: str, total: float) -> Plan:
                         "layouts are extrapolated (docs/plan.md, Limits)")
     host = sum(host_bytes(x, g.stage) for g in gpus if g.stage is not None) / max(1, x.nnodes)
     if host:
-        warnings.append(f"offload: the state moved to the host takes {host / GIB:.0f} GiB of pinned host memory per node "
-                        "(actor.optimizer_offload_fraction, actor.offload_while_rollout, ref.offload)")
+        warnings.append(f"offload: the state moved to the host takes {host / GIB:.0f} GiB of pinned host memory per "
+                        "node (actor.optimizer_offload_fraction, actor.offload_while_rollout, ref.offload)")
     share = host_share(x, cal.DEVICES[dev].hbm_bytes_per_s, total, secs["step"])
     return Plan(x, dev, total / GIB, gpus, secs, warnings, host_share=share)
-from rltrain.plan.inputs import DataLengths, Inputs
-from rltrain.plan.memory import GPU, grouped_gemm, host_bytes, plan_gpus

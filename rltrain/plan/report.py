@@ -7,7 +7,7 @@ from typing import Any
 from rltrain.plan import calibration as cal
 from rltrain.plan.calibration import GIB
 from rltrain.plan.memory import GPU
-from rltrain.plan.planner import Plan
+from rltrain.plan.planner import Plan, _fmt
 
 PHASES = ("generation", "log-probs", "update", "weight sync")
 
@@ -46,11 +46,7 @@ def table(plan: Plan) -> str:
         lines.append(f"{_span(gs)} ({', '.join(g.roles)}"
                      + (f", pipeline stage {g.stage}" if x.pp > 1 and g.stage is not None else "")
                      + f"): peak {g.peak_bytes / GIB:.1f} GiB in '{peak.name}' -> {status}")
-        names: list[str] = []
-        for p in g.phases:
-            for k in list(p.parts) + list(p.non_torch):
-                if k not in names:
-                    names.append(k)
+        names = list(dict.fromkeys(k for p in g.phases for k in [*p.parts, *p.non_torch]))
         w = max(len(n) for n in names + ["total on the device (x allocator slack)"]) + 2
         cols = [p.name[:22] for p in g.phases]
         lines.append("  " + "part (GiB)".ljust(w) + "".join(c.rjust(24) for c in cols))
@@ -59,14 +55,11 @@ def table(plan: Plan) -> str:
             lines.append("  " + n.ljust(w) + "".join(("-" if v is None else f"{v / GIB:.2f}").rjust(24) for v in vals))
         lines.append("  " + "total on the device (x allocator slack)".ljust(w)
                      + "".join(f"{p.device_bytes(g.slack) / GIB:.2f}".rjust(24) for p in g.phases))
-        for p in g.phases:
-            if p.detail:
-                lines.append("  " + p.detail)
+        lines += ["  " + p.detail for p in g.phases if p.detail]
         if g.sleep_frees_bytes:
             lines.append(f"  the rollout engine's sleep frees {g.sleep_frees_bytes / GIB:.2f} GiB for the training "
                          "phases")
-        for n in g.notes:
-            lines.append("  note: " + n.removeprefix("REFUSE: "))
+        lines += ["  note: " + n.removeprefix("REFUSE: ") for n in g.notes]
         lines.append("")
     s = plan.seconds
     lo, hi = plan.step_range
@@ -74,8 +67,7 @@ def table(plan: Plan) -> str:
     lines.append(f"across machines of one kind: {lo:.2f}-{hi:.2f} s a step ({100 * plan.host_share:.0f}% of it is the "
                  f"host's time, which ran {cal.value('host_speed_low'):.2f}-{cal.value('host_speed_high'):.2f}x the "
                  "planned on the machines measured; docs/benchmarks/planner.md)")
-    for w_ in plan.warnings:
-        lines.append("warning: " + w_)
+    lines += ["warning: " + msg for msg in plan.warnings]
     lines.append(plan.verdict())
     if not plan.fits:
         lines.append(plan.refusal())
@@ -117,11 +109,11 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "phase_seconds_detail": {k.removeprefix("detail/"): round(v, 4) for k, v in plan.seconds.items()
                                  if k.startswith("detail/")},
         "gpus": gpus,
-        "suggestions": [{"overrides": [f"{k}={_v(v)}" for k, v in s.overrides.items()],
+        "suggestions": [{"overrides": [f"{k}={_fmt(v)}" for k, v in s.overrides.items()],
                          "peak_gib": round(s.peak_gib, 3), "step_s": round(s.step_s, 3), "fits": s.fits}
                         for s in plan.suggestions],
         "more_gpus": None if plan.more_gpus is None else {
-            "gpus": plan.more_gpus.gpus, "overrides": [f"{k}={_v(v)}" for k, v in plan.more_gpus.overrides.items()],
+            "gpus": plan.more_gpus.gpus, "overrides": [f"{k}={_fmt(v)}" for k, v in plan.more_gpus.overrides.items()],
             "peak_gib": round(plan.more_gpus.peak_gib, 3), "step_s": round(plan.more_gpus.step_s, 3)},
         "searched_gpus": plan.searched_gpus,
         "warnings": plan.warnings,
@@ -129,6 +121,3 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "summary": plan.summary(),
     }
 
-
-def _v(v: Any) -> str:
-    return ("true" if v else "false") if isinstance(v, bool) else (f"{v:g}" if isinstance(v, float) else str(v))

@@ -1,10 +1,7 @@
-"""A config's plan (`make_plan`; `check` refuses one that does not fit) and its suggestions: the cheapest config
-keys to change when a GPU will not fit, each found by re-planning the changed config (planner._plan), and, when
-nothing tried on the config's GPUs fits, the fewest GPUs that fit.
-
-Single changes and pairs first (each with the largest rollout.gpu_memory_utilization that fits where vLLM shares the
-GPUs); when none fits, the most helpful combinations extended a key at a time (a beam of planner.BEAM, up to
-planner.MAX_KEYS keys); then doubling GPU counts up to planner.MAX_GPUS (one node grows to 8, then nodes are added).
+"""A config's plan (`make_plan`; `check` refuses one that does not fit) and, when a GPU will not fit, the cheapest
+config keys to change, each re-planned: single changes and pairs (each with the largest rollout.gpu_memory_utilization
+that fits where vLLM shares the GPUs), then the most helpful extended a key at a time (a beam of planner.BEAM, up to
+planner.MAX_KEYS keys), then doubling GPU counts up to planner.MAX_GPUS (one node grows to 8, then nodes are added).
 """
 
 from __future__ import annotations
@@ -23,43 +20,34 @@ from rltrain.plan.planner import (BEAM, MAX_GPUS, MAX_KEYS, Lengths, Plan, PlanE
 from rltrain.utils.errors import UserError
 
 
-def _set(cfg: RLConfig, key: str, value: Any) -> RLConfig:
-    """A copy of `cfg` with the dotted key `key` (actor.tensor_parallel_size) set to `value`."""
+def _apply(cfg: RLConfig, ov: dict[str, Any]) -> RLConfig:
+    """A copy of `cfg` with each dotted key of `ov` (actor.tensor_parallel_size) set to its value."""
     out = copy.deepcopy(cfg)
-    *path, last = key.split(".")
-    setattr(functools.reduce(getattr, path, out), last, value)
+    for key, value in ov.items():
+        *path, last = key.split(".")
+        setattr(functools.reduce(getattr, path, out), last, value)
     return out
 
 
 def _candidates(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
+    """Every single change that lowers some GPU's peak, cheapest kinds first."""
     out: list[dict[str, Any]] = []
     if not x.recompute:
         out.append({"actor.recompute_activations": True})
         out.append({"actor.recompute_activations": True, "actor.recompute_granularity": "selective"})
     elif x.recompute_granularity == "selective":
         out.append({"actor.recompute_granularity": "full"})
-    b = x.mb_tokens
-    for div in (2, 4, 8):
-        if b // div >= x.seq_len:
-            out.append({"actor.max_tokens_per_micro_batch": b // div})
+    out += [{"actor.max_tokens_per_micro_batch": x.mb_tokens // d} for d in (2, 4, 8) if x.mb_tokens // d >= x.seq_len]
     if x.fwd_mb_tokens != x.mb_tokens:  # the forward passes' own budget (actor.log_prob_max_tokens_per_micro_batch)
-        for div in (2, 4, 8):
-            if x.fwd_mb_tokens // div >= x.seq_len:
-                out.append({"actor.log_prob_max_tokens_per_micro_batch": x.fwd_mb_tokens // div})
+        out += [{"actor.log_prob_max_tokens_per_micro_batch": x.fwd_mb_tokens // d} for d in (2, 4, 8)
+                if x.fwd_mb_tokens // d >= x.seq_len]
     if x.use_critic:
-        for div in (2, 4):
-            if x.critic_mb_tokens // div >= x.seq_len:
-                out.append({"critic.max_tokens_per_micro_batch": x.critic_mb_tokens // div})
-    for tp in (2, 4, 8):
-        if tp > x.tp:
-            out.append({"actor.tensor_parallel_size": tp})
-    for pp in (2, 4, 8):
-        if pp > x.pp:
-            out.append({"actor.pipeline_parallel_size": pp})
+        out += [{"critic.max_tokens_per_micro_batch": x.critic_mb_tokens // d} for d in (2, 4)
+                if x.critic_mb_tokens // d >= x.seq_len]
+    out += [{"actor.tensor_parallel_size": tp} for tp in (2, 4, 8) if tp > x.tp]
+    out += [{"actor.pipeline_parallel_size": pp} for pp in (2, 4, 8) if pp > x.pp]
     if x.shape.moe:
-        for ep in (2, 4, 8, 16):
-            if ep > x.ep:
-                out.append({"actor.expert_parallel_size": ep})
+        out += [{"actor.expert_parallel_size": ep} for ep in (2, 4, 8, 16) if ep > x.ep]
     if not x.fused_head:
         out.append({"trainer.fused_linear_logprob": True})
     # offload (models/megatron/offload.py): state to the host while the engine is awake, the reference streamed, a
@@ -68,15 +56,11 @@ def _candidates(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
         out.append({"actor.offload_while_rollout": True})
     if x.use_ref and not x.ref_offload:
         out.append({"ref.offload": True})
-    for f in (0.5, 1.0):
-        if f > x.optimizer_offload_fraction:
-            out.append({"actor.optimizer_offload_fraction": f})
+    out += [{"actor.optimizer_offload_fraction": f} for f in (0.5, 1.0) if f > x.optimizer_offload_fraction]
     if x.engine != "vllm" and x.max_batch_size > 32:
         out.append({"rollout.max_batch_size": x.max_batch_size // 4})
     if x.engine == "vllm":  # the rollout's share: its weights split over more GPUs, asleep while training, one engine
-        for tp in (2, 4, 8):
-            if tp > x.rollout_tp:
-                out.append({"rollout.tensor_parallel_size": tp})
+        out += [{"rollout.tensor_parallel_size": tp} for tp in (2, 4, 8) if tp > x.rollout_tp]
         if x.colocated and not x.free_cache_engine:
             out.append({"rollout.free_cache_engine": True})
         if x.engines_per_gpu > 1:
@@ -84,18 +68,17 @@ def _candidates(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
     return out
 
 
+def _sized_by_share(x: Inputs) -> bool:
+    """Whether the GPU's rollout.gpu_memory_utilization sizes a colocated vLLM engine (no fixed KV cache)."""
+    return x.engine == "vllm" and x.kv_cache_memory_gb is None and x.colocated
+
+
 def _memory_shares(c: RLConfig, x: Inputs) -> list[dict[str, Any]]:
     """Lower rollout.gpu_memory_utilization values (colocated vLLM sized by the fraction), for deeper searches."""
-    if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not x.colocated:
+    if not _sized_by_share(x):
         return []
     return [{"rollout.gpu_memory_utilization": u} for u in (0.4, 0.3, 0.2, 0.15, 0.1)
             if u < x.gpu_memory_utilization - 0.01]
-
-
-def _apply(c: RLConfig, ov: dict[str, Any]) -> RLConfig:
-    for k, v in ov.items():
-        c = _set(c, k, v)
-    return c
 
 
 def _try(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> tuple[Plan, RLConfig] | None:
@@ -126,7 +109,7 @@ def _record(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Le
 def _with_best_u(c: RLConfig, ov: dict[str, Any], dev: str, total: float, lengths: Lengths) -> dict[str, Any] | None:
     """`ov` plus the largest rollout.gpu_memory_utilization (in steps of 0.05 below the current) that fits."""
     x = read(c)
-    if x.engine != "vllm" or x.kv_cache_memory_gb is not None or not x.colocated:
+    if not _sized_by_share(x):
         return None
     u = round(x.gpu_memory_utilization - 0.05, 2)
     while u >= 0.05:
@@ -139,8 +122,7 @@ def _with_best_u(c: RLConfig, ov: dict[str, Any], dev: str, total: float, length
 
 def suggestions(c: RLConfig, plan: Plan, dev: str, total: float, lengths: Lengths | None = None,
                 limit: int = 4) -> list[Suggestion]:
-    """The cheapest changes (by predicted step time) that make `c` fit: single keys, then pairs, each with the
-    largest rollout.gpu_memory_utilization that fits where vLLM shares the GPUs; each re-planned."""
+    """The cheapest changes (by predicted step time) that make `c` fit, each re-planned (the module's search)."""
     x = plan.inputs
     lengths = lengths or Lengths()
     singles = _candidates(c, x)
@@ -157,10 +139,8 @@ def suggestions(c: RLConfig, plan: Plan, dev: str, total: float, lengths: Length
     consider({})
     for ov in singles:
         consider(ov)
-    if True:  # pairs too: two cheap changes can beat one expensive one
-        for a, b in itertools.combinations(singles, 2):
-            if set(a) & set(b):
-                continue
+    for a, b in itertools.combinations(singles, 2):  # pairs too: two cheap changes can beat one expensive one
+        if not set(a) & set(b):
             consider({**a, **b})
     fits = sorted((s for s in tried.values() if s.fits and s.overrides),
                   key=lambda s: (s.step_s, len(s.overrides), s.peak_gib))
@@ -231,8 +211,7 @@ def _layouts(x: Inputs):
 
 
 def more_gpus(c: RLConfig, x: Inputs, dev: str, total: float, lengths: Lengths) -> tuple[Suggestion | None, int]:
-    """The fewest GPUs (doubling) on which some change fits, with the cheapest such change (the GPU keys included),
-    and the largest count searched. Each count: every change alone, then the most helpful extended (_extend)."""
+    """The fewest GPUs (doubling) on which some change fits with the cheapest such change, and the count searched."""
     searched = 0
     for world, keys in _layouts(x):
         searched = world
@@ -254,11 +233,9 @@ def more_gpus(c: RLConfig, x: Inputs, dev: str, total: float, lengths: Lengths) 
 def make_plan(cfg: RLConfig, *, gpu_memory_gib: float | None = None, device: str | None = None,
               prompt_tokens: int | None = None, response_tokens: int | None = None,
               prompts: DataLengths | None = None, suggest: bool = True) -> Plan:
-    """Plan the typed RLConfig `cfg`. gpu_memory_gib: each GPU's memory (default: the device
-    kind's); device: h100 | h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens: the
-    lengths to plan for (default data.max_prompt_length / rollout.max_response_length, the worst case); prompts:
-    the training data's prompt lengths (rltrain.data.lengths.data_lengths), planned at in place of
-    data.max_prompt_length when prompt_tokens is not given (memory at the longest, time at the mean)."""
+    """Plan the typed RLConfig `cfg`. gpu_memory_gib: each GPU's memory (default: the device kind's); device: h100 |
+    h200 (default h100, or h200 above 100 GiB); prompt_tokens / response_tokens, or prompts (the data's lengths:
+    memory at the longest, time at the mean): the lengths to plan for (default: the config's bounds, the worst case)."""
     dev = device_of(device, gpu_memory_gib)
     total = (gpu_memory_gib if gpu_memory_gib is not None else cal.DEVICES[dev].total_gib) * GIB
     lengths = Lengths(prompt_tokens, response_tokens, prompts)

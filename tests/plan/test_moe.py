@@ -19,7 +19,7 @@ from rltrain.plan import make_plan
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import PlanInputError, read
 from rltrain.plan.memory import (activation_bytes, full_params, grouped_gemm, grouped_gemm_update_bytes,
-                                 local_expert_bytes, n_micro_batches, ns, plan_gpus, role_params, train_static,
+                                 local_expert_bytes, n_micro_batches, plan_gpus, role_params, train_static,
                                  update_phase, vllm_parts, widths)
 from rltrain.plan.timing import decode_weight_bytes, moe_pass_seconds, train_seconds, update_rate
 from rltrain.utils import flops
@@ -115,17 +115,17 @@ def test_time_terms_active_flops_expert_loop_and_decode_reads(toy_cfg):
     assert moe_pass_seconds(xd) == 0.0
     # the update: FLOPs on the ACTIVE weights (1,104 matrices, tests/utils/test_flops.py: 6 a weight and token) at the
     # update rate and attention's at its own, + the experts' loop forward + backward (3 passes) per micro-batch
-    assert flops.matmul_params(ns(x.shape)) == 1104
+    assert flops.matmul_params(x.shape) == 1104
     seq, n_mini = x.seq_len, math.ceil(x.train_batch_size / x.ppo_mini_batch_size)
     n_mb = n_mini * n_micro_batches(x, x.mb_tokens, seq)
     tokens = x.train_batch_size * x.n * seq / x.dp
     attn_rate = cal.value("attention_tflops") * 1e12
-    attn = flops.attention_flops(ns(x.shape), tokens, seq)
+    attn = flops.attention_flops(x.shape, tokens, seq)
     upd = 6 * 1104 * tokens / update_rate(x) + attn / attn_rate
     assert train_seconds(x, loop_overhead=False)["update_actor"] == pytest.approx(upd + n_mb * 3 * moe_pass_seconds(x))
-    dense_matrices = flops.matmul_params(ns(xd.shape))
+    dense_matrices = flops.matmul_params(xd.shape)
     assert train_seconds(xd, loop_overhead=False)["update_actor"] == pytest.approx(
-        6 * dense_matrices * tokens / update_rate(xd) + flops.attention_flops(ns(xd.shape), tokens, seq) / attn_rate)
+        6 * dense_matrices * tokens / update_rate(xd) + flops.attention_flops(xd.shape, tokens, seq) / attn_rate)
     # decode: one sequence reads its k = 2 experts' of 8 on average; a wave of many reads all of them
     r = copy.deepcopy(toy_cfg)
     r.rollout.tensor_parallel_size = 1

@@ -209,14 +209,14 @@ def test_a_long_context_decode_step_reads_at_the_decode_share_of_hbm():
     # more than the host's work for 32 sequences, so HBM bounds it, at decode_hbm_fraction of 4.8 TB/s
     x = qwen("rollout=vllm", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "data.max_prompt_length=5",
              "rollout.max_response_length=8192")
-    from rltrain.plan.memory import full_params, ns
+    from rltrain.plan.memory import full_params
     from rltrain.utils import flops
 
     kv_token = 28 * 8 * 128 * 2 * 2
     step_bytes = 2 * full_params(x.shape) + 32 * (5 + 8193 / 2) * kv_token
     decode = 8192 * step_bytes / (4.8e12 * cal.value("decode_hbm_fraction"))
     assert decode / 8192 > cal.value("vllm_step_s") + 32 * cal.value("vllm_seq_step_s")  # HBM-bound, not host-bound
-    prefill = 2 * flops.matmul_params(ns(x.shape)) * 32 * 5 / (cal.value("update_tflops_none_none") * 1e12)
+    prefill = 2 * flops.matmul_params(x.shape) * 32 * 5 / (cal.value("update_tflops_none_none") * 1e12)
     assert gen_seconds(x, 4.8e12, 139.8 * GIB) == pytest.approx(decode + prefill, rel=1e-9)
 
 

@@ -15,7 +15,7 @@ from planlab.cases import FITTED, HOST_SPREAD_RUNS, Case, by_key, cases, compose
 
 from rltrain.plan import calibration as cal
 from rltrain.plan.inputs import read
-from rltrain.plan.memory import GIB, full_params, ns, plan_gpus
+from rltrain.plan.memory import GIB, full_params, plan_gpus
 from rltrain.plan.timing import host_share, phase_seconds, train_seconds, weight_tensors
 from rltrain.utils import flops
 
@@ -275,9 +275,9 @@ def _fit_update(by, keep, fitted: dict[str, float]) -> None:
             c = by(row, "h100", "step_s")
             x = read(compose(c.overrides))
             T = x.max_prompt_length + x.max_response_length
-            attn = flops.attention_flops(ns(x.shape), T, T)
+            attn = flops.attention_flops(x.shape, T, T)
             dense_s = c.measured["step_s"] - attn / (cal.value("attention_tflops") * 1e12)
-            keep({const: (flops.train_flops(ns(x.shape), T, T) - attn) / dense_s / 1e12})
+            keep({const: (flops.train_flops(x.shape, T, T) - attn) / dense_s / 1e12})
         # how the rate grows with the hidden size: the 4B's compiled 8k row against the 0.6B's (fitted above)
         keep({"update_rate_width_exponent": _solve("update_rate_width_exponent", by("4b-8k-all", "h200", "step_s"),
                                                    "step_s")})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from rltrain.config.schema import ModelConfig, RLConfig, SFTConfig
 from rltrain.plan.inputs import model_shape
-from rltrain.plan.memory import ns
 from rltrain.utils.flops import active_params, peak_flops
 
 # Calibration points from docs/benchmarks/update.md (one H100, tools/gpu_smoke.py): the HF rollout decoded
@@ -54,5 +53,5 @@ def stage_estimate(sft: bool, cfg: RLConfig | SFTConfig, model: ModelConfig, seq
     before its run), its parameters counted at the recipe's vocabulary (a Mixture-of-Experts model's active ones: the
     FLOPs go through k experts), rounded."""
     shape = model_shape(ModelConfig(builtin=model.builtin, overrides={**model.overrides, "vocab_size": VOCAB}))
-    return round(estimate_seconds(sft, cfg, params=active_params(ns(shape)), layers=shape.num_hidden_layers,
+    return round(estimate_seconds(sft, cfg, params=active_params(shape), layers=shape.num_hidden_layers,
                                   seq_tokens=seq_tokens, runs=runs))

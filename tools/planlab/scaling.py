@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 from rltrain.config.schema import ActorConfig, ModelConfig
-from rltrain.plan.inputs import model_shape
-from rltrain.plan.memory import kv_bytes_per_token, ns
+from rltrain.plan.inputs import Shape, model_shape
+from rltrain.plan.memory import kv_bytes_per_token
 from rltrain.plan.timing import inplace_reload_seconds, vllm_sleep_wake_seconds, weight_tensors
 from rltrain.utils.flops import matmul_params, num_params, train_flops
 
@@ -44,9 +43,9 @@ class Num:
     measured: bool
 
 
-def shape(name: str) -> SimpleNamespace:
+def shape(name: str) -> Shape:
     """A Qwen3 preset's shape (qwen3-0.6b, qwen3-4b, qwen3-8b) as utils/flops.py reads it."""
-    return ns(model_shape(ModelConfig(builtin=name)))
+    return model_shape(ModelConfig(builtin=name))
 
 
 # --------------------------------------------------------------------------- calibration
