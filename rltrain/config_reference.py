@@ -159,28 +159,26 @@ def _sft_allowed() -> dict[str, tuple]:
 
 def _table(root: type, allowed: dict[str, tuple], comments: dict, missing: list[str],
            same_as: type | None = None) -> list[str]:
-    """The sections of `root` as tables; a section whose class is `same_as`'s section of that name is referred to."""
-    out: list[str] = []
-    section = None
+    """The keys of `root` as one table, section by section (each key's first part); a section whose class is
+    `same_as`'s section of that name is referred to above the table instead of repeated."""
+    rows: list[str] = []
+    referred: list[str] = []
     shared = {f.name for f in dataclasses.fields(same_as)} if same_as else set()
     for key, cls, name, default in _walk(root):
         top = key.split(".")[0]
         if top in shared and typing.get_type_hints(root)[top] is typing.get_type_hints(same_as)[top]:
-            if top != section:
-                section = top
-                out += ["", f"### {top}", "", f"The `{top}.*` keys of RL runs, above."]
+            if top not in referred:
+                referred.append(top)
             continue
-        if top != section:
-            section = top
-            out += ["", f"### {top}", "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
         meaning = comments.get((_declaring(cls, name).__name__, name), "")
         if not meaning:
             missing.append(f"{key} ({_declaring(cls, name).__name__}.{name})")
         choices = allowed.get(key)
         shown = ", ".join(f"`{c}`" if not c.startswith("a ") else c for c in map(str, choices)) if choices else ""
         cells = [f"`{key}`", _type_name(cls, name), f"`{_value(default)}`", shown, meaning.replace("|", "\\|")]
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+        rows.append("| " + " | ".join(cells) + " |")
+    out = [""] + [f"The `{top}.*` keys of RL runs, above." for top in referred] + ([""] if referred else [])
+    return out + ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|", *rows]
 
 
 def render() -> str:
