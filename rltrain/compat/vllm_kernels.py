@@ -19,7 +19,7 @@ What vLLM 0.26 runs for a Qwen3 decoder in that mode, eager (`enforce_eager`, cu
   `vllm/v1/worker/gpu/sample/`): the logits in the model dtype, divided in place by the temperature (its Triton
   kernel: fp32 division, the result stored back in the model dtype; skipped at temperature 1), then
   `compute_token_logprobs` (Triton: the row's max and fp32 log-sum-exp, the label's logit minus both) ->
-  `token_logprobs`. Not the V1 sampler's `log_softmax`: on an H200 (2026-11-29) the log-probs vLLM reported
+  `token_logprobs`. Not the V1 sampler's `log_softmax`: on an H200 (docs/vllm.md) the log-probs vLLM reported
   differed from both torch's and vLLM's batch-invariant log-softmax by one ulp on 2.5% of tokens, with the logits
   bitwise equal (`tools/bench_true_on_policy.py --check`, its "head" entry).
 """

@@ -177,7 +177,7 @@ class Inputs:
     replay_compare: bool = False  # actor.moe_routing_replay_compare: the old log-probs' pass once more
     direct_expert_sync_after: int = 1  # rollout.direct_expert_sync_after: -1, the experts through vLLM's loader
     # the engine before issue 59 (whole optimizer state on every rank, all fp32 grads at the step, stacked expert
-    # copies), as the runs in tools/results/ ran: tools/planlab/fit.py plans those so; false: the engine now
+    # copies), as the calibration runs ran: the calibration harness plans those so; false: the engine now
     legacy_engine: bool = False
     # the prompt length time is planned at (the data's mean: timing.phase_seconds); None: max_prompt_length
     mean_prompt_length: float | None = None
