@@ -74,13 +74,18 @@ def test_grpo_tiny_40_steps_reproduce_the_golden_metrics(tmp_path):
     assert not diffs, f"{len(diffs)} metric(s) differ from the golden run:\n" + "\n".join(diffs[:40])
 
 
+# grpo_tiny for 3 steps in one process, no validation
+SHORT = ["trainer.total_steps=3", "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.use_ray=false",
+         "trainer.logger=[jsonl]"]
+
+
 def _short_run(tmp_path, *overrides: str) -> list[dict]:
-    """grpo_tiny for 3 steps in one process (no validation): its metric rows."""
+    """grpo_tiny's SHORT run with `overrides` in a child process (this process's state cannot touch its numbers):
+    its metric rows."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", "trainer.total_steps=3",
-         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.use_ray=false", "trainer.logger=[jsonl]",
-         f"hydra.run.dir={run_dir}", *overrides],
+        [sys.executable, "-m", "rltrain.main", "--config-name", "grpo_tiny", *SHORT, f"hydra.run.dir={run_dir}",
+         *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _rows(run_dir / "metrics.jsonl")
@@ -98,6 +103,12 @@ def test_offloaded_state_changes_no_number(tmp_path):
 
 def test_engine_init_pushes_the_actors_weights_before_the_first_generation(tmp_path):
     """model.init=engine: the actor makes its own random weights and the rollout engine (started from others) takes
-    them before generating: the sampler's log-probs are the actor's from the first step on (rounding apart)."""
-    got = _short_run(tmp_path, "model.init=engine", "actor.use_kl_loss=false")
+    them before generating: the sampler's log-probs are the actor's from the first step on (rounding apart). In this
+    process (no number here is compared bit for bit; a child would only add its imports)."""
+    from rltrain.config.entry import compose_config
+    from rltrain.trainer.ppo import run_from_config
+
+    run_dir = tmp_path / "run"
+    run_from_config(compose_config("grpo_tiny", [*SHORT, "model.init=engine", "actor.use_kl_loss=false"]), str(run_dir))
+    got = _rows(run_dir / "metrics.jsonl")
     assert len(got) == 3 and all(r["rollout/mismatch_abs_mean"] < 1e-5 for r in got), got[0]
