@@ -1,10 +1,12 @@
 """Shared helpers of the megatron backend tests: random tiny Qwen3 HF models, HF reference
-log-probs/entropy computed from materialized logits, and the spawned gloo ranks of the TP/PP/DP tests.
+log-probs/entropy computed from materialized logits, and the gloo ranks of the TP/PP/DP tests (forked from a
+fork server that imported the stack once).
 Not a test module."""
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import socket
 
@@ -152,13 +154,28 @@ def ppo_loss_with_entropy(outputs, mb):
 ppo_loss_with_entropy.needs_entropy_grad = True
 
 
+# What every rank imports, imported once per test process by multiprocessing's fork server: the ranks fork from it
+# instead of each starting a fresh interpreter that imports torch, transformers and megatron again (several CPU-s a
+# rank, 18 ranks in tests/models). The server never runs a tensor op (no thread pool to fork).
+RANK_PRELOAD = ["torch", "transformers", "rltrain.compat.megatron", "rltrain.models.megatron"]
+
+
+def start_ranks(fn, args: tuple, nprocs: int) -> None:
+    """fn(rank, *args) in `nprocs` processes forked from the fork server (RANK_PRELOAD imported there); joins them
+    and raises a rank's error as torch.multiprocessing.spawn does. A rank sees this process's sys.path and working
+    directory; its environment is the one this process had when the server started (set a rank's variables in
+    the rank, as join_gloo_world does)."""
+    multiprocessing.set_forkserver_preload(RANK_PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
 def spawn_gloo_ranks(worker, world: int, out_dir) -> None:
-    """Run worker(rank, world, port, out_dir) in `world` spawned processes (each calls join_gloo_world first);
-    the rendezvous port is a free one on 127.0.0.1."""
+    """Run worker(rank, world, port, out_dir) in `world` processes (start_ranks; each calls join_gloo_world
+    first); the rendezvous port is a free one on 127.0.0.1."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, port, str(out_dir)), nprocs=world, join=True)
+    start_ranks(worker, (world, port, str(out_dir)), world)
 
 
 def join_gloo_world(rank: int, world: int, port: int) -> None:
