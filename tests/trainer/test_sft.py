@@ -250,8 +250,10 @@ def test_data_parallel_sft_checkpoints_every_rank_and_resumes_exactly(tmp_path, 
     """Two data-parallel ranks: the checkpoint holds each rank's engine state (rank 0's temp dir, shared by
     broadcast), and a run resumed from step 2 continues on the uninterrupted curve."""
     import socket
+    import sys
 
-    import torch.multiprocessing as mp
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models"))
+    from _megatron_ref import start_ranks  # ranks forked from a server that imported the stack once
 
     from rltrain.config.convert import as_dict
 
@@ -265,7 +267,7 @@ def test_data_parallel_sft_checkpoints_every_rank_and_resumes_exactly(tmp_path, 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.spawn(_dp2_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+        start_ranks(_dp2_rank, (2, port, str(tmp_path)), 2)
         return {r["step"]: (r["sft/loss"], r["sft/grad_norm"]) for r in read_metrics(str(tmp_path / name))}
 
     full = run("full", "trainer.resume=never")
