@@ -45,29 +45,34 @@ def pytest_runtest_setup(item):
 # through an attribute pytest no longer reads.)
 _SHARED_SESSION = {  # retool_sft_model (tests/trainer/conftest.py): the tiny ReTool SFT model, ~20 s to train
     "tests/trainer/test_retool_tiny.py": "retool_sft_model", "tests/trainer/test_vllm_trainer.py": "retool_sft_model"}
-_LONGEST_FIRST = [  # seconds each took in a `make test` on the 2-core box, beside the other worker
-    "tests/trainer/test_async_e2e.py",  # 163 (beside the ReTool pair: the vLLM module's start-up comes after it)
-    "retool_sft_model",  # 278
-    "tests/rollout/test_rollout_vllm.py",  # 168
-    "tests/trainer/test_mesh.py",  # 126
-    "tests/trainer/test_multinode.py",  # 91
-    "tests/test_learn_recipe.py",  # 84
-    "tests/trainer/test_resume.py",  # 56
-    "tests/trainer/test_ppo_e2e.py",  # 52
-    "tests/trainer/test_shared_host.py",  # ~50 estimated (two 2-step runs at once, one through Ray)
-    "tests/models/test_megatron_moe_ep.py",  # 50
-    "tests/trainer/test_moe_e2e.py",  # 47
-    "tests/test_golden_run.py",  # 40
-    "tests/trainer/test_bad_inputs_round2.py",  # 40
-    "tests/trainer/test_bad_inputs.py",  # 37
-    "tests/trainer/test_sft.py",  # 36
-    "tests/ops/test_logprob_memory.py",  # 33
-    "tests/models/test_megatron_pp2.py",  # 33
-    "tests/plan/test_plan.py",  # 26
-    "tests/trainer/test_plan_check.py",  # 23
-    "tests/tools/test_bench_logprob.py",  # 23
-    "tests/config/test_config.py",  # 22
-    "tests/tools/test_bench_update.py",  # 21
+_LONGEST_FIRST = [  # seconds each took in one `make test` on the 2-core box while other jobs loaded it (about 3.8x a
+    # quiet run; only the order counts); (*): after the ranks forked from a preloaded server (tests/models/_megatron_ref)
+    "tests/rollout/test_rollout_vllm.py",  # 659
+    "tests/test_learn_recipe.py",  # 603
+    "tests/trainer/test_distill_e2e.py",  # 429
+    "retool_sft_model",  # 303
+    "tests/trainer/test_ppo_e2e.py",  # 257
+    "tests/plan/test_plan.py",  # 248
+    "tests/tools/test_bench_logprob.py",  # 206
+    "tests/trainer/test_bad_inputs.py",  # 191
+    "tests/trainer/test_resume.py",  # 185
+    "tests/trainer/test_bad_inputs_round2.py",  # 184
+    "tests/tools/test_planlab_fit.py",  # 183
+    "tests/trainer/test_shared_host.py",  # 173
+    "tests/tools/test_bench_update.py",  # 124
+    "tests/trainer/test_plan_check.py",  # 120
+    "tests/test_golden_run.py",  # 91
+    "tests/trainer/test_sft.py",  # ~60 (*)
+    "tests/ops/test_logprob_memory.py",  # 71
+    "tests/data/test_remote_code.py",  # 63
+    "tests/trainer/test_moe_e2e.py",  # 63 (through Ray then; in one process now)
+    "tests/trainer/test_async_e2e.py",  # 57
+    "tests/models/test_megatron_refusals.py",  # 50
+    "tests/data/test_data_synthetic.py",  # 50
+    "tests/trainer/test_lora_e2e.py",  # 49
+    "tests/tools/test_bench_rollout.py",  # 39
+    "tests/models/test_megatron_moe_ep.py",  # ~30 (*)
+    "tests/models/test_megatron_pp2.py",  # ~30 (*)
 ]
 
 
