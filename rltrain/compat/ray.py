@@ -52,3 +52,23 @@ def keep_auth_token_private() -> str | None:
     with os.fdopen(fd, "w") as f:
         f.write(generate_new_authentication_token())
     return path
+
+
+RAY_START_ATTEMPTS = 3
+
+
+def init_local_ray(ray_init, **kw):
+    """ray_init(address="local", **kw) (ray.init: a new local cluster), again up to RAY_START_ATTEMPTS times in all
+    when Ray gives up on its own node's start-up: it waits a fixed 30 s for the raylet to register with the GCS
+    (ray/_private/node.py), which a loaded machine (two cores starting several runs at once) can miss."""
+    import ray
+
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            return ray_init(address="local", **kw)
+        except Exception as err:  # Ray raises a bare Exception for it
+            if "timed out during startup" not in str(err) or attempt == RAY_START_ATTEMPTS:
+                raise
+            ray.shutdown()
+            print(f"rltrain: Ray's local node did not start in its 30 s (attempt {attempt} of {RAY_START_ATTEMPTS}; "
+                  "a loaded machine?): starting it again", file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rltrain.compat.ray import keep_auth_token_private, loopback_ray
+from rltrain.compat.ray import init_local_ray, keep_auth_token_private, loopback_ray
 from rltrain.data.batch import Batch
 from rltrain.utils.distenv import LOOPBACK, rendezvous_host
 from rltrain.utils.profiling import split_calls, take_calls
@@ -68,7 +68,7 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
         ray.init(address=address, **kw)
     else:
         keep_auth_token_private()  # other local users reach the GCS port: its token must be ours only
-        ray.init(address="local", num_cpus=num_cpus, **kw)
+        init_local_ray(ray.init, num_cpus=num_cpus, **kw)
 
 
 def ray_initialized() -> bool:
