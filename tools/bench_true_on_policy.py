@@ -253,6 +253,26 @@ def _parting(a_rows: list[list[float]], c_rows: list[list[float]], prompt_lens: 
     return out
 
 
+def _rows(batch, *per_token) -> tuple[list, list, list]:
+    """Per sampled sequence: its prompt + response token ids, (prompt length, response length), and for each [B, S]
+    tensor of per_token (the sampler's log-probs, the actor's) its values at the response tokens, as lists."""
+    mask = batch.loss_mask.bool()
+    seqs, lens, picked = [], [], [[] for _ in per_token]
+    for i in range(mask.shape[0]):
+        p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+        r = batch.response_ids[i][mask[i]].tolist()
+        seqs.append(p + r)
+        lens.append((len(p), len(r)))
+        for out, t in zip(picked, per_token):
+            out.append(t[i][mask[i]].tolist())
+    return seqs, lens, picked
+
+
+def _prefill_rows(llm, seqs: list[list[int]], lens: list[tuple[int, int]]) -> list[list[float]]:
+    """vLLM's prefill log-probs of each sequence's response tokens (_rows' sequences and lengths)."""
+    return [row[np_:np_ + nr] for row, (np_, nr) in zip(_prefill_logprobs(llm, seqs), lens)]
+
+
 def _decode_variants(w, llm, vocab: int) -> dict:
     """vLLM's decode against its own prefill under other batch compositions (where the decode arithmetic parts from
     the prefill's, if it does): no seed, twice the prompts, short prompts, one prompt."""
@@ -267,16 +287,8 @@ def _decode_variants(w, llm, vocab: int) -> dict:
     for name, batch_prompts, seed in variants:
         try:
             batch, _ = w.generate(batch_prompts, 0, False, seed)
-            mask = batch.loss_mask.bool()
-            seqs, a_rows, idx = [], [], []
-            for i in range(mask.shape[0]):
-                p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
-                r = batch.response_ids[i][mask[i]].tolist()
-                seqs.append(p + r)
-                a_rows.append(batch.sampler_logprobs[i][mask[i]].tolist())
-                idx.append((len(p), len(r)))
-            pre = _prefill_logprobs(llm, seqs)
-            b_rows = [row[np_:np_ + nr] for row, (np_, nr) in zip(pre, idx)]
+            seqs, idx, (a_rows,) = _rows(batch, batch.sampler_logprobs)
+            b_rows = _prefill_rows(llm, seqs, idx)
             out[name] = {**_compare([x for r in a_rows for x in r], [x for r in b_rows for x in r]),
                          "by_sequence": _parting(a_rows, b_rows, [p for p, _ in idx])[:6]}
         except Exception as err:  # noqa: BLE001
@@ -315,23 +327,14 @@ def check(args) -> int:
     old, _ = w.compute_old_logprobs(batch, float(cfg.rollout.temperature))
     sync()
     fwd_s = time.perf_counter() - t0
-    mask = batch.loss_mask.bool()
-    sequences, a_rows, c_rows, b_idx = [], [], [], []
-    for i in range(mask.shape[0]):
-        p = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
-        r = batch.response_ids[i][mask[i]].tolist()
-        sequences.append(p + r)
-        a_rows.append(batch.sampler_logprobs[i][mask[i]].tolist())
-        c_rows.append(old[i][mask[i]].tolist())
-        b_idx.append((len(p), len(r)))
+    sequences, b_idx, (a_rows, c_rows) = _rows(batch, batch.sampler_logprobs, old)
     a = [x for row in a_rows for x in row]
     c = [x for row in c_rows for x in row]
     result = {"config": overrides, "generate_s": gen_s, "actor_forward_s": fwd_s, "decode_vs_actor": _compare(a, c),
               "decode_vs_actor_by_sequence": _parting(a_rows, c_rows, [p for p, _ in b_idx])}
     llm = getattr(w.rollout.engine, "llm", None)
     if llm is not None:
-        pre = _prefill_logprobs(llm, sequences)
-        b = [x for row, (np_, nr) in zip(pre, b_idx) for x in row[np_:np_ + nr]]
+        b = [x for row in _prefill_rows(llm, sequences, b_idx) for x in row]
         result.update(prefill_vs_actor=_compare(b, c), decode_vs_prefill=_compare(a, b))
         for name, fn in (("layer_max_abs_diff", _layer_diffs), ("head", _head_diffs)):
             try:  # where the forwards part, if they do (a diagnosis: its failure does not fail the check)
