@@ -195,6 +195,17 @@ def test_run_specs_pick_engines_and_the_comparisons_test_engines_and_lora_agains
     assert lo["gap_lora"] == pytest.approx(0.25) and lo["gap_seeds"] == pytest.approx(0.2) and lo["within_noise"]
     assert lo["step_s"] == {"fused_seed1": 2.5, "lora_seed1": 2.0, "lora_seed2": None}
     assert "LoRA vs full fine-tuning: mean |held-out accuracy gap| 0.250" in learn.comparison_lines({"lora": lo})[0]
+    # true on-policy against the fused runs, on vLLM: the same pairing, its own entry and sentence
+    runs = {"fused_seed1_vllm": run(0.1, 0.5, 0.9), "fused_seed2_vllm": run(0.1, 0.3, 0.9),
+            "top_seed1_vllm": run(0.1, 0.4, 0.9)}
+    top = learn.compare_runs(runs, 64)["top"]
+    assert (top["full"], top["top"]) == ("fused_seed1_vllm", "top_seed1_vllm") and "lora" not in learn.compare_runs(runs, 64)
+    assert top["gap_true_on_policy"] == pytest.approx(0.05) and top["gap_seeds"] == pytest.approx(0.1) and top["within_noise"]
+    assert learn.comparison_lines({"top": top})[0].startswith("rollout.true_on_policy vs the fused run: mean |held-out "
+                                                             "accuracy gap| 0.050")
+    spec = learn.RunSpec.parse("top:2:vllm")
+    assert spec.name == "top_seed2_vllm" and "rollout.true_on_policy=true" in spec.overrides()
+    assert "trainer.fused_linear_logprob_backend=torch" in spec.overrides()
     # held-out accuracy by training seconds: the step times summed up to each evaluation (step 0 at 0 s)
     rows = [{"step": 0, "val/accuracy": 0.1}, {"step": 1, "timing_s/step": 1.5},
             {"step": 2, "timing_s/step": 2.25, "val/accuracy": 0.5}]

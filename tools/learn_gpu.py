@@ -7,7 +7,8 @@ device command on one H100 at --scale gpu:
   sft          SFT cold start (`python -m rltrain.sft`) of the random-init model on the addition traces
   grpo         GRPO runs from the SFT model, several at once in separate processes (default: fused head
                seed 1, fused seed 2, materialized logits seed 1), then fused vs unfused against seed noise;
-               `lora:SEED` runs (LoRA rank 32, LORA_LR_X times the lr) against full fine-tuning the same way
+               `lora:SEED` runs (LoRA rank 32, LORA_LR_X times the lr) against full fine-tuning the same way;
+               `top:SEED` runs (rollout.true_on_policy) against the fused runs the same way
   retool_sft   SFT cold start on the tool-use traces (products: call the Python tool or estimate)
   retool_grpo  GRPO with the multi-turn tool loop and the real sandbox, from the ReTool SFT model
   eval         held-out accuracy of every model under --out, one table (summary.md)
@@ -194,8 +195,9 @@ LORA_RANK, LORA_ALPHA, LORA_LR_X = 32, 32, 10.0
 @dataclass(frozen=True)
 class RunSpec:
     """One GRPO run: `fused:1` (fused LM head, seed 1), `unfused:2` (materialized logits, seed 2), `lora:1` (fused head,
-    LoRA adapters: LORA_*); a third field picks the rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`;
-    default: --engine), so runs of both engines from the same SFT model go side by side in one command."""
+    LoRA adapters: LORA_*), `top:1` (rollout.true_on_policy, the head's torch backend); a third field picks the
+    rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`; default: --engine), so runs of both engines
+    from the same SFT model go side by side in one command."""
 
     kind: str  # one of RUN_KINDS
     seed: int
@@ -215,12 +217,15 @@ class RunSpec:
         parts = text.split(":")
         head, seed, engine = (parts + [None])[:3] if len(parts) in (2, 3) else ("", "", None)
         if head not in RUN_KINDS or not seed.isdigit() or engine not in (None, "hf", "vllm"):
-            raise UsageError(f"--runs entry {text!r}: expected fused:SEED, unfused:SEED or lora:SEED, optionally "
-                             ":hf or :vllm (the run's rollout engine), e.g. fused:1, lora:2 or fused:2:vllm")
+            raise UsageError(f"--runs entry {text!r}: expected fused:SEED, unfused:SEED, lora:SEED or top:SEED, "
+                             "optionally :hf or :vllm (the run's rollout engine), e.g. fused:1, lora:2 or top:2:vllm")
         return cls(kind=head, seed=int(seed), engine=engine)
 
     def overrides(self) -> list[str]:
-        return [f"trainer.fused_linear_logprob={str(self.kind != 'unfused').lower()}", f"trainer.seed={self.seed}"]
+        ov = [f"trainer.fused_linear_logprob={str(self.kind != 'unfused').lower()}", f"trainer.seed={self.seed}"]
+        if self.kind == "top":  # the fused head's batch-invariant mode is on its torch backend
+            ov += ["rollout.true_on_policy=true", "trainer.fused_linear_logprob_backend=torch"]
+        return ov
 
 
 def user_overrides(sets: list[str], stage: str) -> list[str]:
@@ -682,12 +687,13 @@ def comparison_lines(comparison: dict | None) -> list[str]:
         out.append(f"Fused vs materialized logits: mean |held-out accuracy gap| {c['gap_fused_unfused']:.3f} "
                    f"({c['fused']} vs {c['unfused']}); seed noise {c['gap_seeds']:.3f} ({c['fused']} vs "
                    f"{c['other_seed']}); 2 SE {c['two_se']:.3f}; within noise: {c['within_noise']}")
-    if c.get("lora"):
-        lo, sec = c["lora"], {n: f"{v:.2f}" if v else "?" for n, v in c["lora"]["step_s"].items()}
-        out.append(f"LoRA vs full fine-tuning: mean |held-out accuracy gap| {lo['gap_lora']:.3f} ({lo['full']} vs "
-                   f"{lo['lora']}); seed noise {lo['gap_seeds']:.3f} ({lo['seed_a']} vs {lo['seed_b']}); 2 SE "
-                   f"{lo['two_se']:.3f}; within noise: {lo['within_noise']}; seconds per step: "
-                   + ", ".join(f"{n} {v}" for n, v in sec.items()))
+    for kind, title, gap_key in (("lora", "LoRA vs full fine-tuning", "gap_lora"),
+                                 ("top", "rollout.true_on_policy vs the fused run", "gap_true_on_policy")):
+        if c.get(kind):
+            v, sec = c[kind], {n: f"{t:.2f}" if t else "?" for n, t in c[kind]["step_s"].items()}
+            out.append(f"{title}: mean |held-out accuracy gap| {v[gap_key]:.3f} ({v['full']} vs {v[kind]}); seed "
+                       f"noise {v['gap_seeds']:.3f} ({v['seed_a']} vs {v['seed_b']}); 2 SE {v['two_se']:.3f}; within "
+                       f"noise: {v['within_noise']}; seconds per step: " + ", ".join(f"{n} {t}" for n, t in sec.items()))
     return out
 
 

@@ -154,7 +154,8 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Ten
         vllm.apply_temperature(logits, torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device),
                                torch.full((1,), float(temperature), dtype=torch.float32, device=logits.device))
     logprob = vllm.compute_token_logprobs(logits, labels.long()[:, None])[:, 0]
-    lp_all = torch.log_softmax(z, -1)
-    p = lp_all.exp()
-    entropy = -torch.where(p > 0, p * lp_all, torch.zeros_like(p)).sum(-1)
-    return logprob, entropy, torch.logsumexp(z, -1), (p * z).sum(-1)
+    del logits
+    lse = torch.logsumexp(z, -1)
+    pz = torch.sub(z, lse[:, None]).exp_().mul_(z)  # p * z, one [c, V] buffer beside z
+    mean_z = pz.sum(-1)
+    return logprob, lse - mean_z, lse, mean_z  # entropy = -sum p log p = lse - sum p z

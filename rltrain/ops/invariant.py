@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rltrain.ops.exact import exact_cumsum, exact_matmul, exact_sum, exp, log
 
 __all__ = ["attention", "apply_rope", "linear", "log_softmax", "moe_experts", "moe_route", "rms_norm", "rope_cos_sin",
-           "silu", "token_stats", "with_plain_backward"]
+           "silu", "token_stats", "with_plain_backward", "linear_with_plain_backward"]
 
 _ELEMENTS_PER_CHUNK = 1 << 22  # fp64 scratch per chunk of the row-chunked ops (32 MiB)
 
@@ -55,6 +55,37 @@ def with_plain_backward(exact_fn: Callable, plain_fn: Callable, *tensors: torch.
     return exact_fn(*tensors)
 
 
+class _LinearPlainBackward(torch.autograd.Function):
+    """Forward: exact_fn(x, weight[, bias]); backward: the linear layer's gradients (grad @ weight, grad.T @ x, the
+    sum of grad), which need no recomputed output, in x's and the weight's dtypes."""
+
+    @staticmethod
+    def forward(ctx, exact_fn, x, weight, *bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bool(bias)
+        return exact_fn(x, weight, *bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        need_x, need_w = ctx.needs_input_grad[1:3]
+        gx = (g2 @ weight.to(g2.dtype)).reshape(x.shape).to(x.dtype) if need_x else None
+        gw = (g2.t() @ x.reshape(-1, x.shape[-1]).to(g2.dtype)).to(weight.dtype) if need_w else None
+        gb = (g2.sum(0),) if ctx.has_bias else ()
+        return (None, gx, gw, *gb)
+
+
+def linear_with_plain_backward(exact_fn: Callable, x: torch.Tensor, weight: torch.Tensor,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """exact_fn(x, weight[, bias]) (x [..., K], weight [N, K]): another arithmetic of F.linear, whose gradient under
+    autograd is F.linear's (with_plain_backward without recomputing the forward)."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _LinearPlainBackward.apply(exact_fn, *tensors)
+    return exact_fn(*tensors)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias [N]) in x's dtype, each output rounded once from its exact value."""
     def exact(x, w, *b):
@@ -66,8 +97,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         out = out.reshape(*x.shape[:-1], n)
         return out + b[0] if b else out
 
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    return with_plain_backward(exact, F.linear, *tensors)
+    return linear_with_plain_backward(exact, x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -22,9 +22,13 @@ from rltrain.ops.chunking import pick_chunk_size
 _PAD_LOGIT = -1e30  # finite: p = 0 there and 0 * logit stays 0 in the entropy gradient
 
 
-def _chunk(n: int, v: int, chunk_size: int | None, device) -> int:
+def _chunk(n: int, v: int, chunk_size: int | None, device, dtype: torch.dtype, head_stats: Callable | None) -> int:
+    if chunk_size:
+        return chunk_size
+    if head_stats is not None:  # another engine's head: ~14 bytes per logit at its peak (logits, fp32 z, p, a
+        return max(1, pick_chunk_size(n, v, dtype, device=device) * 2 // 3)  # transient), the plain path's 10
     # the exact path holds ~8 fp64 [chunk, V] buffers: a quarter of the plain path's rows per budget
-    return chunk_size or max(1, pick_chunk_size(n, v, torch.float64, device=device) // 4)
+    return max(1, pick_chunk_size(n, v, torch.float64, device=device) // 4)
 
 
 def _filtered(sampling: tuple[float, int, float]) -> bool:
@@ -39,7 +43,7 @@ class InvariantLinearLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, sampling, with_entropy, entropy_grad, chunk_size, head_stats):
         n = hidden.shape[0]
-        chunk = _chunk(n, weight.shape[0], chunk_size, hidden.device)
+        chunk = _chunk(n, weight.shape[0], chunk_size, hidden.device, weight.dtype, head_stats)
         out = torch.zeros(4, n, dtype=torch.float32, device=hidden.device)  # logprob, entropy, lse, mean_z
         for start in range(0, n, chunk):
             stop = min(start + chunk, n)

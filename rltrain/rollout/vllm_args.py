@@ -73,17 +73,21 @@ def _checkpoint_config(model: str):
     return AutoConfig.from_pretrained(str(model), trust_remote_code=False)
 
 
-def true_on_policy_kwargs(device: str) -> dict[str, Any]:
+def true_on_policy_kwargs(device: str, enforce_eager: bool = False) -> dict[str, Any]:
     """vllm.LLM's keyword arguments under rollout.true_on_policy on a GPU (compat/vllm_kernels.py names what the
-    actor matches): eager with vLLM's custom ops (no Inductor graph rewrites an elementwise step, no CUDA graph),
-    FlashAttention, KV pages of vllm_kernels.BLOCK_SIZE tokens. The process runs vLLM's batch-invariant mode
-    (vllm_kernels.enable, set by the worker before the engine starts)."""
+    actor matches): vLLM's custom ops and no Inductor (no graph rewrite changes an elementwise step), FlashAttention,
+    KV pages of vllm_kernels.BLOCK_SIZE tokens; the decode steps replayed from full CUDA graphs (the same kernels,
+    launched from a graph: a padded batch row changes no other row) unless `enforce_eager`. The process runs vLLM's
+    batch-invariant mode (vllm_kernels.enable, set by the worker before the engine starts)."""
     if device != "cuda":
         return {}
     from rltrain.compat.vllm_kernels import BLOCK_SIZE
 
-    return dict(enforce_eager=True, block_size=BLOCK_SIZE, attention_backend="FLASH_ATTN",
-                compilation_config={"pass_config": {"fuse_allreduce_rms": False}, "custom_ops": ["all"]})
+    compilation = {"pass_config": {"fuse_allreduce_rms": False}, "custom_ops": ["all"]}
+    if not enforce_eager:
+        compilation.update(mode="NONE", cudagraph_mode="FULL_DECODE_ONLY")  # no torch.compile
+    return dict(enforce_eager=enforce_eager, block_size=BLOCK_SIZE, attention_backend="FLASH_ATTN",
+                compilation_config=compilation)
 
 
 def kv_cache_need_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: int,

@@ -110,7 +110,9 @@ def phase_timing(rows: list[dict], *, samples: int) -> dict:
     return out
 
 
-RUN_KINDS = ("fused", "unfused", "lora")  # a GRPO run's variant: fused head, materialized logits, fused head + LoRA
+# a GRPO run's variant: fused head, materialized logits, fused head + LoRA, fused head (torch backend) with
+# rollout.true_on_policy
+RUN_KINDS = ("fused", "unfused", "lora", "top")
 
 
 def run_key(name: str) -> tuple[str, int, str | None]:
@@ -184,16 +186,17 @@ def compare_runs(runs: dict, n_val: int, default_engine: str = "hf") -> dict:
                               "gap_seeds": p["gap_seeds"], "two_se": two_se, "within_noise": p["within_noise"],
                               "definition": "within noise iff the largest gap(ref engine seed s, engine seed s) "
                                             "<= gap(seed a, seed b of one engine) + 2*sqrt(0.5/n_val)"}
-    for engine in sorted({k[2] for k in key.values()}):
-        full = [n for n in fused_done if key[n][2] == engine]
-        lora = [n for n in done if key[n][0] == "lora" and key[n][2] == engine]
-        p = _paired_gap(runs, full, lora, seed_of, two_se)
-        if p:
-            step_s = {n: (runs[n].get("timing") or {}).get("step_s") for n in full + lora}
-            out["lora"] = {"full": p["reference"], "lora": p["other"], "seed_a": p["seed_a"], "seed_b": p["seed_b"],
-                           "gap_lora": p["gap"], "gaps_by_seed": p["gaps_by_seed"], "gap_seeds": p["gap_seeds"],
-                           "two_se": two_se, "within_noise": p["within_noise"], "step_s": step_s,
-                           "definition": "within noise iff the largest gap(full fine-tuning seed s, LoRA seed s) <= "
-                                         "gap(seed a, seed b of one of them) + 2*sqrt(0.5/n_val)"}
-            break
+    for kind, gap_key in (("lora", "gap_lora"), ("top", "gap_true_on_policy")):
+        for engine in sorted({k[2] for k in key.values()}):
+            full = [n for n in fused_done if key[n][2] == engine]
+            variant = [n for n in done if key[n][0] == kind and key[n][2] == engine]
+            p = _paired_gap(runs, full, variant, seed_of, two_se)
+            if p:
+                step_s = {n: (runs[n].get("timing") or {}).get("step_s") for n in full + variant}
+                out[kind] = {"full": p["reference"], kind: p["other"], "seed_a": p["seed_a"], "seed_b": p["seed_b"],
+                             gap_key: p["gap"], "gaps_by_seed": p["gaps_by_seed"], "gap_seeds": p["gap_seeds"],
+                             "two_se": two_se, "within_noise": p["within_noise"], "step_s": step_s,
+                             "definition": f"within noise iff the largest gap(fused seed s, {kind} seed s) <= "
+                                           "gap(seed a, seed b of one of them) + 2*sqrt(0.5/n_val)"}
+                break
     return out

@@ -230,7 +230,7 @@ def _build_vllm(model, tokenizer, c: RolloutConfig, *, device: str, dtype: torch
     if c.true_on_policy:
         from rltrain.rollout.vllm_args import true_on_policy_kwargs
 
-        common.update(true_on_policy_kwargs(device))
+        common.update(true_on_policy_kwargs(device, c.enforce_eager))
     k = c.engines_per_gpu
     try:
         if k > 1:  # several engines in their own processes share this GPU; weights by CUDA IPC (rollout/pool.py)

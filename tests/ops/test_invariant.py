@@ -94,6 +94,26 @@ def test_linear_rounds_the_exact_value_once_and_its_grad_is_the_plain_one(rows, 
         assert torch.equal(inv.linear(x.detach()[rows // 2:], w, bias), y.detach()[rows // 2:]), seed
 
 
+def test_another_linear_arithmetic_runs_once_and_takes_the_plain_gradient_of_3d_inputs_without_bias():
+    calls = []
+
+    def other(x, w, *b):  # another arithmetic of the same product (fp64, rounded), counted
+        calls.append(x.shape)
+        return (x.double() @ w.double().T).to(x.dtype)
+
+    x = torch.randn(3, 5, 7, requires_grad=True)
+    w = torch.randn(4, 7, requires_grad=True)
+    y = inv.linear_with_plain_backward(other, x, w)
+    g = torch.randn(3, 5, 4)
+    grads = torch.autograd.grad((y * g).sum(), (x, w))
+    plain = torch.autograd.grad((F.linear(x, w) * g).sum(), (x, w))
+    assert len(calls) == 1  # the backward needs no recomputed output
+    for a, b in zip(grads, plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    x_only = torch.randn(2, 7, requires_grad=True)
+    (gx,) = torch.autograd.grad(inv.linear_with_plain_backward(other, x_only, w.detach()).sum(), (x_only,))
+    torch.testing.assert_close(gx, w.detach().sum(0).expand(2, 7))
+
 def test_rms_norm_and_silu_match_plain_and_are_position_free(seed):
     x = torch.randn(9, 5, 24) * 4
     w = torch.randn(24)

@@ -86,8 +86,7 @@ class VllmKernels:
         self.head_stats = vllm_kernels.token_logprobs
 
     def linear(self, x, w, b=None):
-        tensors = (x, w) if b is None else (x, w, b)
-        return inv.with_plain_backward(self.k.linear, F.linear, *tensors)
+        return inv.linear_with_plain_backward(self.k.linear, x, w, b)
 
     def norm(self, x, w, eps, after_add: bool):
         fn = self.k.add_rms_norm if after_add else self.k.rms_norm
