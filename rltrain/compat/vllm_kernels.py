@@ -2,14 +2,18 @@
 computes each op with the very kernel the rollout engine ran (rollout.true_on_policy with rollout.engine=vllm;
 models/megatron/invariant.py wraps them with a backward). Forward only, no autograd, no engine started here.
 
-What vLLM 0.26 runs for a Qwen3 decoder in that mode, eager (`enforce_eager`, custom ops on: rollout/vllm_args.py's
-`true_on_policy_kwargs`), and the function here that runs the same kernel with the same arguments:
+What vLLM 0.26 runs for a Qwen3 decoder in that mode (custom ops on, no torch.compile, eager or the decode replayed
+from CUDA graphs: rollout/vllm_args.py's `true_on_policy_kwargs`), and the function here that runs the same kernel
+with the same arguments:
 - every linear layer and the LM head: `batch_invariant.linear_batch_invariant` (its persistent Triton matmul, one
   fixed tile config per dtype: a row's result does not depend on the others) -> `linear`;
-- the first layer's input norm and the q/k norms: `rms_norm_batch_invariant` (Triton, one program per row) ->
-  `rms_norm`; every norm after a residual add: `_custom_ops.fused_add_rms_norm` (CUDA, "batch invariant" in 0.26:
-  the add rounds to the model dtype, then the norm) -> `add_rms_norm` (the actor adds first, the same rounding,
-  then the kernel adds a zero residual);
+- every RMSNorm (the first layer's input norm, the q/k norms, and the norms after a residual add):
+  `rms_norm_batch_invariant` (Triton, one program per row) -> `rms_norm`. After a residual add vLLM 0.26 runs its
+  CUDA `fused_add_rms_norm`, whose rows are not independent of the batch: on one H200 (2026-11-29) 41 of 9,408 rows
+  of one call differed by one bf16 ulp from the same rows in calls of 16 (the Triton norm: 0 of 150,528), which
+  parted vLLM's decode from its own prefill. `enable` routes those norms through the add in the model dtype and the
+  Triton norm (`route_residual_norms`); the actor adds the residual as Megatron does (the same rounding), then
+  `rms_norm`;
 - rotary: `_custom_ops.rotary_embedding` on the cos/sin cache vLLM builds (fp32 on the GPU, then the model dtype)
   -> `rope`;
 - SiLU(gate) * up: `torch.ops._C.silu_and_mul` -> `silu_and_mul`;
@@ -37,12 +41,35 @@ BLOCK_SIZE = 16  # tokens per KV-cache page: the engine is started with it (roll
 
 def enable() -> None:
     """vLLM's batch-invariant mode for this process, before any engine starts or any GEMM runs: its environment
-    (cuBLAS workspace, NCCL) and its aten overrides (log_softmax, softmax, mean, bmm), and its V2 model runner."""
+    (cuBLAS workspace, NCCL) and its aten overrides (log_softmax, softmax, mean, bmm), its V2 model runner, and its
+    residual norms routed through the row-independent Triton norm (route_residual_norms). An engine in a process of
+    its own does not get the routing (config/true_on_policy.py refuses rollout.engines_per_gpu > 1)."""
     os.environ["VLLM_BATCH_INVARIANT"] = "1"
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # its sampler's kernels are token_logprobs' (a dense model's default)
+    from vllm.model_executor.layers import layernorm
     from vllm.model_executor.layers.batch_invariant import init_batch_invariance
 
     init_batch_invariance()
+    route_residual_norms(layernorm)
+
+
+def route_residual_norms(layernorm) -> None:
+    """Make vLLM's RMSNorm (module `layernorm`, whose forward calls its `rms_norm_batch_invariant(input, weight, eps,
+    residual=None)` in batch-invariant mode) compute a residual norm as input + residual in the model dtype, then the
+    Triton norm of that sum, returning (normed, sum) as the fused kernel does; without a residual it is unchanged.
+    Once per process."""
+    norm = layernorm.rms_norm_batch_invariant
+    if getattr(norm, "_rltrain_routed", False):
+        return
+
+    def rms_norm_batch_invariant(input, weight, eps=1e-6, residual=None):
+        if residual is None:
+            return norm(input, weight, eps)
+        total = input + residual
+        return norm(total, weight, eps), total
+
+    rms_norm_batch_invariant._rltrain_routed = True
+    layernorm.rms_norm_batch_invariant = rms_norm_batch_invariant
 
 
 @functools.cache
@@ -57,7 +84,7 @@ def _vllm() -> SimpleNamespace:
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     return SimpleNamespace(linear=bi.linear_batch_invariant, rms_norm=bi.rms_norm_batch_invariant,
-                           fused_add_rms_norm=ops.fused_add_rms_norm, apply_temperature=apply_temperature,
+                           apply_temperature=apply_temperature,
                            compute_token_logprobs=compute_token_logprobs,
                            rotary_embedding=ops.rotary_embedding, silu_and_mul=torch.ops._C.silu_and_mul,
                            flash_attn_varlen_func=flash_attn_varlen_func, fa_version=get_flash_attn_version,
@@ -72,15 +99,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim without a residual (vLLM's first input norm, q/k norms)."""
     return _vllm().rms_norm(x, weight, eps)
-
-
-def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x, where x = hidden + residual already rounded to the model dtype: vLLM's fused_add_rms_norm
-    kernel with a zero residual (x + 0 is x), on a contiguous copy (its vectorized path needs 16-byte rows)."""
-    shape = x.shape
-    out = x.reshape(-1, shape[-1]).clone(memory_format=torch.contiguous_format)
-    _vllm().fused_add_rms_norm(out, torch.zeros_like(out), weight.contiguous(), eps)
-    return out.view(shape)
 
 
 @functools.lru_cache(maxsize=8)

@@ -24,6 +24,10 @@ def true_on_policy_errors(cfg) -> list[str]:
     if r.engine == "vllm" and (r.top_k > 0 or r.top_p < 1.0):
         why.append("rollout.top_k / rollout.top_p with rollout.engine=vllm (vLLM masks them on a path its batch size "
                    "picks: a Triton kernel from 8 rows, a sort below): set them to -1 / 1.0, or use rollout.engine=hf")
+    if r.engine == "vllm" and r.engines_per_gpu > 1:
+        why.append(f"rollout.engines_per_gpu={r.engines_per_gpu} with rollout.engine=vllm (engines in processes of "
+                   "their own keep vLLM's fused add + RMSNorm kernel, whose rows depend on the batch; the trainer's "
+                   "process routes it for the engine it runs): set rollout.engines_per_gpu=1")
     if not t.fused_linear_logprob or t.fused_linear_logprob_backend not in ("auto", "torch"):
         why.append(f"trainer.fused_linear_logprob={t.fused_linear_logprob} with backend "
                    f"{t.fused_linear_logprob_backend} (the exact head is the fused head's batch-invariant mode on the "

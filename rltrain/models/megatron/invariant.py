@@ -8,8 +8,8 @@ Routed (instance forwards replaced; modules, names and weights unchanged; one ra
 refused by config validation):
 - ColumnParallelLinear / RowParallelLinear (fused QKV, output projection, fused gate/up, down): `linear` (a fused
   or reordered weight changes nothing: each output is its own row's and column's);
-- torch.nn.RMSNorm: `norm`, told whether its input is a fresh residual sum (vLLM fuses that add into the norm;
-  the layer's first input norm and the q/k norms are plain);
+- torch.nn.RMSNorm: `norm` (after a residual add as well: the add is Megatron's, in the model dtype, as the engine's
+  routed norm adds first; compat/vllm_kernels.py);
 - rotary: megatron's `apply_rotary_pos_emb` as imported by its attention module, wrapped once per process
   (`_install_rope`): models marked here get `rope` (positions 0..s-1: rows start at 0), others megatron's function;
 - core attention (build.SDPACoreAttention): causal `attention`;
@@ -61,7 +61,7 @@ class ExactKernels:
     def linear(self, x, w, b=None):
         return inv.linear(x, w, b)
 
-    def norm(self, x, w, eps, after_add: bool):
+    def norm(self, x, w, eps):
         return inv.rms_norm(x, w, eps)
 
     def rope(self, t):  # t [s, b, heads, hn]
@@ -88,9 +88,9 @@ class VllmKernels:
     def linear(self, x, w, b=None):
         return inv.linear_with_plain_backward(self.k.linear, x, w, b)
 
-    def norm(self, x, w, eps, after_add: bool):
-        fn = self.k.add_rms_norm if after_add else self.k.rms_norm
-        return inv.with_plain_backward(lambda x, w: fn(x, w, eps), lambda x, w: _plain_norm(x, w, eps), x, w)
+    def norm(self, x, w, eps):
+        return inv.with_plain_backward(lambda x, w: self.k.rms_norm(x, w, eps), lambda x, w: _plain_norm(x, w, eps),
+                                       x, w)
 
     def rope(self, t):  # t [s, b, heads, hn]
         s, b, h, d = t.shape
@@ -131,7 +131,7 @@ def _row_forward(self, input_):
 
 
 def _norm_forward(self, x):
-    return self._rltrain_kernels.norm(x, self.weight, self.eps, self._rltrain_after_add)
+    return self._rltrain_kernels.norm(x, self.weight, self.eps)
 
 
 def _mlp_forward(self, hidden_states, *args, **kwargs):
@@ -206,11 +206,6 @@ def make_invariant(model: torch.nn.Module, kernels) -> torch.nn.Module:
 
     _install_rope()
     output_layer = getattr(model, "output_layer", None)
-    plain_norms = {id(m) for layer in model.decoder.layers
-                   for m in (getattr(layer.self_attention, "q_layernorm", None),
-                             getattr(layer.self_attention, "k_layernorm", None))}
-    if model.pre_process:  # the first layer's input norm reads the embeddings: no residual add before it
-        plain_norms.add(id(model.decoder.layers[0].input_layernorm))
     forwards = {ColumnParallelLinear: _column_forward, RowParallelLinear: _row_forward,
                 torch.nn.RMSNorm: _norm_forward, SDPACoreAttention: _core_attention_forward, MLP: _mlp_forward,
                 MoELayer: _moe_forward}
@@ -220,7 +215,6 @@ def make_invariant(model: torch.nn.Module, kernels) -> torch.nn.Module:
         if hasattr(m, "config") and hasattr(m.config, "kv_channels"):  # one config object, or a layer's own copy
             setattr(m.config, _ROPE_ATTR, kernels)
         m._rltrain_kernels = kernels
-        m._rltrain_after_add = id(m) not in plain_norms
         kind = next((k for k in forwards if type(m) is k or (k is not MLP and isinstance(m, k))), None)
         if kind is not None:
             m.forward = types.MethodType(forwards[kind], m)
