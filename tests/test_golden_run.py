@@ -92,13 +92,18 @@ def _short_run(tmp_path, *overrides: str) -> list[dict]:
 
 
 @pytest.mark.skipif(not os.path.exists(GOLDEN), reason=f"no golden run for this CPU's kernels ({CAPABILITY})")
-def test_offloaded_state_changes_no_number(tmp_path):
-    """actor.offload_while_rollout (params and optimizer state to other tensors while the engine generates) and
-    actor.optimizer_offload_fraction=0.5 (half the AdamW state stepped by a second, host AdamW): grpo_tiny's first
-    steps are the golden run's, metric for metric."""
-    got = _short_run(tmp_path, "actor.offload_while_rollout=true", "actor.optimizer_offload_fraction=0.5")
+def test_offloaded_state_and_validation_between_steps_change_no_number(tmp_path):
+    """actor.offload_while_rollout (params and optimizer state to other tensors while the engine generates),
+    actor.optimizer_offload_fraction=0.5 (half the AdamW state stepped by a second, host AdamW) and a validation
+    after every step (trainer.test_freq=1; the golden run validated before step 1 only): grpo_tiny's first steps are
+    the golden run's, metric for metric. Validation samples with its own seeded generator and touches no random
+    stream of training (sampler order, rollout seeds, minibatch shuffles)."""
+    got = _short_run(tmp_path, "actor.offload_while_rollout=true", "actor.optimizer_offload_fraction=0.5",
+                     "trainer.test_freq=1")
+    assert len(got) == 3 and all("val/accuracy" in r for r in got), got
+    got = [{k: v for k, v in r.items() if not k.startswith("val/")} for r in got]
     golden = [r for r in _rows(GOLDEN) if 1 <= r.get("step", 0) <= 3]
-    assert len(got) == 3 and not _differences(golden, got), _differences(golden, got)[:20]
+    assert not _differences(golden, got), _differences(golden, got)[:20]
 
 
 def test_engine_init_pushes_the_actors_weights_before_the_first_generation(tmp_path):
