@@ -107,8 +107,7 @@ def test_driver_refuses_retool_where_the_sandbox_cannot_isolate(tmp_path, capsys
 
 
 @pytest.mark.timeout(600)
-def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path, monkeypatch):
-    monkeypatch.setenv("RLTRAIN_TORCH_THREADS", "2")
+def test_cpu_recipe_accuracy_rises_through_sft_and_grpo(tmp_path):
     learn = _tool("learn_gpu")
     out = tmp_path / "learn"
     assert learn.main(["data", "sft", "grpo", "--scale", "cpu", "--out", str(out), "--in-process"]) == 0
