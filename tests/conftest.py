@@ -12,6 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Tiny models run faster on one thread; the Ray workers of end-to-end tests get the same setting.
 os.environ.setdefault("RLTRAIN_TORCH_THREADS", "1")
+# One OpenMP thread by default in every process of the suite: vLLM's CPU worker takes its thread count from it (else
+# one per core, spin-waiting for the core the other xdist worker holds, and it leaves its process at that count for
+# every later test); the tests' children (tools, vLLM engine processes) start on one torch thread too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 try:
     import torch
