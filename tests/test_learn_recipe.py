@@ -204,7 +204,6 @@ def test_run_specs_pick_engines_and_the_comparisons_test_engines_and_lora_agains
                                                              "accuracy gap| 0.050")
     spec = learn.RunSpec.parse("top:2:vllm")
     assert spec.name == "top_seed2_vllm" and "rollout.true_on_policy=true" in spec.overrides()
-    assert "trainer.fused_linear_logprob_backend=torch" in spec.overrides()
     # held-out accuracy by training seconds: the step times summed up to each evaluation (step 0 at 0 s)
     rows = [{"step": 0, "val/accuracy": 0.1}, {"step": 1, "timing_s/step": 1.5},
             {"step": 2, "timing_s/step": 2.25, "val/accuracy": 0.5}]

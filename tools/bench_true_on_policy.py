@@ -47,9 +47,8 @@ PHASES = ("timing_s/step", "timing_s/gen", "timing_s/gen_engine", "timing_s/old_
 CPU = ["trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.save_freq=-1"]
 GPU_06B = [*GRPO_06B_OVERRIDES, "rollout=vllm", "trainer.use_ray=false", "trainer.save_freq=-1"]
-# the key on: on a GPU the head's torch backend (the default run keeps GRPO_06B_OVERRIDES' Triton head)
-ON = {"cpu": ["rollout.true_on_policy=true"],
-      "cuda": ["rollout.true_on_policy=true", "trainer.fused_linear_logprob_backend=torch"]}
+# the key on (the head's backend as the default run's: vLLM's kernels give the value, the fused head the gradient)
+ON = {"cpu": ["rollout.true_on_policy=true"], "cuda": ["rollout.true_on_policy=true"]}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -233,7 +232,7 @@ def _head_diffs(w, seq: list[int]) -> dict:
                                      z_v.bfloat16().contiguous(), labels[:, None])[:, 0])},
             "actor_reported_vs_torch_op_fp32": cmp(c_rep, at(z_a.log_softmax(dim=-1, dtype=torch.float32))),
             "actor_reported_vs_token_logprobs": cmp(c_rep, vllm_kernels.token_logprobs(hid_a[:rows], weight, labels,
-                                                                                        1.0)[0]),
+                                                                                        1.0)),
             "reported_vllm_vs_actor": cmp(b_rep, c_rep)}
 
 
@@ -306,8 +305,7 @@ def check(args) -> int:
     from rltrain.workers.hybrid import HybridWorker
 
     base = ["trainer.device=cpu"] if args.cpu else [*GRPO_06B_OVERRIDES, "rollout=vllm"]
-    overrides = [*base, "trainer.use_ray=false", "rollout.true_on_policy=true",
-                 "trainer.fused_linear_logprob_backend=torch", f"rollout.n={args.n}",
+    overrides = [*base, "trainer.use_ray=false", "rollout.true_on_policy=true", f"rollout.n={args.n}",
                  f"rollout.max_response_length={args.max_tokens}", *args.set]
     cfg = compose_config("grpo_tiny", overrides)
     validate_config(cfg)

@@ -195,9 +195,9 @@ LORA_RANK, LORA_ALPHA, LORA_LR_X = 32, 32, 10.0
 @dataclass(frozen=True)
 class RunSpec:
     """One GRPO run: `fused:1` (fused LM head, seed 1), `unfused:2` (materialized logits, seed 2), `lora:1` (fused head,
-    LoRA adapters: LORA_*), `top:1` (rollout.true_on_policy, the head's torch backend); a third field picks the
-    rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`; default: --engine), so runs of both engines
-    from the same SFT model go side by side in one command."""
+    LoRA adapters: LORA_*), `top:1` (rollout.true_on_policy; the head's torch backend with the hf engine); a third
+    field picks the rollout engine of that run alone (`fused:1:vllm`, `fused:1:hf`; default: --engine), so runs of
+    both engines from the same SFT model go side by side in one command."""
 
     kind: str  # one of RUN_KINDS
     seed: int
@@ -223,8 +223,8 @@ class RunSpec:
 
     def overrides(self) -> list[str]:
         ov = [f"trainer.fused_linear_logprob={str(self.kind != 'unfused').lower()}", f"trainer.seed={self.seed}"]
-        if self.kind == "top":  # the fused head's batch-invariant mode is on its torch backend
-            ov += ["rollout.true_on_policy=true", "trainer.fused_linear_logprob_backend=torch"]
+        if self.kind == "top":
+            ov.append("rollout.true_on_policy=true")
         return ov
 
 
@@ -250,6 +250,8 @@ def stage_overrides(stage: str, lay: Layout, args, run: RunSpec | None = None) -
         ov = [f"model.path={lay.sft_model(SFT_OF[stage])}", f"data.train_files=[{lay.task_file(task, 'train')}]",
               f"data.val_files=[{lay.task_file(task, 'val')}]", f"trainer.ckpt_dir={run_dir}/checkpoints",
               f"trainer.experiment_name={CONFIG_OF[stage]}_{run.name}", *run.overrides()]
+        if run.kind == "top" and (run.engine or args.engine) != "vllm":  # the hf engine's exact head: torch's
+            ov.append("trainer.fused_linear_logprob_backend=torch")
         if (run.engine or args.engine) == "vllm":
             runs = len(args.runs if stage == "grpo" else args.retool_runs)  # every run shares the one GPU
             ov += ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={min(0.5, 0.7 / runs):.2f}"]

@@ -23,7 +23,7 @@ with the same arguments:
   `vllm/v1/worker/gpu/sample/`): the logits in the model dtype, divided in place by the temperature (its Triton
   kernel: fp32 division, the result stored back in the model dtype; skipped at temperature 1), then
   `compute_token_logprobs` (Triton: the row's max and fp32 log-sum-exp, the label's logit minus both) ->
-  `token_logprobs`. Not the V1 sampler's `log_softmax`: on an H200 (docs/vllm.md) the log-probs vLLM reported
+  `token_logprobs` (the value only: the actor's entropy and gradient are its fused head's). Not the V1 sampler's `log_softmax`: on an H200 (docs/vllm.md) the log-probs vLLM reported
   differed from both torch's and vLLM's batch-invariant log-softmax by one ulp on 2.5% of tokens, with the logits
   bitwise equal (`tools/bench_true_on_policy.py --check`, its "head" entry).
 """
@@ -160,20 +160,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                   temperature: float) -> tuple[torch.Tensor, ...]:
+                   temperature: float) -> torch.Tensor:
     """The sampler's log-prob of labels [c] after the LM head of hidden [c, H] (weight [V, H], the real vocab):
     vLLM's lm-head kernel (logits in the model dtype), its temperature kernel in place (the quotient rounded to the
-    model dtype) and its token log-prob kernel. Returns fp32 [c] (logprob, entropy, lse, mean_z); entropy, lse and
-    mean_z (what the entropy and the backward use) of z = fp32 logits / temperature, by torch."""
+    model dtype) and its token log-prob kernel. fp32 [c]; no autograd (the fused head gives the gradient and the
+    entropy: ops.logprobs_from_hidden(exact_logprob=...))."""
     vllm = _vllm()
     logits = linear(hidden, weight)
-    z = logits.float() / temperature  # the plain formula's z, for the statistics the backward recomputes
     if temperature != 1.0:
         vllm.apply_temperature(logits, torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device),
                                torch.full((1,), float(temperature), dtype=torch.float32, device=logits.device))
-    logprob = vllm.compute_token_logprobs(logits, labels.long()[:, None])[:, 0]
-    del logits
-    lse = torch.logsumexp(z, -1)
-    pz = torch.sub(z, lse[:, None]).exp_().mul_(z)  # p * z, one [c, V] buffer beside z
-    mean_z = pz.sum(-1)
-    return logprob, lse - mean_z, lse, mean_z  # entropy = -sum p log p = lse - sum p z
+    return vllm.compute_token_logprobs(logits, labels.long()[:, None])[:, 0]

@@ -28,11 +28,14 @@ def true_on_policy_errors(cfg) -> list[str]:
         why.append(f"rollout.engines_per_gpu={r.engines_per_gpu} with rollout.engine=vllm (engines in processes of "
                    "their own keep vLLM's fused add + RMSNorm kernel, whose rows depend on the batch; the trainer's "
                    "process routes it for the engine it runs): set rollout.engines_per_gpu=1")
-    if not t.fused_linear_logprob or t.fused_linear_logprob_backend not in ("auto", "torch"):
-        why.append(f"trainer.fused_linear_logprob={t.fused_linear_logprob} with backend "
-                   f"{t.fused_linear_logprob_backend} (the exact head is the fused head's batch-invariant mode on the "
-                   "torch backend; other backends tile the vocab their own way): set trainer.fused_linear_logprob=true "
-                   "and trainer.fused_linear_logprob_backend=torch")
+    if not t.fused_linear_logprob:
+        why.append("trainer.fused_linear_logprob=False (the exact log-prob is the fused head's mode): set "
+                   "trainer.fused_linear_logprob=true")
+    elif r.engine != "vllm" and t.fused_linear_logprob_backend not in ("auto", "torch"):
+        why.append(f"trainer.fused_linear_logprob_backend={t.fused_linear_logprob_backend} with rollout.engine="
+                   f"{r.engine} (its exact head is the fused head's batch-invariant mode on the torch backend; the "
+                   "Triton and CuTe heads tile the vocab their own way; with vLLM any backend: vLLM's kernels give "
+                   "the value): set trainer.fused_linear_logprob_backend=torch")
     if int(a.lora.rank) > 0:
         why.append(f"actor.lora.rank={a.lora.rank} (the adapters' products are plain GEMMs on both sides, whose rows "
                    "depend on the batch): set actor.lora.rank=0")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -185,9 +186,12 @@ class _FusedLinearLogprob(torch.autograd.Function):
     Saves only the inputs and fp32 [N] lse / mean_z; backward recomputes logits chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels_local, backend, tp_group, inv_temp, with_entropy, entropy_grad, chunk_size):
+    def forward(ctx, hidden, weight, labels_local, backend, tp_group, inv_temp, with_entropy, entropy_grad, chunk_size,
+                exact=None):
         m, s, t, z_label = backend.forward_stats(hidden, weight, labels_local, inv_temp, with_entropy, chunk_size)
         logprob, entropy, lse, mean_z = _combine(m, s, t, z_label, tp_group)
+        if exact is not None:  # another engine's arithmetic gives the value; the gradient stays this head's
+            logprob = exact()
         logprob_torch.save_for_head_backward(ctx, entropy, with_entropy, entropy_grad,
                                              hidden, weight, labels_local, lse, mean_z)
         ctx.backend, ctx.inv_temp, ctx.chunk_size = backend, inv_temp, chunk_size
@@ -198,7 +202,7 @@ class _FusedLinearLogprob(torch.autograd.Function):
         hidden, weight, labels_local, lse, mean_z = ctx.saved_tensors
         grads = logprob_torch.head_output_grads(ctx, grad_lp, grad_ent, lse)
         if grads is None:
-            return (None,) * 9
+            return (None,) * 10
         grad_lp, grad_ent = grads
         grad_hidden, grad_weight = ctx.backend.backward(
             hidden,
@@ -217,7 +221,7 @@ class _FusedLinearLogprob(torch.autograd.Function):
             grad_hidden = grad_hidden.to(hidden.dtype)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
 def logprobs_from_hidden(
@@ -236,7 +240,7 @@ def logprobs_from_hidden(
     batch_invariant: bool = False,
     top_k: int = -1,
     top_p: float = 1.0,
-    head_stats=None,
+    exact_logprob: Callable | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log p(label) and entropy of softmax(hidden @ weight.T / temperature), fused with the LM head.
 
@@ -257,8 +261,10 @@ def logprobs_from_hidden(
     rollout.true_on_policy, and the log-prob is of the distribution sampled from: softmax(logits / temperature)
     restricted to the top_k / top_p set (top_k -1: off, top_p 1: off) and renormalized. "triton": one vocab split per
     token block, pointer loads (_TritonInvariant); no top-k / top-p. Backward unchanged.
-    head_stats: with batch_invariant on the torch backend, another engine's arithmetic for each chunk
-    (logprob_invariant.invariant_logprobs).
+    exact_logprob: another engine's log-prob of the sampled token, (hidden [c, H], weight, labels [c], temperature)
+    -> fp32 [c] (its own kernels: the rollout engine's arithmetic under rollout.true_on_policy), applied in chunks of
+    rows and returned as the log-prob; the entropy and the gradient are `backend`'s (one vocab shard; no top-k /
+    top-p; not with batch_invariant). Without entropy or a gradient to give, only it runs.
 
     Returns (logprobs fp32 [T], entropy fp32 [T] over the full global vocabulary, or None).
     Peak extra memory is O(chunk_size x V_local) (torch backend), independent of T. With a tp_group the
@@ -288,18 +294,41 @@ def logprobs_from_hidden(
         hidden = hidden.index_select(0, index)
         labels = labels.index_select(0, index)
     labels_local = _local_labels(labels, weight.shape[0], tp_group, check_bounds)
-    if module is None:  # batch-invariant torch: ops/invariant.py's arithmetic
+    if exact_logprob is not None:
+        exact = _exact_rows(exact_logprob, hidden.to(weight.dtype), weight, labels_local, temperature, chunk_size,
+                            tp_group, batch_invariant or top_k > 0 or top_p < 1.0)
+        needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if exact_logprob is not None and not with_entropy and not needs_grad:
+        logprob, entropy = exact(), None
+    elif module is None:  # batch-invariant torch: ops/invariant.py's arithmetic
         logprob, entropy = logprob_invariant.invariant_logprobs(
             hidden.to(weight.dtype), weight, labels_local, temperature=temperature, top_k=top_k, top_p=top_p,
-            with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_size=chunk_size, head_stats=head_stats)
+            with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_size=chunk_size)
     else:
         logprob, entropy = _FusedLinearLogprob.apply(
             hidden.to(weight.dtype), weight, labels_local, module, tp_group, 1.0 / temperature, with_entropy,
-            entropy_grad, chunk_size)
+            entropy_grad, chunk_size, exact if exact_logprob is not None else None)
     logprob = _scatter_rows(logprob, index, n_tokens)
     if not with_entropy:
         return logprob, None
     return logprob, _scatter_rows(entropy, index, n_tokens)
+
+
+def _exact_rows(fn: Callable, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
+                chunk_size: int | None, tp_group, filtered: bool) -> Callable[[], torch.Tensor]:
+    """logprobs_from_hidden's exact_logprob over the rows in chunks of one [chunk, V] logits buffer, deferred."""
+    if _tp_rank_world(tp_group)[1] > 1:
+        raise ValueError("exact_logprob needs one vocab shard (a tp_group of 1 rank)")
+    if filtered:
+        raise ValueError("exact_logprob computes the full distribution's log-prob: no batch_invariant, top_k or top_p")
+    chunk = chunk_size or pick_chunk_size(hidden.shape[0], weight.shape[0], weight.dtype, device=hidden.device)
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            parts = [fn(hidden[i:i + chunk], weight, labels[i:i + chunk], temperature).float()
+                     for i in range(0, hidden.shape[0], chunk)]
+        return torch.cat(parts) if parts else hidden.new_zeros(0, dtype=torch.float32)
+    return run
 
 
 def _batch_invariant(module: ModuleType, tp_group, top_k: int, top_p: float):

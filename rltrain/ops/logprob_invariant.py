@@ -11,8 +11,6 @@ outside it are masked (recomputed with the exact forward, so the set is the forw
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from rltrain.ops import invariant as inv
@@ -22,13 +20,9 @@ from rltrain.ops.chunking import pick_chunk_size
 _PAD_LOGIT = -1e30  # finite: p = 0 there and 0 * logit stays 0 in the entropy gradient
 
 
-def _chunk(n: int, v: int, chunk_size: int | None, device, dtype: torch.dtype, head_stats: Callable | None) -> int:
-    if chunk_size:
-        return chunk_size
-    if head_stats is not None:  # another engine's head: ~14 bytes per logit at its peak (logits, fp32 z, p, a
-        return max(1, pick_chunk_size(n, v, dtype, device=device) * 2 // 3)  # transient), the plain path's 10
+def _chunk(n: int, v: int, chunk_size: int | None, device) -> int:
     # the exact path holds ~8 fp64 [chunk, V] buffers: a quarter of the plain path's rows per budget
-    return max(1, pick_chunk_size(n, v, torch.float64, device=device) // 4)
+    return chunk_size or max(1, pick_chunk_size(n, v, torch.float64, device=device) // 4)
 
 
 def _filtered(sampling: tuple[float, int, float]) -> bool:
@@ -41,16 +35,13 @@ class InvariantLinearLogprob(torch.autograd.Function):
     top_k, top_p). Saves the inputs and fp32 [N] lse / mean_z."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, sampling, with_entropy, entropy_grad, chunk_size, head_stats):
+    def forward(ctx, hidden, weight, labels, sampling, with_entropy, entropy_grad, chunk_size):
         n = hidden.shape[0]
-        chunk = _chunk(n, weight.shape[0], chunk_size, hidden.device, weight.dtype, head_stats)
+        chunk = _chunk(n, weight.shape[0], chunk_size, hidden.device)
         out = torch.zeros(4, n, dtype=torch.float32, device=hidden.device)  # logprob, entropy, lse, mean_z
         for start in range(0, n, chunk):
             stop = min(start + chunk, n)
-            if head_stats is None:  # ops/invariant.py's exact logits and sampled distribution
-                stats = inv.token_stats(inv.linear(hidden[start:stop], weight), labels[start:stop], *sampling)[:4]
-            else:
-                stats = head_stats(hidden[start:stop], weight, labels[start:stop], sampling[0])
+            stats = inv.token_stats(inv.linear(hidden[start:stop], weight), labels[start:stop], *sampling)[:4]
             for i, value in enumerate(stats):
                 out[i, start:stop] = value
         logprob, entropy, lse, mean_z = out
@@ -63,7 +54,7 @@ class InvariantLinearLogprob(torch.autograd.Function):
         hidden, weight, labels, lse, mean_z = ctx.saved_tensors
         grads = logprob_torch.head_output_grads(ctx, grad_lp, grad_ent, lse)
         if grads is None:
-            return (None,) * 8
+            return (None,) * 7
         grad_lp, grad_ent = grads
         temperature = ctx.sampling[0]
         if not _filtered(ctx.sampling):
@@ -72,7 +63,7 @@ class InvariantLinearLogprob(torch.autograd.Function):
         else:
             gh, gw = _filtered_backward(hidden, weight, labels, lse, mean_z, grad_lp, grad_ent, ctx)
         return (None if gh is None else gh.to(hidden.dtype), None if gw is None else gw.to(weight.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None)
 
 
 def _filtered_backward(hidden, weight, labels, lse, mean_z, grad_lp, grad_ent, ctx):
@@ -101,13 +92,9 @@ def _filtered_backward(hidden, weight, labels, lse, mean_z, grad_lp, grad_ent, c
 
 
 def invariant_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *, temperature: float,
-                       top_k: int, top_p: float, with_entropy: bool, entropy_grad: bool, chunk_size: int | None,
-                       head_stats: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       top_k: int, top_p: float, with_entropy: bool, entropy_grad: bool,
+                       chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob fp32 [N], entropy fp32 [N]) of labels [N] (in [0, V)) under the sampled distribution of
-    hidden [N, H] @ weight [V, H].T (logprobs_from_hidden's batch-invariant torch path). head_stats: another
-    engine's arithmetic instead of ops/invariant.py's, (hidden [c, H], weight, labels [c], temperature) -> fp32 [c]
-    (logprob, entropy, lse, mean_z) with lse / mean_z of the logits / temperature (no top-k / top-p)."""
-    if head_stats is not None and (top_k > 0 or top_p < 1.0):
-        raise ValueError("head_stats computes the unfiltered distribution: top_k / top_p need ops/invariant.py's")
+    hidden [N, H] @ weight [V, H].T (logprobs_from_hidden's batch-invariant torch path)."""
     return InvariantLinearLogprob.apply(hidden, weight, labels, (float(temperature), int(top_k), float(top_p)),
-                                        with_entropy, entropy_grad, chunk_size, head_stats)
+                                        with_entropy, entropy_grad, chunk_size)

@@ -111,7 +111,7 @@ def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
     (["actor.tensor_parallel_size=2"], "set actor.tensor_parallel_size"),
     (["actor.expert_parallel_size=2"], "set actor.tensor_parallel_size, actor.expert_parallel_size"),
     (["actor.elementwise_fusion=compile"], "actor.elementwise_fusion=compile"),
-    (["trainer.fused_linear_logprob_backend=triton"], "backend triton"),
+    (["trainer.fused_linear_logprob_backend=triton"], "fused_linear_logprob_backend=triton with rollout.engine=hf"),
     (["trainer.fused_linear_logprob=false"], "trainer.fused_linear_logprob=False"),
     (["rollout.engine=vllm", "trainer.device=cuda", "rollout.top_p=0.9"], "its batch size picks"),
     (["actor.lora.rank=8"], "actor.lora.rank=8"),
@@ -122,6 +122,9 @@ def test_true_on_policy_is_refused_where_it_cannot_be_exact(overrides, why):
         validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", *overrides]))
     assert why in str(info.value)
     validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", "rollout.top_p=0.9", "rollout.top_k=20"]))
+    # with vLLM any fused head: its kernels give the value, the head the gradient
+    validate_config(_compose("grpo_tiny", ["rollout.true_on_policy=true", "rollout.engine=vllm", "trainer.device=cuda",
+                                           "trainer.fused_linear_logprob_backend=triton"]))
 
 
 @pytest.mark.parametrize("overrides,why", [

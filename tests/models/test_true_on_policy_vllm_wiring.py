@@ -1,6 +1,6 @@
 """The vLLM kernel set of rollout.true_on_policy (compat/vllm_kernels.py, models/megatron/invariant.VllmKernels) on
 CPU, with reference implementations of the vLLM entry points it calls (their documented semantics: vLLM's paged
-FlashAttention call, its neox rotary kernel on the [cos | sin] cache, fused add + RMSNorm, SiLU-and-mul): our side's
+FlashAttention call, its neox rotary kernel on the [cos | sin] cache, RMSNorm, SiLU-and-mul): our side's
 layouts (the paged KV cache, sequence-major positions, packed queries) against plain torch, and the Megatron actor
 wired to the set against the plain actor, values and gradients. The kernels themselves run on a GPU only
 (tests/rollout/test_true_on_policy_vllm_gpu.py)."""
@@ -102,17 +102,13 @@ def test_our_layouts_around_vllms_kernels_compute_the_plain_ops(reference_vllm):
     g = torch.randn(6, 2 * 32)
     torch.testing.assert_close(vk.silu_and_mul(g), F.silu(g[:, :32]) * g[:, 32:])
     hid, wt, lab = torch.randn(9, 16), torch.randn(33, 16), torch.randint(0, 33, (9,))
-    lp, ent, lse, mean_z = vk.token_logprobs(hid, wt, lab, 0.7)
+    lp = vk.token_logprobs(hid, wt, lab, 0.7)
     z = (hid @ wt.T) / 0.7
     torch.testing.assert_close(lp, torch.log_softmax(z, -1).gather(-1, lab[:, None]).squeeze(-1))
-    torch.testing.assert_close(lse, torch.logsumexp(z, -1))
     # bf16: the sampled distribution is that of the logits / temperature rounded to bf16 (vLLM's in-place kernel)
-    lp16 = vk.token_logprobs(hid.bfloat16(), wt.bfloat16(), lab, 0.7)[0]
+    lp16 = vk.token_logprobs(hid.bfloat16(), wt.bfloat16(), lab, 0.7)
     z16 = ((hid.bfloat16() @ wt.bfloat16().T).float() / 0.7).bfloat16().float()
     assert torch.equal(lp16, torch.log_softmax(z16, -1).gather(-1, lab[:, None]).squeeze(-1))
-    p = torch.softmax(z, -1)
-    torch.testing.assert_close(ent, -(p * torch.log_softmax(z, -1)).sum(-1))
-    torch.testing.assert_close(mean_z, (p * z).sum(-1))
 
 
 def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm):

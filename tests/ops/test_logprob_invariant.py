@@ -146,3 +146,36 @@ def test_triton_mode_any_rows_are_the_same_bits_on_a_gpu(dtype):
     for rows in (slice(0, 1), slice(5, 6), slice(17, 1400), torch.randperm(3000, device="cuda")[:777]):
         part = stats(hidden[rows].contiguous(), weight, labels[rows].contiguous(), 1.0, True, None)
         assert all(torch.equal(a, b[rows]) for a, b in zip(part, full)), (seed, rows)
+
+
+def test_another_engines_log_prob_is_the_value_to_the_bit_and_the_fused_head_gives_entropy_and_gradient():
+    """exact_logprob (rollout.true_on_policy with vLLM: its kernels' log-prob): returned bit for bit, chunk by chunk;
+    the entropy and the gradients are the fused head's own; without entropy or gradient only it runs."""
+    torch.manual_seed(random.randrange(1 << 30))
+    n, h, v = 37, 16, 203  # the vocab not a multiple of any tile, 4 chunks of 10 rows
+    hidden, weight = torch.randn(n, h, requires_grad=True), torch.randn(v, h, requires_grad=True)
+    labels = torch.randint(0, v, (n,))
+    calls = []
+
+    def exact(hc, w, lab, temperature):  # fp64, rounded once: other bits than the fused head's fp32 ones
+        calls.append(hc.shape[0])
+        z = (hc.double() @ w.double().T) / temperature
+        return torch.log_softmax(z, -1).gather(-1, lab[:, None]).squeeze(-1).float()
+
+    lp, ent = logprobs_from_hidden(hidden, weight, labels, backend="torch", temperature=0.8, chunk_size=10,
+                                   exact_logprob=exact)
+    assert torch.equal(lp, exact(hidden.detach(), weight.detach(), labels, 0.8)) and calls[:4] == [10, 10, 10, 7]
+    plain_lp, plain_ent = logprobs_from_hidden(hidden, weight, labels, backend="torch", temperature=0.8, chunk_size=10)
+    assert not torch.equal(lp, plain_lp) and torch.equal(ent, plain_ent)
+    g_lp, g_ent = torch.randn(n), torch.randn(n)
+    got = torch.autograd.grad((lp * g_lp + ent * g_ent).sum(), (hidden, weight))
+    want = torch.autograd.grad((plain_lp * g_lp + plain_ent * g_ent).sum(), (hidden, weight))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    calls.clear()
+    with torch.no_grad():
+        only, none = logprobs_from_hidden(hidden, weight, labels, backend="torch", temperature=0.8, chunk_size=10,
+                                          with_entropy=False, exact_logprob=exact)
+    assert none is None and torch.equal(only, lp.detach()) and calls == [10, 10, 10, 7]
+    with pytest.raises(ValueError, match="no batch_invariant, top_k or top_p"):
+        logprobs_from_hidden(hidden, weight, labels, backend="torch", top_k=5, batch_invariant=True,
+                             exact_logprob=exact)

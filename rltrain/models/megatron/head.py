@@ -128,9 +128,10 @@ def fused_logprobs(
     """hidden [N, H] (from "hidden" mode), labels [N] -> fp32 log p(label) [N], entropy [N] | None.
 
     Never builds [N, V] logits: ops.logprobs_from_hidden recomputes chunks of logits in backward.
-    sampled: (top_k, top_p, head_stats) of rollout.true_on_policy: the head's batch-invariant mode, whose log-probs
-    are the rollout engine's to the bit (ops.logprobs_from_hidden(batch_invariant=True), over the real vocab rows
-    only; head_stats: the engine's own arithmetic, None for ops/invariant.py's).
+    sampled: (top_k, top_p, exact_logprob) of rollout.true_on_policy, whose log-probs are the rollout engine's to the
+    bit, over the real vocab rows only: exact_logprob, the engine's own kernels for the value (the entropy and the
+    gradient the fused head's on `backend`: ops.logprobs_from_hidden(exact_logprob=...)), or None: the head's
+    batch-invariant mode on the torch backend (ops/invariant.py's arithmetic, the hf engine's).
     """
     from rltrain.ops import logprobs_from_hidden
 
@@ -138,11 +139,13 @@ def fused_logprobs(
     v_local = weight.shape[0]
     real = _local_real_rows(model, v_local)
     if sampled is not None:  # the padded rows are left out (a constant column would change the exact products)
-        top_k, top_p, head_stats = sampled
+        top_k, top_p, exact = sampled
+        mode = dict(backend=backend, exact_logprob=exact) if exact is not None else dict(
+            backend="torch", batch_invariant=True, top_k=top_k, top_p=top_p)
         return logprobs_from_hidden(
-            hidden, weight[:real], labels, tp_group=_tp_group(), backend="torch", chunk_size=chunk_size, rows=rows,
+            hidden, weight[:real], labels, tp_group=_tp_group(), chunk_size=chunk_size, rows=rows,
             with_entropy=with_entropy, entropy_grad=entropy_grad, temperature=temperature, check_bounds=check_bounds,
-            batch_invariant=True, top_k=top_k, top_p=top_p, head_stats=head_stats)
+            **mode)
     if real < v_local:
         bias = torch.zeros(v_local, 1, dtype=weight.dtype, device=weight.device)
         bias[real:] = _PAD_LOGIT

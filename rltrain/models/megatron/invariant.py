@@ -53,7 +53,7 @@ def _plain_attention(q, k, v, scale):
 class ExactKernels:
     """ops/invariant.py: the hf engine's arithmetic (any device, any dtype)."""
 
-    head_stats = None  # the head's own exact path (ops/logprob_invariant.py)
+    exact_logprob = None  # the head's own exact path (ops/logprob_invariant.py)
 
     def __init__(self, theta: float):
         self.theta = theta
@@ -83,7 +83,7 @@ class VllmKernels:
         from rltrain.compat import vllm_kernels
 
         self.k, self.theta, self.max_position = vllm_kernels, theta, max_position
-        self.head_stats = vllm_kernels.token_logprobs
+        self.exact_logprob = vllm_kernels.token_logprobs  # the sampler's kernels; the fused head's gradient
 
     def linear(self, x, w, b=None):
         return inv.linear_with_plain_backward(self.k.linear, x, w, b)
@@ -225,7 +225,7 @@ def make_invariant(model: torch.nn.Module, kernels) -> torch.nn.Module:
 
 def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
     """The engine's rollout.true_on_policy step (config: its EngineConfig): route the model through the rollout
-    engine's kernels (make_invariant) and return the head's (top_k, top_p, head_stats); None when the mode is off.
+    engine's kernels (make_invariant) and return the head's (top_k, top_p, exact_logprob); None when the mode is off.
     ValueError for an engine it cannot make exact."""
     sampled = config.true_on_policy
     if sampled is None:
@@ -238,9 +238,11 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
         why.append("tensor and expert parallel size 1 (a split reduction adds its partial sums across ranks)")
     if comp.elementwise_fusion != "none":
         why.append("elementwise_fusion=none (fused kernels compute the SiLU and the adds their own way)")
-    if not head.fused_linear_logprob or head.fused_linear_logprob_backend not in ("auto", "torch"):
-        why.append("the fused head on the torch backend (its batch-invariant mode; the Triton and CuTe heads tile the "
-                   "vocab their own way)")
+    if not head.fused_linear_logprob:
+        why.append("the fused head (the engine's log-prob kernels give its value, the fused head its gradient)")
+    elif sampled.engine != "vllm" and head.fused_linear_logprob_backend not in ("auto", "torch"):
+        why.append("the fused head on the torch backend with the hf engine (its batch-invariant mode; the Triton and "
+                   "CuTe heads tile the vocab their own way)")
     if getattr(config, "lora", None) is not None and int(config.lora.rank) > 0:
         why.append("no LoRA (its adapters' products are plain GEMMs)")
     if sampled.engine == "vllm" and any(moe_layer_pattern(hf_config)):
@@ -254,4 +256,4 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
     kernels = (VllmKernels(theta, int(hf_config.max_position_embeddings)) if sampled.engine == "vllm"
                else ExactKernels(theta))
     make_invariant(model, kernels)
-    return sampled.top_k, sampled.top_p, kernels.head_stats
+    return sampled.top_k, sampled.top_p, kernels.exact_logprob
