@@ -111,7 +111,9 @@ def test_async_partial_rollouts_with_a_teacher_on_its_own_workers_score_the_trai
     for key in ("distill/reverse_kl/mean", "distill/reverse_kl/max", "distill/reverse_kl/min"):
         assert abs(first[key]) < 1e-5, (key, first[key])
     assert all(abs(r["distill/reverse_kl/mean"]) > 1e-4 for r in rows[1:])
-    assert max(r["rollout/staleness_max"] for r in rows) == 2 and all(r["timing_s/teacher"] > 0 for r in rows)
+    # batches in flight (staleness > 0) within the bound; 2 needs the rollout to run ahead, which a loaded
+    # machine's timing does not promise (one CI run saw 1)
+    assert 1 <= max(r["rollout/staleness_max"] for r in rows) <= 2 and all(r["timing_s/teacher"] > 0 for r in rows)
     assert all("rollout/partial_samples_frac" in r for r in rows)
 
 
