@@ -11,7 +11,8 @@ and share of tokens that differ, every step) and the held-out accuracy by step. 
   PYTHONPATH=/tmp/site:$PWD python tools/bench_true_on_policy.py --out $OUT --gpu-06b --steps 50   # one H200, vLLM
 
 --gpu-06b: the Qwen3-0.6B-shaped random model of tools/gpu_smoke.py's GRPO section (harness.cases.GRPO_06B_OVERRIDES)
-with the vLLM engine colocated and the torch head (what true on-policy needs on both sides).
+with the vLLM engine colocated, the head on the Triton backend in both runs (with the key on, vLLM's kernels give
+the log-prob's value and the Triton head its entropy and gradient).
 
 --check: one GPU, vLLM colocated in this process (batch-invariant mode), the Megatron actor on the same weights
 through the worker the trainer uses. Samples a batch, then compares per sampled token

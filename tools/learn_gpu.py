@@ -695,7 +695,8 @@ def comparison_lines(comparison: dict | None) -> list[str]:
             v, sec = c[kind], {n: f"{t:.2f}" if t else "?" for n, t in c[kind]["step_s"].items()}
             out.append(f"{title}: mean |held-out accuracy gap| {v[gap_key]:.3f} ({v['full']} vs {v[kind]}); seed "
                        f"noise {v['gap_seeds']:.3f} ({v['seed_a']} vs {v['seed_b']}); 2 SE {v['two_se']:.3f}; within "
-                       f"noise: {v['within_noise']}; seconds per step: " + ", ".join(f"{n} {t}" for n, t in sec.items()))
+                       f"noise: {v['within_noise']}; seconds per step: "
+                       + ", ".join(f"{n} {t}" for n, t in sec.items()))
     return out
 
 

@@ -23,9 +23,10 @@ with the same arguments:
   `vllm/v1/worker/gpu/sample/`): the logits in the model dtype, divided in place by the temperature (its Triton
   kernel: fp32 division, the result stored back in the model dtype; skipped at temperature 1), then
   `compute_token_logprobs` (Triton: the row's max and fp32 log-sum-exp, the label's logit minus both) ->
-  `token_logprobs` (the value only: the actor's entropy and gradient are its fused head's). Not the V1 sampler's `log_softmax`: on an H200 (docs/vllm.md) the log-probs vLLM reported
-  differed from both torch's and vLLM's batch-invariant log-softmax by one ulp on 2.5% of tokens, with the logits
-  bitwise equal (`tools/bench_true_on_policy.py --check`, its "head" entry).
+  `token_logprobs` (the value only: the actor's entropy and gradient are its fused head's). Not the V1 sampler's
+  `log_softmax`: on an H200 (docs/vllm.md) the log-probs vLLM reported differed from both torch's and vLLM's
+  batch-invariant log-softmax by one ulp on 2.5% of tokens, with the logits bitwise equal
+  (`tools/bench_true_on_policy.py --check`, its "head" entry).
 """
 
 from __future__ import annotations
