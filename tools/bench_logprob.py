@@ -4,6 +4,8 @@
 (tools only) and does not check correctness (tests/ops does).
 
     python tools/bench_logprob.py --T 4096 --H 256 --V 32000 --dtype fp32 --device cpu --json out.json
+    python tools/bench_logprob.py --shapes 8192x4096 32768x4096 65536x2560 --V 151936 --dtype bf16 --device cuda
+        (the fused head's three shapes, the providers and the peers, in one call; each shape beside its own floor)
 
 Each provider runs in its own fresh subprocess so that peak memory is per provider:
 - CUDA: `torch.cuda.max_memory_allocated() - memory_allocated()` after the inputs exist; times from
@@ -392,6 +394,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rows-fraction", type=float, nargs="+", default=None,
                         help="keep this fraction of the T rows (response rows), one run per value given; adds the "
                              "naive_rows provider (with --reps 0: the memory sweep of slime #1951)")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="TxH[xV]",
+                        help="several shapes in one call, one after another (V default: --V), instead of --T/--H; "
+                             "e.g. the head's three: 8192x4096 32768x4096 65536x2560 with --V 151936")
     parser.add_argument("--list-peers", action="store_true", help="say which peers import here, and why not")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -405,8 +410,6 @@ def main(argv=None) -> None:
         print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
         return
 
-    fractions = args.rows_fraction or [None]
-    spec = dict(T=args.T, H=args.H, V=args.V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
     names = list(providers(args.device)) + (["naive_rows"] if args.rows_fraction else [])
     if args.providers:
         wanted = args.providers.split(",")
@@ -414,11 +417,36 @@ def main(argv=None) -> None:
         if unknown:
             raise SystemExit(f"--providers: unknown {unknown}; available: {names}")
         names = wanted
+    try:
+        shapes = [_parse_shape(text, args.V) for text in args.shapes] if args.shapes else [(args.T, args.H, args.V)]
+    except ValueError as err:
+        parser.error(str(err))  # exit 2
+    payloads = [run_shape(args, t, h, v, names) for t, h, v in shapes]
+    if args.json_path:
+        payload = payloads[0] if len(payloads) == 1 else {"shapes": payloads}
+        Path(args.json_path).write_text(json.dumps(payload, indent=2))
+        print(f"wrote {args.json_path}")
+
+
+def _parse_shape(text: str, default_v: int) -> tuple[int, int, int]:
+    """'TxH' or 'TxHxV' (V default: --V) -> (T, H, V)."""
+    parts = text.lower().split("x")
+    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--shapes {text!r}: expected TxH or TxHxV with positive integers, e.g. 8192x4096")
+    t, h, v = (int(p) for p in parts) if len(parts) == 3 else (int(parts[0]), int(parts[1]), default_v)
+    return t, h, v
+
+
+def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
+    """Every provider on one shape, each in its own process, beside the same run's GEMM floor: printed, upserted into
+    the kernel table and returned as the --json payload of the shape."""
+    fractions = args.rows_fraction or [None]
+    spec = dict(T=T, H=H, V=V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
     # --reps 0: peak memory only (no floor, no times)
     floor_fwd = gemm_floor_ms(spec, args.reps) if args.reps > 0 else None
     floor_fwdbwd = floor_fwd and 3 * floor_fwd
-    fwd_flops, fwdbwd_flops = 2 * args.T * args.H * args.V, 6 * args.T * args.H * args.V
-    print(f"T={args.T} H={args.H} V={args.V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
+    fwd_flops, fwdbwd_flops = 2 * T * H * V, 6 * T * H * V
+    print(f"T={T} H={H} V={V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
     if floor_fwd:
         print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms")
     sweep = []
@@ -426,8 +454,8 @@ def main(argv=None) -> None:
         results = {name: measure_in_subprocess({**spec, "rows_fraction": frac, "provider": name}) for name in names}
         sweep.append({"rows_fraction": frac, "results": results})
         if frac is not None:
-            rows = max(1, int(round(args.T * frac)))
-            print(f"rows fraction {frac}: {rows} rows (one fp32 [rows, V] logits tensor: {rows * args.V * 4 / 2**20:.1f} MiB)")
+            rows = max(1, int(round(T * frac)))
+            print(f"rows fraction {frac}: {rows} rows (one fp32 [rows, V] logits tensor: {rows * V * 4 / 2**20:.1f} MiB)")
         print(f"{'provider':<24}{'ms fwd':>10}{'ms fwd+bwd':>12}{'peak extra MiB':>16}{'x floor fwd':>13}"
               f"{'x floor f+b':>13}{'TFLOP/s f+b':>13}")
         for name, res in results.items():
@@ -440,14 +468,10 @@ def main(argv=None) -> None:
                   f"{_fmt(fb and floor_fwd and fb / floor_fwdbwd, '.2f'):>13}{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}",
                   flush=True)
     tables.upsert("kernel", table_rows(spec, sweep, floor_fwd), args.results)
-    if args.json_path:
-        payload = {"config": {**spec, "rows_fraction": args.rows_fraction}, "machine": machine_description(args.device),
-                   "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd}, "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
-                   # one fraction (or none): its results, as before; a sweep: every fraction's
-                   **({"results": sweep[0]["results"]} if len(sweep) == 1 else {"sweep": sweep})}
-        Path(args.json_path).write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json_path}")
-
+    return {"config": {**spec, "rows_fraction": args.rows_fraction}, "machine": machine_description(args.device),
+            "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd}, "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
+            # one fraction (or none): its results, as before; a sweep: every fraction's
+            **({"results": sweep[0]["results"]} if len(sweep) == 1 else {"sweep": sweep})}
 
 if __name__ == "__main__":
     main()

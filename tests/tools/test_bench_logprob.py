@@ -43,3 +43,20 @@ def test_timed_run_and_the_peer_report(tmp_path, capsys):
     assert set(unavailable) | {p.split("_")[0] for p in peers} == {"liger", "cce", "verl"}  # each: in, or why not
     bl.main(["--list-peers"])
     assert "available:" in capsys.readouterr().out
+
+
+def test_several_shapes_in_one_call_each_beside_its_floor_and_a_bad_shape_exits_2(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    bl.main(["--shapes", "64x16", "96x8x300", "--V", "257", "--reps", "1", "--device", "cpu", "--providers",
+             "fused_torch", "--json", str(out), "--results", str(tmp_path)])
+    res = json.loads(out.read_text())["shapes"]
+    assert [(r["config"]["T"], r["config"]["H"], r["config"]["V"]) for r in res] == [(64, 16, 257), (96, 8, 300)]
+    assert all(r["floor_ms"]["fwd"] > 0 and r["results"]["fused_torch"]["status"] == "ok" for r in res)
+    shapes = {json.loads(line)["shape"] for line in (tmp_path / "kernel.jsonl").read_text().splitlines()}
+    assert shapes == {"64x16x257", "96x8x300"}
+    try:
+        bl.main(["--shapes", "64x0", "--device", "cpu"])
+    except SystemExit as err:
+        assert err.code == 2 and "--shapes '64x0'" in capsys.readouterr().err
+    else:
+        raise AssertionError("a bad --shapes entry must exit 2")
