@@ -294,20 +294,21 @@ def logprobs_from_hidden(
         hidden = hidden.index_select(0, index)
         labels = labels.index_select(0, index)
     labels_local = _local_labels(labels, weight.shape[0], tp_group, check_bounds)
-    if exact_logprob is not None:
-        exact = _exact_rows(exact_logprob, hidden.to(weight.dtype), weight, labels_local, temperature, chunk_size,
-                            tp_group, batch_invariant or top_k > 0 or top_p < 1.0)
-        needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if exact_logprob is not None and not with_entropy and not needs_grad:
+    hidden = hidden.to(weight.dtype)  # the GEMMs' dtype; autograd casts the gradient back
+    exact = None if exact_logprob is None else _exact_rows(
+        exact_logprob, hidden, weight, labels_local, temperature, chunk_size, tp_group,
+        batch_invariant or top_k > 0 or top_p < 1.0)
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if exact is not None and not with_entropy and not needs_grad:
         logprob, entropy = exact(), None
     elif module is None:  # batch-invariant torch: ops/invariant.py's arithmetic
         logprob, entropy = logprob_invariant.invariant_logprobs(
-            hidden.to(weight.dtype), weight, labels_local, temperature=temperature, top_k=top_k, top_p=top_p,
+            hidden, weight, labels_local, temperature=temperature, top_k=top_k, top_p=top_p,
             with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_size=chunk_size)
     else:
         logprob, entropy = _FusedLinearLogprob.apply(
-            hidden.to(weight.dtype), weight, labels_local, module, tp_group, 1.0 / temperature, with_entropy,
-            entropy_grad, chunk_size, exact if exact_logprob is not None else None)
+            hidden, weight, labels_local, module, tp_group, 1.0 / temperature, with_entropy, entropy_grad, chunk_size,
+            exact)
     logprob = _scatter_rows(logprob, index, n_tokens)
     if not with_entropy:
         return logprob, None
