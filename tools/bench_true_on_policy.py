@@ -48,8 +48,9 @@ PHASES = ("timing_s/step", "timing_s/gen", "timing_s/gen_engine", "timing_s/old_
 CPU = ["trainer.use_ray=false", "trainer.logger=[jsonl]", "trainer.progress_bar=false", "trainer.plots=false",
        "trainer.save_freq=-1"]
 GPU_06B = [*GRPO_06B_OVERRIDES, "rollout=vllm", "trainer.use_ray=false", "trainer.save_freq=-1"]
-# the key on (the head's backend as the default run's: vLLM's kernels give the value, the fused head the gradient)
-ON = {"cpu": ["rollout.true_on_policy=true"], "cuda": ["rollout.true_on_policy=true"]}
+# the key on, on either device (the head's backend as the default run's: with vLLM its kernels give the value, the
+# fused head the gradient)
+ON = ["rollout.true_on_policy=true"]
 
 
 def summary(rows: list[dict]) -> dict:
@@ -372,7 +373,7 @@ def main() -> int:
     device = "cuda" if args.gpu_06b else "cpu"
     base = (GPU_06B if args.gpu_06b else CPU) + [f"trainer.total_steps={args.steps}", *args.set]
     report = {**report_header("bench_true_on_policy", device=device), "runs": {}}
-    for name, key in (("off", ["rollout.true_on_policy=false"]), ("on", ON[device])):
+    for name, key in (("off", ["rollout.true_on_policy=false"]), ("on", ON)):
         if name not in args.variants:
             continue
         run = run_trainer(args.config, [*base, *key], os.path.join(args.runs or args.out, name),
