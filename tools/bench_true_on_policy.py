@@ -53,10 +53,17 @@ GPU_06B = [*GRPO_06B_OVERRIDES, "rollout=vllm", "trainer.use_ray=false", "traine
 ON = ["rollout.true_on_policy=true"]
 
 
-def summary(rows: list[dict]) -> dict:
-    """Phase means over the steps after the first (it compiles and allocates), and the mismatch of every step."""
+def profiled_steps(overrides: list[str]) -> set[int]:
+    """The steps a run traces (trainer.profile_steps=[...] among its overrides, the last one given)."""
+    lists = [o.split("=", 1)[1] for o in overrides if o.startswith("trainer.profile_steps=")]
+    return {int(x) for x in lists[-1].strip("[] ").split(",") if x.strip()} if lists else set()
+
+
+def summary(rows: list[dict], profiled: set[int] = frozenset()) -> dict:
+    """Phase means over the steps after the first (it compiles and allocates) that were not traced (the profiler's
+    own cost would count), and the mismatch of every step."""
     steps = [r for r in rows if "timing_s/step" in r]
-    steady = steps[1:] or steps
+    steady = [r for r in steps[1:] if r.get("step") not in profiled] or steps
     mean = {k: sum(r.get(k, 0.0) for r in steady) / max(len(steady), 1) for k in PHASES}
     diff = [r.get("rollout/logprob_diff_max") for r in steps]
     return {"steps": len(steps), "mean": mean, "logprob_diff_max": diff,
@@ -86,7 +93,7 @@ def markdown(report: dict) -> str:
         off, on = runs["off"]["mean"][k], runs["on"]["mean"][k]
         rows.append([k, f"{off:.4f}", f"{on:.4f}", f"{on / off:.2f}x" if off > 0 else "-"])
     out = [f"# rollout.true_on_policy: cost and mismatch ({report['date']}, {report['device']})", "",
-           f"`{report['command']}`", "", "Mean seconds per step after the first:", "",
+           f"`{report['command']}`", "", "Mean seconds per step after the first (traced steps left out):", "",
            md_table(["phase", "off", "on", "on / off"], rows, ["---", "---:", "---:", "---:"]), ""]
     for name, r in runs.items():
         diffs = [d for d in r["logprob_diff_max"] if d is not None]
@@ -380,7 +387,8 @@ def main() -> int:
                           timeout_s=args.timeout)
         if run["rc"] != 0:
             print(f"bench_true_on_policy: the {name} run failed (rc {run['rc']}):\n{run['tail']}", file=sys.stderr)
-        report["runs"][name] = {"rc": run["rc"], "wall_s": run["wall_s"], **summary(run["rows"])}
+        report["runs"][name] = {"rc": run["rc"], "wall_s": run["wall_s"],
+                                **summary(run["rows"], profiled_steps([*base, *key]))}
         if run["rc"] == 0:
             tables.upsert("rollout", [table_row(name, {**report["runs"][name], "config": [*base, *key]}, report, args)],
                           args.results)

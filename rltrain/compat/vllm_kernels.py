@@ -103,9 +103,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=8)
-def _cos_sin_cache(head_dim: int, max_position: int, theta: float, dtype: torch.dtype, device: str) -> torch.Tensor:
+def _cos_sin_cache(head_dim: int, max_position: int, theta: float, dtype: torch.dtype, device: str,
+                   inverse: bool = False) -> torch.Tensor:
     """vLLM's RotaryEmbedding cache: its own _compute_cos_sin_cache, on the GPU (as vLLM builds it inside the model's
-    device context), then in the model dtype."""
+    device context), then in the model dtype. inverse: the sin half negated (the rotation by minus the angle, the
+    transpose of the forward's map: its gradient)."""
+    if inverse:
+        cache = _cos_sin_cache(head_dim, max_position, theta, dtype, device).clone()
+        cache[:, head_dim // 2:].neg_()
+        return cache
     rotary = _vllm().rotary_class
     ns = SimpleNamespace(rotary_dim=head_dim, max_position_embeddings=max_position, base=theta)
     ns._compute_inv_freq = functools.partial(rotary._compute_inv_freq, ns)
@@ -113,12 +119,19 @@ def _cos_sin_cache(head_dim: int, max_position: int, theta: float, dtype: torch.
         return rotary._compute_cos_sin_cache(ns).to(dtype)
 
 
-def rope(t: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def sequence_major_positions(s: int, b: int, device: str) -> torch.Tensor:
+    """Positions 0..s-1 of megatron's sequence-major tokens [s, b] flattened (each position b times), int64."""
+    return torch.arange(s, device=device).repeat_interleave(b)
+
+
+def rope(t: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int,
+         inverse: bool = False) -> torch.Tensor:
     """Rotary (neox style) of t [tokens, heads, head_dim] at integer positions [tokens]: vLLM's in-place kernel, on
-    a copy."""
+    a copy. inverse: the rotation back (the gradient of the forward's, which is linear in t)."""
     tokens, heads, d = t.shape
     out = t.reshape(tokens, heads * d).clone(memory_format=torch.contiguous_format)
-    cache = _cos_sin_cache(d, max_position, float(theta), t.dtype, str(t.device))
+    cache = _cos_sin_cache(d, max_position, float(theta), t.dtype, str(t.device), inverse)
     _vllm().rotary_embedding(positions.to(torch.int64).contiguous(), out, None, d, cache, True)
     return out.view(tokens, heads, d)
 
@@ -132,8 +145,19 @@ def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
     return out.view(*h.shape[:-1], d)
 
 
+@functools.lru_cache(maxsize=4)
 def _fa_version(head_dim: int) -> int:
     return _vllm().fa_version(head_size=head_dim) or 3
+
+
+@functools.lru_cache(maxsize=16)
+def _paged_meta(b: int, s: int, hkv: int, device: str) -> tuple[torch.Tensor, ...]:
+    """The FlashAttention call's metadata for b rows of s tokens in runs of pages (read-only, kept per shape)."""
+    i32 = dict(dtype=torch.int32, device=device)
+    pages = -(-s // BLOCK_SIZE)
+    return (torch.arange(0, (b + 1) * s, s, **i32), torch.full((b,), s, **i32),
+            torch.arange(b * pages, **i32).view(b, pages),
+            torch.ones(1, dtype=torch.float32, device=device).expand(b, hkv))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -144,20 +168,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     hkv = k.shape[1]
     pages = -(-s // BLOCK_SIZE)
     mem = torch.zeros(b * pages, BLOCK_SIZE, hkv, 2 * d, dtype=q.dtype, device=q.device)
-    for t, half in ((k, slice(0, d)), (v, slice(d, 2 * d))):
-        rows = torch.zeros(b, pages * BLOCK_SIZE, hkv, d, dtype=q.dtype, device=q.device)
-        rows[:, :s] = t.permute(0, 2, 1, 3)
-        mem[..., half] = rows.view(b * pages, BLOCK_SIZE, hkv, d)
-    i32 = dict(dtype=torch.int32, device=q.device)
+    rows = mem.view(b, pages * BLOCK_SIZE, hkv, 2 * d)  # each row's pages in order; the last page's tail stays 0
+    rows[:, :s, :, :d] = k.permute(0, 2, 1, 3)
+    rows[:, :s, :, d:] = v.permute(0, 2, 1, 3)
+    cu_q, used_k, block_table, ones = _paged_meta(b, s, hkv, str(q.device))
     query = q.permute(0, 2, 1, 3).reshape(b * s, h, d).contiguous()
-    ones = torch.ones(1, dtype=torch.float32, device=q.device).expand(b, hkv)
     out = torch.empty_like(query)
     _vllm().flash_attn_varlen_func(
-        q=query, k=mem[..., :d], v=mem[..., d:], out=out, cu_seqlens_q=torch.arange(0, (b + 1) * s, s, **i32),
-        max_seqlen_q=s, seqused_k=torch.full((b,), s, **i32), max_seqlen_k=s, softmax_scale=scale, causal=True,
-        block_table=torch.arange(b * pages, **i32).view(b, pages), fa_version=_fa_version(d), num_splits=1,
-        k_descale=ones, v_descale=ones)  # vLLM passes its layer's unit K/V scales, expanded, for a bf16 cache too
-    return out.view(b, s, h, d).permute(0, 2, 1, 3)
+        q=query, k=mem[..., :d], v=mem[..., d:], out=out, cu_seqlens_q=cu_q, max_seqlen_q=s, seqused_k=used_k,
+        max_seqlen_k=s, softmax_scale=scale, causal=True, block_table=block_table, fa_version=_fa_version(d),
+        num_splits=1, k_descale=ones, v_descale=ones)  # vLLM passes its layer's unit K/V scales, expanded, for a
+    return out.view(b, s, h, d).permute(0, 2, 1, 3)    # bf16 cache too
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rltrain.ops.exact import exact_cumsum, exact_matmul, exact_sum, exp, log
 
 __all__ = ["attention", "apply_rope", "linear", "log_softmax", "moe_experts", "moe_route", "rms_norm", "rope_cos_sin",
-           "silu", "token_stats", "with_plain_backward", "linear_with_plain_backward"]
+           "silu", "token_stats", "with_backward", "with_plain_backward", "linear_with_plain_backward"]
 
 _ELEMENTS_PER_CHUNK = 1 << 22  # fp64 scratch per chunk of the row-chunked ops (32 MiB)
 
@@ -52,6 +52,32 @@ def with_plain_backward(exact_fn: Callable, plain_fn: Callable, *tensors: torch.
     another arithmetic of the same function (here, and another engine's kernels: models/megatron/invariant.py)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return _PlainBackward.apply(exact_fn, plain_fn, *tensors)
+    return exact_fn(*tensors)
+
+
+class _GivenBackward(torch.autograd.Function):
+    """Forward: exact_fn(*tensors); backward: grad_fn(needs, *tensors, grad), the gradients of the plain formula
+    computed directly (needs: which inputs want one)."""
+
+    @staticmethod
+    def forward(ctx, exact_fn, grad_fn, save, *tensors):
+        ctx.grad_fn, ctx.n = grad_fn, len(tensors)
+        ctx.save_for_backward(*(tensors if save else ()))
+        return exact_fn(*tensors)
+
+    @staticmethod
+    def backward(ctx, grad):
+        need = ctx.needs_input_grad[3:]
+        grads = ctx.grad_fn(need, *(ctx.saved_tensors or (None,) * ctx.n), grad)
+        return (None, None, None, *(g if n else None for g, n in zip(grads, need)))
+
+
+def with_backward(exact_fn: Callable, grad_fn: Callable, *tensors: torch.Tensor, save: bool = True) -> torch.Tensor:
+    """exact_fn(*tensors), whose gradient under autograd is grad_fn(needs, *tensors, grad) -> one gradient (or None)
+    per tensor: with_plain_backward where the plain formula's gradient has a direct form (no recomputed forward).
+    save=False: the gradient needs no input (a linear map's), grad_fn gets None for each and nothing is kept."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _GivenBackward.apply(exact_fn, grad_fn, save, *tensors)
     return exact_fn(*tensors)
 
 

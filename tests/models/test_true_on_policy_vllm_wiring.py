@@ -83,9 +83,12 @@ def reference_vllm(monkeypatch):
                                                                 * x[..., x.shape[-1] // 2:]),
                           flash_attn_varlen_func=_flash_attn)
     monkeypatch.setattr(vk, "_vllm", lambda: ref)
-    vk._cos_sin_cache.cache_clear()
+    caches = (vk._cos_sin_cache, vk._fa_version, vk._paged_meta, vk.sequence_major_positions)
+    for c in caches:
+        c.cache_clear()
     yield calls
-    vk._cos_sin_cache.cache_clear()
+    for c in caches:
+        c.cache_clear()
 
 
 def test_our_layouts_around_vllms_kernels_compute_the_plain_ops(reference_vllm):
@@ -150,3 +153,38 @@ def test_vllms_residual_norms_are_routed_through_the_add_then_the_row_norm_once(
     assert torch.equal(total, x + r) and torch.equal(out, _norm(x + r, w, 1e-6))
     assert torch.equal(layernorm.rms_norm_batch_invariant(x, w, 1e-6), _norm(x, w, 1e-6))
     assert len(seen) == 2
+
+
+def test_each_routed_op_has_its_plain_formulas_gradient(reference_vllm):
+    """VllmKernels' backwards (the norm's kernel, rotary's rotation back, SiLU-and-mul's products, the recomputed
+    attention) against autograd through the plain formulas, op by op, fresh inputs with awkward sizes."""
+    from rltrain.models.megatron.invariant import VllmKernels, _plain_attention
+
+    kern = VllmKernels(1e4, 512)
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    s, b, h, hkv, d = 19, 3, 4, 2, 12
+
+    def grads(fn, *xs):
+        xs = [x.detach().clone().requires_grad_() for x in xs]
+        out = fn(*xs)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))  # not _like: strides differ
+        return torch.autograd.grad(out, xs, g)
+
+    def plain_rope(t):
+        ang = torch.arange(s)[:, None].float() * (1.0 / 1e4 ** (torch.arange(0, d, 2).float() / d))
+        cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None, None], torch.cat([ang.sin()] * 2, -1)[:, None, None]
+        return inv.apply_rope(t, cos, sin)
+
+    x, w = torch.randn(s, b, 40) * 2, torch.rand(40) + 0.5
+    q, k, v = torch.randn(b, h, s, d), torch.randn(b, hkv, s, d), torch.randn(b, hkv, s, d)
+    hh = torch.randn(s, b, 2 * 24)
+    cases = [
+        (lambda x, w: kern.norm(x, w, 1e-6), lambda x, w: _norm(x, w, 1e-6), (x, w)),
+        (kern.rope, plain_rope, (torch.randn(s, b, h, d),)),
+        (kern.glu, lambda t: F.silu(t[..., :24]) * t[..., 24:], (hh,)),
+        (lambda q, k, v: kern.attention(q, k, v, d ** -0.5),
+         lambda q, k, v: _plain_attention(q, k, v, d ** -0.5), (q, k, v)),
+    ]
+    for ours, plain, xs in cases:
+        for got, ref in zip(grads(ours, *xs), grads(plain, *xs)):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

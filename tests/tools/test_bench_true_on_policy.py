@@ -28,3 +28,10 @@ def test_summary_skips_the_first_step_and_keeps_every_steps_mismatch():
     assert on["val_accuracy"] == [(0, 0.1), (3, 0.4)]
     md = bench.markdown({"date": "d", "device": "cpu", "command": "c", "runs": {"off": off, "on": on}})
     assert "| timing_s/step | 2.0000 | 2.0000 | 1.00x |" in md and "exactly 0 every step: True" in md
+
+
+def test_traced_steps_stay_out_of_the_means():
+    overrides = ["trainer.total_steps=4", "trainer.profile_steps=[2, 3]", "rollout.true_on_policy=true"]
+    assert bench.profiled_steps(overrides) == {2, 3} and bench.profiled_steps(["trainer.profile_steps=[]"]) == set()
+    run = bench.summary(_rows([9.0, 7.0, 5.0, 1.0], 0.0), bench.profiled_steps(overrides))
+    assert run["mean"]["timing_s/step"] == 1.0 and run["steps"] == 4 and run["logprob_diff_max"] == [0.0] * 4

@@ -18,7 +18,9 @@ refused by config validation):
   its gating on the exact linear; the experts are the top-k of those logits (or the replayed ones), weighted and
   summed by ops.invariant.moe_route / moe_experts as the hf engine's Qwen3-MoE block does; the weights' gradient is
   the router's own (added as `p - p.detach()`, exactly 0 in value).
-Every op's backward is the plain formula's at the same inputs (ops.invariant.with_plain_backward).
+Every op's backward is the plain formula's at the same inputs: recomputed under autograd (ops.invariant.
+with_plain_backward), or in a direct form where one exists (VllmKernels: the linear layers' products, the norm's
+gradient kernel ops/norm_grad.py, rotary's rotation back, SiLU-and-mul's two products; ops.invariant.with_backward).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from rltrain.ops import invariant as inv
+from rltrain.ops.norm_grad import rms_norm_backward
 
 _ROPE_ATTR = "_rltrain_true_on_policy"  # on a TransformerConfig: the kernel set of a routed model
 
@@ -89,34 +92,37 @@ class VllmKernels:
         return inv.linear_with_plain_backward(self.k.linear, x, w, b)
 
     def norm(self, x, w, eps):
-        return inv.with_plain_backward(lambda x, w: self.k.rms_norm(x, w, eps), lambda x, w: _plain_norm(x, w, eps),
-                                       x, w)
+        def grad(need, x, w, g):
+            return rms_norm_backward(x, w, g, eps, need_weight_grad=need[1])
 
-    def rope(self, t):  # t [s, b, heads, hn]
+        return inv.with_backward(lambda x, w: self.k.rms_norm(x, w, eps), grad, x, w)
+
+    def rope(self, t):  # t [s, b, heads, hn]; the gradient is the rotation back (the forward is linear in t)
         s, b, h, d = t.shape
-        pos = torch.arange(s, device=t.device).repeat_interleave(b)  # megatron's tokens are sequence-major
+        pos = self.k.sequence_major_positions(s, b, str(t.device))  # megatron's tokens are sequence-major
 
-        def exact(t):
-            return self.k.rope(t.reshape(s * b, h, d), pos, self.theta, self.max_position).view(s, b, h, d)
+        def turn(t, inverse=False):
+            return self.k.rope(t.reshape(s * b, h, d), pos, self.theta, self.max_position, inverse).view(s, b, h, d)
 
-        def plain(t):
-            cache = self.k._cos_sin_cache(d, self.max_position, float(self.theta), t.dtype, str(t.device))
-            cos, sin = cache[:s, : d // 2], cache[:s, d // 2:]
-            cos, sin = torch.cat([cos, cos], -1)[:, None, None], torch.cat([sin, sin], -1)[:, None, None]
-            return inv.apply_rope(t, cos, sin)
-
-        return inv.with_plain_backward(exact, plain, t)
+        return inv.with_backward(turn, lambda need, t, g: (turn(g, inverse=True),), t, save=False)
 
     def attention(self, q, k, v, scale):
         return inv.with_plain_backward(lambda q, k, v: self.k.attention(q, k, v, scale),
                                        lambda q, k, v: _plain_attention(q, k, v, scale), q, k, v)
 
     def glu(self, h):
-        def plain(h):
-            gate, up = h.chunk(2, dim=-1)
-            return F.silu(gate) * up
+        return inv.with_backward(self.k.silu_and_mul, lambda need, h, g: (_glu_grad(h, g),), h)
 
-        return inv.with_plain_backward(self.k.silu_and_mul, plain, h)
+
+def _glu_grad(h, g):
+    """The gradient of silu(gate) * up (h = [gate | up] on the last dim) for the output's gradient g, as autograd
+    gives it in h's dtype: [silu'(gate) * g * up | g * silu(gate)]."""
+    gate, up = h.chunk(2, dim=-1)
+    dh = torch.empty_like(h)
+    half = gate.shape[-1]
+    torch.mul(g, F.silu(gate), out=dh[..., half:])
+    dh[..., :half] = torch.ops.aten.silu_backward(g * up, gate)
+    return dh
 
 
 def _column_forward(self, input_, weight=None, runtime_gather_output=None):
