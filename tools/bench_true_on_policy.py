@@ -23,7 +23,9 @@ and writes true_on_policy_check.json to --out: max |difference| and the share of
 goal: exactly 0), B-C and A-B, the generation and actor-forward seconds, per sequence where A and C first part, per
 decoder layer the largest difference of the residual stream between vLLM's prefill and the actor on one sequence,
 and the head's stages on that sequence (final norm, logits, log-softmax of each side's logits against what each side
-reports). Exit 0 when A == C on every token. With --cpu: a dry run of the flow with the hf engine.
+reports); and the partial rollouts' path (each sequence in chunks of a quarter of the response, every chunk re-read
+as a fresh request among others) against the actor. Exit 0 when A == C and chunks == C on every token. With --cpu:
+a dry run of the flow with the hf engine.
 
   PYTHONPATH=/tmp/site:$PWD python tools/bench_true_on_policy.py --check --out $OUT
 """
@@ -304,6 +306,24 @@ def _decode_variants(w, llm, vocab: int) -> dict:
     return out
 
 
+def _chunked_vs_actor(w, prompts: list[dict], seed: int, temperature: float) -> dict:
+    """The partial rollouts' path on the engine (rollout/partial.py, weights fixed): each sequence generated in chunks
+    of rollout.partial_chunk_tokens new tokens, every chunk a fresh request of prompt + tokens so far, re-read
+    among other sequences at other lengths; the chunks' sampler log-probs against the actor's forward."""
+    from rltrain.rollout.partial import FixedVersion
+
+    w.rollout.partial = FixedVersion()
+    try:
+        batch, _ = w.generate(prompts, 0, False, seed)
+    finally:
+        w.rollout.partial = None
+    old, _ = w.compute_old_logprobs(batch, temperature)
+    _, idx, (a_rows, c_rows) = _rows(batch, batch.sampler_logprobs, old)
+    return {**_compare([x for r in a_rows for x in r], [x for r in c_rows for x in r]),
+            "chunk_tokens": int(w.rollout.cfg.partial_chunk_tokens),
+            "by_sequence": _parting(a_rows, c_rows, [p for p, _ in idx])[:6]}
+
+
 def check(args) -> int:
     """--check (module docstring)."""
     import torch
@@ -315,7 +335,8 @@ def check(args) -> int:
 
     base = ["trainer.device=cpu"] if args.cpu else [*GRPO_06B_OVERRIDES, "rollout=vllm"]
     overrides = [*base, "trainer.use_ray=false", "rollout.true_on_policy=true", f"rollout.n={args.n}",
-                 f"rollout.max_response_length={args.max_tokens}", *args.set]
+                 f"rollout.max_response_length={args.max_tokens}",
+                 f"rollout.partial_chunk_tokens={max(1, args.max_tokens // 4)}", *args.set]
     cfg = compose_config("grpo_tiny", overrides)
     validate_config(cfg)
     group = LocalWorkerGroup(HybridWorker, worker_kwargs={"cfg": cfg, "roles": ["actor", "rollout"]})
@@ -339,6 +360,7 @@ def check(args) -> int:
     c = [x for row in c_rows for x in row]
     result = {"config": overrides, "generate_s": gen_s, "actor_forward_s": fwd_s, "decode_vs_actor": _compare(a, c),
               "decode_vs_actor_by_sequence": _parting(a_rows, c_rows, [p for p, _ in b_idx])}
+    result["chunked_vs_actor"] = _chunked_vs_actor(w, prompts, 4321, float(cfg.rollout.temperature))
     llm = getattr(w.rollout.engine, "llm", None)
     if llm is not None:
         b = [x for row in _prefill_rows(llm, sequences, b_idx) for x in row]
@@ -354,7 +376,7 @@ def check(args) -> int:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1), flush=True)
     group.shutdown()
-    return 0 if result["decode_vs_actor"]["max"] == 0.0 else 1
+    return 0 if result["decode_vs_actor"]["max"] == 0.0 and result["chunked_vs_actor"]["max"] == 0.0 else 1
 
 
 def main() -> int:

@@ -29,3 +29,4 @@ def test_actor_forward_equals_vllm_sampler_logprobs(tmp_path):
     assert got["decode_vs_actor"]["tokens"] > 0
     assert got["decode_vs_actor"]["max"] == 0.0, {k: got.get(k) for k in ("decode_vs_actor", "prefill_vs_actor",
                                                                       "decode_vs_prefill")}
+    assert got["chunked_vs_actor"]["tokens"] > 0 and got["chunked_vs_actor"]["max"] == 0.0, got["chunked_vs_actor"]

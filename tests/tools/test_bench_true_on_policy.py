@@ -35,3 +35,18 @@ def test_traced_steps_stay_out_of_the_means():
     assert bench.profiled_steps(overrides) == {2, 3} and bench.profiled_steps(["trainer.profile_steps=[]"]) == set()
     run = bench.summary(_rows([9.0, 7.0, 5.0, 1.0], 0.0), bench.profiled_steps(overrides))
     assert run["mean"]["timing_s/step"] == 1.0 and run["steps"] == 4 and run["logprob_diff_max"] == [0.0] * 4
+
+
+def test_check_flow_on_cpu_is_exact_for_decode_and_chunks(tmp_path):
+    """--check --cpu: the per-token check's flow with the hf engine, the partial rollouts' chunks included."""
+    import json
+    import subprocess
+
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "bench_true_on_policy.py")
+    proc = subprocess.run([sys.executable, tool, "--check", "--cpu", "--out", str(tmp_path), "--prompts", "3",
+                           "--n", "2", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads((tmp_path / "true_on_policy_check.json").read_text())
+    for key in ("decode_vs_actor", "chunked_vs_actor"):
+        assert got[key]["tokens"] > 0 and got[key]["max"] == 0.0, got[key]
+    assert got["chunked_vs_actor"]["chunk_tokens"] == 2
