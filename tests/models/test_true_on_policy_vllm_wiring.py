@@ -114,7 +114,7 @@ def test_our_layouts_around_vllms_kernels_compute_the_plain_ops(reference_vllm):
     assert torch.equal(lp16, torch.log_softmax(z16, -1).gather(-1, lab[:, None]).squeeze(-1))
 
 
-def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm):
+def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm, caplog):
     hf = random_hf_model(61, seed=4)
     ids, lens, mask = random_batch(61, [9, 17, 3], seed=5)
     engines = {}
@@ -122,6 +122,8 @@ def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm):
         engines[name] = make_engine(hf.config, seed=0, lr=1e-2, true_on_policy=top,
                                     fused_linear_logprob_backend="torch")
         engines[name].load_hf_weights(hf.state_dict())
+    # a small head: FlashAttention 3's decode and prefill tiles differ there, which the set says (docs/vllm.md)
+    assert hf.config.head_dim <= 64 and "tiles of another size" in caplog.text
     lp, ent = engines["vllm"].forward_logprobs(ids, lens, mask, temperature=0.8)
     ref_lp, ref_ent = engines["plain"].forward_logprobs(ids, lens, mask, temperature=0.8)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,7 @@ gradient kernel ops/norm_grad.py, rotary's rotation back, SiLU-and-mul's two pro
 
 from __future__ import annotations
 
+import logging
 import types
 
 import torch
@@ -35,6 +36,11 @@ from rltrain.ops import invariant as inv
 from rltrain.ops.norm_grad import rms_norm_backward
 
 _ROPE_ATTR = "_rltrain_true_on_policy"  # on a TransformerConfig: the kernel set of a routed model
+# FlashAttention 3 on Hopper (its hopper/tile_size.h, tile_size_fwd_sm90): over a paged KV cache of 16-token pages a
+# causal call (a prefill) and a non-causal one (a decode step: FA drops causal for a single query) read the keys in
+# tiles of one size above head_dim 64 (128 up to 128, 96 up to 192, 80 above), of two at head_dim <= 64 (128, 160)
+FA3_TILES_DIFFER_UP_TO_HEAD_DIM = 64
+log = logging.getLogger(__name__)
 
 
 def _causal(s: int, device) -> torch.Tensor:
@@ -237,6 +243,7 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
     if sampled is None:
         return None
     from rltrain.models.megatron.build import moe_layer_pattern, rope_theta
+    from rltrain.utils.flops import head_dim
 
     par, comp, head = config.parallel, config.compute, config.head
     why = []
@@ -258,6 +265,12 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
                    "the batch size: a Triton kernel for 8 rows or more, a sort below)")
     if why:
         raise ValueError("rollout.true_on_policy needs " + "; ".join(why))
+    if sampled.engine == "vllm" and head_dim(hf_config) <= FA3_TILES_DIFFER_UP_TO_HEAD_DIM:
+        log.warning(
+            "rollout.true_on_policy with head_dim %d: vLLM's FlashAttention 3 reads the keys of a decode step (one "
+            "query, non-causal) in tiles of another size than a prefill's (causal) at head_dim <= 64, so the "
+            "engine's log-probs and the actor's agree to about one fp32 ulp there, not bit for bit (docs/vllm.md, "
+            "issue 60); above head_dim 64 the two tiles are one", head_dim(hf_config))
     theta = rope_theta(hf_config)
     kernels = (VllmKernels(theta, int(hf_config.max_position_embeddings)) if sampled.engine == "vllm"
                else ExactKernels(theta))
