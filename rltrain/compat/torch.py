@@ -25,6 +25,16 @@ def cuda_mm_out_dtype() -> bool:
         return False
 
 
+def optional_triton() -> tuple:
+    """(triton, triton.language), or (None, None) on an install without Triton (the torch paths run then)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:  # pragma: no cover - exercised on installs without triton
+        return None, None
+    return triton, tl
+
+
 def triton_tensor_descriptor():
     """Triton's TensorDescriptor class (TMA loads on Hopper), or None on a Triton without it / without Triton."""
     try:

@@ -54,17 +54,10 @@ import dataclasses
 
 import torch
 
-from rltrain.compat.torch import triton_tensor_descriptor
+from rltrain.compat.torch import optional_triton, triton_tensor_descriptor
 
-try:  # triton is optional: the torch backend runs without it
-    import triton
-    import triton.language as tl
-
-    _HAVE_TRITON = True
-except ImportError:  # pragma: no cover - exercised on installs without triton
-    triton = None
-    tl = None
-    _HAVE_TRITON = False
+triton, tl = optional_triton()  # optional: the torch path runs without it
+_HAVE_TRITON = triton is not None
 _TensorDescriptor = triton_tensor_descriptor()  # None: pointer loads only
 
 __all__ = ["forward_stats", "backward", "is_available", "TritonTuning", "DEFAULT_TUNING"]

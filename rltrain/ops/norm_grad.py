@@ -7,22 +7,18 @@ backward is this plain formula's: with r = rsqrt(mean(x^2) + eps), n = x * r, gn
 
     dx = r * (gn - n * mean(gn * n)),        dw = sum over rows of g * n.
 
-Agrees with autograd through the plain torch formula to fp32 rounding (tests/ops/test_norm_grad.py). Pure tensor math.
+Agrees with autograd through the plain torch formula to the rounding of the inputs' dtype (tests/ops/test_norm_grad.py).
+Pure tensor math.
 """
 
 from __future__ import annotations
 
 import torch
 
-try:  # triton is optional: the torch formula runs without it
-    import triton
-    import triton.language as tl
+from rltrain.compat.torch import optional_triton
 
-    _HAVE_TRITON = True
-except ImportError:  # pragma: no cover - exercised on installs without triton
-    triton = None
-    tl = None
-    _HAVE_TRITON = False
+triton, tl = optional_triton()  # optional: the torch path runs without it
+_HAVE_TRITON = triton is not None
 
 __all__ = ["rms_norm_backward"]
 

@@ -6,12 +6,8 @@ statistics the same bits whatever the number of rows."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,7 @@ import torch
 
 from rltrain.ops import invariant as inv
 from rltrain.ops import logprobs_from_hidden
-from test_logprob_triton import INTERP_PRELUDE
+from test_logprob_triton import INTERP_PRELUDE, run_interpreted
 
 REPO = Path(__file__).resolve().parents[2]
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -118,11 +114,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed in this environment")
 def test_triton_mode_rows_are_the_same_bits_for_any_number_of_rows_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT, str(REPO), str(random.randrange(2**31))],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+    got = run_interpreted(_INTERP_SCRIPT, str(REPO), str(random.randrange(2**31)))
     assert got["same"] == [True, True], got
     # the control: the default split count follows the number of token blocks (41 vocab tiles: 7 splits for one
     # block, 6 for two), so a row's merge order, and with it its bits, can change with the rows beside it; the two

@@ -68,6 +68,17 @@ def _patched(tensor, scope):
     scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 _interp._patch_lang_tensor = _patched
 """
+
+
+def run_interpreted(script: str, *args: str):
+    """Run `script` (INTERP_PRELUDE + code printing "RESULT" + JSON) under TRITON_INTERPRET=1 with no GPU visible, in
+    a subprocess (the variable must be set before triton is imported); returns the JSON value."""
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+
+
 _INTERP_SCRIPT = INTERP_PRELUDE + r"""
 import torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
@@ -112,12 +123,7 @@ print("RESULT" + json.dumps(dict(cases=out, split=split)))
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed in this environment (pip install triton)")
 def test_interpreter_kernels_match_fp64_on_cpu():
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT, str(REPO), str(Path(__file__).parent)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    got = json.loads(line[len("RESULT"):])
+    got = run_interpreted(_INTERP_SCRIPT, str(REPO), str(Path(__file__).parent))
     results = got["cases"]
     assert got["split"]["lp"] <= 1e-5 and got["split"]["ent"] <= 1e-5, got["split"]
     assert got["split"]["zl_off_shard"] == 0.0, got["split"]

@@ -4,17 +4,13 @@ awkward shapes included (H not a power of two, one row, rows not a multiple of t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from rltrain.ops.norm_grad import rms_norm_backward
-from test_logprob_triton import HAVE_TRITON, INTERP_PRELUDE, REPO
+from test_logprob_triton import HAVE_TRITON, INTERP_PRELUDE, REPO, run_interpreted
 
 CASES = [  # (rows, H, dtype, need_weight_grad)
     (1, 40, torch.float32, True),
@@ -90,11 +86,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed in this environment (pip install triton)")
 def test_triton_kernel_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT, str(REPO), str(Path(__file__).parent)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+    results = run_interpreted(_INTERP_SCRIPT, str(REPO), str(Path(__file__).parent))
     assert len(results) == len(CASES) + 1
     for r, case in zip(results, CASES + [(300, 24, torch.float32, True)]):
         tol = 1e-5 if r["dtype"] == "torch.float32" else 2e-2

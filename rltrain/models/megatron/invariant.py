@@ -48,11 +48,6 @@ def _causal(s: int, device) -> torch.Tensor:
     return (pos[None, :] <= pos[:, None])[None, None]  # [1, 1, s, s]
 
 
-def _plain_norm(x, w, eps):
-    x32 = x.float()
-    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def _plain_attention(q, k, v, scale):
     rep = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True,
