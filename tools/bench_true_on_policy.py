@@ -9,6 +9,7 @@ and share of tokens that differ, every step) and the held-out accuracy by step. 
   python tools/bench_true_on_policy.py --out /tmp/top --steps 12                   # grpo_tiny on CPU, hf engine
   python tools/bench_true_on_policy.py --out /tmp/top --steps 150 --set trainer.test_freq=25   # learning curves
   PYTHONPATH=/tmp/site:$PWD python tools/bench_true_on_policy.py --out $OUT --gpu-06b --steps 50   # one H200, vLLM
+  ... --gpu-06b --steps 10 --rounds 2      # off, on, on, off: the cost with the host's drift cancelled
 
 --gpu-06b: the Qwen3-0.6B-shaped random model of tools/gpu_smoke.py's GRPO section (harness.cases.GRPO_06B_OVERRIDES)
 with the vLLM engine colocated, the head on the Triton backend in both runs (with the key on, vLLM's kernels give
@@ -64,15 +65,32 @@ def profiled_steps(overrides: list[str]) -> set[int]:
 def summary(rows: list[dict], profiled: set[int] = frozenset()) -> dict:
     """Phase means over the steps after the first (it compiles and allocates) that were not traced (the profiler's
     own cost would count), and the mismatch of every step."""
-    steps = [r for r in rows if "timing_s/step" in r]
-    steady = [r for r in steps[1:] if r.get("step") not in profiled] or steps
+    return summary_of_runs([rows], profiled)
+
+
+def summary_of_runs(runs: list[list[dict]], profiled: set[int] = frozenset()) -> dict:
+    """summary over several runs of one variant (--rounds): the steady steps of each run pooled, every step's
+    mismatch, and each run's mean step time (the host's drift between runs shows there)."""
+    per_run = [[r for r in rows if "timing_s/step" in r] for rows in runs]
+    steps = [r for run in per_run for r in run]
+    steadies = [[r for r in run[1:] if r.get("step") not in profiled] or run for run in per_run]
+    steady = [r for run in steadies for r in run]
     mean = {k: sum(r.get(k, 0.0) for r in steady) / max(len(steady), 1) for k in PHASES}
     diff = [r.get("rollout/logprob_diff_max") for r in steps]
+    rows = runs[-1] if runs else []
     return {"steps": len(steps), "mean": mean, "logprob_diff_max": diff,
+            "step_s_by_run": [round(sum(r["timing_s/step"] for r in run) / max(len(run), 1), 4) for run in steadies],
             "nonzero_frac": [r.get("rollout/logprob_diff_nonzero_frac") for r in steps],
             "all_zero": bool(steps) and all(d == 0.0 for d in diff),
             "score_last10": sum(r.get("critic/score/mean", 0.0) for r in steps[-10:]) / max(len(steps[-10:]), 1),
             "val_accuracy": learning_curve(rows)["by_step"]}
+
+
+def run_order(variants: list[str], rounds: int) -> list[str]:
+    """The variants' runs over `rounds` rounds, every other round reversed (A B, B A, A B, ...)."""
+    if rounds < 1:
+        raise SystemExit("bench_true_on_policy: --rounds must be >= 1")
+    return [v for r in range(rounds) for v in (variants if r % 2 == 0 else variants[::-1])]
 
 
 def table_row(name: str, run: dict, report: dict, args) -> dict:
@@ -104,6 +122,10 @@ def markdown(report: dict) -> str:
                    f" (exactly 0 every step: {r['all_zero']}); share of tokens that differ, mean "
                    f"{sum(fracs) / max(len(fracs), 1):.3g}; critic/score/mean over the last 10 steps "
                    f"{r['score_last10']:.3f}; val/accuracy by step {r['val_accuracy']}")
+    if len(report.get("order", [])) > 2:
+        by_run = {name: iter(r.get("step_s_by_run", [])) for name, r in runs.items()}
+        out.append("- runs in order (mean step s): " + ", ".join(
+            f"{tag} {next(by_run[tag.rsplit('_', 1)[0]], float('nan')):.3f}" for tag in report["order"]))
     return "\n".join(out) + "\n"
 
 
@@ -396,26 +418,35 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="--check: response tokens")
     ap.add_argument("--cpu", action="store_true", help="--check: a dry run with grpo_tiny's model and the hf engine")
     ap.add_argument("--runs", default=None, help="where the two run directories go (default: --out)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each variant, in A B B A order (a drift of the shared host's speed cancels)")
     args = ap.parse_args()
     if args.check:
         return check(args)
     device = "cuda" if args.gpu_06b else "cpu"
     base = (GPU_06B if args.gpu_06b else CPU) + [f"trainer.total_steps={args.steps}", *args.set]
-    report = {**report_header("bench_true_on_policy", device=device), "runs": {}}
-    for name, key in (("off", ["rollout.true_on_policy=false"]), ("on", ON)):
-        if name not in args.variants:
-            continue
-        run = run_trainer(args.config, [*base, *key], os.path.join(args.runs or args.out, name),
+    report = {**report_header("bench_true_on_policy", device=device), "runs": {}, "order": []}
+    keys = {"off": ["rollout.true_on_policy=false"], "on": ON}
+    rows: dict[str, list] = {}
+    failed = set()
+    for name in run_order(args.variants, args.rounds):
+        key = keys[name]
+        tag = f"{name}_{len(rows.get(name, [])) + 1}" if args.rounds > 1 else name
+        run = run_trainer(args.config, [*base, *key], os.path.join(args.runs or args.out, tag),
                           timeout_s=args.timeout)
+        report["order"].append(tag)
         if run["rc"] != 0:
-            print(f"bench_true_on_policy: the {name} run failed (rc {run['rc']}):\n{run['tail']}", file=sys.stderr)
-        report["runs"][name] = {"rc": run["rc"], "wall_s": run["wall_s"],
-                                **summary(run["rows"], profiled_steps([*base, *key]))}
-        if run["rc"] == 0:
-            tables.upsert("rollout", [table_row(name, {**report["runs"][name], "config": [*base, *key]}, report, args)],
-                          args.results)
+            print(f"bench_true_on_policy: the {tag} run failed (rc {run['rc']}):\n{run['tail']}", file=sys.stderr)
+            failed.add(name)
+        rows.setdefault(name, []).append(run["rows"])
+        report["runs"][name] = {"rc": 1 if name in failed else 0, "wall_s": run["wall_s"],
+                                **summary_of_runs(rows[name], profiled_steps([*base, *key]))}
         if len(report["runs"]) == 2:
             write_report(args.out, "bench_true_on_policy", report, markdown(report))
+    for name, run in report["runs"].items():
+        if name not in failed:
+            tables.upsert("rollout", [table_row(name, {**run, "config": [*base, *keys[name]]}, report, args)],
+                          args.results)
     if len(report["runs"]) == 2:
         print(open(os.path.join(args.out, "bench_true_on_policy.md")).read())
     else:  # one run: its summary only (no side by side)

@@ -50,3 +50,14 @@ def test_check_flow_on_cpu_is_exact_for_decode_and_chunks(tmp_path):
     for key in ("decode_vs_actor", "chunked_vs_actor"):
         assert got[key]["tokens"] > 0 and got[key]["max"] == 0.0, got[key]
     assert got["chunked_vs_actor"]["chunk_tokens"] == 2
+
+
+def test_rounds_alternate_and_pool_each_variants_runs():
+    assert bench.run_order(["off", "on"], 3) == ["off", "on", "on", "off", "off", "on"]
+    assert bench.run_order(["on"], 2) == ["on", "on"]
+    slow, fast = _rows([9.0, 3.0, 3.0], 0.0), _rows([9.0, 1.0, 1.0], 0.0)
+    both = bench.summary_of_runs([slow, fast])
+    assert both["mean"]["timing_s/step"] == 2.0 and both["step_s_by_run"] == [3.0, 1.0] and both["steps"] == 6
+    report = {"date": "d", "device": "cpu", "command": "c", "order": ["off_1", "on_1", "on_2", "off_2"],
+              "runs": {"off": bench.summary_of_runs([slow, slow]), "on": both}}
+    assert "runs in order (mean step s): off_1 3.000, on_1 3.000, on_2 1.000, off_2 3.000" in bench.markdown(report)
