@@ -130,11 +130,25 @@ def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm, c
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
     # per forward of the 2-layer model: every norm (2 input, 2 q/k and 1 post-attention a layer, the final one)
     assert reference_vllm == {"rms_norm": 9}
-    steps = {name: eng.train_step([dict(input_ids=ids, seq_lens=lens, label_mask=mask)],
-                                  lambda out, mb: (-(out.logprobs * mb.label_mask).sum(), {}), temperature=0.8)
-             for name, eng in engines.items()}  # the backward runs through every routed op
+    grads, steps = {}, {}
+    for name, eng in engines.items():  # the backward runs through every routed op
+        reduce = eng.optim.reduce_grads
+
+        def keep(reduce=reduce, name=name, model=eng.model):  # each parameter's gradient before the step
+            out = reduce()
+            grads[name] = {k: (p.main_grad if getattr(p, "main_grad", None) is not None else p.grad).clone()
+                           for k, p in model.named_parameters()}
+            return out
+
+        eng.optim.reduce_grads = keep
+        steps[name] = eng.train_step([dict(input_ids=ids, seq_lens=lens, label_mask=mask)],
+                                     lambda out, mb: (-(out.logprobs * mb.label_mask).sum(), {}), temperature=0.8)
     assert steps["vllm"]["grad_norm"] == pytest.approx(steps["plain"]["grad_norm"], rel=1e-4)
     assert steps["vllm"]["loss"] == pytest.approx(steps["plain"]["loss"], rel=1e-5)
+    assert grads["plain"].keys() == grads["vllm"].keys() and len(grads["plain"]) > 10
+    for k, ref in grads["plain"].items():  # every weight's gradient, norms' and embeddings' included
+        torch.testing.assert_close(grads["vllm"][k], ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()),
+                                   msg=lambda m, k=k: f"{k}: {m}")
 
 
 def test_vllms_residual_norms_are_routed_through_the_add_then_the_row_norm_once():
