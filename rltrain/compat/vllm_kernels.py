@@ -38,13 +38,16 @@ from types import SimpleNamespace
 import torch
 
 BLOCK_SIZE = 16  # tokens per KV-cache page: the engine is started with it (rollout/vllm_args.true_on_policy_kwargs)
+# vllm.LLM(worker_extension_cls=...): its import routes the residual norms of every engine process (named here, not
+# imported: the module imports vLLM)
+WORKER_EXTENSION = "rltrain.compat.vllm_worker_ext.RoutedNormsWorker"
 
 
 def enable() -> None:
     """vLLM's batch-invariant mode for this process, before any engine starts or any GEMM runs: its environment
     (cuBLAS workspace, NCCL) and its aten overrides (log_softmax, softmax, mean, bmm), its V2 model runner, and its
     residual norms routed through the row-independent Triton norm (route_residual_norms). An engine in a process of
-    its own does not get the routing (config/true_on_policy.py refuses rollout.engines_per_gpu > 1)."""
+    its own gets the environment, and the routing from the worker extension it is started with (WORKER_EXTENSION)."""
     os.environ["VLLM_BATCH_INVARIANT"] = "1"
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # its sampler's kernels are token_logprobs' (a dense model's default)
     from vllm.model_executor.layers import layernorm

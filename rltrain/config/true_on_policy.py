@@ -24,10 +24,6 @@ def true_on_policy_errors(cfg) -> list[str]:
     if r.engine == "vllm" and (r.top_k > 0 or r.top_p < 1.0):
         why.append("rollout.top_k / rollout.top_p with rollout.engine=vllm (vLLM masks them on a path its batch size "
                    "picks: a Triton kernel from 8 rows, a sort below): set them to -1 / 1.0, or use rollout.engine=hf")
-    if r.engine == "vllm" and r.engines_per_gpu > 1:
-        why.append(f"rollout.engines_per_gpu={r.engines_per_gpu} with rollout.engine=vllm (engines in processes of "
-                   "their own keep vLLM's fused add + RMSNorm kernel, whose rows depend on the batch; the trainer's "
-                   "process routes it for the engine it runs): set rollout.engines_per_gpu=1")
     if not t.fused_linear_logprob:
         why.append("trainer.fused_linear_logprob=False (the exact log-prob is the fused head's mode): set "
                    "trainer.fused_linear_logprob=true")

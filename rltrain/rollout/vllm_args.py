@@ -78,16 +78,18 @@ def true_on_policy_kwargs(device: str, enforce_eager: bool = False) -> dict[str,
     actor matches): vLLM's custom ops and no Inductor (no graph rewrite changes an elementwise step), FlashAttention,
     KV pages of vllm_kernels.BLOCK_SIZE tokens; the decode steps replayed from full CUDA graphs (the same kernels,
     launched from a graph: a padded batch row changes no other row) unless `enforce_eager`. The process runs vLLM's
-    batch-invariant mode (vllm_kernels.enable, set by the worker before the engine starts)."""
+    batch-invariant mode (vllm_kernels.enable, set by the worker before the engine starts; its environment reaches
+    an engine's own processes), and every worker process of the engine routes its residual norms (the worker
+    extension compat/vllm_worker_ext.py: engines in processes of their own too)."""
     if device != "cuda":
         return {}
-    from rltrain.compat.vllm_kernels import BLOCK_SIZE
+    from rltrain.compat.vllm_kernels import BLOCK_SIZE, WORKER_EXTENSION
 
     compilation = {"pass_config": {"fuse_allreduce_rms": False}, "custom_ops": ["all"]}
     if not enforce_eager:
         compilation.update(mode="NONE", cudagraph_mode="FULL_DECODE_ONLY")  # no torch.compile
     return dict(enforce_eager=enforce_eager, block_size=BLOCK_SIZE, attention_backend="FLASH_ATTN",
-                compilation_config=compilation)
+                compilation_config=compilation, worker_extension_cls=WORKER_EXTENSION)
 
 
 def kv_cache_need_bytes(hf_config, *, tensor_parallel_size: int, dtype_bytes: int,

@@ -204,3 +204,22 @@ def test_each_routed_op_has_its_plain_formulas_gradient(reference_vllm):
     for ours, plain, xs in cases:
         for got, ref in zip(grads(ours, *xs), grads(plain, *xs)):
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_true_on_policy_engines_carry_the_worker_extension_that_routes_their_norms(monkeypatch):
+    """Every engine process routes its residual norms (an engine pool's own processes too: the pool test in
+    tests/rollout/test_rollout_vllm.py asks them): vLLM imports the extension the engine is started with."""
+    import importlib
+
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers import layernorm
+
+    from rltrain.rollout.vllm_args import true_on_policy_kwargs
+
+    assert true_on_policy_kwargs("cuda")["worker_extension_cls"] == vk.WORKER_EXTENSION
+    assert true_on_policy_kwargs("cpu") == {}
+    monkeypatch.setattr(layernorm, "rms_norm_batch_invariant", layernorm.rms_norm_batch_invariant)  # restored after
+    module, name = vk.WORKER_EXTENSION.rsplit(".", 1)
+    importlib.reload(importlib.import_module(module))  # as vLLM's worker process imports it
+    ext = getattr(importlib.import_module(module), name)
+    assert ext().rltrain_norms_routed() and layernorm.rms_norm_batch_invariant._rltrain_routed

@@ -196,11 +196,14 @@ import json, sys
 from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams
 from rltrain.rollout.vllm import start_engine_pool
+from rltrain.compat.vllm_kernels import WORKER_EXTENSION
 if __name__ == "__main__":
     tok = CharTokenizer()
     pool = start_engine_pool(sys.argv[1], 2, tokenizer=tok, device="cpu", dtype="float32", seed=0,
-                             eos_token_id=tok.eos_token_id, gpu_memory_utilization=0.5)
+                             eos_token_id=tok.eos_token_id, gpu_memory_utilization=0.5,
+                             worker_extension_cls=WORKER_EXTENSION)  # as rollout.true_on_policy starts them
     engines = pool.engines
+    print("ROUTED", json.dumps([e.llm.collective_rpc("rltrain_norms_routed") for e in engines]), flush=True)
     prompts = json.loads(sys.argv[2])
     for name, sampling in (("GREEDY", SamplingParams(temperature=0.0, max_tokens=8)),
                            ("SEEDED", SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=77))):
@@ -216,12 +219,15 @@ if __name__ == "__main__":
 
 def test_two_engines_in_their_own_processes_generate_what_one_in_process_engine_does(engine, models, children):
     """start_engine_pool: two vLLM engines in their own processes (vLLM's CPU build; no CUDA IPC here, so generation
-    only): greedy and per-request-seeded sampling equal the in-process engine's, prompt by prompt."""
+    only): greedy and per-request-seeded sampling equal the in-process engine's, prompt by prompt; started with
+    rollout.true_on_policy's worker extension, each engine process routed its residual norms."""
     prompts = OWN_PROMPTS
     res = _finished(children["own"], timeout=540)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if line.startswith(("GREEDY", "SEEDED",
-                                                                                           "REFUSED")))
+                                                                                           "REFUSED", "ROUTED")))
+    # rollout.true_on_policy's worker extension: each engine's own process routed its residual norms
+    assert json.loads(lines["ROUTED"]) == [[True], [True]]
     for name, sampling in (("GREEDY", SamplingParams(temperature=0.0, max_tokens=8)),
                            ("SEEDED", SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=77))):
         got = json.loads(lines[name])
@@ -637,6 +643,7 @@ from rltrain.data.tokenizer import CharTokenizer
 from rltrain.rollout import SamplingParams
 from rltrain.rollout.hf import HFEngine
 from rltrain.rollout.vllm import start_engine_pool
+from rltrain.compat.vllm_kernels import WORKER_EXTENSION
 if __name__ == "__main__":
     old_path, new_path, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     tok = CharTokenizer()
