@@ -177,11 +177,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     cu_q, used_k, block_table, ones = _paged_meta(b, s, hkv, str(q.device))
     query = q.permute(0, 2, 1, 3).reshape(b * s, h, d).contiguous()
     out = torch.empty_like(query)
+    # the unit K/V scales as vLLM passes its layer's (expanded), for a bf16 cache too
     _vllm().flash_attn_varlen_func(
         q=query, k=mem[..., :d], v=mem[..., d:], out=out, cu_seqlens_q=cu_q, max_seqlen_q=s, seqused_k=used_k,
         max_seqlen_k=s, softmax_scale=scale, causal=True, block_table=block_table, fa_version=_fa_version(d),
-        num_splits=1, k_descale=ones, v_descale=ones)  # vLLM passes its layer's unit K/V scales, expanded, for a
-    return out.view(b, s, h, d).permute(0, 2, 1, 3)    # bf16 cache too
+        num_splits=1, k_descale=ones, v_descale=ones)
+    return out.view(b, s, h, d).permute(0, 2, 1, 3)
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
