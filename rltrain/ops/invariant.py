@@ -81,35 +81,22 @@ def with_backward(exact_fn: Callable, grad_fn: Callable, *tensors: torch.Tensor,
     return exact_fn(*tensors)
 
 
-class _LinearPlainBackward(torch.autograd.Function):
-    """Forward: exact_fn(x, weight[, bias]); backward: the linear layer's gradients (grad @ weight, grad.T @ x, the
-    sum of grad), which need no recomputed output, in x's and the weight's dtypes."""
-
-    @staticmethod
-    def forward(ctx, exact_fn, x, weight, *bias):
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bool(bias)
-        return exact_fn(x, weight, *bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        g2 = grad.reshape(-1, grad.shape[-1])
-        need_x, need_w = ctx.needs_input_grad[1:3]
-        gx = (g2 @ weight.to(g2.dtype)).reshape(x.shape).to(x.dtype) if need_x else None
-        gw = (g2.t() @ x.reshape(-1, x.shape[-1]).to(g2.dtype)).to(weight.dtype) if need_w else None
-        gb = (g2.sum(0),) if ctx.has_bias else ()
-        return (None, gx, gw, *gb)
+def _linear_grads(need, x, weight, *bias_and_grad):
+    """The linear layer's gradients (grad @ weight, grad.T @ x, the sum of grad), which need no recomputed output, in
+    x's and the weight's dtypes (with_backward's grad_fn for linear_with_plain_backward)."""
+    *bias, grad = bias_and_grad
+    g2 = grad.reshape(-1, grad.shape[-1])
+    gx = (g2 @ weight.to(g2.dtype)).reshape(x.shape).to(x.dtype) if need[0] else None
+    gw = (g2.t() @ x.reshape(-1, x.shape[-1]).to(g2.dtype)).to(weight.dtype) if need[1] else None
+    return (gx, gw, *((g2.sum(0),) if bias else ()))
 
 
 def linear_with_plain_backward(exact_fn: Callable, x: torch.Tensor, weight: torch.Tensor,
                                bias: torch.Tensor | None = None) -> torch.Tensor:
     """exact_fn(x, weight[, bias]) (x [..., K], weight [N, K]): another arithmetic of F.linear, whose gradient under
-    autograd is F.linear's (with_plain_backward without recomputing the forward)."""
+    autograd is F.linear's (with_backward: no recomputed forward)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _LinearPlainBackward.apply(exact_fn, *tensors)
-    return exact_fn(*tensors)
+    return with_backward(exact_fn, _linear_grads, *tensors)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,6 +13,8 @@ Pure tensor math.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from rltrain.compat.torch import optional_triton
@@ -52,8 +54,6 @@ def _torch(x, w, g, eps, need_w):
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
