@@ -384,7 +384,11 @@ def check(args) -> int:
               "decode_vs_actor_by_sequence": _parting(a_rows, c_rows, [p for p, _ in b_idx])}
     result["chunked_vs_actor"] = _chunked_vs_actor(w, prompts, 4321, float(cfg.rollout.temperature))
     llm = getattr(w.rollout.engine, "llm", None)
-    if llm is not None:
+    if llm is not None and float(cfg.rollout.temperature) != 1.0:
+        result["prefill_vs_actor"] = result["decode_vs_prefill"] = result["decode_vs_prefill_by_batch"] = (
+            "not compared: vLLM's prompt log-probs are of the raw logits (temperature 1), the sampler's and the "
+            "actor's of logits / temperature")
+    elif llm is not None:
         b = [x for row in _prefill_rows(llm, sequences, b_idx) for x in row]
         result.update(prefill_vs_actor=_compare(b, c), decode_vs_prefill=_compare(a, b))
         for name, fn in (("layer_max_abs_diff", _layer_diffs), ("head", _head_diffs)):

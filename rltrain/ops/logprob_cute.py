@@ -21,8 +21,9 @@ Backward, per (token chunk, vocab slice), one GEMM recomputes z and its epilogue
 
 in the input dtype, the label's fp32 logit beside it (ColVecSelect); the label column is then set on the host
 to its exact fp32 value grad_lp (1 - p_y) + grad_ent p_y (mean_z - z_y) (times inv_temp), and dz feeds the
-dHidden and dWeight GEMMs (cuBLAS, fp32 accumulators) as in the Triton backend, with the same working-memory
-budget (the chunk sizes come from logprob_triton._bwd_sizes).
+dHidden GEMM (fp32 accumulator) and the dWeight GEMM (into the weight gradient) through the Triton backend's
+blocking, `logprob_triton.chunked_grads`, with the same working-memory budget (256 MiB, under 0.25 GiB with
+everything the backward holds).
 
 Requirements, checked by `supports` (the caller falls back to Triton otherwise, and says so once): an SM90
 device, bf16 or fp16 operands, H a multiple of 8 (TMA's 16-byte row alignment). quack-kernels and
@@ -39,18 +40,15 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: (tile_M, tile_N, cluster_M, pingpong) of the forward (statistics) and backward (dlogits) GEMMs.
-FWD_TILE = (128, 192, 2, True)
-BWD_TILE = (128, 192, 2, True)
+#: (tile_M, tile_N, cluster_M, cluster_N, pingpong) of the forward (statistics) and backward (dlogits) GEMMs.
+FWD_TILE = (128, 192, 2, 1, True)
+BWD_TILE = (128, 192, 2, 1, True)
 #: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
 FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
-#: working memory of the backward (dHidden and dWeight fp32 accumulators and the dlogits chunk, split 2 : 1 : 1
-#: as in the Triton backend), the Triton backend's 384 MiB: backward at 1.13-1.17x the 3-GEMM floor on one H100.
-#: LOW_MEMORY_BWD_BUDGET_BYTES (224 MiB) keeps the whole working memory under 0.25 GiB at 65,536 x 2,560 x
-#: 151,936 and costs 10-19% of the backward's time (smaller GEMMs, more fp32 accumulator passes; measured
-#: docs/benchmarks/kernel.md).
-BWD_BUDGET_BYTES = 384 * 1024 * 1024
-LOW_MEMORY_BWD_BUDGET_BYTES = 224 * 1024 * 1024
+#: working memory of the backward (the dHidden fp32 accumulator, the dlogits chunk, the per-row vectors; the Triton
+#: backend's blocking and budget): at most 0.25 GiB at any shape; 384 MiB was 0-2% faster in one H200 run, within its
+#: noise (docs/benchmarks/kernel.md).
+BWD_BUDGET_BYTES = 256 * 1024 * 1024
 
 _IMPORT_ERROR: Exception | None = None
 try:
@@ -261,8 +259,8 @@ def _warn_once(msg: str) -> None:
 
 
 def _gemm_kwargs(tile) -> dict:
-    tile_m, tile_n, cluster_m, pingpong = tile
-    return dict(tile_M=tile_m, tile_N=tile_n, cluster_M=cluster_m, cluster_N=1, pingpong=pingpong)
+    tile_m, tile_n, cluster_m, cluster_n, pingpong = tile
+    return dict(tile_M=tile_m, tile_N=tile_n, cluster_M=cluster_m, cluster_N=cluster_n, pingpong=pingpong)
 
 
 def _fwd_chunk(n: int, v: int, tile_n: int, chunk_size: int | None) -> int:
@@ -342,9 +340,10 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     mean_z = mean_z.float().contiguous()
     glp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
     gent = torch.zeros(n, device=dev) if grad_ent is None else grad_ent.float().contiguous()
-    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, BWD_TILE[0], BWD_TILE[1], budget_bytes)
+    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, BWD_TILE[0], BWD_TILE[1], budget_bytes,
+                       hidden.element_size())
     vs_pad = -(-sizes[1] // 8) * 8  # dz rows 16-byte aligned for the TMA store
-    zy = torch.empty(sizes[2], device=dev, dtype=torch.float32)
+    zy = torch.empty(sizes[0], device=dev, dtype=torch.float32)
 
     def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
         _dlogits_chunk(hidden[c0:c1], weight[v0:v1], dz, zy[:c1 - c0], labels[c0:c1], v0, lse[c0:c1],
@@ -374,11 +373,11 @@ def _dlogits_chunk(hidden, w_sl, dz, zy, labels, v0, lse, mean_z, glp, gent, inv
 def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, budget_bytes: int = BWD_BUDGET_BYTES) -> int:
     """Working memory `backward` allocates beyond its outputs: the chunks, the label column, the fp32 copies of
     the four per-row vectors."""
-    from rltrain.ops.logprob_triton import _bwd_sizes
+    from rltrain.ops.logprob_triton import ROW_BYTES, _bwd_sizes
 
-    ts, vs, tc = _bwd_sizes(n, v, h, True, None, BWD_TILE[0], BWD_TILE[1], budget_bytes)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 4 * ts * h + 4 * vs * h + itemsize * tc * (-(-vs // 8) * 8) + 4 * tc + 4 * 4 * n
+    ts, vs = _bwd_sizes(n, v, h, True, None, BWD_TILE[0], BWD_TILE[1], budget_bytes, itemsize)
+    return 4 * ts * h + itemsize * ts * (-(-vs // 8) * 8) + ROW_BYTES * n
 
 
 def _fwd_extra_bytes(n: int, v: int) -> int:

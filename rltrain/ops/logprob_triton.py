@@ -31,14 +31,15 @@ descriptors (-14% forward time vs pointer loads on an H100); fp32 inputs use exa
 Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight): for a
 chunk of tokens x a slice of the vocab, a Triton kernel recomputes the logit tiles and writes
 `dlogits = inv_temp * (grad_lp * (1[j == label] - p_j) + grad_ent * p_j * (mean_z - z_j))` in the input
-dtype ([Tc, Vs], bounded by a memory budget), as `p * (A - B * a)` with per-row A, B, adding the label
-term only in the tiles that hold a label; cuBLAS then does `dH += dlogits @ W[slice]` and
-`dW[slice] += dlogits.T @ h[chunk]` into fp32 accumulators (`out_dtype=float32`; the first product into
-an accumulator overwrites it, so there is no zero-fill pass). Loop order: token super-chunks (fp32
-dHidden accumulator [Ts, H]) > vocab slices (fp32 dWeight accumulator [Vs, H]) > token chunks. dHidden is
-therefore rounded once; dWeight once per token super-chunk (once when N <= Ts).
-Peak extra memory is the sum of the three buffers, `TritonTuning.bwd_budget_bytes` (384 MiB), independent of N
-and V.
+dtype ([Ts, Vs], bounded by a memory budget), as `p * (A - B * a)` with per-row A, B, adding the label
+term only in the tiles that hold a label; cuBLAS then does `dH += dlogits @ W[slice]` into an fp32 accumulator
+(`out_dtype=float32`; the first product overwrites it, so there is no zero-fill pass) and
+`dW[slice] (+)= dlogits.T @ h[chunk]` straight into the weight gradient (one GEMM in its dtype, fp32 inside).
+Loop order: token chunks (fp32 dHidden accumulator [Ts, H], the dlogits buffer [Ts, Vs]) > vocab slices. dHidden
+is rounded once; dWeight once per token chunk (once when N <= Ts). There is no fp32 dWeight buffer and no pass
+copying one: against the earlier super-chunk > slice > chunk blocking with one, the backward took 3-7% less time
+at a third less memory (docs/benchmarks/kernel.md). The working memory, `TritonTuning.bwd_budget_bytes`
+(256 MiB: half for the accumulator, half for dlogits, with the per-row vectors), is independent of N and V.
 
 Tuning: tile configs, the forward's minimum split count, loop flattening, TMA loads and the backward's memory budget
 are one frozen `TritonTuning` passed to the launchers (`forward_stats(..., tuning=)`, `backward(..., tuning=)`);
@@ -78,9 +79,9 @@ class TritonTuning:
     fwd_min_splits: int = 8  # see the L2 note in the module docstring
     fwd_flatten: bool = True  # pipeline the K-loops of consecutive vocab tiles as one loop (tl.range(flatten=True))
     use_desc: bool = True  # load GEMM tiles with TMA descriptors where possible (Hopper); False: pointer loads
-    # working memory of the backward pass (dHidden fp32 accumulator : dWeight fp32 accumulator : dlogits
-    # chunk = 2 : 1 : 1). At H=2560, bf16: Ts=19,584 rows, Vs=9,728 vocab columns, Tc=5,120 tokens (0.37 GiB).
-    bwd_budget_bytes: int = 384 * 2**20
+    # working memory of the backward pass (the dHidden fp32 accumulator [Ts, H], the dlogits chunk [Ts, Vs] and the
+    # per-row vectors). At 65,536 x 2,560 x 151,936, bf16: 6 token chunks of Ts = 11,008, Vs = 6,912 (0.248 GiB).
+    bwd_budget_bytes: int = 256 * 2**20
 
     def tile(self, kind: str, dtype: torch.dtype) -> Tile:
         """The tile config of `kind` ("fwd" | "bwd") for inputs of `dtype`."""
@@ -364,21 +365,36 @@ def _fwd_splits(n_m: int, n_tiles: int, sms: int, min_splits: int | None = None)
     return max(options, key=lambda sp: (round(busy(sp), 3), sp))
 
 
+#: bytes a token of the backward's per-row fp32 vectors takes (lse, mean_z, grad_lp, grad_ent; the CuTe backend's
+#: label logit), counted in its working-memory budget
+ROW_BYTES = 20
+
+
+def _balanced(total: int, most: int, step: int) -> int:
+    """A block size <= max(most, step), a multiple of `step` unless it is `total`, that splits `total` into as few
+    blocks as `most` allows, of near-equal size (65,536 rows at most 13,056 a block: 6 blocks of 11,008, not 5 of
+    13,056 and one of 256)."""
+    most = max(step, most // step * step)
+    if total <= most:
+        return total
+    count = -(-total // most)
+    size = -(-(-(-total // count)) // step) * step
+    return min(size, most)
+
+
 def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int | None,
-               bm: int, bn: int, budget_bytes: int | None = None) -> tuple[int, int, int]:
-    """(Ts token rows per dHidden fp32 accumulator, Vs vocab columns per slice, Tc tokens per dlogits
-    chunk), from `budget_bytes` (TritonTuning.bwd_budget_bytes) split 2 : 1 : 1 (dHidden acc : dWeight acc :
-    dlogits)."""
-    quarter = (DEFAULT_TUNING.bwd_budget_bytes if budget_bytes is None else budget_bytes) // 4
-    ts = n
-    if need_hidden_grad:
-        ts = min(n, max(bm, (2 * quarter // (4 * h)) // bm * bm))
-    vs = min(v, max(bn, (quarter // (4 * h)) // bn * bn))
+               bm: int, bn: int, budget_bytes: int | None = None, itemsize: int = 2) -> tuple[int, int]:
+    """(Ts token rows per chunk, Vs vocab columns per slice) of the backward, from `budget_bytes`
+    (TritonTuning.bwd_budget_bytes): half for the fp32 dHidden accumulator [Ts, H] (when dHidden is wanted), the
+    rest, after the per-row fp32 vectors (ROW_BYTES a token), for the dlogits chunk [Ts, Vs] in the input dtype
+    (`itemsize` bytes). `chunk_size` caps Ts."""
+    budget = DEFAULT_TUNING.bwd_budget_bytes if budget_bytes is None else budget_bytes
+    ts = _balanced(n, (budget // 2) // (4 * h), bm)
     if chunk_size is not None:
-        tc = max(1, min(int(chunk_size), ts))
-    else:
-        tc = min(ts, max(bm, (quarter // (2 * vs)) // bm * bm))
-    return ts, vs, tc
+        ts = max(1, min(ts, int(chunk_size)))
+    left = budget - ROW_BYTES * n - (4 * h * ts if need_hidden_grad else 0)
+    vs = _balanced(v, left // (itemsize * ts), bn)
+    return ts, vs
 
 
 def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> None:
@@ -393,6 +409,16 @@ def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool
             torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:  # CPU (interpreter tests): upcast; CPU GEMMs have no fp32-output mode for bf16 operands
         torch.mm(a.float(), b.float(), out=acc) if overwrite else acc.addmm_(a.float(), b.float())
+
+
+def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+    """out = a @ b, or out += a @ b when `accumulate`, in out's dtype: one GEMM with fp32 accumulation (cuBLAS adds
+    beta * out in fp32 too), so each call rounds the result to out's dtype once."""
+    if out.is_cuda or a.dtype == torch.float32:
+        out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
+    else:  # CPU: no fp32-accumulating bf16 GEMM; upcast, add in fp32, round once
+        prod = torch.mm(a.float(), b.float())
+        out.copy_(prod + out.float() if accumulate else prod)
 
 
 def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, lse: torch.Tensor,
@@ -424,7 +450,7 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     has_ent = grad_ent is not None
     grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
     bm, bn, bk, warps, stages = tuning.tile("bwd", dtype)
-    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes)
+    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes, hidden.element_size())
 
     def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
         rows, cols = c1 - c0, v1 - v0
@@ -443,50 +469,43 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
 
 
 def chunked_grads(hidden: torch.Tensor, weight: torch.Tensor, grad_h: torch.Tensor | None,
-                  grad_w: torch.Tensor | None, sizes: tuple[int, int, int], fill_dz, *,
+                  grad_w: torch.Tensor | None, sizes: tuple[int, int], fill_dz, *,
                   row_stride: int | None = None) -> None:
-    """The backward's blocking, shared by the Triton and CuTe backends. `sizes` = (Ts, Vs, Tc) of _bwd_sizes: for
-    each token super-chunk [s0, s1) (one fp32 dHidden accumulator [Ts, H]), vocab slice [v0, v1) (one fp32 dWeight
-    accumulator [Vs, H]) and token chunk [c0, c1), `fill_dz(dz, c0, c1, v0, v1)` writes the chunk's dlogits into
-    dz [c1 - c0, v1 - v0] (hidden's dtype; contiguous, or rows `row_stride` elements apart when given), then
-    dz @ weight[v0:v1] goes into dHidden and dz^T @ hidden[c0:c1] into dWeight. The results land in grad_h /
-    grad_w (None: not computed), which must not alias hidden / weight."""
+    """The backward's blocking, shared by the Triton and CuTe backends. `sizes` = (Ts, Vs) of _bwd_sizes: for each
+    token chunk [c0, c1) (one fp32 dHidden accumulator [Ts, H]) and vocab slice [v0, v1), `fill_dz(dz, c0, c1, v0,
+    v1)` writes the chunk's dlogits into dz [c1 - c0, v1 - v0] (hidden's dtype; contiguous, or rows `row_stride`
+    elements apart when given), then dz @ weight[v0:v1] goes into the dHidden accumulator and dz^T @ hidden[c0:c1]
+    straight into grad_w[v0:v1] (one cuBLAS GEMM in its dtype: written by the first token chunk, added to by the
+    next ones; there is no fp32 dWeight buffer and no copy pass). dHidden is rounded once, dWeight once per token
+    chunk. The results land in grad_h / grad_w (None: not computed), which must not alias hidden / weight."""
     n, h = hidden.shape
     v = weight.shape[0]
-    ts, vs, tc = sizes
+    ts, vs = sizes
     dev = hidden.device
-    dz_buf = torch.empty(tc * (row_stride or vs), device=dev, dtype=hidden.dtype)
+    dz_buf = torch.empty(ts * (row_stride or vs), device=dev, dtype=hidden.dtype)
     dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if grad_h is not None else None
-    dw_acc = torch.empty((vs, h), device=dev, dtype=torch.float32) if grad_w is not None else None
-    for s0 in range(0, n, ts):  # token super-chunk: one fp32 dHidden accumulator
-        s1 = min(n, s0 + ts)
-        for v0 in range(0, v, vs):  # vocab slice: one fp32 dWeight accumulator
+    for c0 in range(0, n, ts):  # token chunk: one fp32 dHidden accumulator, one dlogits buffer
+        c1 = min(n, c0 + ts)
+        rows = c1 - c0
+        for v0 in range(0, v, vs):  # vocab slice
             v1 = min(v, v0 + vs)
-            w_sl = weight[v0:v1]
-            for c0 in range(s0, s1, tc):  # token chunk: one dlogits buffer [c, v1 - v0]
-                c1 = min(s1, c0 + tc)
-                rows, cols = c1 - c0, v1 - v0
-                dz = (dz_buf[: rows * cols].view(rows, cols) if row_stride is None
-                      else dz_buf[: rows * row_stride].view(rows, row_stride)[:, :cols])
-                fill_dz(dz, c0, c1, v0, v1)
-                # the first product into each accumulator overwrites it (no zero-fill pass over it)
-                if dh_acc is not None:
-                    _mm_acc(dh_acc[c0 - s0:c1 - s0], dz, w_sl, overwrite=(v0 == 0))
-                if dw_acc is not None:
-                    _mm_acc(dw_acc[:cols], dz.t(), hidden[c0:c1], overwrite=(c0 == s0))
-            if dw_acc is not None:
-                if s0 == 0:
-                    grad_w[v0:v1].copy_(dw_acc[: v1 - v0])
-                else:
-                    grad_w[v0:v1].add_(dw_acc[: v1 - v0])
+            cols = v1 - v0
+            dz = (dz_buf[: rows * cols].view(rows, cols) if row_stride is None
+                  else dz_buf[: rows * row_stride].view(rows, row_stride)[:, :cols])
+            fill_dz(dz, c0, c1, v0, v1)
+            if dh_acc is not None:  # the first product overwrites the accumulator (no zero-fill pass)
+                _mm_acc(dh_acc[:rows], dz, weight[v0:v1], overwrite=(v0 == 0))
+            if grad_w is not None:
+                _mm_into(grad_w[v0:v1], dz.t(), hidden[c0:c1], accumulate=(c0 > 0))
         if dh_acc is not None:
-            grad_h[s0:s1].copy_(dh_acc[: s1 - s0])
+            grad_h[c0:c1].copy_(dh_acc[:rows])
 
 
 def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, tuning: TritonTuning | None = None) -> int:
-    """Working memory `backward` allocates beyond its outputs (for docs and the memory test)."""
+    """Working memory `backward` allocates beyond its outputs (for docs and the memory test): the dHidden
+    accumulator, the dlogits chunk and the fp32 copies of the four per-row vectors."""
     tuning = _tuning(tuning)
     bm, bn = tuning.tile("bwd", dtype)[:2]
-    ts, vs, tc = _bwd_sizes(n, v, h, True, None, bm, bn, tuning.bwd_budget_bytes)
-    return ts * h * 4 + vs * h * 4 + tc * vs * torch.tensor([], dtype=dtype).element_size()
-
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    ts, vs = _bwd_sizes(n, v, h, True, None, bm, bn, tuning.bwd_budget_bytes, itemsize)
+    return ts * h * 4 + ts * vs * itemsize + ROW_BYTES * n

@@ -159,11 +159,11 @@ def test_tuning_defaults_and_sizes_follow_the_budget():
     assert K._tuning(None) == K.DEFAULT_TUNING == K.TritonTuning()
     assert K.DEFAULT_TUNING.tile("fwd", torch.bfloat16) == (256, 128, 64, 8, 3)
     assert K.DEFAULT_TUNING.tile("bwd", torch.float32) == (64, 64, 32, 4, 2)
-    assert K.DEFAULT_TUNING.bwd_budget_bytes == 384 * 2**20 and K.DEFAULT_TUNING.fwd_min_splits == 8
+    assert K.DEFAULT_TUNING.bwd_budget_bytes == 256 * 2**20 and K.DEFAULT_TUNING.fwd_min_splits == 8
     big = K._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16)
     small = K._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16, K.TritonTuning(bwd_budget_bytes=96 * 2**20))
     assert big == K._bwd_extra_bytes(65536, 151936, 2560, torch.bfloat16, K.DEFAULT_TUNING)
-    assert 0 < small <= 96 * 2**20 < big <= 384 * 2**20
+    assert 0 < small <= 96 * 2**20 < big <= 256 * 2**20
     with pytest.raises(dataclasses.FrozenInstanceError):
         K.DEFAULT_TUNING.use_desc = False
     legacy = ("_CONFIGS", "_FWD_MIN_SPLITS", "_FWD_FLATTEN", "_USE_DESC", "_BWD_BUDGET_BYTES")
