@@ -25,8 +25,9 @@ goal: exactly 0), B-C and A-B, the generation and actor-forward seconds, per seq
 decoder layer the largest difference of the residual stream between vLLM's prefill and the actor on one sequence,
 and the head's stages on that sequence (final norm, logits, log-softmax of each side's logits against what each side
 reports); and the partial rollouts' path (each sequence in chunks of a quarter of the response, every chunk re-read
-as a fresh request among others) against the actor. Exit 0 when A == C and chunks == C on every token. With --cpu:
-a dry run of the flow with the hf engine.
+as a fresh request among others) against the actor. Exit 0 when A == C and chunks == C on every token. B is compared
+at temperature 1 only (vLLM's prompt log-probs are of the raw logits). Prompts are 4-64 tokens: --max-tokens above
+64 makes sequences read more than one 128-key attention tile. With --cpu: a dry run of the flow with the hf engine.
 
   PYTHONPATH=/tmp/site:$PWD python tools/bench_true_on_policy.py --check --out $OUT
 """

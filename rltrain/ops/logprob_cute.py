@@ -46,8 +46,8 @@ BWD_TILE = (128, 192, 2, 1, True)
 #: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
 FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
 #: working memory of the backward (the dHidden fp32 accumulator, the dlogits chunk, the per-row vectors; the Triton
-#: backend's blocking and budget): at most 0.25 GiB at any shape; 384 MiB was 0-2% faster in one H200 run, within its
-#: noise (docs/benchmarks/kernel.md).
+#: backend's blocking and budget): at most 0.25 GiB at any shape; 384 MiB was at most 3% faster in one H200 run
+#: (docs/benchmarks/kernel.md).
 BWD_BUDGET_BYTES = 256 * 1024 * 1024
 
 _IMPORT_ERROR: Exception | None = None

@@ -28,25 +28,17 @@ multiprocessors idle. On Hopper with bf16/fp16 inputs the GEMM tiles are loaded 
 descriptors (-14% forward time vs pointer loads on an H100); fp32 inputs use exact fp32 dots
 (input_precision="ieee").
 
-Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight): for a
-chunk of tokens x a slice of the vocab, a Triton kernel recomputes the logit tiles and writes
-`dlogits = inv_temp * (grad_lp * (1[j == label] - p_j) + grad_ent * p_j * (mean_z - z_j))` in the input
-dtype ([Ts, Vs], bounded by a memory budget), as `p * (A - B * a)` with per-row A, B, adding the label
-term only in the tiles that hold a label; cuBLAS then does `dH += dlogits @ W[slice]` into an fp32 accumulator
-(`out_dtype=float32`; the first product overwrites it, so there is no zero-fill pass) and
-`dW[slice] (+)= dlogits.T @ h[chunk]` straight into the weight gradient (one GEMM in its dtype, fp32 inside).
-Loop order: token chunks (fp32 dHidden accumulator [Ts, H], the dlogits buffer [Ts, Vs]) > vocab slices. dHidden
-is rounded once; dWeight once per token chunk (once when N <= Ts). There is no fp32 dWeight buffer and no pass
-copying one: against the earlier super-chunk > slice > chunk blocking with one, the backward took 3-7% less time
-at a third less memory (docs/benchmarks/kernel.md). The working memory, `TritonTuning.bwd_budget_bytes`
-(256 MiB: half for the accumulator, half for dlogits, with the per-row vectors), is independent of N and V.
-
-Tuning: tile configs, the forward's minimum split count, loop flattening, TMA loads and the backward's memory budget
-are one frozen `TritonTuning` passed to the launchers (`forward_stats(..., tuning=)`, `backward(..., tuning=)`);
-its defaults are the values tuned on an H100, and a launcher given no `tuning` uses them (`DEFAULT_TUNING`).
-There are no module-global knobs: a sweep passes its own TritonTuning.
-When `grad_ent` is None no entropy-gradient arithmetic is compiled into the kernel.
-Measured split of the time that remains above the floor: docs/benchmarks/kernel.md.
+Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight): per token chunk
+(fp32 dHidden accumulator [Ts, H], dlogits buffer [Ts, Vs]) and vocab slice, a Triton kernel recomputes the logit
+tiles and writes `dlogits = inv_temp * (grad_lp * (1[j == label] - p_j) + grad_ent * p_j * (mean_z - z_j))` in
+the input dtype as `p * (A - B * a)`, the label term only in tiles that hold a label; cuBLAS then does
+`dH += dlogits @ W[slice]` into the accumulator (fp32 out; the first product overwrites it) and `dW[slice] (+)=
+dlogits.T @ h[chunk]` straight into the weight gradient (its dtype, fp32 inside: no fp32 dWeight buffer, no copy
+pass). dHidden is rounded once, dWeight once per token chunk. The working memory, `TritonTuning.bwd_budget_bytes`
+(256 MiB with the per-row vectors), is independent of N and V. Tuning: one frozen `TritonTuning` (tiles, the
+forward's minimum split count, loop flattening, TMA loads, the budget; defaults tuned on an H100) passed to the
+launchers; no module-global knobs. Without `grad_ent` no entropy-gradient arithmetic is compiled in.
+Measured: docs/benchmarks/kernel.md.
 """
 
 from __future__ import annotations
@@ -365,15 +357,13 @@ def _fwd_splits(n_m: int, n_tiles: int, sms: int, min_splits: int | None = None)
     return max(options, key=lambda sp: (round(busy(sp), 3), sp))
 
 
-#: bytes a token of the backward's per-row fp32 vectors takes (lse, mean_z, grad_lp, grad_ent; the CuTe backend's
-#: label logit), counted in its working-memory budget
+#: bytes of the backward's per-row fp32 vectors a token (lse, mean_z, grad_lp, grad_ent, CuTe's label logit)
 ROW_BYTES = 20
 
 
 def _balanced(total: int, most: int, step: int) -> int:
-    """A block size <= max(most, step), a multiple of `step` unless it is `total`, that splits `total` into as few
-    blocks as `most` allows, of near-equal size (65,536 rows at most 13,056 a block: 6 blocks of 11,008, not 5 of
-    13,056 and one of 256)."""
+    """A block size <= max(most, step), a multiple of `step` unless it is `total`, splitting `total` into as few
+    near-equal blocks as `most` allows (65,536 rows, at most 13,056: 6 of 11,008, not 5 of 13,056 and 1 of 256)."""
     most = max(step, most // step * step)
     if total <= most:
         return total
@@ -400,15 +390,13 @@ def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int |
 def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> None:
     """acc (fp32) += a @ b (or acc = a @ b when `overwrite`: no zero-fill pass) with fp32 accumulation and no
     rounding of a low-precision product."""
+    if not acc.is_cuda:  # CPU (interpreter tests): upcast; CPU GEMMs have no fp32-output mode for bf16 operands
+        a, b = a.float(), b.float()
     if a.dtype == torch.float32:
         torch.mm(a, b, out=acc) if overwrite else acc.addmm_(a, b)
-    elif acc.is_cuda:
-        if overwrite:
-            torch.mm(a, b, out_dtype=torch.float32, out=acc)
-        else:
-            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    else:  # CPU (interpreter tests): upcast; CPU GEMMs have no fp32-output mode for bf16 operands
-        torch.mm(a.float(), b.float(), out=acc) if overwrite else acc.addmm_(a.float(), b.float())
+    else:
+        torch.mm(a, b, out_dtype=torch.float32, out=acc) if overwrite else torch.addmm(
+            acc, a, b, out_dtype=torch.float32, out=acc)
 
 
 def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:

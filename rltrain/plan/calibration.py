@@ -72,7 +72,9 @@ MEMORY: dict[str, Const] = {
         "logits and their gradient)"),
     "fused_head_triton_gib": Const(
         0.376, "GiB", "kernel.jsonl, 2026-11-25, H100: peak extra of the fused head v3 at "
-                      "32,768 x 4,096 x 151,936 (0.31-0.38 GiB over the three shapes)", "measured"),
+                      "32,768 x 4,096 x 151,936 (0.31-0.38 GiB over the three shapes), the head of the calibration "
+                      "runs; the blocking of 2026-11-29 holds 0.249 (rows probe_head_blocking): 0.13 GiB to spare "
+                      "until those runs are re-measured", "measured"),
     "allocator_slack": Const(
         0.0769, "fraction of the peak",
         "update.jsonl, 2026-11-23/25, H100/H200: mean of reserved_gib / peak_gib - 1 over the fit rows "

@@ -263,9 +263,9 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
     if sampled.engine == "vllm" and head_dim(hf_config) <= FA3_TILES_DIFFER_UP_TO_HEAD_DIM:
         log.warning(
             "rollout.true_on_policy with head_dim %d: vLLM's FlashAttention 3 reads the keys of a decode step (one "
-            "query, non-causal) in tiles of another size than a prefill's (causal) at head_dim <= 64, so the "
-            "engine's log-probs and the actor's agree to about one fp32 ulp there, not bit for bit (docs/vllm.md, "
-            "issue 60); above head_dim 64 the two tiles are one", head_dim(hf_config))
+            "query, non-causal) in tiles of another size than a prefill's (causal) at head_dim <= 64, so from the "
+            "129th key on the engine's log-probs and the actor's differ (about one fp32 ulp in a trained model), not "
+            "bit for bit (docs/vllm.md, issue 60); above head_dim 64 the two tiles are one", head_dim(hf_config))
     theta = rope_theta(hf_config)
     kernels = (VllmKernels(theta, int(hf_config.max_position_embeddings)) if sampled.engine == "vllm"
                else ExactKernels(theta))
