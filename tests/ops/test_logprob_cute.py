@@ -107,3 +107,31 @@ def test_backward_working_memory_within_quarter_gib_by_default(n, h):
     if n >= 8192 and h <= 4096:
         assert extra >= 0.2 * 2**30
     assert C._fwd_extra_bytes(n, 151936) <= 0.25 * 2**30
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason=f"needs the CuTe backend: {C.unavailable_reason()}")
+@pytest.mark.parametrize("backend", ["cute", "triton"])
+def test_gpu_backward_over_many_token_chunks_matches_fp64(backend):
+    """A budget small enough for several token chunks and vocab slices on the GPU: the weight gradient is written by
+    the first token chunk and added to in bf16 by cuBLAS (addmm_) by the next ones, each adding in fp32 and rounding
+    once; it stays within the bf16 tolerance of the fp64 reference (the default budget's shapes take one chunk)."""
+    from rltrain.ops import logprob_triton as K
+
+    n, h, v = 1000, 256, 32000
+    g = torch.Generator(device="cuda").manual_seed(3)
+    hid = torch.randn(n, h, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(v, h, device="cuda", generator=g) * 0.3).bfloat16()
+    lab = torch.randint(0, v, (n,), device="cuda", generator=g)
+    glp, gent = torch.randn(n, device="cuda", generator=g), torch.randn(n, device="cuda", generator=g)
+    m, s, t, zl = C.forward_stats(hid, w, lab, 1.0, True, None)
+    lse, mean_z = m + torch.log(s), t / s
+    budget = 2 * 4 * h * 256  # 4 token chunks of 256 rows, slices of 384 (cute) or 256 (triton) vocab columns
+    assert K._bwd_sizes(n, v, h, True, None, 128, 192, budget)[0] == 256
+    if backend == "cute":
+        gh, gw = C.backward(hid, w, lab, lse, mean_z, glp, gent, 1.0, True, True, budget_bytes=budget)
+    else:
+        gh, gw = K.backward(hid, w, lab, lse, mean_z, glp, gent, 1.0, True, True,
+                            tuning=K.TritonTuning(bwd_budget_bytes=budget))
+    r_lp, r_ent, r_gh, r_gw = fp64_reference(hid, w, lab, 1.0, glp, gent)
+    assert rel(gh, r_gh) <= 5e-3 and rel(gw, r_gw) <= 5e-3

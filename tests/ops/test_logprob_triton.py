@@ -84,12 +84,12 @@ import torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
 from rltrain.ops import logprob_triton as K
 from test_logprob_triton import fp64_reference, rel, run_kernels
-TINY = K.TritonTuning(bwd_budget_bytes=64 * 1024)  # tiny budget: several super-chunks, vocab slices and token chunks
+TINY = K.TritonTuning(bwd_budget_bytes=64 * 1024)  # tiny budget: several token chunks and vocab slices
 out = []
 for seed, (n, h, v, dtype, temp, chunk, ent) in enumerate([
         (5, 40, 123, torch.float32, 0.7, None, True),     # odd V, odd H (masked K loop), label -1
         (1, 32, 5, torch.float32, 1.0, None, True),       # T=1, V smaller than one tile
-        (150, 48, 300, torch.float32, 1.3, 32, True),     # 3 super-chunks x 5 vocab slices x chunks
+        (150, 48, 300, torch.float32, 1.3, 32, True),     # 5 token chunks of 32 x vocab slices
         (70, 64, 600, torch.float16, 1.0, None, False),   # low-precision path, no entropy gradient
         (130, 64, 260, torch.float16, 0.5, None, True)]):  # 2 token blocks, 2 vocab tiles (last masked)
     g = torch.Generator().manual_seed(1000 + seed)
