@@ -261,18 +261,20 @@ class _PeakMemory:
 
 
 def make_inputs(spec: dict):
-    """hidden [T, H], weight [V, H], labels [T], rows (int64 [N] or None) from a spec dict."""
-    gen = torch.Generator().manual_seed(spec.get("seed", 0))
+    """hidden [T, H], weight [V, H], labels [T], rows (int64 [N] or None) from a spec dict, drawn on the spec's device
+    (a CPU generator took seconds a process for a [151,936, 4,096] weight; every process of a run draws the same)."""
+    device = spec["device"]
+    gen = torch.Generator(device=device).manual_seed(spec.get("seed", 0))
     t, h, v = spec["T"], spec["H"], spec["V"]
-    dtype, device = DTYPES[spec["dtype"]], spec["device"]
-    hidden = torch.randn(t, h, generator=gen).to(device=device, dtype=dtype)
-    weight = (torch.randn(v, h, generator=gen) / h**0.5).to(device=device, dtype=dtype)
-    labels = torch.randint(0, v, (t,), generator=gen).to(device)
+    dtype = DTYPES[spec["dtype"]]
+    hidden = torch.randn(t, h, generator=gen, device=device).to(dtype)
+    weight = (torch.randn(v, h, generator=gen, device=device) / h**0.5).to(dtype)
+    labels = torch.randint(0, v, (t,), generator=gen, device=device)
     rows = None
     frac = spec.get("rows_fraction")
     if frac is not None and frac < 1.0:
         n = max(1, int(round(t * frac)))
-        rows = torch.randperm(t, generator=gen)[:n].sort().values.to(device)
+        rows = torch.randperm(t, generator=gen, device=device)[:n].sort().values
     return hidden, weight, labels, rows
 
 
