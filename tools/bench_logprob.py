@@ -16,7 +16,9 @@ Each provider runs in its own fresh subprocess so that peak memory is per provid
   it keeps the parent's RSS at fork across exec, which hides a child's smaller peaks.
 Peak extra memory is taken on one forward+backward (forward only with --fwd-only), before the timing.
 "x floor" divides by the GEMM floor: one `hidden @ weight.T` of the same shape for forward, three
-times that for forward+backward (logits, grad of hidden, grad of weight). TFLOP/s counts those same
+times that for forward+backward (logits, grad of hidden, grad of weight); "x 4 GEMMs" by the two-pass design's four
+GEMMs timed back to back (forward, recompute, dHidden, dWeight: two_pass_floor_ms), the clocks a GPU holds through
+sustained work rather than the burst one short GEMM gets. TFLOP/s counts those same
 2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
 A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
 
@@ -351,6 +353,28 @@ def gemm_floor_ms(spec: dict, reps: int) -> float:
     return time_ms(gemm, reps, cuda=spec["device"] == "cuda")
 
 
+def two_pass_floor_ms(spec: dict, reps: int) -> float:
+    """The two-pass head's four GEMMs back to back, timed as one unit (the clocks a GPU holds through ~4x a GEMM's
+    work, not the burst a single short GEMM gets): per block of 4,096 rows, z = h W^T (forward), z again (recompute),
+    z W (dHidden), and dW += z^T h (dWeight, in the weight's dtype) -- the same FLOPs as forward + backward."""
+    hidden, weight, _, _ = make_inputs({**spec, "rows_fraction": None})
+    block = min(4096, spec["T"])
+    z = torch.empty(block, spec["V"], dtype=hidden.dtype, device=hidden.device)
+    dh = torch.empty(block, spec["H"], dtype=hidden.dtype, device=hidden.device)
+    dw = torch.zeros_like(weight)
+
+    def gemms():
+        for start in range(0, spec["T"], block):
+            stop = min(start + block, spec["T"])
+            zb, hb = z[: stop - start], hidden[start:stop]
+            torch.mm(hb, weight.T, out=zb)
+            torch.mm(hb, weight.T, out=zb)
+            torch.mm(zb, weight, out=dh[: stop - start])
+            dw.addmm_(zb.T, hb)
+
+    return time_ms(gemms, reps, cuda=spec["device"] == "cuda")
+
+
 def machine_description(device: str) -> str:
     threads = "" if device == "cuda" else f", {torch.get_num_threads()} threads"
     return f"{device_name()} (torch {torch.__version__}{threads})"
@@ -360,9 +384,9 @@ def _fmt(value, spec=".1f"):
     return "-" if value is None else format(value, spec)
 
 
-def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None) -> list[dict]:
+def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None, floor_4: float | None = None) -> list[dict]:
     """One kernel-table row per provider that ran and rows fraction: ms forward and forward + backward, the peak
-    extra MiB and the same run's GEMM (the floor's unit)."""
+    extra MiB and the same run's GEMM (the floor's unit) and four GEMMs back to back (two_pass_floor_ms)."""
     import datetime
 
     out = []
@@ -374,6 +398,8 @@ def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None) -> list[d
             m = {k: round(r[k], 4) for k in ("fwd_ms", "fwdbwd_ms", "peak_extra_mib") if r.get(k) is not None}
             if floor_fwd:
                 m["gemm_ms"] = round(floor_fwd, 4)
+            if floor_4:
+                m["gemm4_ms"] = round(floor_4, 4)
             variant = name + ("" if spec["dtype"] == "bf16" else f", {spec['dtype']}") + (
                 f", response fraction {s['rows_fraction']}" if s["rows_fraction"] is not None else "")
             out.append(tables.row("bench_logprob", f"{spec['T']}x{spec['H']}x{spec['V']}", tables.device_kind(gpu),
@@ -447,10 +473,12 @@ def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
     # --reps 0: peak memory only (no floor, no times)
     floor_fwd = gemm_floor_ms(spec, args.reps) if args.reps > 0 else None
     floor_fwdbwd = floor_fwd and 3 * floor_fwd
+    floor_4 = two_pass_floor_ms(spec, args.reps) if args.reps > 0 and not args.fwd_only else None
     fwd_flops, fwdbwd_flops = 2 * T * H * V, 6 * T * H * V
     print(f"T={T} H={H} V={V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
     if floor_fwd:
-        print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms")
+        print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms"
+              + (f"; the two-pass design's 4 GEMMs back to back {floor_4:.2f} ms" if floor_4 else ""))
     sweep = []
     for frac in fractions:
         results = {name: measure_in_subprocess({**spec, "rows_fraction": frac, "provider": name}) for name in names}
@@ -459,7 +487,7 @@ def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
             rows = max(1, int(round(T * frac)))
             print(f"rows fraction {frac}: {rows} rows (one fp32 [rows, V] logits tensor: {rows * V * 4 / 2**20:.1f} MiB)")
         print(f"{'provider':<24}{'ms fwd':>10}{'ms fwd+bwd':>12}{'peak extra MiB':>16}{'x floor fwd':>13}"
-              f"{'x floor f+b':>13}{'TFLOP/s f+b':>13}")
+              f"{'x floor f+b':>13}{'x 4 GEMMs':>11}{'TFLOP/s f+b':>13}")
         for name, res in results.items():
             if res["status"] != "ok":
                 print(f"{name:<24}{res['status']:>10}")
@@ -467,11 +495,14 @@ def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
             fwd, fb = res.get("fwd_ms"), res.get("fwdbwd_ms")
             print(f"{name:<24}{_fmt(fwd, '.2f'):>10}{_fmt(fb, '.2f'):>12}{_fmt(res['peak_extra_mib']):>16}"
                   f"{_fmt(fwd and floor_fwd and fwd / floor_fwd, '.2f'):>13}"
-                  f"{_fmt(fb and floor_fwd and fb / floor_fwdbwd, '.2f'):>13}{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}",
+                  f"{_fmt(fb and floor_fwd and fb / floor_fwdbwd, '.2f'):>13}"
+                  f"{_fmt(fb and floor_4 and fb / floor_4, '.2f'):>11}"
+                  f"{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}",
                   flush=True)
-    tables.upsert("kernel", table_rows(spec, sweep, floor_fwd), args.results)
+    tables.upsert("kernel", table_rows(spec, sweep, floor_fwd, floor_4), args.results)
     return {"config": {**spec, "rows_fraction": args.rows_fraction}, "machine": machine_description(args.device),
-            "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd}, "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
+            "floor_ms": {"fwd": floor_fwd, "fwdbwd": floor_fwdbwd, "fwdbwd_4gemm": floor_4},
+            "flops": {"fwd": fwd_flops, "fwdbwd": fwdbwd_flops},
             # one fraction (or none): its results, as before; a sweep: every fraction's
             **({"results": sweep[0]["results"]} if len(sweep) == 1 else {"sweep": sweep})}
 

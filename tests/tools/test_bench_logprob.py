@@ -38,6 +38,10 @@ def test_timed_run_and_the_peer_report(tmp_path, capsys):
              "--json", str(out), "--results", str(tmp_path)])
     res = json.loads(out.read_text())
     assert res["floor_ms"]["fwd"] > 0 and res["floor_ms"]["fwdbwd"] == 3 * res["floor_ms"]["fwd"]
+    assert res["floor_ms"]["fwdbwd_4gemm"] > 0  # the four GEMMs back to back, timed as one unit
+    rows = [json.loads(line) for line in (tmp_path / "kernel.jsonl").read_text().splitlines()]
+    assert all(r["metrics"]["gemm4_ms"] == round(res["floor_ms"]["fwdbwd_4gemm"], 4) for r in rows)
+    assert "x 4 GEMMs" in capsys.readouterr().out
     assert all(r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0 for r in res["results"].values())
     peers, unavailable = bl.load_peers()
     assert set(unavailable) | {p.split("_")[0] for p in peers} == {"liger", "cce", "verl"}  # each: in, or why not
