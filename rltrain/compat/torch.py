@@ -1,7 +1,8 @@
-"""torch and Triton features probed at run time: fp32-output low-precision GEMMs (torch >= 2.8 on CUDA) and
-Triton's TMA tensor descriptors (newer Triton); and torch.distributed's rendezvous store bound to the address its ranks
-meet at (`bound_store`, `bind_rendezvous_to_host`: torch's own listens on every interface). No numerics here (ops/
-decides what to do with the probes); where a group meets is decided in utils/distenv.rendezvous_host.
+"""torch and Triton features probed at run time: fp32-output low-precision GEMMs (torch >= 2.8 on CUDA),
+Triton's TMA tensor descriptors (newer Triton) and the multiprocessor count Triton grids are sized by; and
+torch.distributed's rendezvous store bound to the address its ranks meet at (`bound_store`, `bind_rendezvous_to_host`:
+torch's own listens on every interface). No numerics here (ops/ decides what to do with the probes); where a group
+meets is decided in utils/distenv.rendezvous_host.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def optional_triton() -> tuple:
     except ImportError:  # pragma: no cover - exercised on installs without triton
         return None, None
     return triton, tl
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """The GPU's streaming multiprocessors (what Triton launchers size their grids by); 4 for a CPU tensor (the
+    Triton interpreter: any small number exercises the grid logic)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
 
 
 def triton_tensor_descriptor():

@@ -47,7 +47,7 @@ import dataclasses
 
 import torch
 
-from rltrain.compat.torch import optional_triton, triton_tensor_descriptor
+from rltrain.compat.torch import multiprocessor_count, optional_triton, triton_tensor_descriptor
 
 triton, tl = optional_triton()  # optional: the torch path runs without it
 _HAVE_TRITON = triton is not None
@@ -280,12 +280,6 @@ def _descs(hidden: torch.Tensor, weight: torch.Tensor, bm: int, bn: int, bk: int
             True)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # TRITON_INTERPRET=1 on CPU tensors: any small number exercises the split logic
-
-
 def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, inv_temp: float,
                   with_entropy: bool, chunk_size: int | None = None, *, num_splits: int | None = None,
                   tuning: TritonTuning | None = None):
@@ -313,7 +307,7 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
     n_m = triton.cdiv(n, bm)
     n_tiles = triton.cdiv(v, bn)
     if num_splits is None:
-        num_splits = _fwd_splits(n_m, n_tiles, _num_sms(dev), tuning.fwd_min_splits)
+        num_splits = _fwd_splits(n_m, n_tiles, multiprocessor_count(dev), tuning.fwd_min_splits)
     num_splits = min(num_splits, n_tiles)
     tiles_per_split = triton.cdiv(n_tiles, num_splits)
     num_splits = triton.cdiv(n_tiles, tiles_per_split)  # no empty split
@@ -438,7 +432,8 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     has_ent = grad_ent is not None
     grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
     bm, bn, bk, warps, stages = tuning.tile("bwd", dtype)
-    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes, hidden.element_size())
+    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes,
+                       hidden.element_size())
 
     def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
         rows, cols = c1 - c0, v1 - v0

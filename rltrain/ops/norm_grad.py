@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from rltrain.compat.torch import optional_triton
+from rltrain.compat.torch import multiprocessor_count, optional_triton
 
 triton, tl = optional_triton()  # optional: the torch path runs without it
 _HAVE_TRITON = triton is not None
@@ -36,7 +36,7 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor,
                          f"{list(weight.shape)} disagree")
     h = x.shape[-1]
     x2, g2 = x.reshape(-1, h), grad.reshape(-1, h)
-    use_triton = (_HAVE_TRITON and x.is_cuda) or (_HAVE_TRITON and _interpreting())
+    use_triton = _HAVE_TRITON and (x.is_cuda or _interpreting())
     if use_triton and x2.shape[0] > 0:
         dx, dw = _triton(x2.contiguous(), weight.contiguous(), g2.contiguous(), eps, need_weight_grad)
     else:
@@ -62,7 +62,7 @@ def _triton(x, w, g, eps, need_w):
     block = triton.next_power_of_2(h)
     block_r = max(1, min(64, _TILE_ELEMENTS // block))
     tiles = triton.cdiv(rows, block_r)
-    programs = min(tiles, 4 * _sm_count(x.device))
+    programs = min(tiles, 4 * multiprocessor_count(x.device))
     tiles_per_program = triton.cdiv(tiles, programs)
     programs = triton.cdiv(tiles, tiles_per_program)
     dx = torch.empty_like(x)
@@ -71,12 +71,6 @@ def _triton(x, w, g, eps, need_w):
         x, w, g, dx, partial, rows, h, float(eps), tiles_per_program,
         NEED_W=need_w, BLOCK_R=block_r, BLOCK=block, num_warps=4 if block * block_r <= 2048 else 8)
     return dx, (partial.sum(0) if need_w else None)
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 if _HAVE_TRITON:
