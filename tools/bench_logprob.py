@@ -17,7 +17,7 @@ Each provider runs in its own fresh subprocess so that peak memory is per provid
 Peak extra memory is taken on one forward+backward (forward only with --fwd-only), before the timing.
 "x floor" divides by the GEMM floor: one `hidden @ weight.T` of the same shape for forward, three
 times that for forward+backward (logits, grad of hidden, grad of weight); "x 4 GEMMs" by the two-pass design's four
-GEMMs timed back to back (forward, recompute, dHidden, dWeight: two_pass_floor_ms), the clocks a GPU holds through
+GEMMs timed back to back (forward, recompute, dHidden, dWeight: gemm_floors_ms), the clocks a GPU holds through
 sustained work rather than the burst one short GEMM gets. TFLOP/s counts those same
 2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
 A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
@@ -338,41 +338,30 @@ def measure_in_subprocess(spec: dict, timeout_s: int = 1800) -> dict:
     return {"provider": spec["provider"], "status": f"error: rc={res['rc']}: {res['tail'][-500:]}"}
 
 
-def gemm_floor_ms(spec: dict, reps: int) -> float:
-    """Time of hidden @ weight.T for [T, H] x [H, V], computed in row blocks into one [4096, V] buffer
-    so the floor itself never needs [T, V] memory (same FLOPs)."""
+def gemm_floors_ms(spec: dict, reps: int, two_pass: bool) -> tuple[float, float | None]:
+    """(one GEMM, the two-pass design's four GEMMs or None), on the same inputs, in row blocks of 4,096 into
+    [4096, V] buffers (the floor never needs [T, V] memory; same FLOPs). One GEMM: hidden @ weight.T. Four (with
+    two_pass), timed back to back as one unit -- the clocks a GPU holds through ~4x a GEMM's work, not the burst a
+    single short GEMM gets: per block z = h W^T (forward), z again (recompute), z W (dHidden) and dW += z^T h
+    (dWeight, in the weight's dtype), the FLOPs of forward + backward."""
     hidden, weight, _, _ = make_inputs({**spec, "rows_fraction": None})
-    block = min(4096, spec["T"])
-    out = torch.empty(block, spec["V"], dtype=hidden.dtype, device=hidden.device)
-
-    def gemm():
-        for start in range(0, spec["T"], block):
-            stop = min(start + block, spec["T"])
-            torch.mm(hidden[start:stop], weight.T, out=out[: stop - start])
-
-    return time_ms(gemm, reps, cuda=spec["device"] == "cuda")
-
-
-def two_pass_floor_ms(spec: dict, reps: int) -> float:
-    """The two-pass head's four GEMMs back to back, timed as one unit (the clocks a GPU holds through ~4x a GEMM's
-    work, not the burst a single short GEMM gets): per block of 4,096 rows, z = h W^T (forward), z again (recompute),
-    z W (dHidden), and dW += z^T h (dWeight, in the weight's dtype) -- the same FLOPs as forward + backward."""
-    hidden, weight, _, _ = make_inputs({**spec, "rows_fraction": None})
-    block = min(4096, spec["T"])
+    t, block = spec["T"], min(4096, spec["T"])
     z = torch.empty(block, spec["V"], dtype=hidden.dtype, device=hidden.device)
-    dh = torch.empty(block, spec["H"], dtype=hidden.dtype, device=hidden.device)
-    dw = torch.zeros_like(weight)
+    dh = torch.empty(block, spec["H"], dtype=hidden.dtype, device=hidden.device) if two_pass else None
+    dw = torch.zeros_like(weight) if two_pass else None
 
-    def gemms():
-        for start in range(0, spec["T"], block):
-            stop = min(start + block, spec["T"])
-            zb, hb = z[: stop - start], hidden[start:stop]
+    def gemms(four: bool):
+        for start in range(0, t, block):
+            zb, hb = z[: min(block, t - start)], hidden[start:start + block]
             torch.mm(hb, weight.T, out=zb)
-            torch.mm(hb, weight.T, out=zb)
-            torch.mm(zb, weight, out=dh[: stop - start])
-            dw.addmm_(zb.T, hb)
+            if four:
+                torch.mm(hb, weight.T, out=zb)
+                torch.mm(zb, weight, out=dh[: zb.shape[0]])
+                dw.addmm_(zb.T, hb)
 
-    return time_ms(gemms, reps, cuda=spec["device"] == "cuda")
+    cuda = spec["device"] == "cuda"
+    one = time_ms(lambda: gemms(False), reps, cuda=cuda)
+    return one, (time_ms(lambda: gemms(True), reps, cuda=cuda) if two_pass else None)
 
 
 def machine_description(device: str) -> str:
@@ -386,7 +375,7 @@ def _fmt(value, spec=".1f"):
 
 def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None, floor_4: float | None = None) -> list[dict]:
     """One kernel-table row per provider that ran and rows fraction: ms forward and forward + backward, the peak
-    extra MiB and the same run's GEMM (the floor's unit) and four GEMMs back to back (two_pass_floor_ms)."""
+    extra MiB and the same run's GEMM (the floor's unit) and four GEMMs back to back (gemm_floors_ms)."""
     import datetime
 
     out = []
@@ -471,9 +460,8 @@ def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
     fractions = args.rows_fraction or [None]
     spec = dict(T=T, H=H, V=V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
     # --reps 0: peak memory only (no floor, no times)
-    floor_fwd = gemm_floor_ms(spec, args.reps) if args.reps > 0 else None
+    floor_fwd, floor_4 = gemm_floors_ms(spec, args.reps, not args.fwd_only) if args.reps > 0 else (None, None)
     floor_fwdbwd = floor_fwd and 3 * floor_fwd
-    floor_4 = two_pass_floor_ms(spec, args.reps) if args.reps > 0 and not args.fwd_only else None
     fwd_flops, fwdbwd_flops = 2 * T * H * V, 6 * T * H * V
     print(f"T={T} H={H} V={V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
     if floor_fwd:
