@@ -63,15 +63,10 @@ def profiled_steps(overrides: list[str]) -> set[int]:
     return {int(x) for x in lists[-1].strip("[] ").split(",") if x.strip()} if lists else set()
 
 
-def summary(rows: list[dict], profiled: set[int] = frozenset()) -> dict:
-    """Phase means over the steps after the first (it compiles and allocates) that were not traced (the profiler's
-    own cost would count), and the mismatch of every step."""
-    return summary_of_runs([rows], profiled)
-
-
 def summary_of_runs(runs: list[list[dict]], profiled: set[int] = frozenset()) -> dict:
-    """summary over several runs of one variant (--rounds): the steady steps of each run pooled, every step's
-    mismatch, and each run's mean step time (the host's drift between runs shows there)."""
+    """One variant's runs (several with --rounds): phase means over each run's steps after the first (it compiles and
+    allocates) that were not traced (the profiler's own cost would count), pooled; every step's mismatch; and each
+    run's mean step time (the host's drift between runs shows there)."""
     per_run = [[r for r in rows if "timing_s/step" in r] for rows in runs]
     steps = [r for run in per_run for r in run]
     steadies = [[r for r in run[1:] if r.get("step") not in profiled] or run for run in per_run]

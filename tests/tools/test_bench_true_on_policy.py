@@ -21,7 +21,8 @@ def _rows(step_s, diff):
 
 
 def test_summary_skips_the_first_step_and_keeps_every_steps_mismatch():
-    off, on = bench.summary(_rows([9.0, 1.0, 3.0], 4e-7)), bench.summary(_rows([9.0, 2.0, 2.0], 0.0))
+    off = bench.summary_of_runs([_rows([9.0, 1.0, 3.0], 4e-7)])
+    on = bench.summary_of_runs([_rows([9.0, 2.0, 2.0], 0.0)])
     assert off["mean"]["timing_s/step"] == 2.0 and off["mean"]["timing_s/gen"] == 1.0
     assert off["logprob_diff_max"] == [4e-7] * 3 and not off["all_zero"]
     assert on["all_zero"] and on["nonzero_frac"] == [0.0] * 3 and on["score_last10"] == 0.25
@@ -33,7 +34,7 @@ def test_summary_skips_the_first_step_and_keeps_every_steps_mismatch():
 def test_traced_steps_stay_out_of_the_means():
     overrides = ["trainer.total_steps=4", "trainer.profile_steps=[2, 3]", "rollout.true_on_policy=true"]
     assert bench.profiled_steps(overrides) == {2, 3} and bench.profiled_steps(["trainer.profile_steps=[]"]) == set()
-    run = bench.summary(_rows([9.0, 7.0, 5.0, 1.0], 0.0), bench.profiled_steps(overrides))
+    run = bench.summary_of_runs([_rows([9.0, 7.0, 5.0, 1.0], 0.0)], bench.profiled_steps(overrides))
     assert run["mean"]["timing_s/step"] == 1.0 and run["steps"] == 4 and run["logprob_diff_max"] == [0.0] * 4
 
 
