@@ -16,6 +16,9 @@ import sys
 def main() -> None:
     step, _, how = sys.argv.pop(1).partition(":")
     kill_after, sig = int(step), getattr(signal, how or "SIGKILL")
+    # Ctrl-C's handler as a terminal's foreground job has it: a job started in the background by a non-interactive
+    # shell (`cmd &`) inherits SIGINT ignored, and Python then leaves it ignored (the SIGINT would be lost)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # the command line rltrain sees (and prints in its resume line) is `python -m rltrain.main ...`
     sys.argv[0] = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "rltrain", "main.py")
