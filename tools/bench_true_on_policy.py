@@ -102,6 +102,18 @@ def table_row(name: str, run: dict, report: dict, args) -> dict:
                       config=list(run.get("config", [])))
 
 
+def check_row(result: dict, args, date: str) -> dict:
+    """--check's row of the rollout table: the largest difference and the share that differs, decode against the
+    actor and the chunked path against the actor; the variant names the check's settings (--set, --max-tokens)."""
+    dec, chk = result["decode_vs_actor"], result["chunked_vs_actor"]
+    metrics = {"decode_vs_actor_max": dec["max"], "decode_vs_actor_nonzero_frac": dec["nonzero_frac"],
+               "chunked_vs_actor_max": chk["max"], "tokens": dec["tokens"]}
+    shape, device = ("grpo_tiny", "cpu") if args.cpu else ("qwen3-0.6b-random", tables.device_kind(device_name()))
+    variant = ", ".join(["check", *args.set, f"{args.max_tokens} response tokens"])
+    return tables.row("bench_true_on_policy", shape, device, variant, metrics, date=date,
+                      config=list(result["config"]))
+
+
 def markdown(report: dict) -> str:
     runs = report["runs"]
     rows = []
@@ -398,6 +410,7 @@ def check(args) -> int:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1), flush=True)
     group.shutdown()
+    tables.upsert("rollout", [check_row(result, args, report_header("bench_true_on_policy")["date"])], args.results)
     return 0 if result["decode_vs_actor"]["max"] == 0.0 and result["chunked_vs_actor"]["max"] == 0.0 else 1
 
 

@@ -45,12 +45,17 @@ def test_check_flow_on_cpu_is_exact_for_decode_and_chunks(tmp_path):
 
     tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "bench_true_on_policy.py")
     proc = subprocess.run([sys.executable, tool, "--check", "--cpu", "--out", str(tmp_path), "--prompts", "3",
-                           "--n", "2", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+                           "--n", "2", "--max-tokens", "8", "--results", str(tmp_path / "results")],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads((tmp_path / "true_on_policy_check.json").read_text())
     for key in ("decode_vs_actor", "chunked_vs_actor"):
         assert got[key]["tokens"] > 0 and got[key]["max"] == 0.0, got[key]
     assert got["chunked_vs_actor"]["chunk_tokens"] == 2
+    (row,) = [json.loads(line) for line in (tmp_path / "results" / "rollout.jsonl").read_text().splitlines()]
+    assert (row["shape"], row["device"], row["variant"]) == ("grpo_tiny", "cpu", "check, 8 response tokens")
+    assert row["metrics"] == {"decode_vs_actor_max": 0.0, "decode_vs_actor_nonzero_frac": 0.0,
+                              "chunked_vs_actor_max": 0.0, "tokens": got["decode_vs_actor"]["tokens"]}
 
 
 def test_rounds_alternate_and_pool_each_variants_runs():
