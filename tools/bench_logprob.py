@@ -18,7 +18,11 @@ Peak extra memory is taken on one forward+backward (forward only with --fwd-only
 "x floor" divides by the GEMM floor: one `hidden @ weight.T` of the same shape for forward, three
 times that for forward+backward (logits, grad of hidden, grad of weight); "x 4 GEMMs" by the two-pass design's four
 GEMMs timed back to back (forward, recompute, dHidden, dWeight: gemm_floors_ms), the clocks a GPU holds through
-sustained work rather than the burst one short GEMM gets. TFLOP/s counts those same
+sustained work rather than the burst one short GEMM gets. With --reps > 0 each provider's process times the floor
+itself, on its inputs, right before the provider (one GEMM before the forward, the four before forward + backward):
+the floor and the provider at the same clocks (a GPU idle before the floor runs a short GEMM ~8% faster than one
+just done with a forward + backward); the shape's header line is the floor timed first, in the parent. TFLOP/s
+counts those same
 2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
 A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
 
@@ -311,10 +315,12 @@ def run_child(spec: dict) -> dict:
         step(hidden, weight, labels, rows, not fwd_only)
         result["peak_extra_mib"] = memory.peak_extra_bytes() / 2**20
         if spec.get("reps", 0) > 0:
-            cuda = spec["device"] == "cuda"
-            result["fwd_ms"] = time_ms(lambda: step(hidden, weight, labels, rows, False), spec["reps"], cuda=cuda)
+            cuda, reps, h, w = spec["device"] == "cuda", spec["reps"], hidden.detach(), weight.detach()
+            result["gemm_ms"] = gemm_floors_ms(h, w, reps)[0]  # each right before what it is the floor of
+            result["fwd_ms"] = time_ms(lambda: step(hidden, weight, labels, rows, False), reps, cuda=cuda)
             if not fwd_only:
-                result["fwdbwd_ms"] = time_ms(lambda: step(hidden, weight, labels, rows, True), spec["reps"], cuda=cuda)
+                result["gemm4_ms"] = gemm_floors_ms(h, w, reps, one=False, four=True)[1]
+                result["fwdbwd_ms"] = time_ms(lambda: step(hidden, weight, labels, rows, True), reps, cuda=cuda)
     except Exception as exc:  # noqa: BLE001 - OOM is a result, anything else is reported as an error
         result["status"] = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {exc}"
     return result
@@ -338,30 +344,30 @@ def measure_in_subprocess(spec: dict, timeout_s: int = 1800) -> dict:
     return {"provider": spec["provider"], "status": f"error: rc={res['rc']}: {res['tail'][-500:]}"}
 
 
-def gemm_floors_ms(spec: dict, reps: int, two_pass: bool) -> tuple[float, float | None]:
-    """(one GEMM, the two-pass design's four GEMMs or None), on the same inputs, in row blocks of 4,096 into
-    [4096, V] buffers (the floor never needs [T, V] memory; same FLOPs). One GEMM: hidden @ weight.T. Four (with
-    two_pass), timed back to back as one unit -- the clocks a GPU holds through ~4x a GEMM's work, not the burst a
-    single short GEMM gets: per block z = h W^T (forward), z again (recompute), z W (dHidden) and dW += z^T h
-    (dWeight, in the weight's dtype), the FLOPs of forward + backward."""
-    hidden, weight, _, _ = make_inputs({**spec, "rows_fraction": None})
-    t, block = spec["T"], min(4096, spec["T"])
-    z = torch.empty(block, spec["V"], dtype=hidden.dtype, device=hidden.device)
-    dh = torch.empty(block, spec["H"], dtype=hidden.dtype, device=hidden.device) if two_pass else None
-    dw = torch.zeros_like(weight) if two_pass else None
+def gemm_floors_ms(hidden: torch.Tensor, weight: torch.Tensor, reps: int, *, one: bool = True,
+                   four: bool = False) -> tuple[float | None, float | None]:
+    """(one GEMM, the two-pass design's four GEMMs), each timed where asked (else None), on hidden [T, H] and
+    weight [V, H], in row blocks of 4,096 into [4096, V] buffers (the floor never needs [T, V] memory; same FLOPs).
+    One GEMM: hidden @ weight.T. Four, timed back to back as one unit -- the clocks a GPU holds through ~4x a GEMM's work, not
+    the burst a single short GEMM gets: per block z = h W^T (forward), z again (recompute), z W (dHidden) and
+    dW += z^T h (dWeight, in the weight's dtype), the FLOPs of forward + backward."""
+    t, block = hidden.shape[0], min(4096, hidden.shape[0])
+    z = torch.empty(block, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+    dh = torch.empty(block, hidden.shape[1], dtype=hidden.dtype, device=hidden.device) if four else None
+    dw = torch.zeros_like(weight) if four else None
 
-    def gemms(four: bool):
+    def gemms(all_four: bool):
         for start in range(0, t, block):
             zb, hb = z[: min(block, t - start)], hidden[start:start + block]
             torch.mm(hb, weight.T, out=zb)
-            if four:
+            if all_four:
                 torch.mm(hb, weight.T, out=zb)
                 torch.mm(zb, weight, out=dh[: zb.shape[0]])
                 dw.addmm_(zb.T, hb)
 
-    cuda = spec["device"] == "cuda"
-    one = time_ms(lambda: gemms(False), reps, cuda=cuda)
-    return one, (time_ms(lambda: gemms(True), reps, cuda=cuda) if two_pass else None)
+    cuda = hidden.is_cuda
+    return (time_ms(lambda: gemms(False), reps, cuda=cuda) if one else None,
+            time_ms(lambda: gemms(True), reps, cuda=cuda) if four else None)
 
 
 def machine_description(device: str) -> str:
@@ -373,9 +379,15 @@ def _fmt(value, spec=".1f"):
     return "-" if value is None else format(value, spec)
 
 
+def floors_of(result: dict, floor_fwd: float | None, floor_4: float | None) -> tuple[float | None, float | None]:
+    """(one GEMM, four GEMMs) a provider's times are divided by: its own, timed in its process, else the shape's."""
+    return result.get("gemm_ms") or floor_fwd, result.get("gemm4_ms") or floor_4
+
+
 def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None, floor_4: float | None = None) -> list[dict]:
     """One kernel-table row per provider that ran and rows fraction: ms forward and forward + backward, the peak
-    extra MiB and the same run's GEMM (the floor's unit) and four GEMMs back to back (gemm_floors_ms)."""
+    extra MiB and the floors it is divided by: one GEMM and four GEMMs back to back (gemm_floors_ms), the
+    provider's own (timed in its process) where it has them, else the shape's (floor_fwd, floor_4)."""
     import datetime
 
     out = []
@@ -385,10 +397,11 @@ def table_rows(spec: dict, sweep: list[dict], floor_fwd: float | None, floor_4: 
             if r["status"] != "ok":
                 continue
             m = {k: round(r[k], 4) for k in ("fwd_ms", "fwdbwd_ms", "peak_extra_mib") if r.get(k) is not None}
-            if floor_fwd:
-                m["gemm_ms"] = round(floor_fwd, 4)
-            if floor_4:
-                m["gemm4_ms"] = round(floor_4, 4)
+            one, four = floors_of(r, floor_fwd, floor_4)
+            if one:
+                m["gemm_ms"] = round(one, 4)
+            if four:
+                m["gemm4_ms"] = round(four, 4)
             variant = name + ("" if spec["dtype"] == "bf16" else f", {spec['dtype']}") + (
                 f", response fraction {s['rows_fraction']}" if s["rows_fraction"] is not None else "")
             out.append(tables.row("bench_logprob", f"{spec['T']}x{spec['H']}x{spec['V']}", tables.device_kind(gpu),
@@ -460,13 +473,19 @@ def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
     fractions = args.rows_fraction or [None]
     spec = dict(T=T, H=H, V=V, dtype=args.dtype, device=args.device, fwd_only=args.fwd_only, reps=args.reps)
     # --reps 0: peak memory only (no floor, no times)
-    floor_fwd, floor_4 = gemm_floors_ms(spec, args.reps, not args.fwd_only) if args.reps > 0 else (None, None)
+    if args.reps > 0:
+        hidden, weight, _, _ = make_inputs({**spec, "rows_fraction": None})
+        floor_fwd, floor_4 = gemm_floors_ms(hidden, weight, args.reps, four=not args.fwd_only)
+        del hidden, weight
+    else:
+        floor_fwd = floor_4 = None
     floor_fwdbwd = floor_fwd and 3 * floor_fwd
     fwd_flops, fwdbwd_flops = 2 * T * H * V, 6 * T * H * V
     print(f"T={T} H={H} V={V} dtype={args.dtype} device={args.device}  [{machine_description(args.device)}]")
     if floor_fwd:
-        print(f"GEMM floor: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms"
-              + (f"; the two-pass design's 4 GEMMs back to back {floor_4:.2f} ms" if floor_4 else ""))
+        print(f"GEMM floor, timed first: fwd {floor_fwd:.2f} ms, fwd+bwd (3 GEMMs) {floor_fwdbwd:.2f} ms"
+              + (f"; the two-pass design's 4 GEMMs back to back {floor_4:.2f} ms" if floor_4 else "")
+              + " (each provider below is divided by its own, timed in its process right before it)")
     sweep = []
     for frac in fractions:
         results = {name: measure_in_subprocess({**spec, "rows_fraction": frac, "provider": name}) for name in names}
@@ -475,17 +494,18 @@ def run_shape(args, T: int, H: int, V: int, names: list[str]) -> dict:
             rows = max(1, int(round(T * frac)))
             print(f"rows fraction {frac}: {rows} rows (one fp32 [rows, V] logits tensor: {rows * V * 4 / 2**20:.1f} MiB)")
         print(f"{'provider':<24}{'ms fwd':>10}{'ms fwd+bwd':>12}{'peak extra MiB':>16}{'x floor fwd':>13}"
-              f"{'x floor f+b':>13}{'x 4 GEMMs':>11}{'TFLOP/s f+b':>13}")
+              f"{'x floor f+b':>13}{'x 4 GEMMs':>11}{'TFLOP/s f+b':>13}{'GEMM ms':>10}{'4 GEMMs ms':>12}")
         for name, res in results.items():
             if res["status"] != "ok":
                 print(f"{name:<24}{res['status']:>10}")
                 continue
             fwd, fb = res.get("fwd_ms"), res.get("fwdbwd_ms")
+            one, four = floors_of(res, floor_fwd, floor_4)
             print(f"{name:<24}{_fmt(fwd, '.2f'):>10}{_fmt(fb, '.2f'):>12}{_fmt(res['peak_extra_mib']):>16}"
-                  f"{_fmt(fwd and floor_fwd and fwd / floor_fwd, '.2f'):>13}"
-                  f"{_fmt(fb and floor_fwd and fb / floor_fwdbwd, '.2f'):>13}"
-                  f"{_fmt(fb and floor_4 and fb / floor_4, '.2f'):>11}"
-                  f"{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}",
+                  f"{_fmt(fwd and one and fwd / one, '.2f'):>13}"
+                  f"{_fmt(fb and one and fb / (3 * one), '.2f'):>13}"
+                  f"{_fmt(fb and four and fb / four, '.2f'):>11}"
+                  f"{_fmt(fb and fwdbwd_flops / fb / 1e9, '.3f'):>13}{_fmt(one, '.2f'):>10}{_fmt(four, '.2f'):>12}",
                   flush=True)
     tables.upsert("kernel", table_rows(spec, sweep, floor_fwd, floor_4), args.results)
     return {"config": {**spec, "rows_fraction": args.rows_fraction}, "machine": machine_description(args.device),
