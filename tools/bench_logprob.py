@@ -348,9 +348,9 @@ def gemm_floors_ms(hidden: torch.Tensor, weight: torch.Tensor, reps: int, *, one
                    four: bool = False) -> tuple[float | None, float | None]:
     """(one GEMM, the two-pass design's four GEMMs), each timed where asked (else None), on hidden [T, H] and
     weight [V, H], in row blocks of 4,096 into [4096, V] buffers (the floor never needs [T, V] memory; same FLOPs).
-    One GEMM: hidden @ weight.T. Four, timed back to back as one unit -- the clocks a GPU holds through ~4x a GEMM's work, not
-    the burst a single short GEMM gets: per block z = h W^T (forward), z again (recompute), z W (dHidden) and
-    dW += z^T h (dWeight, in the weight's dtype), the FLOPs of forward + backward."""
+    One GEMM: hidden @ weight.T. Four, timed back to back as one unit -- the clocks a GPU holds through ~4x a GEMM's
+    work, not the burst a single short GEMM gets: per block z = h W^T (forward), z again (recompute), z W (dHidden)
+    and dW += z^T h (dWeight, in the weight's dtype), the FLOPs of forward + backward."""
     t, block = hidden.shape[0], min(4096, hidden.shape[0])
     z = torch.empty(block, weight.shape[0], dtype=hidden.dtype, device=hidden.device)
     dh = torch.empty(block, hidden.shape[1], dtype=hidden.dtype, device=hidden.device) if four else None

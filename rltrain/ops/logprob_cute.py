@@ -21,8 +21,8 @@ Backward, per (token chunk, vocab slice), one GEMM recomputes z and its epilogue
 
 in the input dtype, the label's fp32 logit beside it (ColVecSelect); the label column is then set on the host
 to its exact fp32 value grad_lp (1 - p_y) + grad_ent p_y (mean_z - z_y) (times inv_temp), and dz feeds the
-dHidden GEMM (fp32 accumulator) and the dWeight GEMM (into the weight gradient) through the Triton backend's
-blocking, `logprob_triton.chunked_grads`, with the same working-memory budget (256 MiB, under 0.25 GiB with
+dHidden GEMM (fp32 accumulator) and the dWeight GEMM (into the weight gradient) through the blocking both
+backends share, `head_blocking.chunked_grads`, with the same working-memory budget (256 MiB, under 0.25 GiB with
 everything the backward holds).
 
 Requirements, checked by `supports` (the caller falls back to Triton otherwise, and says so once): an SM90
@@ -38,6 +38,8 @@ import logging
 
 import torch
 
+from rltrain.ops.head_blocking import BWD_BUDGET_BYTES, ROW_BYTES, bwd_sizes, chunked_grads
+
 log = logging.getLogger(__name__)
 
 #: (tile_M, tile_N, cluster_M, cluster_N, pingpong) of the forward (statistics) and backward (dlogits) GEMMs.
@@ -45,10 +47,6 @@ FWD_TILE = (128, 192, 2, 1, True)
 BWD_TILE = (128, 192, 2, 1, True)
 #: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
 FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
-#: working memory of the backward (the dHidden fp32 accumulator, the dlogits chunk, the per-row vectors; the Triton
-#: backend's blocking and budget): at most 0.25 GiB at any shape; 384 MiB was at most 3% faster in one H200 run
-#: (docs/benchmarks/kernel.md).
-BWD_BUDGET_BYTES = 256 * 1024 * 1024
 
 _IMPORT_ERROR: Exception | None = None
 try:
@@ -322,7 +320,6 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
         _warn_fallback(why)
         return _fallback().backward(hidden, weight, labels_local, lse, mean_z, grad_lp, grad_ent, inv_temp,
                                     need_hidden_grad, need_weight_grad, chunk_size)
-    from rltrain.ops.logprob_triton import _bwd_sizes, chunked_grads
 
     n, h = hidden.shape
     v = weight.shape[0]
@@ -340,7 +337,7 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     mean_z = mean_z.float().contiguous()
     glp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
     gent = torch.zeros(n, device=dev) if grad_ent is None else grad_ent.float().contiguous()
-    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, BWD_TILE[0], BWD_TILE[1], budget_bytes,
+    sizes = bwd_sizes(n, v, h, need_hidden_grad, chunk_size, BWD_TILE[0], BWD_TILE[1], budget_bytes,
                        hidden.element_size())
     vs_pad = -(-sizes[1] // 8) * 8  # dz rows 16-byte aligned for the TMA store
     zy = torch.empty(sizes[0], device=dev, dtype=torch.float32)
@@ -373,10 +370,9 @@ def _dlogits_chunk(hidden, w_sl, dz, zy, labels, v0, lse, mean_z, glp, gent, inv
 def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, budget_bytes: int = BWD_BUDGET_BYTES) -> int:
     """Working memory `backward` allocates beyond its outputs: the chunks, the label column, the fp32 copies of
     the four per-row vectors."""
-    from rltrain.ops.logprob_triton import ROW_BYTES, _bwd_sizes
 
     itemsize = torch.empty((), dtype=dtype).element_size()
-    ts, vs = _bwd_sizes(n, v, h, True, None, BWD_TILE[0], BWD_TILE[1], budget_bytes, itemsize)
+    ts, vs = bwd_sizes(n, v, h, True, None, BWD_TILE[0], BWD_TILE[1], budget_bytes, itemsize)
     return 4 * ts * h + itemsize * ts * (-(-vs // 8) * 8) + ROW_BYTES * n
 
 

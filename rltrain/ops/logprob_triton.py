@@ -28,7 +28,8 @@ multiprocessors idle. On Hopper with bf16/fp16 inputs the GEMM tiles are loaded 
 descriptors (-14% forward time vs pointer loads on an H100); fp32 inputs use exact fp32 dots
 (input_precision="ieee").
 
-Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight): per token chunk
+Backward (design "a" of issue 4, the 4-GEMM floor: forward GEMM, recompute, dHidden, dWeight; the blocking and
+the two gradient GEMMs are ops/head_blocking.py's, shared with the CuTe backend): per token chunk
 (fp32 dHidden accumulator [Ts, H], dlogits buffer [Ts, Vs]) and vocab slice, a Triton kernel recomputes the logit
 tiles and writes `dlogits = inv_temp * (grad_lp * (1[j == label] - p_j) + grad_ent * p_j * (mean_z - z_j))` in
 the input dtype as `p * (A - B * a)`, the label term only in tiles that hold a label; cuBLAS then does
@@ -48,6 +49,7 @@ import dataclasses
 import torch
 
 from rltrain.compat.torch import multiprocessor_count, optional_triton, triton_tensor_descriptor
+from rltrain.ops.head_blocking import BWD_BUDGET_BYTES, ROW_BYTES, bwd_sizes, chunked_grads
 
 triton, tl = optional_triton()  # optional: the torch path runs without it
 _HAVE_TRITON = triton is not None
@@ -71,9 +73,9 @@ class TritonTuning:
     fwd_min_splits: int = 8  # see the L2 note in the module docstring
     fwd_flatten: bool = True  # pipeline the K-loops of consecutive vocab tiles as one loop (tl.range(flatten=True))
     use_desc: bool = True  # load GEMM tiles with TMA descriptors where possible (Hopper); False: pointer loads
-    # working memory of the backward pass (the dHidden fp32 accumulator [Ts, H], the dlogits chunk [Ts, Vs] and the
-    # per-row vectors). At 65,536 x 2,560 x 151,936, bf16: 6 token chunks of Ts = 11,008, Vs = 6,912 (0.248 GiB).
-    bwd_budget_bytes: int = 256 * 2**20
+    # working memory of the backward pass (ops/head_blocking.py: the dHidden fp32 accumulator [Ts, H], the dlogits
+    # chunk [Ts, Vs] and the per-row vectors)
+    bwd_budget_bytes: int = BWD_BUDGET_BYTES
 
     def tile(self, kind: str, dtype: torch.dtype) -> Tile:
         """The tile config of `kind` ("fwd" | "bwd") for inputs of `dtype`."""
@@ -351,58 +353,6 @@ def _fwd_splits(n_m: int, n_tiles: int, sms: int, min_splits: int | None = None)
     return max(options, key=lambda sp: (round(busy(sp), 3), sp))
 
 
-#: bytes of the backward's per-row fp32 vectors a token (lse, mean_z, grad_lp, grad_ent, CuTe's label logit)
-ROW_BYTES = 20
-
-
-def _balanced(total: int, most: int, step: int) -> int:
-    """A block size <= max(most, step), a multiple of `step` unless it is `total`, splitting `total` into as few
-    near-equal blocks as `most` allows (65,536 rows, at most 13,056: 6 of 11,008, not 5 of 13,056 and 1 of 256)."""
-    most = max(step, most // step * step)
-    if total <= most:
-        return total
-    count = -(-total // most)
-    size = -(-(-(-total // count)) // step) * step
-    return min(size, most)
-
-
-def _bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int | None,
-               bm: int, bn: int, budget_bytes: int | None = None, itemsize: int = 2) -> tuple[int, int]:
-    """(Ts token rows per chunk, Vs vocab columns per slice) of the backward, from `budget_bytes`
-    (TritonTuning.bwd_budget_bytes): half for the fp32 dHidden accumulator [Ts, H] (when dHidden is wanted), the
-    rest, after the per-row fp32 vectors (ROW_BYTES a token), for the dlogits chunk [Ts, Vs] in the input dtype
-    (`itemsize` bytes). `chunk_size` caps Ts."""
-    budget = DEFAULT_TUNING.bwd_budget_bytes if budget_bytes is None else budget_bytes
-    ts = _balanced(n, (budget // 2) // (4 * h), bm)
-    if chunk_size is not None:
-        ts = max(1, min(ts, int(chunk_size)))
-    left = budget - ROW_BYTES * n - (4 * h * ts if need_hidden_grad else 0)
-    vs = _balanced(v, left // (itemsize * ts), bn)
-    return ts, vs
-
-
-def _mm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, overwrite: bool = False) -> None:
-    """acc (fp32) += a @ b (or acc = a @ b when `overwrite`: no zero-fill pass) with fp32 accumulation and no
-    rounding of a low-precision product."""
-    if not acc.is_cuda:  # CPU (interpreter tests): upcast; CPU GEMMs have no fp32-output mode for bf16 operands
-        a, b = a.float(), b.float()
-    if a.dtype == torch.float32:
-        torch.mm(a, b, out=acc) if overwrite else acc.addmm_(a, b)
-    else:
-        torch.mm(a, b, out_dtype=torch.float32, out=acc) if overwrite else torch.addmm(
-            acc, a, b, out_dtype=torch.float32, out=acc)
-
-
-def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
-    """out = a @ b, or out += a @ b when `accumulate`, in out's dtype: one GEMM with fp32 accumulation (cuBLAS adds
-    beta * out in fp32 too), so each call rounds the result to out's dtype once."""
-    if out.is_cuda or a.dtype == torch.float32:
-        out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
-    else:  # CPU: no fp32-accumulating bf16 GEMM; upcast, add in fp32, round once
-        prod = torch.mm(a.float(), b.float())
-        out.copy_(prod + out.float() if accumulate else prod)
-
-
 def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, lse: torch.Tensor,
              mean_z: torch.Tensor, grad_lp: torch.Tensor | None, grad_ent: torch.Tensor | None,
              inv_temp: float, need_hidden_grad: bool, need_weight_grad: bool, chunk_size: int | None = None, *,
@@ -432,7 +382,7 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     has_ent = grad_ent is not None
     grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
     bm, bn, bk, warps, stages = tuning.tile("bwd", dtype)
-    sizes = _bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes,
+    sizes = bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes,
                        hidden.element_size())
 
     def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
@@ -451,44 +401,11 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     return grad_h, grad_w
 
 
-def chunked_grads(hidden: torch.Tensor, weight: torch.Tensor, grad_h: torch.Tensor | None,
-                  grad_w: torch.Tensor | None, sizes: tuple[int, int], fill_dz, *,
-                  row_stride: int | None = None) -> None:
-    """The backward's blocking, shared by the Triton and CuTe backends. `sizes` = (Ts, Vs) of _bwd_sizes: for each
-    token chunk [c0, c1) (one fp32 dHidden accumulator [Ts, H]) and vocab slice [v0, v1), `fill_dz(dz, c0, c1, v0,
-    v1)` writes the chunk's dlogits into dz [c1 - c0, v1 - v0] (hidden's dtype; contiguous, or rows `row_stride`
-    elements apart when given), then dz @ weight[v0:v1] goes into the dHidden accumulator and dz^T @ hidden[c0:c1]
-    straight into grad_w[v0:v1] (one cuBLAS GEMM in its dtype: written by the first token chunk, added to by the
-    next ones; there is no fp32 dWeight buffer and no copy pass). dHidden is rounded once, dWeight once per token
-    chunk. The results land in grad_h / grad_w (None: not computed), which must not alias hidden / weight."""
-    n, h = hidden.shape
-    v = weight.shape[0]
-    ts, vs = sizes
-    dev = hidden.device
-    dz_buf = torch.empty(ts * (row_stride or vs), device=dev, dtype=hidden.dtype)
-    dh_acc = torch.empty((ts, h), device=dev, dtype=torch.float32) if grad_h is not None else None
-    for c0 in range(0, n, ts):  # token chunk: one fp32 dHidden accumulator, one dlogits buffer
-        c1 = min(n, c0 + ts)
-        rows = c1 - c0
-        for v0 in range(0, v, vs):  # vocab slice
-            v1 = min(v, v0 + vs)
-            cols = v1 - v0
-            dz = (dz_buf[: rows * cols].view(rows, cols) if row_stride is None
-                  else dz_buf[: rows * row_stride].view(rows, row_stride)[:, :cols])
-            fill_dz(dz, c0, c1, v0, v1)
-            if dh_acc is not None:  # the first product overwrites the accumulator (no zero-fill pass)
-                _mm_acc(dh_acc[:rows], dz, weight[v0:v1], overwrite=(v0 == 0))
-            if grad_w is not None:
-                _mm_into(grad_w[v0:v1], dz.t(), hidden[c0:c1], accumulate=(c0 > 0))
-        if dh_acc is not None:
-            grad_h[c0:c1].copy_(dh_acc[:rows])
-
-
 def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, tuning: TritonTuning | None = None) -> int:
     """Working memory `backward` allocates beyond its outputs (for docs and the memory test): the dHidden
     accumulator, the dlogits chunk and the fp32 copies of the four per-row vectors."""
     tuning = _tuning(tuning)
     bm, bn = tuning.tile("bwd", dtype)[:2]
     itemsize = torch.tensor([], dtype=dtype).element_size()
-    ts, vs = _bwd_sizes(n, v, h, True, None, bm, bn, tuning.bwd_budget_bytes, itemsize)
+    ts, vs = bwd_sizes(n, v, h, True, None, bm, bn, tuning.bwd_budget_bytes, itemsize)
     return ts * h * 4 + ts * vs * itemsize + ROW_BYTES * n

@@ -116,6 +116,7 @@ def test_gpu_backward_over_many_token_chunks_matches_fp64(backend):
     """A budget small enough for several token chunks and vocab slices on the GPU: the weight gradient is written by
     the first token chunk and added to in bf16 by cuBLAS (addmm_) by the next ones, each adding in fp32 and rounding
     once; it stays within the bf16 tolerance of the fp64 reference (the default budget's shapes take one chunk)."""
+    from rltrain.ops import head_blocking as B
     from rltrain.ops import logprob_triton as K
 
     n, h, v = 1000, 256, 32000
@@ -127,7 +128,7 @@ def test_gpu_backward_over_many_token_chunks_matches_fp64(backend):
     m, s, t, zl = C.forward_stats(hid, w, lab, 1.0, True, None)
     lse, mean_z = m + torch.log(s), t / s
     budget = 2 * 4 * h * 256  # 4 token chunks of 256 rows, slices of 384 (cute) or 256 (triton) vocab columns
-    assert K._bwd_sizes(n, v, h, True, None, 128, 192, budget)[0] == 256
+    assert B.bwd_sizes(n, v, h, True, None, 128, 192, budget)[0] == 256
     if backend == "cute":
         gh, gw = C.backward(hid, w, lab, lse, mean_z, glp, gent, 1.0, True, True, budget_bytes=budget)
     else:

@@ -176,46 +176,6 @@ def test_is_available_needs_cuda():
     assert logprob_triton.is_available() == (HAVE_TRITON and HAVE_CUDA)
 
 
-def _block_by_search(total: int, most: int, step: int) -> int:
-    """The blocking's rule by search: the fewest blocks whose size, rounded up to `step`, fits in `most` (floored to
-    `step`, at least one step); the whole when it fits."""
-    most = max(step, most // step * step)
-    if total <= most:
-        return total
-    return next(-(-(-(-total // k)) // step) * step for k in range(1, total + 1)
-                if -(-(-(-total // k)) // step) * step <= most)
-
-
-def test_backward_blocking_is_balanced_and_within_budget():
-    """The backward's (Ts, Vs) against the rule found by search, over random shapes and budgets (awkward sizes, one
-    token, budgets too small for one step): the fewest token chunks and vocab slices, near-equal, each a multiple of
-    the tile unless it is the whole; all buffers within the budget whenever the budget allows one tile."""
-    from rltrain.ops import logprob_triton as K
-
-    seed = int.from_bytes(os.urandom(4), "little")
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(300):
-        n = int(torch.randint(1, 70_000, (1,), generator=g))
-        v = int(torch.randint(1, 160_000, (1,), generator=g))
-        h = 8 * int(torch.randint(1, 1024, (1,), generator=g))
-        budget = int(torch.randint(1 << 16, 1 << 29, (1,), generator=g))
-        bm, bn = (128, 192) if int(torch.randint(0, 2, (1,), generator=g)) else (64, 256)
-        itemsize = 2 if int(torch.randint(0, 4, (1,), generator=g)) else 4
-        ts, vs = K._bwd_sizes(n, v, h, True, None, bm, bn, budget, itemsize)
-        case = dict(seed=seed, n=n, v=v, h=h, budget=budget, bm=bm, bn=bn, itemsize=itemsize)
-        assert ts == _block_by_search(n, budget // 2 // (4 * h), bm), case
-        left = budget - K.ROW_BYTES * n - 4 * h * ts
-        assert vs == _block_by_search(v, left // (itemsize * ts), bn), case
-        for total, size, step in ((n, ts, bm), (v, vs, bn)):
-            blocks = -(-total // size)
-            assert size == total or size % step == 0, case
-            assert (blocks - 1) * size < total, case  # no empty block
-        if left >= itemsize * ts * bn:  # the budget holds one tile of slices: everything fits in it
-            assert 4 * h * ts + itemsize * ts * vs + K.ROW_BYTES * n <= budget, case
-    assert K._bwd_sizes(65536, 151936, 2560, True, None, 128, 192) == (11008, 6912)  # 6 chunks, not 5 and a sliver
-    assert K._bwd_sizes(1, 151936, 4096, True, None, 128, 192) == (1, 151936)
-
-
 GPU_CASES = [  # (N, H, V, dtype, temperature)
     (257, 256, 151936, torch.bfloat16, 1.0),
     (300, 512, 151936, torch.float32, 0.8),
