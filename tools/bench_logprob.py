@@ -15,14 +15,13 @@ Each provider runs in its own fresh subprocess so that peak memory is per provid
   already counted in the baseline); times from `time.perf_counter` (median). Not `ru_maxrss`: on Linux
   it keeps the parent's RSS at fork across exec, which hides a child's smaller peaks.
 Peak extra memory is taken on one forward+backward (forward only with --fwd-only), before the timing.
-"x floor" divides by the GEMM floor: one `hidden @ weight.T` of the same shape for forward, three
-times that for forward+backward (logits, grad of hidden, grad of weight); "x 4 GEMMs" by the two-pass design's four
-GEMMs timed back to back (forward, recompute, dHidden, dWeight: gemm_floors_ms), the clocks a GPU holds through
-sustained work rather than the burst one short GEMM gets. With --reps > 0 each provider's process times the floor
-itself, on its inputs, right before the provider (one GEMM before the forward, the four before forward + backward):
-the floor and the provider at the same clocks (a GPU idle before the floor runs a short GEMM ~8% faster than one
-just done with a forward + backward); the shape's header line is the floor timed first, in the parent. TFLOP/s
-counts those same
+"x floor" divides by the GEMM floor: one `hidden @ weight.T` of the same shape for forward, three times that for
+forward+backward (logits, grad of hidden, grad of weight); "x 4 GEMMs" by the two-pass design's four GEMMs timed
+back to back (forward, recompute, dHidden, dWeight: gemm_floors_ms), the clocks a GPU holds through sustained work
+rather than the burst one short GEMM gets. With --reps > 0 each provider's process times the floor itself, on its
+inputs, right before the provider (one GEMM before the forward, the four before forward + backward): the floor and
+the provider at the same clocks (a GPU idle before the floor runs a short GEMM ~8% faster than one just done with a
+forward + backward); the shape's header line is the floor timed first, in the parent. TFLOP/s counts those same
 2*T*H*V (forward) and 6*T*H*V (forward+backward) FLOPs, so recomputation shows up as a lower rate.
 A provider that runs out of memory is reported as "OOM" (CUDA OOM error or a child killed by the OS).
 
@@ -69,7 +68,6 @@ from harness import run_child as harness_run_child  # run_child below is the chi
 from harness.head import DTYPES, gemm_floors_ms, make_inputs
 
 from rltrain.ops import logprobs_from_hidden, logprobs_from_logits
-
 
 
 def _gather(hidden, labels, rows):

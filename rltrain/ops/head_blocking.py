@@ -34,9 +34,9 @@ def balanced(total: int, most: int, step: int) -> int:
 def bwd_sizes(n: int, v: int, h: int, need_hidden_grad: bool, chunk_size: int | None,
               bm: int, bn: int, budget_bytes: int = BWD_BUDGET_BYTES, itemsize: int = 2) -> tuple[int, int]:
     """(Ts token rows per chunk, Vs vocab columns per slice) of the backward for bm x bn GEMM tiles, from
-    `budget_bytes`: half for the fp32 dHidden accumulator [Ts, H] (when dHidden is wanted), the
-    rest, after the per-row fp32 vectors (ROW_BYTES a token), for the dlogits chunk [Ts, Vs] in the input dtype
-    (`itemsize` bytes). `chunk_size` caps Ts."""
+    `budget_bytes`: half for the fp32 dHidden accumulator [Ts, H] (when dHidden is wanted), the rest, after the
+    per-row fp32 vectors (ROW_BYTES a token), for the dlogits chunk [Ts, Vs] in the input dtype (`itemsize` bytes).
+    `chunk_size` caps Ts."""
     ts = balanced(n, (budget_bytes // 2) // (4 * h), bm)
     if chunk_size is not None:
         ts = max(1, min(ts, int(chunk_size)))
@@ -67,14 +67,11 @@ def mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: boo
         out.copy_(prod + out.float() if accumulate else prod)
 
 
-
-
 def chunked_grads(hidden: torch.Tensor, weight: torch.Tensor, grad_h: torch.Tensor | None,
                   grad_w: torch.Tensor | None, sizes: tuple[int, int], fill_dz, *,
                   row_stride: int | None = None) -> None:
-    """The backward's blocking. `sizes` = (Ts, Vs) of bwd_sizes: for each
-    token chunk [c0, c1) (one fp32 dHidden accumulator [Ts, H]) and vocab slice [v0, v1), `fill_dz(dz, c0, c1, v0,
-    v1)` writes the chunk's dlogits into dz [c1 - c0, v1 - v0] (hidden's dtype; contiguous, or rows `row_stride`
+    """The backward's blocking. `sizes` = (Ts, Vs) of bwd_sizes: for each token chunk [c0, c1) (one fp32 dHidden
+    accumulator [Ts, H]) and vocab slice [v0, v1), `fill_dz(dz, c0, c1, v0, v1)` writes the chunk's dlogits into dz [c1 - c0, v1 - v0] (hidden's dtype; contiguous, or rows `row_stride`
     elements apart when given), then dz @ weight[v0:v1] goes into the dHidden accumulator and dz^T @ hidden[c0:c1]
     straight into grad_w[v0:v1] (one cuBLAS GEMM in its dtype: written by the first token chunk, added to by the
     next ones; there is no fp32 dWeight buffer and no copy pass). dHidden is rounded once, dWeight once per token

@@ -320,7 +320,6 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
         _warn_fallback(why)
         return _fallback().backward(hidden, weight, labels_local, lse, mean_z, grad_lp, grad_ent, inv_temp,
                                     need_hidden_grad, need_weight_grad, chunk_size)
-
     n, h = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
@@ -338,7 +337,7 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     glp = torch.zeros(n, device=dev) if grad_lp is None else grad_lp.float().contiguous()
     gent = torch.zeros(n, device=dev) if grad_ent is None else grad_ent.float().contiguous()
     sizes = bwd_sizes(n, v, h, need_hidden_grad, chunk_size, BWD_TILE[0], BWD_TILE[1], budget_bytes,
-                       hidden.element_size())
+                      hidden.element_size())
     vs_pad = -(-sizes[1] // 8) * 8  # dz rows 16-byte aligned for the TMA store
     zy = torch.empty(sizes[0], device=dev, dtype=torch.float32)
 
@@ -370,7 +369,6 @@ def _dlogits_chunk(hidden, w_sl, dz, zy, labels, v0, lse, mean_z, glp, gent, inv
 def _bwd_extra_bytes(n: int, v: int, h: int, dtype: torch.dtype, budget_bytes: int = BWD_BUDGET_BYTES) -> int:
     """Working memory `backward` allocates beyond its outputs: the chunks, the label column, the fp32 copies of
     the four per-row vectors."""
-
     itemsize = torch.empty((), dtype=dtype).element_size()
     ts, vs = bwd_sizes(n, v, h, True, None, BWD_TILE[0], BWD_TILE[1], budget_bytes, itemsize)
     return 4 * ts * h + itemsize * ts * (-(-vs // 8) * 8) + ROW_BYTES * n

@@ -383,7 +383,7 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Ten
     grad_ent = grad_ent.float().contiguous() if has_ent else grad_lp  # placeholder pointer, never read
     bm, bn, bk, warps, stages = tuning.tile("bwd", dtype)
     sizes = bwd_sizes(n, v, h, need_hidden_grad, chunk_size, bm, bn, tuning.bwd_budget_bytes,
-                       hidden.element_size())
+                      hidden.element_size())
 
     def fill_dz(dz: torch.Tensor, c0: int, c1: int, v0: int, v1: int) -> None:
         rows, cols = c1 - c0, v1 - v0
