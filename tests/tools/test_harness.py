@@ -3,6 +3,7 @@ of rltrain/utils/flops.py the tools' MFU numbers divide by."""
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -57,6 +58,18 @@ def test_children_run_at_once_and_the_one_past_the_timeout_is_stopped(tmp_path):
     assert (tmp_path / "quick.log").read_text() == "hello\n" and "start" in (tmp_path / "slow.log").read_text()
     one = harness.run_child([py, "-c", "print('x' * 3000)"], str(tmp_path / "one.log"), poll_s=0.1)
     assert one["rc"] == 0 and not one["timed_out"] and one["tail"] == ("x" * 3000 + "\n")[-2000:]
+
+
+def test_a_child_that_ignores_sigint_is_stopped_without_waiting_for_it(tmp_path):
+    """A tool started with `&` by a non-interactive shell hands its children SIGINT ignored: the stop goes on to
+    SIGTERM at once instead of waiting out SIGINT's 20 s."""
+    py = sys.executable
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    t0 = time.time()
+    res = harness.run_children({"deaf": ([py, "-c", code], str(tmp_path / "deaf.log"))}, timeout_s=2, poll_s=0.2)
+    assert res["deaf"]["timed_out"] and time.time() - t0 < 12  # not 2 s + 20 s of SIGINT
+    assert "up" in (tmp_path / "deaf.log").read_text()
+    assert harness._ignores(os.getpid(), signal.SIGINT) == (signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 
 
 def test_peak_flops_by_device_name_and_the_device_name():

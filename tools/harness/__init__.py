@@ -103,9 +103,23 @@ class Deadline:
 STOP = ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5))  # ask, then insist
 
 
+def _ignores(pid: int, sig: int) -> bool:
+    """Whether process `pid` ignores `sig` (Linux /proc/<pid>/status SigIgn; False where unreadable): a child of a
+    tool started with `&` by a non-interactive shell inherits SIGINT ignored."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(mask >> (sig - 1) & 1)
+
+
 def stop_group(p: subprocess.Popen, steps: Sequence[tuple[int, float]] = STOP) -> None:
-    """Signal the child's process group (its own session) step by step until it exits."""
+    """Signal the child's process group (its own session) step by step until it exits; a signal the child ignores
+    is skipped (no wait for nothing)."""
     for sig, wait in steps:
+        if _ignores(p.pid, sig):
+            continue
         try:
             os.killpg(p.pid, sig)
         except ProcessLookupError:
