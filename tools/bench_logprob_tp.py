@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 import tempfile
 
@@ -37,14 +36,9 @@ from harness.head import DTYPES, gemm_floors_ms, make_inputs  # noqa: E402
 from harness import results as tables  # noqa: E402
 
 from rltrain.ops import logprobs_from_hidden  # noqa: E402
+from rltrain.utils.distenv import free_port  # noqa: E402
 
 BACKENDS = {"fused_torch": "torch", "fused_triton": "triton", "fused_cute": "cute"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _timed_step(hidden, weight, labels, backend, group, grads, reps, cuda):
@@ -102,7 +96,7 @@ def rank_main(spec: dict, rank: int, port: int, out_path: str) -> None:
 
 def run_provider(spec: dict, timeout_s: int) -> dict:
     """The provider's `tp` ranks at once, each its own process -> rank 0's result (or the failure)."""
-    port = _free_port()
+    port = free_port("127.0.0.1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
         jobs = {f"rank{r}": ([sys.executable, os.path.abspath(__file__), "--rank", str(r), "--port", str(port),
