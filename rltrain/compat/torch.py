@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 
+import os
+
 import torch
 
 
@@ -34,6 +36,11 @@ def optional_triton() -> tuple:
     except ImportError:  # pragma: no cover - exercised on installs without triton
         return None, None
     return triton, tl
+
+
+def triton_interpreting() -> bool:
+    """True under TRITON_INTERPRET=1, where Triton kernels run on CPU tensors (the CPU tests of the kernels)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def multiprocessor_count(device: torch.device) -> int:

@@ -5,15 +5,14 @@ epilogue, so the [T, V] logits never reach memory.
 Forward, per row chunk, one GEMM z = (hidden @ weight.T) * inv_temp whose epilogue folds every (row, vocab
 tile) into
 
-    lse_tile = log sum_j exp(z_j)          (quack's OnlineLSEReduce: running max and sum)
-    mean_tile = sum_j p_j z_j / sum_j p_j  (_OnlineMeanReduce below: running max m, sum of exp, sum of exp * (z - m))
+    lse_tile = log sum_j exp(z_j)          (_OnlineStatsReduce below, one pass with one exp per element: running
+    mean_tile = sum_j p_j z_j / sum_j p_j   max m, s = sum of exp(z - m), t = sum of exp(z - m) (z - m))
     z_label                                 (quack's ColVecSelect: the label's fp32 logit, this shard only)
 
-and the host merges the tiles: lse = logsumexp(lse_tile), mean_z = sum w mean_tile / sum w with
-w = exp(lse_tile - lse) (dividing by sum w, which is 1 up to lse's rounding, keeps that rounding, ~1 ulp of
-|lse| times |mean_z|, out of the entropy lse - mean_z). The
-statistics go back as (m, s, t) = (lse, 1, mean_z), which the tensor-parallel combine of ops/logprob.py
-merges as it does the other backends'.
+and one Triton launch merges a row's tiles (`merge_tiles`): lse = logsumexp(lse_tile), mean_z = sum w mean_tile /
+sum w with w = exp(lse_tile - max) (dividing by sum w keeps lse's rounding, ~1 ulp of |lse| times |mean_z|, out of
+the entropy lse - mean_z). The statistics go back as (m, s, t) = (lse, 1, mean_z), which the tensor-parallel combine
+of ops/logprob.py merges as it does the other backends'.
 
 Backward, per (token chunk, vocab slice), one GEMM recomputes z and its epilogue writes
 
@@ -38,6 +37,7 @@ import logging
 
 import torch
 
+from rltrain.compat.torch import optional_triton, triton_interpreting
 from rltrain.ops.head_blocking import BWD_BUDGET_BYTES, ROW_BYTES, bwd_sizes, chunked_grads
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,12 @@ log = logging.getLogger(__name__)
 #: (tile_M, tile_N, cluster_M, cluster_N, pingpong) of the forward (statistics) and backward (dlogits) GEMMs.
 FWD_TILE = (128, 192, 2, 1, True)
 BWD_TILE = (128, 192, 2, 1, True)
-#: bytes of fp32 tile partials (two [rows, V / tile_N] buffers) one forward chunk may hold.
+#: bytes of fp32 tile partials (one [rows, 2 * V / tile_N] buffer: means and log-sum-exps) one forward chunk may hold.
 FWD_PARTIALS_BUDGET = 128 * 1024 * 1024
+
+triton, tl = optional_triton()
+#: the most vocab tiles `merge_tiles` folds in one Triton program (a row's tiles held at once); more: torch ops.
+MERGE_MAX_TILES = 8192
 
 _IMPORT_ERROR: Exception | None = None
 try:
@@ -56,7 +60,7 @@ try:
     from quack import layout_utils
     from quack.epilogue.frontend import gemm_epilogue
     from quack.epilogue.math import pexp
-    from quack.epilogue.ops import ColVecLoad, ColVecSelect, OnlineLSEReduce, Scalar
+    from quack.epilogue.ops import ColVecLoad, ColVecReduce, ColVecSelect, OnlineLSEReduce, Scalar
 except Exception as exc:  # ImportError, or the DSL failing to initialise
     _IMPORT_ERROR = exc
 
@@ -71,13 +75,18 @@ def _source_digest(cls) -> str:
 
 if _IMPORT_ERROR is None:
 
-    class _OnlineMeanReduce(OnlineLSEReduce):
-        """Per (row, N tile): the tile's softmax mean of z, m + sum_j e_j (z_j - m) / sum_j e_j with
-        e_j = exp(z_j - m). The accumulator is (running max m, s = sum e, t = sum e (z - m)): t is taken
-        relative to the running max, so the mean's large part m is exact and only the small correction t / s
-        carries the exps' rounding (sum e z would lose |z| / |z - m| times more to cancellation against the
-        log-sum-exp). A new max m' rebases t: t' = exp(m - m') (t + (m - m') s). Ragged last tiles:
-        out-of-range elements are masked to -inf; their t term is selected to 0 (0 * -inf would be NaN)."""
+    class _OnlineStatsReduce(OnlineLSEReduce):
+        """Per (row, N tile), from one pass over the tile's elements: its log-sum-exp m + log s and its softmax
+        mean of z, m + t / s, with e_j = exp(z_j - m), s = sum_j e_j, t = sum_j e_j (z_j - m) and m the
+        running max. One exp per element serves both (two reductions, quack's OnlineLSEReduce beside a mean of
+        its own, computed every exp twice). t is taken relative to the running max, so the mean's large part m
+        is exact and only the small correction t / s carries the exps' rounding (sum e z would lose |z| /
+        |z - m| times more to cancellation against the log-sum-exp). A new max m' rebases t:
+        t' = exp(m - m') (t + (m - m') s). Ragged last tiles: out-of-range elements are masked to -inf; their
+        t term is selected to 0 (0 * -inf would be NaN).
+
+        The sink buffer is [rows, 2 * n_tiles]: the means in its first n_tiles columns (the write quack's
+        ColVecReduce does, through `_finalize`), the log-sum-exps in the last n_tiles (`end_loop_finish`)."""
 
         reduce_planes = 3
 
@@ -86,8 +95,40 @@ if _IMPORT_ERROR is None:
             # this class's source makes an edited op compile anew instead of reusing a cached kernel
             return (*super().config_key(), _source_digest(type(self)))
 
+        def sink_alloc_shape(self, lead, n, tile_m, tile_n, num_seqs=None):
+            return (*lead, 2 * -(-n // tile_n))
+
         def host_finalize(self, partials):  # the caller passes and reads the raw per-tile buffer
             return partials
+
+        @cute.jit
+        def end_loop_finish(self, gemm, param, staged, tile_coord_mnkl, varlen_manager):
+            """quack's merge across lanes and warps and its write of the mean (which leaves the merged (m, s, t)
+            in the owning lanes' registers), then the log-sum-exp from the same lanes, n_tiles columns on."""
+            ColVecReduce.end_loop_finish(self, gemm, param, staged, tile_coord_mnkl, varlen_manager)
+            vals_m, t_dcd_m = staged[0], staged[1]
+            warps_in_n, warp_n_idx, is_lane_n_leader = staged[3], staged[4], staged[5]
+            use_swap_shuffle, num_slices, slice_elems, lane_g = staged[6], staged[7], staged[8], staged[9]
+            tile_m = gemm.cta_tile_shape_mnk[0]
+            batch_idx = tile_coord_mnkl[3]
+            limit_m = min(varlen_manager.len_m(batch_idx) - tile_coord_mnkl[0] * tile_m, tile_m)
+            n_tiles = param.shape[2] // 2
+            g_lse = cute.local_tile(param[batch_idx, None, n_tiles + tile_coord_mnkl[1]], (tile_m,),
+                                    (tile_coord_mnkl[0],))
+            if const_expr(use_swap_shuffle):
+                in_warp0 = True if const_expr(warps_in_n == 1) else warp_n_idx == 0
+                if tile_coord_mnkl[1] < n_tiles and in_warp0 and lane_g < num_slices:
+                    for j in cutlass.range_constexpr(slice_elems):
+                        row_idx = t_dcd_m[lane_g * slice_elems + j][0]
+                        if row_idx < limit_m:
+                            g_lse[row_idx] = cute.math.log(vals_m[1][j], fastmath=True) + vals_m[0][j]
+            else:
+                writer = is_lane_n_leader if const_expr(warps_in_n == 1) else warp_n_idx == 0 and is_lane_n_leader
+                if tile_coord_mnkl[1] < n_tiles and writer:
+                    for m in cutlass.range(cute.size(t_dcd_m, mode=[0])):
+                        row_idx = t_dcd_m[m][0]
+                        if row_idx < limit_m:
+                            g_lse[row_idx] = cute.math.log(vals_m[1][m], fastmath=True) + vals_m[0][m]
 
         @cute.jit
         def _end_loop_values(self, state, epi_coord):
@@ -187,8 +228,7 @@ if _IMPORT_ERROR is None:
     @gemm_epilogue(
         ops={"inv_temp": Scalar("inv_temp")},
         outs={
-            "lse": OnlineLSEReduce("lse"),
-            "mz": _OnlineMeanReduce("mz"),
+            "stats": _OnlineStatsReduce("stats"),
             "zy": ColVecSelect("zy", idx_op=_fwd_label),
         },
         extra_ops=(_fwd_label,),
@@ -196,7 +236,7 @@ if _IMPORT_ERROR is None:
     def _stats_epi(acc, inv_temp):
         """Forward: per-tile log-sum-exp and softmax mean of z = acc * inv_temp, and the label's z."""
         z = acc * inv_temp
-        return {"lse": z, "mz": z, "zy": z}
+        return {"stats": z, "zy": z}
 
     _bwd_label = ColVecLoad("label")
 
@@ -262,13 +302,61 @@ def _gemm_kwargs(tile) -> dict:
 
 
 def _fwd_chunk(n: int, v: int, tile_n: int, chunk_size: int | None) -> int:
-    """Rows per forward GEMM: the two fp32 [rows, ceil(V / tile_N)] partial buffers within FWD_PARTIALS_BUDGET
+    """Rows per forward GEMM: the fp32 [rows, 2 * ceil(V / tile_N)] partial buffer within FWD_PARTIALS_BUDGET
     (a multiple of 128 rows, the M tile), or `chunk_size` when given."""
     if chunk_size:
         return max(1, min(n, chunk_size))
     per_row = 2 * 4 * -(-v // tile_n)
     rows = max(128, (FWD_PARTIALS_BUDGET // per_row) // 128 * 128)
     return max(1, min(n, rows))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _merge_tiles_kernel(stats_ptr, out_ptr, n_tiles, stride_row, stride_out, WITH_ENT: tl.constexpr,
+                            BLOCK_T: tl.constexpr):
+        """One row: lse = logsumexp(lse_tile) and mean = sum w mean_tile / sum w, w = exp(lse_tile - max)."""
+        r = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_T)
+        inside = cols < n_tiles
+        lse_t = tl.load(stats_ptr + r * stride_row + n_tiles + cols, mask=inside, other=float("-inf"))
+        mx = tl.max(lse_t, axis=0)
+        w = tl.where(inside, tl.exp(lse_t - mx), 0.0)
+        sw = tl.sum(w, axis=0)
+        tl.store(out_ptr + r, mx + tl.log(sw))
+        tl.store(out_ptr + stride_out + r, 1.0)
+        if WITH_ENT:
+            mean_t = tl.load(stats_ptr + r * stride_row + cols, mask=inside, other=0.0)
+            tl.store(out_ptr + 2 * stride_out + r, tl.sum(w * mean_t, axis=0) / sw)
+        else:
+            tl.store(out_ptr + 2 * stride_out + r, 0.0)
+
+
+def merge_tiles(stats: torch.Tensor, out: torch.Tensor, with_entropy: bool) -> None:
+    """Fold the forward's per-tile statistics into the head's (m, s, t) = (lse, 1, mean_z), written into out[0:3]
+    ([rows] each). stats: fp32 [rows, 2 * n_tiles], the tiles' softmax means then their log-sum-exps. The mean
+    is normalized by the weights' own sum, so lse's rounding (~1 ulp of |lse|) cancels out of it. One Triton
+    launch per call (the torch ops it replaces were ~15 launches, whose host time the GPU waits out after a
+    synchronize); torch ops where Triton is missing or the row is too long for one program."""
+    rows, n_tiles = stats.shape[0], stats.shape[1] // 2
+    if rows == 0:
+        return
+    if (triton is not None and (stats.is_cuda or triton_interpreting()) and n_tiles <= MERGE_MAX_TILES
+            and stats.stride(1) == 1 and out.stride(1) == 1):
+        _merge_tiles_kernel[(rows,)](stats, out, n_tiles, stats.stride(0), out.stride(0),
+                                     WITH_ENT=bool(with_entropy), BLOCK_T=triton.next_power_of_2(n_tiles),
+                                     num_warps=4)
+        return
+    mp, lp = stats[:, :n_tiles], stats[:, n_tiles:]
+    lse = torch.logsumexp(lp, dim=1)
+    out[0] = lse
+    out[1] = 1.0
+    if with_entropy:
+        w = torch.exp(lp - lse[:, None])
+        out[2] = (w * mp).sum(dim=1) / w.sum(dim=1)
+    else:
+        out[2] = 0.0
 
 
 def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torch.Tensor, inv_temp: float,
@@ -281,30 +369,25 @@ def forward_stats(hidden: torch.Tensor, weight: torch.Tensor, labels_local: torc
         return _fallback().forward_stats(hidden, weight, labels_local, inv_temp, with_entropy, chunk_size)
     n, v = hidden.shape[0], weight.shape[0]
     dev = hidden.device
-    out = torch.zeros(4, n, dtype=torch.float32, device=dev)  # m, s, t, z_label
-    out[1].fill_(1.0)
+    out = torch.empty(4, n, dtype=torch.float32, device=dev)  # m, s, t, z_label
+    out[3].zero_()  # stays 0 where the label is on another shard (-1: never selected)
     if n == 0:
         return out[0], out[1], out[2], out[3]
     hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    labels = labels_local.to(torch.int32).contiguous()
+    labels = labels_local if labels_local.dtype == torch.int32 else labels_local.to(torch.int32)
+    labels = labels.contiguous()
     tile_n = FWD_TILE[1]
     n_tiles = -(-v // tile_n)
     rows = _fwd_chunk(n, v, tile_n, chunk_size)
-    lse_p = torch.empty(rows, n_tiles, dtype=torch.float32, device=dev)
-    mz_p = torch.empty(rows, n_tiles, dtype=torch.float32, device=dev)
+    stats = torch.empty(rows, 2 * n_tiles, dtype=torch.float32, device=dev)  # per-tile means, then lse's
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        lp, mp = lse_p[: r1 - r0], mz_p[: r1 - r0]
-        zy = out[3, r0:r1]  # stays 0 where the label is on another shard (-1: never selected)
+        st = stats[: r1 - r0]
         _stats_epi.gemm(hidden[r0:r1], weight, None,
-                        epi_args=dict(inv_temp=float(inv_temp), label=labels[r0:r1], lse=lp, mz=mp, zy=zy),
+                        epi_args=dict(inv_temp=float(inv_temp), label=labels[r0:r1], stats=st, zy=out[3, r0:r1]),
                         **_gemm_kwargs(FWD_TILE))
-        lse = torch.logsumexp(lp, dim=1)
-        out[0, r0:r1] = lse
-        if with_entropy:  # normalized by the weights' own sum: lse's rounding (~1 ulp of |lse|) cancels
-            w = torch.exp(lp - lse[:, None])
-            out[2, r0:r1] = (w * mp).sum(dim=1) / w.sum(dim=1)
+        merge_tiles(st, out[:3, r0:r1], with_entropy)
     return out[0], out[1], out[2], out[3]
 
 

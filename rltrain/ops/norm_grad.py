@@ -13,11 +13,9 @@ Pure tensor math.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from rltrain.compat.torch import multiprocessor_count, optional_triton
+from rltrain.compat.torch import multiprocessor_count, optional_triton, triton_interpreting
 
 triton, tl = optional_triton()  # optional: the torch path runs without it
 _HAVE_TRITON = triton is not None
@@ -36,7 +34,7 @@ def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor,
                          f"{list(weight.shape)} disagree")
     h = x.shape[-1]
     x2, g2 = x.reshape(-1, h), grad.reshape(-1, h)
-    use_triton = _HAVE_TRITON and (x.is_cuda or _interpreting())
+    use_triton = _HAVE_TRITON and (x.is_cuda or triton_interpreting())
     if use_triton and x2.shape[0] > 0:
         dx, dw = _triton(x2.contiguous(), weight.contiguous(), g2.contiguous(), eps, need_weight_grad)
     else:
@@ -51,10 +49,6 @@ def _torch(x, w, g, eps, need_w):
     gn = g32 * w.float()
     dx = (gn - n * ((gn * n).sum(-1, keepdim=True) / x.shape[-1])) * r
     return dx.to(x.dtype), ((g32 * n).sum(0) if need_w else None)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _triton(x, w, g, eps, need_w):

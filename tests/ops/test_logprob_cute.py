@@ -11,7 +11,7 @@ from rltrain import ops
 from rltrain.ops import logprob_cute as C
 # the per-shard fp64 reference (labels -1: off this shard) and the relative error, as the Triton backend's tests
 # use them (tests/ops is on sys.path under pytest, as that file's interpreter script also relies on)
-from test_logprob_triton import fp64_reference, rel
+from test_logprob_triton import INTERP_PRELUDE, fp64_reference, rel, run_interpreted
 
 HOPPER = C.is_available()
 
@@ -37,6 +37,74 @@ def test_forward_chunk_keeps_partials_within_budget():
     assert rows % 128 == 0 and 2 * 4 * rows * -(-151936 // C.FWD_TILE[1]) <= C.FWD_PARTIALS_BUDGET
     assert C._fwd_chunk(5, 151936, C.FWD_TILE[1], None) == 5 and C._fwd_chunk(1000, 10, 192, 64) == 64
     assert C._fwd_extra_bytes(65536, 151936) <= C.FWD_PARTIALS_BUDGET
+
+
+def _tile_stats(z: torch.Tensor, tile_n: int) -> torch.Tensor:
+    """What the forward GEMM's epilogue writes for logits z [rows, V]: fp32 [rows, 2 * n_tiles], each vocab tile's
+    softmax mean of z, then each tile's log-sum-exp (computed in fp64 here, tile by tile)."""
+    tiles = z.split(tile_n, dim=1)
+    lse = torch.stack([torch.logsumexp(t, 1) for t in tiles], 1)
+    mean = torch.stack([(torch.softmax(t, 1) * t).sum(1) for t in tiles], 1)
+    return torch.cat([mean, lse], 1).float()
+
+
+# (rows, V, tile_N): one row, one tile, V not a multiple of the tile, many tiles (a 1024-wide program, 792 live)
+MERGE_CASES = [(1, 5, 192), (7, 1000, 192), (33, 151936 // 8, 24), (3, 300, 1)]
+
+
+def _merge_case(rows, v, tile_n, seed):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(rows, v, generator=g, dtype=torch.float64) * 4 + 30  # a large mean: lse's rounding shows
+    return z, _tile_stats(z, tile_n)
+
+
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_merge_tiles_torch_path_matches_whole_rows(with_entropy):
+    for i, (rows, v, tile_n) in enumerate(MERGE_CASES):
+        z, stats = _merge_case(rows, v, tile_n, 40 + i)
+        out = torch.full((3, rows), float("nan"))
+        C.merge_tiles(stats, out, with_entropy)
+        lse = torch.logsumexp(z, 1)
+        mean = (torch.softmax(z, 1) * z).sum(1) if with_entropy else torch.zeros(rows, dtype=torch.float64)
+        assert torch.equal(out[1], torch.ones(rows))
+        assert (out[0].double() - lse).abs().max() <= 1e-5 * lse.abs().max()
+        # the entropy lse - mean, each of them ~30: their difference holds to a few fp32 ulps of 30
+        assert (out[2].double() - mean).abs().max() <= 2e-5 * lse.abs().max()
+
+
+_MERGE_SCRIPT = INTERP_PRELUDE + r"""
+import torch
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+from rltrain.ops import logprob_cute as C
+from test_logprob_cute import MERGE_CASES, _merge_case
+assert C.triton is not None
+res = []
+for i, (rows, v, tile_n) in enumerate(MERGE_CASES):
+    z, stats = _merge_case(rows, v, tile_n, 40 + i)
+    for ent in (True, False):
+        wide = torch.full((3, rows + 5), float("nan"))  # a row stride past the rows: a slice of a wider buffer
+        C.merge_tiles(stats, wide[:, :rows], ent)
+        ref = torch.full((3, rows), float("nan"))
+        C.triton = None  # the torch path, on the same inputs
+        C.merge_tiles(stats, ref, ent)
+        C.triton = sys.modules["triton"]
+        res.append([((wide[:, :rows].double() - ref.double()).abs().max() / ref.abs().max()).item(),
+                wide[:, rows:].isnan().all().item()])
+print("RESULT" + json.dumps(res))
+"""
+
+
+def test_merge_tiles_triton_kernel_matches_torch_path_interpreted():
+    """The Triton merge under TRITON_INTERPRET=1 against the torch path (itself held to fp64 above), writing into
+    a slice of a wider buffer and leaving the rest untouched."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    res = run_interpreted(_MERGE_SCRIPT, root, here)
+    assert len(res) == 2 * len(MERGE_CASES)
+    for diff, untouched in res:
+        assert diff <= 1e-6 and untouched  # a few fp32 ulps: the two sum in different orders
 
 
 # (N, H, V, temperature): the shapes of the Triton tests plus the tile edges: V not a multiple of the 192-wide
