@@ -109,6 +109,8 @@ def check_row(result: dict, args, date: str) -> dict:
     metrics = {"decode_vs_actor_max": dec["max"], "decode_vs_actor_nonzero_frac": dec["nonzero_frac"],
                "chunked_vs_actor_max": chk["max"], "tokens": dec["tokens"]}
     shape, device = ("grpo_tiny", "cpu") if args.cpu else ("qwen3-0.6b-random", tables.device_kind(device_name()))
+    builtin = [o.split("=", 1)[1] for o in args.set if o.startswith("model.builtin=")]
+    shape = builtin[-1] if builtin else shape  # the model --set chose (its slice: the variant names the overrides)
     variant = ", ".join(["check", *args.set, f"{args.max_tokens} response tokens"])
     return tables.row("bench_true_on_policy", shape, device, variant, metrics, date=date,
                       config=list(result["config"]))

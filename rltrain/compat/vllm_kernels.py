@@ -17,6 +17,15 @@ with the same arguments:
 - rotary: `_custom_ops.rotary_embedding` on the cos/sin cache vLLM builds (fp32 on the GPU, then the model dtype)
   -> `rope`;
 - SiLU(gate) * up: `torch.ops._C.silu_and_mul` -> `silu_and_mul`;
+- a Qwen3-MoE block: the router is a linear layer (`linear` above, logits in the model dtype); `FusedTopKRouter` picks
+  the experts and their weights with `fused_topk` (the CUDA `topk_softmax`: fp32 softmax of the model-dtype logits,
+  the top k, renormalized over them under norm_topk_prob) -> `moe_topk`; the experts run as `TritonExperts` (what
+  the unquantized oracle picks on Hopper, the one kernel set it allows in batch-invariant mode): the fused-MoE
+  Triton GEMM into the gate/up projections at batch-invariant mode's fixed tile config, `silu_and_mul`, the fused-MoE
+  GEMM into the down projection with each row multiplied by its routing weight in fp32, then `moe_sum` over the k;
+  `fused_experts` runs that sequence with the same kernels and config -> `fused_moe` (a row's result depends on
+  its own token only: batches of 1 to 1,024 rows of a Qwen3-30B-A3B layer's shape gave the first row the same bits,
+  H200, 2026-11-28);
 - attention: FlashAttention 3 (`vllm_flash_attn.flash_attn_varlen_func`, num_splits=1, no scheduler metadata) over a
   paged KV cache of BLOCK_SIZE-token pages in vLLM's NHD layout -> `attention` (the same call on a cache built alike);
 - the sampler's log-probs ("processed_logprobs"; vLLM 0.26 runs a dense model on its V2 model runner,
@@ -81,6 +90,8 @@ def _vllm() -> SimpleNamespace:
     """The vLLM entry points this module calls, in one place (the CPU tests give reference ones)."""
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import batch_invariant as bi
+    from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
+    from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
     from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
     from vllm.v1.worker.gpu.sample.gumbel import apply_temperature
@@ -91,6 +102,7 @@ def _vllm() -> SimpleNamespace:
                            apply_temperature=apply_temperature,
                            compute_token_logprobs=compute_token_logprobs,
                            rotary_embedding=ops.rotary_embedding, silu_and_mul=torch.ops._C.silu_and_mul,
+                           fused_topk=fused_topk, fused_experts=fused_experts,
                            flash_attn_varlen_func=flash_attn_varlen_func, fa_version=get_flash_attn_version,
                            rotary_class=RotaryEmbedding)
 
@@ -146,6 +158,22 @@ def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
     out = torch.empty(flat.shape[0], d, dtype=h.dtype, device=h.device)
     _vllm().silu_and_mul(out, flat)
     return out.view(*h.shape[:-1], d)
+
+
+def moe_topk(x: torch.Tensor, logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Qwen3-MoE router's choice from its logits [T, E] (model dtype) for the tokens x [T, H]: (weights [T, k] fp32,
+    experts [T, k] int32), vLLM's fused top-k softmax (renormalize: over the k, Qwen3-MoE's norm_topk_prob)."""
+    weights, experts, _ = _vllm().fused_topk(hidden_states=x, gating_output=logits, topk=int(top_k),
+                                             renormalize=bool(renormalize))
+    return weights, experts
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                experts: torch.Tensor) -> torch.Tensor:
+    """sum_k weights[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)) over the experts e = experts[t, k], for x [T, H]
+    (contiguous, model dtype), w13 [E, 2I, H] (each expert's gate rows, then its up rows), w2 [E, H, I]: vLLM's
+    fused-MoE Triton kernels (module docstring). Model dtype [T, H]; no autograd."""
+    return _vllm().fused_experts(x.contiguous(), w13, w2, weights.float(), experts.to(torch.int32))
 
 
 @functools.lru_cache(maxsize=4)

@@ -24,6 +24,11 @@ def true_on_policy_errors(cfg) -> list[str]:
     if r.engine == "vllm" and (r.top_k > 0 or r.top_p < 1.0):
         why.append("rollout.top_k / rollout.top_p with rollout.engine=vllm (vLLM masks them on a path its batch size "
                    "picks: a Triton kernel from 8 rows, a sort below): set them to -1 / 1.0, or use rollout.engine=hf")
+    if r.engine == "vllm" and t.device != "cpu" and a.moe_routing_replay:
+        why.append("actor.moe_routing_replay=true with rollout.engine=vllm (vLLM 0.26's model runner V2, whose sampler "
+                   "the mode matches, does not capture routed experts; with the key on the actor computes the "
+                   "router's logits as the engine does, so it routes as the engine did without replay): set "
+                   "actor.moe_routing_replay=false or null")
     if not t.fused_linear_logprob:
         why.append("trainer.fused_linear_logprob=False (the exact log-prob is the fused head's mode): set "
                    "trainer.fused_linear_logprob=true")

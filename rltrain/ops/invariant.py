@@ -43,7 +43,8 @@ class _PlainBackward(torch.autograd.Function):
         with torch.enable_grad():
             xs = [t.detach().requires_grad_(n) for t, n in zip(ctx.saved_tensors, need)]
             out = ctx.plain_fn(*xs)
-        grads = iter(torch.autograd.grad(out, [x for x, n in zip(xs, need) if n], grad))
+        # allow_unused: an input the plain formula does not reach (an MoE expert no token was routed to) has none
+        grads = iter(torch.autograd.grad(out, [x for x, n in zip(xs, need) if n], grad, allow_unused=True))
         return (None, None, *(next(grads) if n else None for n in need))
 
 

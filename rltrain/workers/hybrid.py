@@ -112,7 +112,9 @@ def build_teacher(teacher: TeacherConfig, *, student: ModelConfig, actor: ActorC
 def routing_replay(cfg: RLConfig, hf_config, device: str) -> bool:
     """actor.moe_routing_replay for this run's model, decided once (the rollout role records the routing, the actor
     replays it; both read this): as set, or (null) on for an MoE model served by vLLM on GPU in a placement that
-    supports it (docs/moe.md: where it was measured). True for a dense model is a user error."""
+    supports it (docs/moe.md: where it was measured), off under rollout.true_on_policy (the actor computes the engine's
+    router logits bit for bit, so it routes as the engine did without replay; vLLM 0.26's model runner V2, whose
+    sampler the mode matches, captures no routing). True for a dense model is a user error."""
     from rltrain.utils.errors import UserError
     from rltrain.utils.flops import sparse_layers
 
@@ -123,7 +125,7 @@ def routing_replay(cfg: RLConfig, hf_config, device: str) -> bool:
                         f"{getattr(hf_config, 'model_type', '?')!r} has no sparse layers: set it to false")
     if a.moe_routing_replay is not None:
         return bool(a.moe_routing_replay)
-    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable
+    return (moe and r.engine == "vllm" and device == "cuda" and not r.multi_turn.enable and not r.true_on_policy
             and a.pipeline_parallel_size == 1 and a.tensor_parallel_size == 1)
 
 

@@ -115,6 +115,7 @@ def test_routing_replay_is_refused_where_it_cannot_apply(overrides, why):
     (["trainer.fused_linear_logprob=false"], "trainer.fused_linear_logprob=False"),
     (["rollout.engine=vllm", "trainer.device=cuda", "rollout.top_p=0.9"], "its batch size picks"),
     (["actor.lora.rank=8"], "actor.lora.rank=8"),
+    (["rollout.engine=vllm", "trainer.device=cuda", "actor.moe_routing_replay=true"], "does not capture routed experts"),
 ])
 def test_true_on_policy_is_refused_where_it_cannot_be_exact(overrides, why):
     with pytest.raises(ConfigError, match="rollout.true_on_policy=true cannot make") as info:

@@ -175,6 +175,9 @@ def test_the_run_decides_replay_once_from_the_key_and_the_model():
     cfg.rollout.engine = "vllm"
     assert routing_replay(cfg, moe, "cuda") and not routing_replay(cfg, moe, "cpu")
     assert not routing_replay(cfg, dense, "cuda")
+    cfg.rollout.true_on_policy = True  # the actor's router logits are the engine's bits: it routes as the engine did
+    assert not routing_replay(cfg, moe, "cuda")
+    cfg.rollout.true_on_policy = False
     cfg.rollout.engine = "hf"
     assert not routing_replay(cfg, moe, "cuda")
     cfg.actor.moe_routing_replay = True

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from rltrain.compat import vllm_kernels as vk
 from rltrain.models.engine_config import SampledDistribution
 from rltrain.ops import invariant as inv
-from _megatron_ref import make_engine, random_batch, random_hf_model
+from _megatron_ref import make_engine, random_batch, random_hf_model, random_moe_model
 
 
 def _norm(x, w, eps):
@@ -65,6 +65,23 @@ def _flash_attn(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_
 def reference_vllm(monkeypatch):
     calls = {"rms_norm": 0}
 
+    def fused_topk(hidden_states, gating_output, topk, renormalize):  # vLLM's topk_softmax: fp32 softmax, top k
+        assert gating_output.shape[0] == hidden_states.shape[0]
+        calls["fused_topk"] = calls.get("fused_topk", 0) + 1
+        weights, experts = torch.softmax(gating_output.float(), -1).topk(topk, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights, experts.to(torch.int32), None
+
+    def fused_experts(x, w13, w2, weights, experts):  # every (token, slot) through its expert, weighted, summed
+        assert x.is_contiguous() and weights.dtype == torch.float32 and experts.dtype == torch.int32
+        calls["fused_experts"] = calls.get("fused_experts", 0) + 1
+        i = w2.shape[-1]
+        h = torch.einsum("th,tkoh->tko", x.float(), w13[experts.long()].float())
+        a = F.silu(h[..., :i]) * h[..., i:]
+        y = torch.einsum("tki,tkoi->tko", a, w2[experts.long()].float())
+        return (y * weights[..., None]).sum(1).to(x.dtype)
+
     def rms_norm(x, w, eps):
         calls["rms_norm"] += 1
         return _norm(x, w, eps)
@@ -81,7 +98,7 @@ def reference_vllm(monkeypatch):
                           rotary_embedding=_rotary_embedding, fa_version=lambda head_size: 3, rotary_class=_Rotary,
                           silu_and_mul=lambda out, x: out.copy_(F.silu(x[..., :x.shape[-1] // 2])
                                                                 * x[..., x.shape[-1] // 2:]),
-                          flash_attn_varlen_func=_flash_attn)
+                          flash_attn_varlen_func=_flash_attn, fused_topk=fused_topk, fused_experts=fused_experts)
     monkeypatch.setattr(vk, "_vllm", lambda: ref)
     caches = (vk._cos_sin_cache, vk._fa_version, vk._paged_meta, vk.sequence_major_positions)
     for c in caches:
@@ -149,6 +166,54 @@ def test_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm, c
     for k, ref in grads["plain"].items():  # every weight's gradient, norms' and embeddings' included
         torch.testing.assert_close(grads["vllm"][k], ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()),
                                    msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("shape", [{}, dict(norm_topk_prob=False, num_experts=6, num_experts_per_tok=3)])
+def test_moe_actor_wired_to_vllms_kernels_computes_the_plain_actor(reference_vllm, shape):
+    """A Qwen3-MoE actor through vLLM's router and fused-experts entry points (their semantics above) against the
+    plain actor, log-probs and every weight's gradient; with replayed experts that are not the router's own on some
+    tokens, against the hf engine's kernel set given the same replay (the rows whose choice differs take the plain
+    formula's weights)."""
+    seed = int(torch.randint(0, 1000, ()))
+    hf = random_moe_model(61, seed=seed, **shape)
+    ids, lens, mask = random_batch(61, [9, 17, 3], seed=seed + 1)
+    engines = {}
+    for name, top in (("plain", None), ("vllm", SampledDistribution(engine="vllm")),
+                      ("exact", SampledDistribution())):
+        engines[name] = make_engine(hf.config, seed=0, lr=1e-2, true_on_policy=top,
+                                    fused_linear_logprob_backend="torch")
+        engines[name].load_hf_weights(hf.state_dict())
+    lp, ent = engines["vllm"].forward_logprobs(ids, lens, mask, temperature=0.8)
+    ref_lp, ref_ent = engines["plain"].forward_logprobs(ids, lens, mask, temperature=0.8)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    layers, k, e = hf.config.num_hidden_layers, hf.config.num_experts_per_tok, hf.config.num_experts
+    assert reference_vllm["fused_experts"] == reference_vllm["fused_topk"] == layers
+    g = torch.Generator().manual_seed(seed)
+    replay = torch.rand(*ids.shape, layers, e, generator=g).argsort(-1)[..., :k]  # distinct experts per token
+    lp_v, _ = engines["vllm"].forward_logprobs(ids, lens, mask, temperature=0.8, routed_experts=replay)
+    lp_x, _ = engines["exact"].forward_logprobs(ids, lens, mask, temperature=0.8, routed_experts=replay)
+    torch.testing.assert_close(lp_v, lp_x, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(lp_v, lp, rtol=1e-3, atol=1e-3)  # the replay changed the routing
+    grads = {}
+    for name in ("plain", "vllm"):
+        eng = engines[name]
+        reduce = eng.optim.reduce_grads
+
+        def keep(reduce=reduce, name=name, model=eng.model):
+            out = reduce()
+            grads[name] = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else p.grad).clone()
+                           for n, p in model.named_parameters()}
+            return out
+
+        eng.optim.reduce_grads = keep
+        eng.train_step([dict(input_ids=ids, seq_lens=lens, label_mask=mask)],
+                       lambda out, mb: (-(out.logprobs * mb.label_mask).sum(), {}), temperature=0.8)
+    assert grads["plain"].keys() == grads["vllm"].keys()
+    assert any("experts" in n for n in grads["plain"]) and any("router" in n for n in grads["plain"])
+    for n, ref in grads["plain"].items():  # the experts', the router's, every other weight's
+        torch.testing.assert_close(grads["vllm"][n], ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-12,
+                                   msg=lambda m, n=n: f"{n}: {m}")
 
 
 def test_vllms_residual_norms_are_routed_through_the_add_then_the_row_norm_once():

@@ -14,9 +14,10 @@ refused by config validation):
   (`_install_rope`): models marked here get `rope` (positions 0..s-1: rows start at 0), others megatron's function;
 - core attention (build.SDPACoreAttention): causal `attention`;
 - the dense MLP: fc1 -> `glu` (silu(gate) * up) -> fc2; residual adds are single additions on both sides;
-- MoE layers (exact kernels only): megatron's router still runs (aux loss, statistics, routing replay's targets),
-  its gating on the exact linear; the experts are the top-k of those logits (or the replayed ones), weighted and
-  summed by ops.invariant.moe_route / moe_experts as the hf engine's Qwen3-MoE block does; the weights' gradient is
+- MoE layers: megatron's router still runs (aux loss, statistics, routing replay's targets), its gating on the kernel
+  set's linear; the experts are the top-k of those logits (or the replayed ones) with the kernel set's weights
+  (ExactKernels: ops.invariant.moe_route / moe_experts, as the hf engine's Qwen3-MoE block does; VllmKernels: vLLM's
+  fused top-k softmax and fused-MoE kernels over the stacked experts), weighted and summed; the weights' gradient is
   the router's own (added as `p - p.detach()`, exactly 0 in value).
 Every op's backward is the plain formula's at the same inputs: recomputed under autograd (ops.invariant.
 with_plain_backward), or in a direct form where one exists (VllmKernels: the linear layers' products, the norm's
@@ -79,6 +80,12 @@ class ExactKernels:
         gate, up = h.chunk(2, dim=-1)
         return inv.silu(gate) * up
 
+    def moe_route(self, x, logits, top_k, normalize, experts=None):
+        return inv.moe_route(logits, top_k, normalize, experts=experts)
+
+    def moe_experts(self, x, experts, weights, gate_up, down):
+        return inv.moe_experts(x, experts, weights, gate_up, down)
+
 
 class VllmKernels:
     """vLLM 0.26's batch-invariant CUDA kernels (compat/vllm_kernels.py), each with its plain formula's backward."""
@@ -113,6 +120,61 @@ class VllmKernels:
 
     def glu(self, h):
         return inv.with_backward(self.k.silu_and_mul, lambda need, h, g: (_glu_grad(h, g),), h)
+
+    def moe_route(self, x, logits, top_k, normalize, experts=None):
+        """(weights [T, k] fp32, experts [T, k] int64) as vLLM's router computes them from the same logits. With
+        replayed experts: vLLM's weights on the rows where its choice is the replayed one (every row, when the
+        weights are the rollout's), the plain formula's on the others (their values are then not the engine's)."""
+        with torch.no_grad():
+            weights, chosen = self.k.moe_topk(x, logits, top_k, normalize)
+            chosen = chosen.long()
+            if experts is None:
+                return weights, chosen
+            experts = experts.long()
+            same = (chosen == experts).all(-1, keepdim=True)
+            if not bool(same.all()):
+                plain = inv.moe_route(logits, top_k, normalize, experts=experts)[0].float()
+                weights = torch.where(same, weights, plain)
+            return weights, experts
+
+    def moe_experts(self, x, experts, weights, gate_up, down):
+        """vLLM's fused-MoE kernels over all local experts at once (their weights stacked once per call unless
+        they already share one [E, 2I, H] / [E, H, I] storage: models/megatron/moe.stack_expert_weights); the
+        gradient is the plain expert loop's, recomputed (every expert's weights, the routing weights, x)."""
+        n = len(gate_up)
+
+        def exact(x, w, *mats):
+            return self.k.fused_moe(x, _stacked(mats[:n]), _stacked(mats[n:]), w, experts)
+
+        def plain(x, w, *mats):
+            return _plain_moe(x, experts, w, mats[:n], mats[n:])
+
+        return inv.with_plain_backward(exact, plain, x, weights, *gate_up, *down)
+
+
+def _stacked(mats) -> torch.Tensor:
+    """[E, ...] of equal-shaped matrices: a view when they lie back to back in one storage, in order (the layout
+    stack_expert_weights gives an MoE layer's experts), a copy otherwise."""
+    first = mats[0]
+    step = first.numel()
+    if first.is_contiguous() and all(m.is_contiguous() and m.shape == first.shape and m.dtype == first.dtype
+                                     and m.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                                     and m.storage_offset() == first.storage_offset() + i * step
+                                     for i, m in enumerate(mats)):
+        return first.detach().as_strided((len(mats), *first.shape), (step, *first.stride()))
+    return torch.stack([m.detach() for m in mats])
+
+
+def _plain_moe(x, experts, weights, gate_up, down):
+    """sum_k weights[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = experts[t, k], by plain ops (what the
+    routed MoE layer's gradient is computed from)."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(experts).tolist():
+        tok, slot = (experts == e).nonzero(as_tuple=True)
+        gate, up = F.linear(x[tok], gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down[e])
+        out = out.index_add(0, tok, y.float() * weights[tok, slot].float().unsqueeze(-1))
+    return out.to(x.dtype)
 
 
 def _glu_grad(h, g):
@@ -175,8 +237,9 @@ def _install_rope() -> None:
 
 
 def _gating(self, input):
-    """TopKRouter.gating on the exact linear; the logits are kept for the layer's forward."""
-    logits = inv.linear(input.reshape(-1, input.shape[-1]).to(self.weight.dtype), self.weight)
+    """TopKRouter.gating on the kernel set's linear (the engine's router); the logits are kept for the layer's
+    forward."""
+    logits = self._rltrain_kernels.linear(input.reshape(-1, input.shape[-1]).to(self.weight.dtype), self.weight)
     self._rltrain_logits = logits.detach()
     return logits
 
@@ -188,17 +251,17 @@ def _moe_forward(self, hidden_states, intermediate_tensors=None, padding_mask=No
     router = self.router
     probs, routing_map = router(hidden_states)  # megatron's: aux loss, statistics, replayed targets
     replay = router.router_replay
+    replayed = None
     if replay is not None and replay.target_topk_idx is not None:
-        experts = replay.target_topk_idx.to(x.device).long()
-    else:
-        experts = torch.topk(router._rltrain_logits, router.topk, dim=-1).indices
-    weights, experts = inv.moe_route(router._rltrain_logits, router.topk, not self.config.moe_router_pre_softmax,
-                                     experts=experts)
+        replayed = replay.target_topk_idx.to(x.device).long()
+    kernels = self._rltrain_kernels
+    weights, experts = kernels.moe_route(x, router._rltrain_logits, router.topk,
+                                         not self.config.moe_router_pre_softmax, experts=replayed)
     p = probs.gather(1, experts)
-    weights = weights + (p - p.detach())  # the value of ops.invariant's weights, the router's gradient
+    weights = weights + (p - p.detach())  # the value of the kernel set's weights, the router's gradient
     local = self.experts.local_experts
-    out = inv.moe_experts(x, experts, weights, [e.linear_fc1.weight for e in local],
-                          [e.linear_fc2.weight for e in local])
+    out = kernels.moe_experts(x, experts, weights, [e.linear_fc1.weight for e in local],
+                              [e.linear_fc2.weight for e in local])
     return out.reshape(shape), None
 
 
@@ -237,7 +300,7 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
     sampled = config.true_on_policy
     if sampled is None:
         return None
-    from rltrain.models.megatron.build import moe_layer_pattern, rope_theta
+    from rltrain.models.megatron.build import rope_theta
     from rltrain.utils.flops import head_dim
 
     par, comp, head = config.parallel, config.compute, config.head
@@ -253,8 +316,6 @@ def setup(model: torch.nn.Module, hf_config, config) -> tuple | None:
                    "CuTe heads tile the vocab their own way)")
     if getattr(config, "lora", None) is not None and int(config.lora.rank) > 0:
         why.append("no LoRA (its adapters' products are plain GEMMs)")
-    if sampled.engine == "vllm" and any(moe_layer_pattern(hf_config)):
-        why.append("a dense model with rollout.engine=vllm (vLLM's fused MoE kernels are not matched here)")
     if sampled.engine == "vllm" and (sampled.top_k > 0 or sampled.top_p < 1.0):
         why.append("top_k=-1 and top_p=1 with rollout.engine=vllm (vLLM's top-k / top-p mask takes a path chosen by "
                    "the batch size: a Triton kernel for 8 rows or more, a sort below)")
