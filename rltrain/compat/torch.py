@@ -8,7 +8,6 @@ meets is decided in utils/distenv.rendezvous_host.
 from __future__ import annotations
 
 import functools
-
 import os
 
 import torch

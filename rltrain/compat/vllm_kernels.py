@@ -169,7 +169,7 @@ def moe_topk(x: torch.Tensor, logits: torch.Tensor, top_k: int, renormalize: boo
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                experts: torch.Tensor) -> torch.Tensor:
+              experts: torch.Tensor) -> torch.Tensor:
     """sum_k weights[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)) over the experts e = experts[t, k], for x [T, H]
     (contiguous, model dtype), w13 [E, 2I, H] (each expert's gate rows, then its up rows), w2 [E, H, I]: vLLM's
     fused-MoE Triton kernels (module docstring). Model dtype [T, H]; no autograd."""

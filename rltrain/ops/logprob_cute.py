@@ -77,9 +77,8 @@ if _IMPORT_ERROR is None:
 
     class _OnlineStatsReduce(OnlineLSEReduce):
         """Per (row, N tile), from one pass over the tile's elements: its log-sum-exp m + log s and its softmax
-        mean of z, m + t / s, with e_j = exp(z_j - m), s = sum_j e_j, t = sum_j e_j (z_j - m) and m the
-        running max. One exp per element serves both (two reductions, quack's OnlineLSEReduce beside a mean of
-        its own, computed every exp twice). t is taken relative to the running max, so the mean's large part m
+        mean of z, m + t / s, with e_j = exp(z_j - m), s = sum_j e_j, t = sum_j e_j (z_j - m) and m the running
+        max: one exp per element serves both. t is taken relative to the running max, so the mean's large part m
         is exact and only the small correction t / s carries the exps' rounding (sum e z would lose |z| /
         |z - m| times more to cancellation against the log-sum-exp). A new max m' rebases t:
         t' = exp(m - m') (t + (m - m') s). Ragged last tiles: out-of-range elements are masked to -inf; their
