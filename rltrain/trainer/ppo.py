@@ -141,7 +141,10 @@ class PPOTrainer:
             if self.sleeps:
                 with timer("rollout_sleep", m):
                     self.train_group.run("rollout_sleep")
-            batch = self._logprobs(batch, m, temperature)  # timing_s/old_log_prob, /ref, /values
+            # async: the version being trained is step - 1 (rollout_source's staleness rule); its own tokens are
+            # compared alone as well (rollout/logprob_diff_*_current)
+            current = step - 1 if self.rollout.pipeline is not None else None
+            batch = self._logprobs(batch, m, temperature, current)  # timing_s/old_log_prob, /ref, /values
             sampled_mask = batch.loss_mask  # before _advantages' truncation mask: the mismatch metrics' tokens
             with timer("adv", m):
                 batch = self._advantages(batch, m)
@@ -201,7 +204,7 @@ class PPOTrainer:
                   flush=True)
 
     # ------------------------------------------------------------------ phases
-    def _logprobs(self, batch: Batch, m: dict, temperature: float) -> Batch:
+    def _logprobs(self, batch: Batch, m: dict, temperature: float, current_version: int | None = None) -> Batch:
         """The actor's recomputed (old) log-probs and the mismatch to the sampler's (actor.recompute_old_logprobs=
         false: none here, the update gives them); the reference's, the distillation teacher's and the critic's
         values when used. The teacher scores the batch's tokens as trained (each sampled with the version it
@@ -209,7 +212,7 @@ class PPOTrainer:
         if self.cfg.actor.recompute_old_logprobs:
             with timer("old_log_prob", m):
                 old, ent = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature), batch)
-            batch = self._with_old(batch, old, ent, m)
+            batch = self._with_old(batch, old, ent, m, current_version)
             if self.cfg.actor.moe_routing_replay_compare:  # the same samples without replay: what it buys
                 with timer("old_log_prob_no_replay", m):
                     free, _ = gather_rows(self.train_group.run_split("compute_old_logprobs", batch, temperature, False),
@@ -232,12 +235,13 @@ class PPOTrainer:
             batch = batch.replace(values=values)
         return batch
 
-    def _with_old(self, batch: Batch, old: torch.Tensor, ent: torch.Tensor, m: dict) -> Batch:
+    def _with_old(self, batch: Batch, old: torch.Tensor, ent: torch.Tensor, m: dict,
+                  current_version: int | None = None) -> Batch:
         """`batch` with its old log-probs [B, R]; their entropy [B, R] and mismatch to the sampler's into `m`."""
         batch = batch.replace(old_logprobs=old)
         m["actor/entropy_rollout"] = _masked_mean(ent, batch.loss_mask)
         op = OffPolicyConfig.effective(self.cfg.actor, async_rollout=self.cfg.trainer.async_rollout)
-        m.update(_mismatch_metrics(batch, op))
+        m.update(_mismatch_metrics(batch, op, current_version))
         return batch
 
     def _update(self, batch: Batch, m: dict, step: int, temperature: float, sampled_mask: torch.Tensor) -> None:
@@ -394,15 +398,23 @@ def _diverged_as_error(step: int, ckpt_dir: str):
         raise
 
 
-def _mismatch_metrics(batch: Batch, op: OffPolicyConfig) -> dict[str, float]:
+def _mismatch_metrics(batch: Batch, op: OffPolicyConfig, current_version: int | None = None) -> dict[str, float]:
     """Training/inference mismatch of the sampled tokens (sampler vs recomputed old log-probs) and, with an
     off-policy correction (op: OffPolicyConfig.effective, actor.off_policy or actor.tis), every statistic of the
     weights the loss applies over the whole batch as rollout/is_<stat> (is_weight_mean, is_ratio_max, is_clipfrac
-    for the *_tis modes, is_masked_frac for the *_mask and *_mis modes, ...: off_policy_weights' stats)."""
+    for the *_tis modes, is_masked_frac for the *_mask and *_mis modes, ...: off_policy_weights' stats).
+    current_version (async, with Batch.weight_versions): the same difference over the tokens the trained weights
+    sampled themselves (staleness 0), rollout/logprob_diff_max_current and _nonzero_frac_current: the numerics'
+    share of the mismatch, 0 under rollout.true_on_policy (older tokens differ by the policy's change, by design)."""
     mm = policy_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
     out = {"rollout/mismatch_abs_mean": float(mm["abs_mean"]), "rollout/mismatch_kl": float(mm["kl"]),
            "rollout/logprob_diff_max": float(mm["abs_max"]),
            "rollout/logprob_diff_nonzero_frac": float(mm["nonzero_frac"])}
+    if current_version is not None and batch.weight_versions is not None:
+        own = batch.loss_mask.bool() & (batch.weight_versions == current_version)
+        cm = policy_mismatch(batch.old_logprobs, batch.sampler_logprobs, own)
+        out["rollout/logprob_diff_max_current"] = float(cm["abs_max"])
+        out["rollout/logprob_diff_nonzero_frac_current"] = float(cm["nonzero_frac"])
     if op.mode != "none":
         corr = off_policy_weights(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask, mode=op.mode,
                                   cap=op.cap, low=op.low, high=op.high)

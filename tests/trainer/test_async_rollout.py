@@ -402,3 +402,25 @@ def test_a_checkpoint_of_the_older_one_batch_pipeline_is_refused_naming_what_to_
            "async_rollout": {"step": 3, "version": 2, "prompts": [], "seed": 7, "data_before": {}, "batch": None}}
     with pytest.raises(UserError, match="older rltrain.*trainer.resume=never"):
         run.source.load_state_dict(old, 3)
+
+
+def test_mismatch_of_the_trained_versions_own_tokens_by_hand():
+    """Async: the sampler-vs-actor difference over every sampled token, and over those the trained weights sampled
+    themselves (version 5 here; older tokens differ by the policy's change, which the _current metrics leave out)."""
+    from rltrain.config.schema import OffPolicyConfig
+    from rltrain.trainer.ppo import _mismatch_metrics
+
+    ones = torch.ones(2, 4, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    versions = torch.tensor([[5, 5, 4, 0], [4, 4, 5, 5]])
+    sampler = torch.tensor([[-1.0, -2.0, -3.0, -9.0], [-1.0, -1.0, -0.5, -0.25]])
+    old = sampler + torch.tensor([[0.0, 0.0, 0.5, 7.0], [0.25, -0.125, 0.0, 2.0 ** -20]])
+    batch = Batch(prompt_ids=ones[:, :1], prompt_mask=ones[:, :1], response_ids=ones, response_mask=ones,
+                  loss_mask=mask, sampler_logprobs=sampler, old_logprobs=old, weight_versions=versions)
+    op = OffPolicyConfig(mode="none")
+    out = _mismatch_metrics(batch, op, current_version=5)
+    assert out["rollout/logprob_diff_max"] == 0.5 and out["rollout/logprob_diff_nonzero_frac"] == 4 / 7
+    assert out["rollout/logprob_diff_max_current"] == 2.0 ** -20  # tokens (0,0), (0,1), (1,2), (1,3)
+    assert out["rollout/logprob_diff_nonzero_frac_current"] == 1 / 4
+    assert "rollout/logprob_diff_max_current" not in _mismatch_metrics(batch, op)  # synchronous: no split
+    assert _mismatch_metrics(batch.replace(weight_versions=None), op, 5).keys() == _mismatch_metrics(batch, op).keys()
