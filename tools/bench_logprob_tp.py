@@ -76,8 +76,7 @@ def rank_main(spec: dict, rank: int, port: int, out_path: str) -> None:
     shard = weight[rank * v_local:(rank + 1) * v_local].contiguous()
     backend = BACKENDS[spec["provider"]]
     dist.barrier(group)
-    one, _ = gemm_floors_ms(hidden, shard, reps) if reps else (None, None)
-    four = gemm_floors_ms(hidden, shard, reps, one=False, four=True)[1] if reps else None
+    one, four = gemm_floors_ms(hidden, shard, reps, four=True) if reps else (None, None)
     dist.barrier(group)
     fwd, fb, (lp, ent, gw) = _timed_step(hidden, shard, labels, backend, group, grads, reps, cuda)
     dist.barrier(group)

@@ -336,8 +336,8 @@ def merge_tiles(stats: torch.Tensor, out: torch.Tensor, with_entropy: bool) -> N
     """Fold the forward's per-tile statistics into the head's (m, s, t) = (lse, 1, mean_z), written into out[0:3]
     ([rows] each). stats: fp32 [rows, 2 * n_tiles], the tiles' softmax means then their log-sum-exps. The mean
     is normalized by the weights' own sum, so lse's rounding (~1 ulp of |lse|) cancels out of it. One Triton
-    launch per call (the torch ops it replaces were ~15 launches, whose host time the GPU waits out after a
-    synchronize); torch ops where Triton is missing or the row is too long for one program."""
+    launch per call (the torch ops below are 17 launches, whose host time the GPU waits out after a synchronize);
+    those torch ops where Triton is missing or the row is too long for one program."""
     rows, n_tiles = stats.shape[0], stats.shape[1] // 2
     if rows == 0:
         return
