@@ -1,7 +1,9 @@
 """Benchmark of per-token log-prob + entropy paths side by side: naive materialized logits,
 `logprobs_from_logits`, fused `logprobs_from_hidden` (torch; triton on CUDA when available) and peers
 (below), against the GEMM floor. It must not be imported by rltrain
-(tools only) and does not check correctness (tests/ops does).
+(tools only) and does not check correctness (tests/ops does). The fused paths are called as the actor calls them,
+`check_bounds=False` (the engine checks labels on the host before copying them; the check inside would be a device
+sync per call, which the peers do not pay either).
 
     python tools/bench_logprob.py --T 4096 --H 256 --V 32000 --dtype fp32 --device cpu --json out.json
     python tools/bench_logprob.py --shapes 8192x4096 32768x4096 65536x2560 --V 151936 --dtype bf16 --device cuda
@@ -94,15 +96,15 @@ def from_logits(hidden, weight, labels, rows=None):
 
 
 def fused_torch(hidden, weight, labels, rows=None):
-    return logprobs_from_hidden(hidden, weight, labels, backend="torch", rows=rows)
+    return logprobs_from_hidden(hidden, weight, labels, backend="torch", rows=rows, check_bounds=False)
 
 
 def fused_triton(hidden, weight, labels, rows=None):
-    return logprobs_from_hidden(hidden, weight, labels, backend="triton", rows=rows)
+    return logprobs_from_hidden(hidden, weight, labels, backend="triton", rows=rows, check_bounds=False)
 
 
 def fused_cute(hidden, weight, labels, rows=None):
-    return logprobs_from_hidden(hidden, weight, labels, backend="cute", rows=rows)
+    return logprobs_from_hidden(hidden, weight, labels, backend="cute", rows=rows, check_bounds=False)
 
 
 def _available(backend: str) -> bool:

@@ -151,8 +151,9 @@ def _scatter_rows(values: torch.Tensor, index: torch.Tensor | None, n_tokens: in
 
 
 def _local_labels(labels: torch.Tensor, v_local: int, tp_group, check_bounds: bool = True) -> torch.Tensor:
-    """Global ids [N] -> ids in this rank's shard [0, V_local), -1 where the label is on another rank.
-    Raises ValueError for labels outside the global vocabulary [0, W * V_local) (check_bounds; a host sync)."""
+    """Global ids [N] -> ids in this rank's shard [0, V_local), -1 where the label is on another rank; with one
+    rank the ids themselves (no kernels before the head's first GEMM). Raises ValueError for labels outside the
+    global vocabulary [0, W * V_local) (check_bounds; a host sync); unchecked ones out of it are undefined."""
     rank, world = _tp_rank_world(tp_group)
     v_global = v_local * world
     labels = labels.long()
@@ -161,8 +162,10 @@ def _local_labels(labels: torch.Tensor, v_local: int, tp_group, check_bounds: bo
             f"labels must be token ids in [0, {v_global}) (vocab size {v_local} x {world} tp ranks), "
             f"got min {int(labels.min())} max {int(labels.max())}; mask padding with `rows` instead"
         )
+    if world == 1:
+        return labels
     local = labels - rank * v_local
-    return torch.where((local >= 0) & (local < v_local), local, torch.full_like(local, -1))
+    return torch.where((local >= 0) & (local < v_local), local, -1)
 
 
 def _check_labels(labels: torch.Tensor, n_tokens: int, device: torch.device) -> None:

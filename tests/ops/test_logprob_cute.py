@@ -165,6 +165,31 @@ def test_gpu_public_api_cute_rows_and_peaked_softmax():
     assert hid.grad[~keep].abs().max().item() == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason=f"needs the CuTe backend: {C.unavailable_reason()}")
+def test_gpu_cached_launch_plans_match_quacks_own_call_bitwise():
+    """`_launch` replays quack's plan per operand metadata: its statistics are the bits quack's `gemm` writes
+    (int64 and int32 labels alike), a repeated call reuses the plan, and a new shape or temperature (a scalar of
+    1.0 compiles out) gets its own."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    v = 1000
+    w = (torch.randn(v, 136, device="cuda", generator=g) * 0.3).bfloat16()
+    n_tiles = -(-v // C.FWD_TILE[1])
+    C._PLANS.clear()
+    for n, inv_temp in [(130, 1.0), (130, 1.0), (7, 1.0), (130, 1.0 / 0.7)]:
+        hid = torch.randn(n, 136, device="cuda", generator=g).bfloat16()
+        lab = torch.randint(0, v, (n,), device="cuda", generator=g)
+        lab[::5] = -1
+        got, ref = torch.zeros(n, 2 * n_tiles, device="cuda"), torch.zeros(n, 2 * n_tiles, device="cuda")
+        zy_got, zy_ref = torch.zeros(n, device="cuda"), torch.zeros(n, device="cuda")
+        C._launch(C._stats_epi, hid, w, None, dict(inv_temp=inv_temp, label=lab, stats=got, zy=zy_got), C.FWD_TILE)
+        C._stats_epi.gemm(hid, w, None, epi_args=dict(inv_temp=inv_temp, label=lab.to(torch.int32), stats=ref,
+                                                      zy=zy_ref), **C._gemm_kwargs(C.FWD_TILE))
+        assert torch.equal(got, ref) and torch.equal(zy_got, zy_ref)
+        assert (zy_got[::5] == 0).all()
+    assert len(C._PLANS) == 3
+
+
 @pytest.mark.parametrize("n,h", [(8192, 4096), (32768, 4096), (65536, 2560), (1_000_000, 8192), (1, 64), (300, 128)])
 def test_backward_working_memory_within_quarter_gib_by_default(n, h):
     """Issue 63: the default working memory <= 0.25 GiB beyond the inputs and the gradients (the three benchmark
